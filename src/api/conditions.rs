@@ -1,0 +1,174 @@
+//! Condition vocabulary and the one rule for changing conditions.
+//!
+//! Conditions are `metav1.Condition`s in `status.conditions` (v1beta2 contract). CAPI mirrors
+//! `Ready` into the owner's `InfrastructureReady`, so messages are deterministic, and
+//! `lastTransitionTime` moves only when a condition's status changes: anything else would
+//! rewrite objects at steady state.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+
+/// Summary condition, mirrored by CAPI into `InfrastructureReady`.
+pub const READY: &str = "Ready";
+/// Whether reconciliation is paused (Cluster `spec.paused` or the paused annotation).
+pub const PAUSED: &str = "Paused";
+/// Whether the Kairon Machine backing a KaironMachine exists and runs.
+pub const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
+
+/// Reasons. Shared with CAPI's vocabulary where CAPI has a word for it.
+pub mod reason {
+    pub const READY: &str = "Ready";
+    pub const PAUSED: &str = "Paused";
+    pub const NOT_PAUSED: &str = "NotPaused";
+    pub const DELETING: &str = "Deleting";
+    pub const PROVISIONED: &str = "Provisioned";
+
+    // KaironCluster
+    pub const WAITING_FOR_CONTROL_PLANE_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
+    pub const WAITING_FOR_MACHINES_DELETION: &str = "WaitingForMachinesDeletion";
+
+    // KaironMachine: waiting
+    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructureReady";
+    pub const WAITING_FOR_CONTROL_PLANE_INITIALIZED: &str = "WaitingForControlPlaneInitialized";
+    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
+    pub const WAITING_FOR_FAILURE_DOMAIN: &str = "FailureDomainNotFound";
+
+    // KaironMachine: bootstrap data problems
+    pub const BOOTSTRAP_SECRET_NOT_FOUND: &str = "BootstrapDataSecretNotFound";
+    pub const BOOTSTRAP_DATA_MISSING: &str = "BootstrapDataMissing";
+    pub const BOOTSTRAP_DATA_TOO_LARGE: &str = "BootstrapDataTooLarge";
+    pub const BOOTSTRAP_DATA_INVALID: &str = "BootstrapDataInvalid";
+    pub const UNSUPPORTED_BOOTSTRAP_FORMAT: &str = "UnsupportedBootstrapFormat";
+
+    // KaironMachine: the instance
+    pub const INSTANCE_PENDING: &str = "InstancePending";
+    pub const INSTANCE_PROVISIONING: &str = "InstanceProvisioning";
+    pub const INSTANCE_STOPPED: &str = "InstanceStopped";
+    pub const INSTANCE_FAILED: &str = "InstanceFailed";
+    pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
+    pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
+    pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";
+    pub const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
+}
+
+/// Condition status values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::True => "True",
+            Status::False => "False",
+            Status::Unknown => "Unknown",
+        }
+    }
+
+    pub fn from_bool(b: bool) -> Self {
+        if b { Status::True } else { Status::False }
+    }
+}
+
+/// A condition as the reconcilers decide it, before it gets a transition time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decided {
+    pub type_: &'static str,
+    pub status: Status,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Decided {
+    pub fn new(type_: &'static str, status: Status, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { type_, status, reason, message: message.into() }
+    }
+}
+
+/// Sets `decided` in `conditions`, keeping `lastTransitionTime` unless the status changes.
+///
+/// Returns the resulting list sorted by type, so that two equal sets compare equal.
+pub fn set(conditions: &mut Vec<Condition>, decided: Decided, observed_generation: Option<i64>, now: &Time) {
+    let status = decided.status.as_str();
+    let transition = match conditions.iter().find(|c| c.type_ == decided.type_) {
+        Some(old) if old.status == status => old.last_transition_time.clone(),
+        _ => now.clone(),
+    };
+    conditions.retain(|c| c.type_ != decided.type_);
+    conditions.push(Condition {
+        type_: decided.type_.to_string(),
+        status: status.to_string(),
+        reason: decided.reason.to_string(),
+        message: decided.message,
+        observed_generation,
+        last_transition_time: transition,
+    });
+    conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
+}
+
+/// Finds a condition by type.
+pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// The current time at the precision the API server stores (seconds), so that a freshly set
+/// condition compares equal to what we read back.
+pub fn now() -> Time {
+    let ts = Timestamp::now();
+    Time(Timestamp::from_second(ts.as_second()).unwrap_or(ts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn new_condition_gets_now() {
+        let mut c = vec![];
+        set(&mut c, Decided::new(READY, Status::False, "X", "m"), Some(1), &at(10));
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].last_transition_time, at(10));
+        assert_eq!(c[0].observed_generation, Some(1));
+    }
+
+    #[test]
+    fn same_status_keeps_transition_time_even_when_reason_changes() {
+        let mut c = vec![];
+        set(&mut c, Decided::new(READY, Status::False, "A", "a"), None, &at(10));
+        set(&mut c, Decided::new(READY, Status::False, "B", "b"), None, &at(20));
+        assert_eq!(c[0].last_transition_time, at(10));
+        assert_eq!(c[0].reason, "B");
+        assert_eq!(c[0].message, "b");
+    }
+
+    #[test]
+    fn status_change_moves_transition_time() {
+        let mut c = vec![];
+        set(&mut c, Decided::new(READY, Status::False, "A", ""), None, &at(10));
+        set(&mut c, Decided::new(READY, Status::True, "Ready", ""), None, &at(20));
+        assert_eq!(c[0].last_transition_time, at(20));
+        assert_eq!(c[0].status, "True");
+    }
+
+    #[test]
+    fn conditions_are_kept_sorted_by_type() {
+        let mut c = vec![];
+        set(&mut c, Decided::new(READY, Status::True, "Ready", ""), None, &at(1));
+        set(&mut c, Decided::new(PAUSED, Status::False, "NotPaused", ""), None, &at(1));
+        set(&mut c, Decided::new(INSTANCE_PROVISIONED, Status::True, "Provisioned", ""), None, &at(1));
+        let types: Vec<_> = c.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, ["InstanceProvisioned", "Paused", "Ready"]);
+    }
+
+    #[test]
+    fn now_has_whole_seconds() {
+        assert_eq!(now().0.subsec_nanosecond(), 0);
+    }
+}

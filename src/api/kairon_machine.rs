@@ -1,0 +1,193 @@
+//! `KaironMachine`: the infrastructure machine of the CAPI v1beta2 contract.
+//!
+//! CAPI clones it from a `KaironMachineTemplate` (same name as its Machine) and owns it through
+//! a controller reference to the Machine. The spec describes the VM; it is immutable except for
+//! `providerID`, which the controller writes once.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Desired state of a Kairon virtual machine.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "infrastructure.cluster.x-k8s.io",
+    version = "v1alpha1",
+    kind = "KaironMachine",
+    namespaced,
+    status = "KaironMachineStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    shortname = "km",
+    category = "cluster-api",
+    label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
+    doc = "KaironMachine is the Cluster API infrastructure machine backed by a Kairon virtual machine.",
+    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", description = "Cluster this machine belongs to"),
+    printcolumn(name = "Machine", type_ = "string", json_path = ".metadata.ownerReferences[?(@.kind==\"Machine\")].name", description = "Machine that owns this KaironMachine"),
+    printcolumn(name = "ProviderID", type_ = "string", json_path = ".spec.providerID", description = "Provider ID of the Kairon Machine"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.instance.phase", description = "Phase of the Kairon Machine"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("!has(oldSelf.spec.providerID) || (has(self.spec.providerID) && self.spec.providerID == oldSelf.spec.providerID)").message("spec.providerID is write-once: it cannot be changed or removed once set").field_path(".spec.providerID"),
+    validation = Rule::new("self.spec.cpus == oldSelf.spec.cpus").message("spec.cpus is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.cpus"),
+    validation = Rule::new("self.spec.memory == oldSelf.spec.memory").message("spec.memory is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.memory"),
+    validation = Rule::new("self.spec.image == oldSelf.spec.image").message("spec.image is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.image"),
+    validation = Rule::new("self.spec.diskSize == oldSelf.spec.diskSize").message("spec.diskSize is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.diskSize"),
+    validation = Rule::new("has(self.spec.network) == has(oldSelf.spec.network) && (!has(self.spec.network) || self.spec.network == oldSelf.spec.network)").message("spec.network is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.network"),
+    validation = Rule::new("has(self.spec.nodeSelector) == has(oldSelf.spec.nodeSelector) && (!has(self.spec.nodeSelector) || self.spec.nodeSelector == oldSelf.spec.nodeSelector)").message("spec.nodeSelector is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.nodeSelector"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct KaironMachineSpec {
+    /// Provider ID of the machine, `kairon://<uid of the Kairon Machine>`. Written by the
+    /// controller once the Kairon Machine exists; never set it in a template.
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub provider_id: Option<String>,
+
+    /// Number of virtual CPUs.
+    #[x_kube(validation = Rule::new("self >= 1").message("cpus must be at least 1"))]
+    pub cpus: i32,
+
+    /// Memory of the VM, a quantity of at least 512Mi.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('512Mi')) >= 0").message("memory must be a quantity of at least 512Mi"))]
+    pub memory: Quantity,
+
+    /// Name of the Kairon image the boot disk is made from.
+    #[schemars(length(min = 1, max = 253))]
+    pub image: String,
+
+    /// Size of the root disk, a quantity greater than zero.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("diskSize must be a quantity greater than 0"))]
+    pub disk_size: Quantity,
+
+    /// Kairon network to attach; Kairon's default network when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRef>,
+
+    /// Labels of the Kairon hosts allowed to run the VM. A failure domain of the Machine adds
+    /// its own host selector on top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+}
+
+/// Reference to a Kairon network.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct NetworkRef {
+    /// Network name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Observed state of a KaironMachine.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KaironMachineStatus {
+    /// Contract field: `provisioned` becomes true once the Kairon Machine runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initialization: Option<Initialization>,
+
+    /// Addresses of the VM, copied by CAPI into the Machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(merge_strategy = ListMerge::Atomic)]
+    #[schemars(length(max = 256))]
+    pub addresses: Option<Vec<MachineAddress>>,
+
+    /// Failure domain the VM was placed in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub failure_domain: Option<String>,
+
+    /// Conditions: Ready, Paused, InstanceProvisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
+    #[schemars(length(max = 32))]
+    pub conditions: Option<Vec<Condition>>,
+
+    /// The Kairon Machine backing this KaironMachine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceRef>,
+
+    /// Fields of the v1beta1 contract kept for tools that still read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deprecated: Option<DeprecatedStatus>,
+}
+
+/// The contract's initialization block.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Initialization {
+    /// True once the infrastructure is provisioned; never goes back to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned: Option<bool>,
+}
+
+/// A machine address as CAPI defines it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct MachineAddress {
+    /// Hostname, ExternalIP, InternalIP, ExternalDNS or InternalDNS.
+    #[serde(rename = "type")]
+    #[x_kube(validation = Rule::new("self in ['Hostname', 'ExternalIP', 'InternalIP', 'ExternalDNS', 'InternalDNS']").message("type must be one of Hostname, ExternalIP, InternalIP, ExternalDNS, InternalDNS"))]
+    pub type_: String,
+    /// The address.
+    #[schemars(length(min = 1, max = 256))]
+    pub address: String,
+}
+
+/// Identity and state of the Kairon Machine a KaironMachine owns.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceRef {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+    /// Kairon phase: Pending, Provisioning, Running, Stopped, Failed or Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// The Kairon host running the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+/// `status.deprecated`, as CAPI's own v1beta2 types carry it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct DeprecatedStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v1beta1: Option<V1Beta1Status>,
+}
+
+/// Terminal failures in the v1beta1 shape.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct V1Beta1Status {
+    /// Machine-readable terminal failure (CAPI's MachineStatusError vocabulary).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// Human-readable terminal failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_message: Option<String>,
+}
+
+impl KaironMachineStatus {
+    /// Whether initialization completed (contract: never flips back).
+    pub fn is_provisioned(&self) -> bool {
+        self.initialization.as_ref().and_then(|i| i.provisioned).unwrap_or(false)
+    }
+
+    /// Records a terminal failure in the v1beta1 fields. The first one sticks: it is what
+    /// made the machine unusable.
+    pub fn set_failure(&mut self, reason: &str, message: &str) {
+        let v1beta1 = self.deprecated.get_or_insert_with(Default::default).v1beta1.get_or_insert_with(Default::default);
+        if v1beta1.failure_reason.is_none() {
+            v1beta1.failure_reason = Some(reason.to_string());
+            v1beta1.failure_message = Some(message.to_string());
+        }
+    }
+
+    /// The v1beta1 failure reason, if a terminal failure was recorded.
+    pub fn failure_reason(&self) -> Option<&str> {
+        self.deprecated.as_ref()?.v1beta1.as_ref()?.failure_reason.as_deref()
+    }
+}

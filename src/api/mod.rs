@@ -1,0 +1,85 @@
+//! The provider's API: `infrastructure.cluster.x-k8s.io/v1alpha1`.
+//!
+//! Four kinds, each carrying the CAPI v1beta2 contract label
+//! (`cluster.x-k8s.io/v1beta2: v1alpha1`), plus the condition vocabulary shared by the
+//! reconcilers. Validation lives in the schemas (OpenAPI + CEL) because the provider runs no
+//! webhook server.
+
+pub mod conditions;
+pub mod kairon_cluster;
+pub mod kairon_machine;
+pub mod kairon_machine_template;
+
+pub use kairon_cluster::{
+    APIEndpoint, FailureDomainSpec, FailureDomainStatus, KaironCluster, KaironClusterSpec,
+    KaironClusterStatus, KaironClusterTemplate, KaironClusterTemplateResource,
+    KaironClusterTemplateSpec,
+};
+pub use kairon_machine::{
+    DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
+    MachineAddress, NetworkRef, V1Beta1Status,
+};
+pub use kairon_machine_template::{
+    KaironMachineTemplate, KaironMachineTemplateResource, KaironMachineTemplateSpec,
+    KaironMachineTemplateStatus, NodeInfo,
+};
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of all four kinds.
+pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
+/// The one API version we serve.
+pub const VERSION: &str = "v1alpha1";
+
+/// Finalizer on KaironCluster objects.
+pub const CLUSTER_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io";
+/// Finalizer on KaironMachine objects.
+pub const MACHINE_FINALIZER: &str = "kaironmachine.infrastructure.cluster.x-k8s.io";
+
+/// The trimmed ObjectMeta CAPI uses inside templates: labels and annotations only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateObjectMeta {
+    /// Labels copied to objects created from the template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Annotations copied to objects created from the template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+/// Our four CRDs as they are installed: derived from the types, with `nullable` removed.
+///
+/// Optional fields are omitted, never `null` (v1beta2 serialization hygiene); without
+/// `nullable` the API server drops a `null` a client sends instead of storing it.
+pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+    use kube::CustomResourceExt;
+    [KaironCluster::crd(), KaironClusterTemplate::crd(), KaironMachine::crd(), KaironMachineTemplate::crd()]
+        .into_iter()
+        .map(without_nullable)
+        .collect()
+}
+
+/// Removes every `nullable: true` from a CRD's schemas.
+pub fn without_nullable(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                m.remove("nullable");
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
+    for version in value["spec"]["versions"].as_array_mut().into_iter().flatten() {
+        strip(&mut version["schema"]);
+    }
+    serde_json::from_value(value).expect("a CRD without nullable deserializes")
+}

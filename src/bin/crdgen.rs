@@ -1,0 +1,34 @@
+//! Writes CRDs as YAML. `make generate` runs it; CI fails when the committed files drift.
+//!
+//! - `crdgen`                prints our four CRDs;
+//! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
+//! - `crdgen kairon [--dir DIR]` the same for the development CRD of Kairon Machines.
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1).peekable();
+    let crds = if args.peek().map(String::as_str) == Some("kairon") {
+        args.next();
+        vec![capkr::api::without_nullable(capkr::kairon::Machine::crd())]
+    } else {
+        capkr::api::crds()
+    };
+    match (args.next().as_deref(), args.next()) {
+        (None, None) => print!("{}", crds.iter().map(yaml).collect::<Result<String>>()?),
+        (Some("--dir"), Some(dir)) => {
+            for crd in &crds {
+                let path = format!("{dir}/{}_{}.yaml", crd.spec.group, crd.spec.names.plural);
+                std::fs::write(&path, yaml(crd)?).with_context(|| format!("writing {path}"))?;
+            }
+        }
+        _ => bail!("usage: crdgen [kairon] [--dir DIR]"),
+    }
+    Ok(())
+}
+
+fn yaml(crd: &CustomResourceDefinition) -> Result<String> {
+    Ok(format!("---\n{}", serde_saphyr::to_string(crd)?))
+}

@@ -1,0 +1,167 @@
+//! Read-only views of the CAPI core objects we read (`cluster.x-k8s.io/v1beta2` Cluster and
+//! Machine) and the helpers every CAPI provider needs: owner lookup, pause, externally managed.
+//!
+//! The views model only the fields we read, all optional, so a newer CAPI with more fields
+//! deserializes fine and the caches hold little.
+
+pub mod bootstrap;
+mod cluster;
+mod machine;
+
+pub use cluster::{Cluster, ClusterSpec, ClusterStatus, ClusterInitialization};
+pub use machine::{Bootstrap, Machine, MachineSpec};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// CAPI core API group.
+pub const GROUP: &str = "cluster.x-k8s.io";
+
+/// Label naming the Cluster an object belongs to.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// Label marking control-plane Machines.
+pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+/// Annotation pausing reconciliation of one object.
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+/// Annotation marking an infrastructure cluster as managed by someone else (an annotation in
+/// the code, although the contract document calls it a label).
+pub const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
+/// Label selecting which objects a provider instance reconciles (`--watch-filter`).
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
+/// A v1beta2 contract reference: group, kind and name, no version.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ContractVersionedObjectReference {
+    #[serde(default)]
+    pub api_group: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+impl ContractVersionedObjectReference {
+    /// Whether this reference points at `kind` in our infrastructure group.
+    pub fn is(&self, group: &str, kind: &str) -> bool {
+        self.api_group == group && self.kind == kind
+    }
+}
+
+/// Host and port of an API endpoint, as on `Cluster.spec.controlPlaneEndpoint`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ApiEndpoint {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+}
+
+impl ApiEndpoint {
+    /// CAPI's `APIEndpoint.IsValid`.
+    pub fn is_valid(&self) -> bool {
+        self.host.as_deref().is_some_and(|h| !h.is_empty()) && self.port.is_some_and(|p| p != 0)
+    }
+}
+
+/// Finds the owner of `kind` in CAPI's group, whatever its version and controller flag
+/// (`util.GetOwnerCluster` / `util.GetOwnerMachine`).
+pub fn owner<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a OwnerReference> {
+    meta.owner_references
+        .as_deref()?
+        .iter()
+        .find(|r| r.kind == kind && group_of(&r.api_version) == GROUP)
+}
+
+/// The group of an `apiVersion` (`""` for the core group).
+pub fn group_of(api_version: &str) -> &str {
+    match api_version.split_once('/') {
+        Some((group, _)) => group,
+        None => "",
+    }
+}
+
+/// Why an object is paused, if it is. Checked before deletion handling: `clusterctl move`
+/// pauses, then deletes the source objects, and those deletions must not destroy VMs.
+pub fn paused_reason(cluster: Option<&Cluster>, meta: &ObjectMeta) -> Option<&'static str> {
+    if cluster.is_some_and(|c| c.spec.paused == Some(true)) {
+        Some("Cluster spec.paused is set to true")
+    } else if has_annotation(meta, PAUSED_ANNOTATION) {
+        Some("the cluster.x-k8s.io/paused annotation is set")
+    } else {
+        None
+    }
+}
+
+/// Whether an infrastructure cluster is managed by someone else and must be left alone.
+pub fn is_externally_managed(meta: &ObjectMeta) -> bool {
+    has_annotation(meta, MANAGED_BY_ANNOTATION)
+}
+
+/// Whether `meta` has the annotation `key` (any value).
+pub fn has_annotation(meta: &ObjectMeta, key: &str) -> bool {
+    meta.annotations.as_ref().is_some_and(|a| a.contains_key(key))
+}
+
+/// The value of label `key`.
+pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned_by(api_version: &str, kind: &str) -> ObjectMeta {
+        ObjectMeta {
+            owner_references: Some(vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "x".into(),
+                uid: "u".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn owner_is_found_by_kind_and_group_in_any_version() {
+        for version in ["cluster.x-k8s.io/v1beta1", "cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1"] {
+            assert!(owner(&owned_by(version, "Machine"), "Machine").is_some(), "{version}");
+        }
+    }
+
+    #[test]
+    fn owner_of_another_group_or_kind_is_not_the_owner() {
+        assert!(owner(&owned_by("example.com/v1", "Machine"), "Machine").is_none());
+        assert!(owner(&owned_by("kairon.zyvor.dev/v1alpha1", "Machine"), "Machine").is_none());
+        assert!(owner(&owned_by("cluster.x-k8s.io/v1beta2", "MachineSet"), "Machine").is_none());
+        assert!(owner(&ObjectMeta::default(), "Machine").is_none());
+    }
+
+    #[test]
+    fn paused_by_cluster_or_annotation() {
+        let mut cluster = Cluster::new("c", ClusterSpec::default());
+        let annotated = ObjectMeta {
+            annotations: Some([(PAUSED_ANNOTATION.to_string(), String::new())].into()),
+            ..Default::default()
+        };
+        assert_eq!(paused_reason(Some(&cluster), &ObjectMeta::default()), None);
+        assert_eq!(paused_reason(None, &ObjectMeta::default()), None);
+        assert!(paused_reason(None, &annotated).unwrap().contains("annotation"));
+        cluster.spec.paused = Some(true);
+        assert!(paused_reason(Some(&cluster), &ObjectMeta::default()).unwrap().contains("spec.paused"));
+        cluster.spec.paused = Some(false);
+        assert_eq!(paused_reason(Some(&cluster), &ObjectMeta::default()), None);
+    }
+
+    #[test]
+    fn endpoint_validity_follows_capi() {
+        assert!(!ApiEndpoint::default().is_valid());
+        assert!(!ApiEndpoint { host: Some("h".into()), port: Some(0) }.is_valid());
+        assert!(!ApiEndpoint { host: Some(String::new()), port: Some(6443) }.is_valid());
+        assert!(ApiEndpoint { host: Some("h".into()), port: Some(6443) }.is_valid());
+    }
+}

@@ -1,0 +1,237 @@
+//! The KaironCluster reconciler.
+//!
+//! Kairon has no load balancer to create, so provisioning means: the control-plane endpoint is
+//! known (on the KaironCluster, or set on the Cluster by someone else) and the failure domains
+//! are published. Deletion waits until no KaironMachine of the cluster is left, so that CAPI,
+//! which deletes the infrastructure cluster last, really finds everything gone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Future, StreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tracing::{debug, info, warn};
+
+use super::write::{self, has_finalizer};
+use super::{ERROR_REQUEUE, Error, Settings, strip_managed_fields};
+use crate::api::conditions::{self, Decided, PAUSED, READY, Status, reason};
+use crate::api::{CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine};
+use crate::capi;
+
+/// How often to look again while waiting for KaironMachines to go, on top of their watch.
+const DELETE_RETRY: Duration = Duration::from_secs(30);
+
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub clusters: Store<capi::Cluster>,
+    /// Metadata of all KaironMachines: enough to know which clusters still have machines.
+    pub members: Store<PartialObjectMeta<KaironMachine>>,
+}
+
+impl Context {
+    async fn wait_for_caches(&self) -> Result<(), Error> {
+        let cache = |e: reflector::store::WriterDropped| Error::Cache(e.to_string());
+        self.clusters.wait_until_ready().await.map_err(cache)?;
+        self.members.wait_until_ready().await.map_err(cache)
+    }
+
+    /// KaironMachines of `cluster` in `ns`.
+    fn member_count(&self, ns: &str, cluster: &str) -> usize {
+        self.members
+            .state()
+            .iter()
+            .filter(|m| m.namespace().as_deref() == Some(ns) && capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(cluster))
+            .count()
+    }
+}
+
+/// What this reconcile decided about the KaironCluster.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observed {
+    /// Endpoint known: provisioned.
+    Provisioned,
+    /// Waiting for a control-plane endpoint.
+    WaitingForEndpoint,
+    /// Being deleted while `n` KaironMachines remain.
+    Deleting { machines: usize },
+}
+
+/// The status a KaironCluster should have. Pure.
+pub fn next_status(
+    kc: &KaironCluster,
+    observed: Option<&Observed>,
+    paused: Option<&str>,
+    now: &Time,
+) -> KaironClusterStatus {
+    let generation = kc.metadata.generation;
+    let mut status = kc.status.clone().unwrap_or_default();
+    let mut conds = status.conditions.take().unwrap_or_default();
+    let paused_condition = match paused {
+        Some(why) => Decided::new(PAUSED, Status::True, reason::PAUSED, why),
+        None => Decided::new(PAUSED, Status::False, reason::NOT_PAUSED, ""),
+    };
+    conditions::set(&mut conds, paused_condition, generation, now);
+
+    let ready = match observed {
+        None => None,
+        Some(Observed::Provisioned) => {
+            // Failure domains go out together with provisioned=true, as the contract asks.
+            status.failure_domains = failure_domains(kc);
+            status.initialization = Some(Initialization { provisioned: Some(true) });
+            Some(Decided::new(READY, Status::True, reason::READY, ""))
+        }
+        Some(Observed::WaitingForEndpoint) => Some(Decided::new(
+            READY,
+            Status::False,
+            reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT,
+            "waiting for a control plane endpoint: set spec.controlPlaneEndpoint here or on the Cluster",
+        )),
+        Some(Observed::Deleting { machines }) => Some(Decided::new(
+            READY,
+            Status::False,
+            if *machines > 0 { reason::WAITING_FOR_MACHINES_DELETION } else { reason::DELETING },
+            format!("KaironCluster is being deleted; {machines} KaironMachine(s) of the cluster remain"),
+        )),
+    };
+    if let Some(ready) = ready {
+        conditions::set(&mut conds, ready, generation, now);
+    }
+    status.conditions = Some(conds);
+    status
+}
+
+/// Failure domains in the v1beta2 list form, sorted by name.
+pub fn failure_domains(kc: &KaironCluster) -> Option<Vec<FailureDomainStatus>> {
+    let mut fds: Vec<_> = kc
+        .spec
+        .failure_domains
+        .iter()
+        .flatten()
+        .map(|fd| FailureDomainStatus {
+            name: fd.name.clone(),
+            control_plane: fd.control_plane,
+            attributes: fd.node_selector.clone().filter(|s| !s.is_empty()),
+        })
+        .collect();
+    fds.sort_by(|a, b| a.name.cmp(&b.name));
+    (!fds.is_empty()).then_some(fds)
+}
+
+/// Reconciles one KaironCluster.
+pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.wait_for_caches().await?;
+    // Somebody else owns this infrastructure: neither spec nor status is ours to touch.
+    if capi::is_externally_managed(&kc.metadata) {
+        debug!("externally managed; skipping");
+        return Ok(Action::await_change());
+    }
+    let ns = kc.namespace().ok_or(Error::MissingNamespace)?;
+    let api: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let owner = capi::owner(&kc.metadata, "Cluster").map(|o| o.name.clone());
+    let cluster_name = owner.clone().or_else(|| capi::label(&kc.metadata, capi::CLUSTER_NAME_LABEL).map(str::to_string));
+    let cluster = cluster_name.as_ref().and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
+
+    if let Some(why) = capi::paused_reason(cluster.as_deref(), &kc.metadata) {
+        write_status(&api, &kc, None, Some(why)).await?;
+        return Ok(Action::await_change());
+    }
+    if kc.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
+            return Ok(Action::await_change());
+        }
+        let machines = cluster_name.as_deref().map_or(0, |c| ctx.member_count(&ns, c));
+        if machines == 0 {
+            info!("no KaironMachine left; releasing the finalizer");
+            write::remove_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER).await.map_err(Error::write("finalizer"))?;
+            return Ok(Action::await_change());
+        }
+        write_status(&api, &kc, Some(&Observed::Deleting { machines }), None).await?;
+        return Ok(Action::requeue(DELETE_RETRY));
+    }
+    // Until CAPI sets the Cluster as owner, nothing is done.
+    let Some(cluster) = owner.and(cluster) else {
+        debug!("waiting for an owner Cluster");
+        return Ok(Action::await_change());
+    };
+    if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
+        write::add_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER).await.map_err(Error::write("finalizer"))?;
+    }
+    let endpoint_known = kc.spec.control_plane_endpoint.as_ref().is_some_and(|e| e.is_valid())
+        || cluster.spec.control_plane_endpoint.as_ref().is_some_and(|e| e.is_valid());
+    let observed = if endpoint_known || kc.status.as_ref().is_some_and(|s| s.is_provisioned()) {
+        Observed::Provisioned
+    } else {
+        Observed::WaitingForEndpoint
+    };
+    write_status(&api, &kc, Some(&observed), None).await?;
+    Ok(Action::requeue(ctx.settings.sync_period))
+}
+
+async fn write_status(api: &Api<KaironCluster>, kc: &KaironCluster, observed: Option<&Observed>, paused: Option<&str>) -> Result<(), Error> {
+    let next = next_status(kc, observed, paused, &conditions::now());
+    if kc.status.as_ref() == Some(&next) {
+        return Ok(());
+    }
+    write::apply_status(api, &kc.name_any(), &next).await.map_err(Error::write("status"))
+}
+
+pub fn error_policy(kc: Arc<KaironCluster>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(name = %kc.name_any(), namespace = ?kc.namespace(), stage = error.stage(), %error, "reconcile failed");
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// The KaironCluster of a Cluster: its `spec.infrastructureRef`.
+pub fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCluster>> {
+    let name = c.infrastructure_name(crate::api::GROUP, "KaironCluster")?;
+    Some(ObjectRef::new(name).within(&c.namespace()?))
+}
+
+/// Builds the controller; it runs until `shutdown` resolves and the future is driven.
+pub fn controller(client: Client, settings: Settings, shutdown: impl Future<Output = ()> + Send + Sync + 'static) -> impl Future<Output = ()> + Send {
+    let wc = settings.watcher_config();
+    let (clusters, w) = reflector::store();
+    let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .touched_objects();
+    let (members, w) = reflector::store();
+    let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .touched_objects();
+    let (kcs, w) = reflector::store();
+    let kc_events = watcher(settings.api::<KaironCluster>(&client), wc)
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .applied_objects();
+
+    let cluster_lookup = clusters.clone();
+    let ctx = Arc::new(Context { client, settings: settings.clone(), clusters, members });
+    Controller::for_stream(kc_events, kcs)
+        .watches_stream(cluster_events, |c| kaironcluster_for_cluster(&c))
+        .watches_stream(member_events, move |m: PartialObjectMeta<KaironMachine>| {
+            // A KaironMachine went or came: its cluster's KaironCluster may be waiting on it.
+            let ns = m.namespace()?;
+            let cluster = capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL)?;
+            let c = cluster_lookup.get(&ObjectRef::new(cluster).within(&ns))?;
+            kaironcluster_for_cluster(&c)
+        })
+        .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(%obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile trigger failed"),
+            }
+        })
+}

@@ -1,0 +1,495 @@
+//! The KaironMachine reconciler: one Kairon Machine per KaironMachine, its status mapped back.
+//!
+//! Order of a reconcile, as the contract asks:
+//! 1. dereference the owner Machine and the Cluster (from caches);
+//! 2. pause (Cluster `spec.paused` or the annotation) — before deletion, so that
+//!    `clusterctl move` never destroys a VM;
+//! 3. deletion: delete the Kairon Machine, keep the finalizer until it is gone;
+//! 4. no owner Machine yet: do nothing, not even add the finalizer;
+//! 5. finalizer, then wait for cluster infrastructure and bootstrap data, create the Kairon
+//!    Machine (deterministic name; adopt only what carries our UID), write `spec.providerID`;
+//! 6. status from what Kairon reports, written only when it differs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Future, StreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use super::write::{self, has_finalizer};
+use super::{ERROR_REQUEUE, Error, Settings, is_not_found, strip_managed_fields};
+use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
+use crate::api::{
+    self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER,
+};
+use crate::capi::{self, bootstrap};
+use crate::kairon::{self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id};
+
+/// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
+pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+
+/// How often to look again for a bootstrap Secret that is named but missing (Secrets are read
+/// with a single GET, never watched).
+const SECRET_RETRY: Duration = Duration::from_secs(20);
+/// How often to look again while a Kairon Machine is being deleted, on top of its watch.
+const DELETE_RETRY: Duration = Duration::from_secs(30);
+
+/// What the reconciler needs: clients, settings and the caches its watches fill.
+pub struct Context {
+    /// The management cluster.
+    pub client: Client,
+    /// Where Kairon Machines live (the management cluster unless configured otherwise).
+    pub kairon: Client,
+    pub settings: Settings,
+    pub machines: Store<capi::Machine>,
+    pub clusters: Store<capi::Cluster>,
+    pub instances: Store<kairon::Machine>,
+}
+
+impl Context {
+    async fn wait_for_caches(&self) -> Result<(), Error> {
+        let cache = |e: reflector::store::WriterDropped| Error::Cache(e.to_string());
+        self.machines.wait_until_ready().await.map_err(cache)?;
+        self.clusters.wait_until_ready().await.map_err(cache)?;
+        self.instances.wait_until_ready().await.map_err(cache)
+    }
+}
+
+/// What one reconcile learned about the KaironMachine's instance; the status follows from it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observed {
+    /// No instance yet, and a reason why not (waiting, or a bootstrap data problem).
+    Waiting(Decided),
+    /// No instance, and none will be created: a terminal failure (v1beta1 reason, message).
+    Terminal { condition: Decided, failure_reason: &'static str },
+    /// The instance, as Kairon reports it.
+    Instance(Box<kairon::Machine>),
+    /// The instance existed (our providerID names it) and is gone.
+    Gone,
+    /// A Kairon Machine with our name belongs to someone else.
+    Conflict { name: String },
+}
+
+/// The status a KaironMachine should have. Pure: a table of cases in the tests.
+///
+/// `paused` only sets the Paused condition and leaves the rest untouched; `deleting` turns
+/// Ready to False with reason Deleting.
+pub fn next_status(
+    current: Option<&KaironMachineStatus>,
+    observed: Option<&Observed>,
+    paused: Option<&str>,
+    deleting: bool,
+    generation: Option<i64>,
+    now: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) -> KaironMachineStatus {
+    let mut status = current.cloned().unwrap_or_default();
+    let mut conds = status.conditions.take().unwrap_or_default();
+    let paused_condition = match paused {
+        Some(why) => Decided::new(PAUSED, Status::True, reason::PAUSED, why),
+        None => Decided::new(PAUSED, Status::False, reason::NOT_PAUSED, ""),
+    };
+    conditions::set(&mut conds, paused_condition, generation, now);
+
+    if let Some(observed) = observed {
+        let instance = match observed {
+            Observed::Waiting(d) => d.clone(),
+            Observed::Terminal { condition, failure_reason } => {
+                status.set_failure(failure_reason, &condition.message);
+                condition.clone()
+            }
+            Observed::Gone => {
+                status.instance = None;
+                Decided::new(
+                    INSTANCE_PROVISIONED,
+                    Status::False,
+                    reason::INSTANCE_NOT_FOUND,
+                    "the Kairon Machine of this KaironMachine no longer exists; it is not re-created",
+                )
+            }
+            Observed::Conflict { name } => Decided::new(
+                INSTANCE_PROVISIONED,
+                Status::False,
+                reason::INSTANCE_CONFLICT,
+                format!("Kairon Machine {name} exists but does not belong to this KaironMachine; it is left alone"),
+            ),
+            Observed::Instance(vm) => {
+                status.instance = Some(observe::instance_ref(vm));
+                let addresses = observe::addresses(vm);
+                if !addresses.is_empty() {
+                    status.addresses = Some(addresses);
+                }
+                if let Some(fd) = observe::failure_domain(vm) {
+                    status.failure_domain = Some(fd);
+                }
+                if observe::is_running(vm) {
+                    status.initialization = Some(Initialization { provisioned: Some(true) });
+                }
+                let decided = observe::instance_condition(vm);
+                if let Some((kairon_reason, _)) = observe::failure(vm) {
+                    status.set_failure(observe::failure_reason_v1beta1(&kairon_reason), &decided.message);
+                }
+                decided
+            }
+        };
+        let ready = if deleting {
+            Decided::new(READY, Status::False, reason::DELETING, "KaironMachine is being deleted")
+        } else if instance.status == Status::True {
+            Decided::new(READY, Status::True, reason::READY, instance.message.clone())
+        } else {
+            Decided::new(READY, instance.status, instance.reason, instance.message.clone())
+        };
+        conditions::set(&mut conds, instance, generation, now);
+        conditions::set(&mut conds, ready, generation, now);
+    }
+    status.conditions = Some(conds);
+    status
+}
+
+/// Reconciles one KaironMachine.
+pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.wait_for_caches().await?;
+    let ns = km.namespace().ok_or(Error::MissingNamespace)?;
+    let api: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), &ns);
+
+    let machine = capi::owner(&km.metadata, "Machine")
+        .and_then(|o| ctx.machines.get(&ObjectRef::new(&o.name).within(&ns)));
+    let cluster_name = capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL)
+        .map(str::to_string)
+        .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()).filter(|c| !c.is_empty()));
+    let cluster = cluster_name.as_ref().and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
+
+    if let Some(why) = capi::paused_reason(cluster.as_deref(), &km.metadata) {
+        debug!(%why, "paused");
+        write_status(&api, &km, None, Some(why)).await?;
+        return Ok(Action::await_change());
+    }
+    if km.metadata.deletion_timestamp.is_some() {
+        return reconcile_delete(&km, &api, &ctx, &ns).await;
+    }
+    // The contract: until CAPI has made a Machine the owner, nothing is done, not even the
+    // finalizer.
+    let Some(machine) = machine else {
+        debug!("waiting for an owner Machine");
+        return Ok(Action::await_change());
+    };
+    if !has_finalizer(km.as_ref(), MACHINE_FINALIZER) {
+        write::add_finalizer(&api, km.as_ref(), MACHINE_FINALIZER).await.map_err(Error::write("finalizer"))?;
+    }
+    let cluster_name = cluster_name.unwrap_or_default();
+    let (observed, action) = reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
+    write_status(&api, &km, Some(&observed), None).await?;
+    Ok(action)
+}
+
+/// Ensures the Kairon Machine exists (when it may) and says what it looks like.
+async fn reconcile_instance(
+    km: &KaironMachine,
+    machine: &capi::Machine,
+    cluster: Option<&capi::Cluster>,
+    cluster_name: &str,
+    ctx: &Context,
+    ns: &str,
+) -> Result<(Observed, Action), Error> {
+    let name = km.name_any();
+    let instances: Api<kairon::Machine> = Api::namespaced(ctx.kairon.clone(), ns);
+    let resync = Action::requeue(ctx.settings.sync_period);
+
+    let mut vm = ctx.instances.get(&ObjectRef::new(&name).within(ns)).map(|vm| (*vm).clone());
+    if vm.is_none() && km.spec.provider_id.is_some() {
+        // The cache may lag behind a create we just made: ask the API before concluding the
+        // VM is gone.
+        vm = instances.get_opt(&name).await.map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
+        if vm.is_none() {
+            return Ok((Observed::Gone, resync));
+        }
+    }
+
+    let vm = match vm {
+        Some(vm) => vm,
+        None => match create_instance(km, machine, cluster, cluster_name, ctx, ns, &instances).await? {
+            Ok(vm) => vm,
+            Err((observed, action)) => return Ok((observed, action)),
+        },
+    };
+
+    match ownership(&vm, km) {
+        Ownership::Foreign => {
+            warn!(instance = %name, "a Kairon Machine with this name belongs to someone else");
+            return Ok((Observed::Conflict { name }, resync));
+        }
+        Ownership::OursBeforeMove => {
+            info!(instance = %name, "adopting the Kairon Machine named by spec.providerID");
+            let body = json!({"metadata": {"labels": {
+                labels::KAIRONMACHINE_UID: km.metadata.uid,
+                labels::KAIRONMACHINE_NAMESPACE: ns,
+            }}});
+            write::merge_patch(&instances, &name, body).await.map_err(Error::write(format!("labels of Kairon Machine {ns}/{name}")))?;
+        }
+        Ownership::Ours => {}
+    }
+
+    if km.spec.provider_id.is_none()
+        && let Some(uid) = vm.metadata.uid.as_deref()
+    {
+        let api: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), ns);
+        let body = json!({"spec": {"providerID": provider_id(uid)}});
+        write::merge_patch(&api, &name, body).await.map_err(Error::write("spec.providerID"))?;
+    }
+    Ok((Observed::Instance(Box::new(vm)), resync))
+}
+
+/// Creates the Kairon Machine once everything it needs is there. The inner `Err` says what is
+/// still missing.
+#[allow(clippy::too_many_arguments)]
+async fn create_instance(
+    km: &KaironMachine,
+    machine: &capi::Machine,
+    cluster: Option<&capi::Cluster>,
+    cluster_name: &str,
+    ctx: &Context,
+    ns: &str,
+    instances: &Api<kairon::Machine>,
+) -> Result<Result<kairon::Machine, (Observed, Action)>, Error> {
+    let resync = Action::requeue(ctx.settings.sync_period);
+    let waiting = |r: &'static str, msg: String| Ok(Err((Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, msg)), resync.clone())));
+
+    if !cluster.is_some_and(capi::Cluster::infrastructure_provisioned) {
+        return waiting(reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE, format!("waiting for the infrastructure of Cluster {cluster_name}"));
+    }
+    let Some(secret_name) = machine.data_secret_name() else {
+        if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
+            return waiting(reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED, "waiting for the control plane to be initialized".into());
+        }
+        return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
+    };
+
+    // One GET of the one Secret: no cluster-wide Secret cache.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = secrets.get_opt(secret_name).await.map_err(Error::read(format!("bootstrap data Secret {ns}/{secret_name}")))?;
+    let Some(secret) = secret else {
+        let d = Decided::new(INSTANCE_PROVISIONED, Status::False, reason::BOOTSTRAP_SECRET_NOT_FOUND, format!("bootstrap data Secret {secret_name} not found"));
+        return Ok(Err((Observed::Waiting(d), Action::requeue(SECRET_RETRY))));
+    };
+    let user_data = match bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes) {
+        Ok(data) => data,
+        Err(e) if e.is_terminal() => {
+            let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            return Ok(Err((Observed::Terminal { condition, failure_reason: "InvalidConfiguration" }, Action::await_change())));
+        }
+        Err(e) => {
+            let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            return Ok(Err((Observed::Waiting(d), Action::requeue(SECRET_RETRY))));
+        }
+    };
+    drop(secret);
+
+    let failure_domain = match machine.failure_domain() {
+        None => None,
+        Some(fd) => match find_failure_domain(cluster, fd, ctx, ns).await? {
+            Some(spec) => Some(spec),
+            None => {
+                return waiting(reason::WAITING_FOR_FAILURE_DOMAIN, format!("failure domain {fd} is not defined on the KaironCluster"));
+            }
+        },
+    };
+
+    let desired = desired_kairon_machine(km, cluster_name, user_data, failure_domain.as_ref());
+    let name = km.name_any();
+    let pp = PostParams { field_manager: Some(super::FIELD_MANAGER.into()), ..Default::default() };
+    match instances.create(&pp, &desired).await {
+        Ok(vm) => {
+            info!(instance = %name, "created Kairon Machine");
+            Ok(Ok(vm))
+        }
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            // Created by an earlier reconcile the cache has not seen yet, or by someone else:
+            // read it, and let the ownership check decide.
+            let vm = instances.get_opt(&name).await.map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
+            match vm {
+                Some(vm) => Ok(Ok(vm)),
+                None => Err(Error::CreateInstance { name, detail: "it exists and vanished right after".into() }),
+            }
+        }
+        // The request carried bootstrap data and an API error may quote it: keep only the code
+        // and reason.
+        Err(kube::Error::Api(s)) => Err(Error::CreateInstance { name, detail: format!("the API answered {} {}", s.code, s.reason) }),
+        Err(e) => Err(Error::CreateInstance { name, detail: redacted_error_kind(&e) }),
+    }
+}
+
+/// A description of a client error that cannot contain request content.
+fn redacted_error_kind(e: &kube::Error) -> String {
+    match e {
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
+        _ => "the request failed".into(),
+    }
+}
+
+/// The failure domain named by the Machine, from the KaironCluster.
+async fn find_failure_domain(
+    cluster: Option<&capi::Cluster>,
+    name: &str,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Option<api::FailureDomainSpec>, Error> {
+    let Some(kc_name) = cluster.and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster")) else {
+        return Ok(None);
+    };
+    let kcs: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), ns);
+    let kc = kcs.get_opt(kc_name).await.map_err(Error::read(format!("KaironCluster {ns}/{kc_name}")))?;
+    Ok(kc
+        .and_then(|kc| kc.spec.failure_domains)
+        .into_iter()
+        .flatten()
+        .find(|fd| fd.name == name))
+}
+
+/// Deletion: the Kairon Machine goes first, then the finalizer.
+async fn reconcile_delete(km: &KaironMachine, api: &Api<KaironMachine>, ctx: &Context, ns: &str) -> Result<Action, Error> {
+    if !has_finalizer(km, MACHINE_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let release = || async {
+        write::remove_finalizer(api, km, MACHINE_FINALIZER).await.map_err(Error::write("finalizer"))?;
+        Ok::<_, Error>(Action::await_change())
+    };
+    if capi::has_annotation(&km.metadata, DELETE_FOR_MOVE_ANNOTATION) {
+        // Moved to another management cluster: the VM lives on there.
+        info!("deleted for clusterctl move; the Kairon Machine is kept");
+        return release().await;
+    }
+    let name = km.name_any();
+    let instances: Api<kairon::Machine> = Api::namespaced(ctx.kairon.clone(), ns);
+    // Authoritative read: the finalizer must not go while the VM exists.
+    let vm = instances.get_opt(&name).await.map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
+    let Some(vm) = vm else {
+        info!("Kairon Machine is gone; releasing the finalizer");
+        return release().await;
+    };
+    if ownership(&vm, km) == Ownership::Foreign {
+        info!(instance = %name, "the Kairon Machine with this name is not ours; releasing the finalizer without deleting it");
+        return release().await;
+    }
+    if vm.metadata.deletion_timestamp.is_none() {
+        let dp = DeleteParams {
+            preconditions: vm.metadata.uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+            ..Default::default()
+        };
+        match instances.delete(&name, &dp).await {
+            Ok(_) => info!(instance = %name, "deleting Kairon Machine"),
+            Err(e) if is_not_found(&e) => return release().await,
+            Err(source) => return Err(Error::DeleteInstance { name, source }),
+        }
+    }
+    write_status(api, km, Some(&Observed::Instance(Box::new(vm))), None).await?;
+    Ok(Action::requeue(DELETE_RETRY))
+}
+
+/// Writes the status that follows from what was observed, if it differs.
+async fn write_status(api: &Api<KaironMachine>, km: &KaironMachine, observed: Option<&Observed>, paused: Option<&str>) -> Result<(), Error> {
+    let deleting = km.metadata.deletion_timestamp.is_some();
+    let next = next_status(km.status.as_ref(), observed, paused, deleting, km.metadata.generation, &conditions::now());
+    if km.status.as_ref() == Some(&next) {
+        return Ok(());
+    }
+    write::apply_status(api, &km.name_any(), &next).await.map_err(Error::write("status"))
+}
+
+/// Requeue after an error.
+pub fn error_policy(km: Arc<KaironMachine>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(name = %km.name_any(), namespace = ?km.namespace(), stage = error.stage(), %error, "reconcile failed");
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// The KaironMachine for a CAPI Machine: its `spec.infrastructureRef`.
+pub fn kaironmachine_for_machine(m: &capi::Machine) -> Option<ObjectRef<KaironMachine>> {
+    let r = m.spec.infrastructure_ref.as_ref().filter(|r| r.is(api::GROUP, "KaironMachine"))?;
+    Some(ObjectRef::new(&r.name).within(&m.namespace()?))
+}
+
+/// The KaironMachine for a Kairon Machine: its link-back labels, or its own name.
+pub fn kaironmachine_for_instance(vm: &kairon::Machine) -> Option<ObjectRef<KaironMachine>> {
+    let l = vm.labels();
+    let ns = l.get(labels::KAIRONMACHINE_NAMESPACE).cloned().or_else(|| vm.namespace())?;
+    let name = l.get(labels::KAIRONMACHINE_NAME).cloned().unwrap_or_else(|| vm.name_any());
+    Some(ObjectRef::new(&name).within(&ns))
+}
+
+/// Builds the controller. It runs until `shutdown` resolves and the returned future is
+/// driven; the Cluster cache is returned for the other controllers to read.
+pub fn controller(
+    client: Client,
+    kairon_client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> (Store<capi::Cluster>, impl Future<Output = ()> + Send) {
+    let wc = settings.watcher_config();
+
+    let (machines, w) = reflector::store();
+    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .touched_objects();
+    let (clusters, w) = reflector::store();
+    let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .touched_objects();
+    let (instances, w) = reflector::store();
+    let instance_wc = watcher::Config::default().any_semantic().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE));
+    let instance_events = watcher(settings.api::<kairon::Machine>(&kairon_client), instance_wc)
+        .default_backoff()
+        .modify(|vm: &mut kairon::Machine| {
+            // Never hold bootstrap payloads in memory.
+            vm.spec.cloud_init = None;
+            strip_managed_fields(vm);
+        })
+        .reflect(w)
+        .touched_objects();
+    let (kms, w) = reflector::store();
+    let km_events = watcher(settings.api::<KaironMachine>(&client), wc)
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .applied_objects();
+
+    let ctx = Arc::new(Context {
+        client,
+        kairon: kairon_client,
+        settings: settings.clone(),
+        machines,
+        clusters: clusters.clone(),
+        instances,
+    });
+    let km_store: Store<KaironMachine> = kms.clone();
+    let controller = Controller::for_stream(km_events, kms)
+        .watches_stream(machine_events, |m| kaironmachine_for_machine(&m))
+        .watches_stream(cluster_events, move |c: capi::Cluster| {
+            let (name, ns) = (c.name_any(), c.namespace());
+            km_store
+                .state()
+                .into_iter()
+                .filter(|km| km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str()))
+                .map(|km| ObjectRef::from_obj(km.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
+        .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
+        .graceful_shutdown_on(shutdown);
+    let task = controller.run(reconcile, error_policy, ctx).for_each(|res| async move {
+        match res {
+            Ok((obj, _)) => debug!(%obj, "reconciled"),
+            Err(e) => debug!(error = %e, "reconcile trigger failed"),
+        }
+    });
+    (clusters, task)
+}

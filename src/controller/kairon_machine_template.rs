@@ -1,0 +1,119 @@
+//! The KaironMachineTemplate reconciler: publishes what a machine cloned from the template
+//! offers (`status.capacity`, `status.nodeInfo`), so cluster-autoscaler can scale a node group
+//! from zero.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::{Future, StreamExt};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Config as ControllerConfig};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
+use kube::{Client, ResourceExt};
+use tracing::{debug, warn};
+
+use super::write;
+use super::{ERROR_REQUEUE, Error, Settings, strip_managed_fields};
+use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
+use crate::capi;
+
+/// Kairon runs x86-64 Linux guests.
+pub const ARCHITECTURE: &str = "amd64";
+pub const OPERATING_SYSTEM: &str = "linux";
+
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub clusters: Store<capi::Cluster>,
+}
+
+/// Capacity and node info of a machine made from `spec`. Pure.
+pub fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus {
+    let capacity = BTreeMap::from([
+        ("cpu".to_string(), Quantity(spec.cpus.to_string())),
+        ("memory".to_string(), spec.memory.clone()),
+        ("ephemeral-storage".to_string(), spec.disk_size.clone()),
+    ]);
+    KaironMachineTemplateStatus {
+        capacity: Some(capacity),
+        node_info: Some(NodeInfo { architecture: Some(ARCHITECTURE.into()), operating_system: Some(OPERATING_SYSTEM.into()) }),
+    }
+}
+
+pub async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.clusters.wait_until_ready().await.map_err(|e| Error::Cache(e.to_string()))?;
+    let ns = t.namespace().ok_or(Error::MissingNamespace)?;
+    let cluster_name = capi::owner(&t.metadata, "Cluster")
+        .map(|o| o.name.clone())
+        .or_else(|| capi::label(&t.metadata, capi::CLUSTER_NAME_LABEL).map(str::to_string));
+    let cluster = cluster_name.and_then(|c| ctx.clusters.get(&ObjectRef::new(&c).within(&ns)));
+    if capi::paused_reason(cluster.as_deref(), &t.metadata).is_some() {
+        return Ok(Action::await_change());
+    }
+    let next = template_status(&t.spec.template.spec);
+    if t.status.as_ref() != Some(&next) {
+        let api: Api<KaironMachineTemplate> = Api::namespaced(ctx.client.clone(), &ns);
+        write::apply_status(&api, &t.name_any(), &next).await.map_err(Error::write("status"))?;
+    }
+    Ok(Action::requeue(ctx.settings.sync_period))
+}
+
+pub fn error_policy(t: Arc<KaironMachineTemplate>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(name = %t.name_any(), namespace = ?t.namespace(), stage = error.stage(), %error, "reconcile failed");
+    Action::requeue(ERROR_REQUEUE)
+}
+
+/// Builds the controller; it reads Clusters from the cache another controller fills.
+pub fn controller(
+    client: Client,
+    settings: Settings,
+    clusters: Store<capi::Cluster>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> + Send {
+    let (templates, w) = reflector::store();
+    let events = watcher(settings.api::<KaironMachineTemplate>(&client), settings.watcher_config())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .applied_objects();
+    let ctx = Arc::new(Context { client, settings: settings.clone(), clusters });
+    Controller::for_stream(events, templates)
+        .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                debug!(error = %e, "reconcile trigger failed");
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_and_node_info_from_the_template_spec() {
+        let cases = [(1, "512Mi", "1Gi"), (2, "4Gi", "40Gi"), (64, "256Gi", "2Ti")];
+        for (cpus, memory, disk) in cases {
+            let spec = KaironMachineSpec {
+                cpus,
+                memory: Quantity(memory.into()),
+                disk_size: Quantity(disk.into()),
+                image: "img".into(),
+                ..Default::default()
+            };
+            let s = template_status(&spec);
+            let cap = s.capacity.unwrap();
+            assert_eq!(cap["cpu"], Quantity(cpus.to_string()));
+            assert_eq!(cap["memory"], Quantity(memory.into()));
+            assert_eq!(cap["ephemeral-storage"], Quantity(disk.into()));
+            assert_eq!(cap.len(), 3);
+            let ni = s.node_info.unwrap();
+            assert_eq!(ni.architecture.as_deref(), Some("amd64"));
+            assert_eq!(ni.operating_system.as_deref(), Some("linux"));
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! The three reconcilers and what they share: settings, errors, and the few write helpers
+//! (finalizers with optimistic concurrency, status by server-side apply).
+
+pub mod kairon_cluster;
+pub mod kairon_machine;
+pub mod kairon_machine_template;
+mod write;
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use kube::api::Api;
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+use crate::capi::WATCH_FILTER_LABEL;
+
+pub use write::FIELD_MANAGER;
+
+/// How the manager was asked to run.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Watch only this namespace (all namespaces when `None`).
+    pub namespace: Option<String>,
+    /// Reconcile only objects labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// Safety-net resync of every object; events do the real work.
+    pub sync_period: Duration,
+    /// Largest bootstrap payload accepted.
+    pub max_bootstrap_data_bytes: usize,
+    /// Reconciles run at once, per controller.
+    pub machine_concurrency: u16,
+    pub cluster_concurrency: u16,
+    pub template_concurrency: u16,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            watch_filter: None,
+            sync_period: Duration::from_secs(600),
+            max_bootstrap_data_bytes: crate::capi::bootstrap::DEFAULT_MAX_BOOTSTRAP_DATA_BYTES,
+            machine_concurrency: 10,
+            cluster_concurrency: 10,
+            template_concurrency: 2,
+        }
+    }
+}
+
+impl Settings {
+    /// An `Api` over all namespaces, or over the one we were scoped to.
+    pub fn api<K>(&self, client: &Client) -> Api<K>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+
+    /// Watch configuration for CAPI objects and ours: the watch filter, if any.
+    pub fn watcher_config(&self) -> watcher::Config {
+        let wc = watcher::Config::default().any_semantic();
+        match &self.watch_filter {
+            Some(v) => wc.labels(&format!("{WATCH_FILTER_LABEL}={v}")),
+            None => wc,
+        }
+    }
+}
+
+/// Errors of one reconcile, by the stage they happened in. Messages never contain bootstrap
+/// data: API answers to requests that carried it are reduced to their code and reason.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("object has no namespace")]
+    MissingNamespace,
+    #[error("caches are not available: {0}")]
+    Cache(String),
+    #[error("reading {what}: {source}")]
+    Read {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing {what}: {source}")]
+    Write {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("creating Kairon Machine {name}: {detail}")]
+    CreateInstance { name: String, detail: String },
+    #[error("deleting Kairon Machine {name}: {source}")]
+    DeleteInstance {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl Error {
+    /// A short label for metrics and logs.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            Error::MissingNamespace => "validate",
+            Error::Cache(_) => "cache",
+            Error::Read { .. } => "read",
+            Error::Write { .. } => "write",
+            Error::CreateInstance { .. } => "create_instance",
+            Error::DeleteInstance { .. } => "delete_instance",
+        }
+    }
+
+    pub(crate) fn read(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Read { what, source }
+    }
+
+    pub(crate) fn write(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Write { what, source }
+    }
+}
+
+/// Whether an API error is a 404.
+pub(crate) fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.is_not_found())
+}
+
+/// How long to wait after an error before trying the object again.
+pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+
+/// Drops what the caches never need: managedFields are most of an object's size.
+pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+
+/// Deserializable resources with a static type.
+pub(crate) trait StaticResource:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
+{
+}
+impl<K> StaticResource for K where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
+{
+}

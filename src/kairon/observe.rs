@@ -1,0 +1,219 @@
+//! What a Kairon Machine means for its KaironMachine. Pure: no I/O.
+
+use kube::ResourceExt;
+
+use super::{FAILURE_DOMAIN_ANNOTATION, Machine, labels, phase, provider_id};
+use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
+use crate::api::{InstanceRef, KaironMachine, MachineAddress};
+
+/// Whose Kairon Machine this is, from the KaironMachine's point of view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// Its UID label names this KaironMachine.
+    Ours,
+    /// Created for an earlier incarnation of this KaironMachine (e.g. before `clusterctl move`,
+    /// which re-creates objects with new UIDs): our write-once `spec.providerID` names exactly
+    /// this VM. Adopt it and move the UID label over.
+    OursBeforeMove,
+    /// Someone else's: never touch it.
+    Foreign,
+}
+
+/// Decides whether `vm` belongs to `km`.
+pub fn ownership(vm: &Machine, km: &KaironMachine) -> Ownership {
+    let uid_label = vm.labels().get(labels::KAIRONMACHINE_UID);
+    if uid_label.is_some() && uid_label == km.metadata.uid.as_ref() {
+        return Ownership::Ours;
+    }
+    match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
+        (Some(pid), Some(uid)) if pid == provider_id(uid) => Ownership::OursBeforeMove,
+        _ => Ownership::Foreign,
+    }
+}
+
+/// The phase, with a missing one read as Pending and a deleted Machine as Terminating.
+pub fn effective_phase(vm: &Machine) -> &str {
+    if vm.metadata.deletion_timestamp.is_some() {
+        return phase::TERMINATING;
+    }
+    vm.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or(phase::PENDING)
+}
+
+/// Whether the VM runs.
+pub fn is_running(vm: &Machine) -> bool {
+    effective_phase(vm) == phase::RUNNING
+}
+
+/// Kairon's reason and message when the VM failed (terminal for that Kairon Machine).
+pub fn failure(vm: &Machine) -> Option<(String, String)> {
+    if effective_phase(vm) != phase::FAILED {
+        return None;
+    }
+    let status = vm.status.as_ref();
+    let reason = status.and_then(|s| s.reason.clone()).filter(|r| !r.is_empty()).unwrap_or_else(|| "Unknown".into());
+    let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+    Some((reason, message))
+}
+
+/// CAPI's v1beta1 MachineStatusError for a Kairon failure reason.
+pub fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
+    match kairon_reason {
+        "Unschedulable" | "InsufficientCapacity" => "InsufficientResources",
+        "ImageNotFound" | "InvalidSpec" | "NetworkNotFound" => "InvalidConfiguration",
+        _ => "CreateError",
+    }
+}
+
+/// The `InstanceProvisioned` condition for the VM's current phase.
+pub fn instance_condition(vm: &Machine) -> Decided {
+    let name = vm.name_any();
+    let (status, r, message) = match effective_phase(vm) {
+        phase::RUNNING => (Status::True, reason::PROVISIONED, format!("Kairon Machine {name} is running")),
+        phase::PROVISIONING => (Status::False, reason::INSTANCE_PROVISIONING, format!("Kairon Machine {name} is being provisioned")),
+        phase::STOPPED => (Status::False, reason::INSTANCE_STOPPED, format!("Kairon Machine {name} is stopped")),
+        phase::TERMINATING => (Status::False, reason::INSTANCE_TERMINATING, format!("Kairon Machine {name} is being deleted")),
+        phase::FAILED => {
+            let (kr, km) = failure(vm).unwrap_or_default();
+            let detail = if km.is_empty() { kr } else { format!("{kr}: {km}") };
+            (Status::False, reason::INSTANCE_FAILED, format!("Kairon Machine {name} failed: {detail}"))
+        }
+        phase::PENDING => (Status::False, reason::INSTANCE_PENDING, format!("Kairon Machine {name} is pending")),
+        other => (Status::Unknown, reason::INSTANCE_PENDING, format!("Kairon Machine {name} is in unknown phase {other}")),
+    };
+    Decided::new(INSTANCE_PROVISIONED, status, r, message)
+}
+
+/// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
+pub fn addresses(vm: &Machine) -> Vec<MachineAddress> {
+    const TYPES: [&str; 5] = ["Hostname", "ExternalIP", "InternalIP", "ExternalDNS", "InternalDNS"];
+    vm.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= 256)
+        .map(|a| MachineAddress { type_: a.type_.clone(), address: a.address.clone() })
+        .collect()
+}
+
+/// The failure domain the VM was placed in.
+pub fn failure_domain(vm: &Machine) -> Option<String> {
+    vm.annotations().get(FAILURE_DOMAIN_ANNOTATION).filter(|f| !f.is_empty()).cloned()
+}
+
+/// `status.instance` of the KaironMachine.
+pub fn instance_ref(vm: &Machine) -> InstanceRef {
+    InstanceRef {
+        name: vm.name_any(),
+        namespace: vm.namespace().unwrap_or_default(),
+        uid: vm.metadata.uid.clone(),
+        phase: Some(effective_phase(vm).to_string()),
+        host: vm.status.as_ref().and_then(|s| s.host_name.clone()).filter(|h| !h.is_empty()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kairon::{Address, MachineStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn vm(phase: Option<&str>) -> Machine {
+        let mut m = Machine::new("m1", Default::default());
+        m.metadata.namespace = Some("ns".into());
+        m.metadata.uid = Some("vm-uid".into());
+        m.status = Some(MachineStatus {
+            phase: phase.map(Into::into),
+            host_name: Some("kairon-node-7".into()),
+            addresses: Some(vec![
+                Address { type_: "InternalIP".into(), address: "10.42.0.17".into() },
+                Address { type_: "Hostname".into(), address: "m1".into() },
+                Address { type_: "Weird".into(), address: "x".into() },
+            ]),
+            reason: (phase == Some("Failed")).then(|| "ImageNotFound".into()),
+            message: (phase == Some("Failed")).then(|| "image foo does not exist".into()),
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn instance_condition_for_every_phase() {
+        let cases = [
+            (None, Status::False, reason::INSTANCE_PENDING),
+            (Some("Pending"), Status::False, reason::INSTANCE_PENDING),
+            (Some("Provisioning"), Status::False, reason::INSTANCE_PROVISIONING),
+            (Some("Running"), Status::True, reason::PROVISIONED),
+            (Some("Stopped"), Status::False, reason::INSTANCE_STOPPED),
+            (Some("Failed"), Status::False, reason::INSTANCE_FAILED),
+            (Some("Terminating"), Status::False, reason::INSTANCE_TERMINATING),
+            (Some("Hibernating"), Status::Unknown, reason::INSTANCE_PENDING),
+        ];
+        for (phase, status, r) in cases {
+            let d = instance_condition(&vm(phase));
+            assert_eq!((d.status, d.reason), (status, r), "phase {phase:?}");
+            assert_eq!(d.type_, INSTANCE_PROVISIONED);
+            assert!(d.message.contains("m1"), "{phase:?}: {}", d.message);
+        }
+    }
+
+    #[test]
+    fn failed_message_carries_kairons_reason_and_message() {
+        let d = instance_condition(&vm(Some("Failed")));
+        assert!(d.message.contains("ImageNotFound: image foo does not exist"), "{}", d.message);
+        assert_eq!(failure(&vm(Some("Failed"))), Some(("ImageNotFound".into(), "image foo does not exist".into())));
+        assert_eq!(failure(&vm(Some("Running"))), None);
+    }
+
+    #[test]
+    fn deletion_timestamp_means_terminating_whatever_the_phase() {
+        let mut m = vm(Some("Running"));
+        m.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(effective_phase(&m), "Terminating");
+        assert!(!is_running(&m));
+    }
+
+    #[test]
+    fn addresses_keep_only_capi_types() {
+        let a = addresses(&vm(Some("Running")));
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].type_, "InternalIP");
+        assert_eq!(a[1].type_, "Hostname");
+    }
+
+    #[test]
+    fn v1beta1_failure_reasons() {
+        assert_eq!(failure_reason_v1beta1("Unschedulable"), "InsufficientResources");
+        assert_eq!(failure_reason_v1beta1("ImageNotFound"), "InvalidConfiguration");
+        assert_eq!(failure_reason_v1beta1("DiskError"), "CreateError");
+    }
+
+    #[test]
+    fn ownership_by_uid_label_or_provider_id() {
+        let mut km = KaironMachine::new("m1", Default::default());
+        km.metadata.uid = Some("km-uid".into());
+        let mut m = vm(Some("Running"));
+        assert_eq!(ownership(&m, &km), Ownership::Foreign, "no label, no providerID");
+        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "other".to_string())].into());
+        assert_eq!(ownership(&m, &km), Ownership::Foreign, "someone else's label");
+        km.spec.provider_id = Some("kairon://vm-uid".into());
+        assert_eq!(ownership(&m, &km), Ownership::OursBeforeMove, "providerID names this VM");
+        km.spec.provider_id = Some("kairon://another-vm".into());
+        assert_eq!(ownership(&m, &km), Ownership::Foreign, "providerID names another VM");
+        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
+        assert_eq!(ownership(&m, &km), Ownership::Ours);
+    }
+
+    #[test]
+    fn instance_ref_and_failure_domain() {
+        let mut m = vm(Some("Running"));
+        m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
+        let r = instance_ref(&m);
+        assert_eq!(r.name, "m1");
+        assert_eq!(r.namespace, "ns");
+        assert_eq!(r.uid.as_deref(), Some("vm-uid"));
+        assert_eq!(r.phase.as_deref(), Some("Running"));
+        assert_eq!(r.host.as_deref(), Some("kairon-node-7"));
+        assert_eq!(failure_domain(&m).as_deref(), Some("zone-a"));
+    }
+}

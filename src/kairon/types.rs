@@ -1,0 +1,114 @@
+//! Our model of a Kairon Machine.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A Kairon virtual machine. Namespaced; reconciled by kairon-controller (or the simulator).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "kairon.zyvor.dev",
+    version = "v1alpha1",
+    kind = "Machine",
+    namespaced,
+    status = "MachineStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "Machine is a Kairon virtual machine (development CRD; production clusters get it from Kairon).",
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Host", type_ = "string", json_path = ".status.hostName"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineSpec {
+    #[x_kube(validation = Rule::new("self >= 1").message("cpus must be at least 1"))]
+    pub cpus: i32,
+    pub memory: Quantity,
+    pub image: String,
+    pub disk_size: Quantity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<CloudInit>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Network {
+    pub name: String,
+}
+
+/// Forwarded verbatim into the NoCloud seed the VM boots with.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudInit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_data: Option<UserData>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_config: Option<String>,
+}
+
+/// Cloud-init user-data: CAPI bootstrap data, which holds cluster secrets. Its `Debug` never
+/// shows the content, so it cannot reach a log line by accident.
+#[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq, JsonSchema)]
+#[serde(transparent)]
+#[schemars(transparent)]
+pub struct UserData(pub String);
+
+impl fmt::Debug for UserData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UserData(<redacted, {} bytes>)", self.0.len())
+    }
+}
+
+impl UserData {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What kairon-controller reports.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    /// Pending, Provisioning, Running, Stopped, Failed or Terminating.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Equals `metadata.uid`; the guest's NoCloud instance-id.
+    #[serde(default, rename = "instanceID", skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub addresses: Option<Vec<Address>>,
+    /// Machine-readable reason when Failed (e.g. ImageNotFound, Unschedulable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<Condition>>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Address {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub address: String,
+}
+
+/// Kairon's phases.
+pub mod phase {
+    pub const PENDING: &str = "Pending";
+    pub const PROVISIONING: &str = "Provisioning";
+    pub const RUNNING: &str = "Running";
+    pub const STOPPED: &str = "Stopped";
+    pub const FAILED: &str = "Failed";
+    pub const TERMINATING: &str = "Terminating";
+}

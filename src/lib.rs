@@ -1,0 +1,13 @@
+//! cluster-api-provider-kairon: a Cluster API infrastructure provider for Kairon virtual
+//! machines.
+//!
+//! - [`api`]: our CRD types and condition vocabulary;
+//! - [`capi`]: read-only views of CAPI core objects and the contract helpers (owners, pause);
+//! - [`kairon`]: everything we assume about Kairon's Machine API, in one place;
+//! - [`controller`]: the three reconcilers and their shared context.
+
+pub mod api;
+pub mod capi;
+pub mod kairon;
+pub mod controller;
+pub mod manager;
