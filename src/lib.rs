@@ -8,6 +8,6 @@
 
 pub mod api;
 pub mod capi;
-pub mod kairon;
 pub mod controller;
+pub mod kairon;
 pub mod manager;

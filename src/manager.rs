@@ -14,7 +14,11 @@ use crate::controller::{self, Settings};
 
 /// Flags, named as the Go CAPI providers name theirs.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "capkr-manager", version, about = "Cluster API infrastructure provider for Kairon")]
+#[command(
+    name = "capkr-manager",
+    version,
+    about = "Cluster API infrastructure provider for Kairon"
+)]
 pub struct Args {
     /// Namespace to watch; all namespaces when empty.
     #[arg(long, env = "CAPKR_NAMESPACE", default_value = "")]
@@ -97,7 +101,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         }
         let n: u64 = rest[..digits].parse().map_err(|_| err())?;
         rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
         let unit = match &rest[..unit_len] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
@@ -118,7 +124,9 @@ fn init_logging(args: &Args) {
         _ => "debug,capkr=trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
@@ -127,9 +135,12 @@ fn init_logging(args: &Args) {
 
 async fn client_from(path: &str) -> Result<Client> {
     if path.is_empty() {
-        return Client::try_default().await.context("no kubeconfig and not running in a cluster");
+        return Client::try_default()
+            .await
+            .context("no kubeconfig and not running in a cluster");
     }
-    let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("loading kubeconfig {path}"))?;
@@ -153,14 +164,28 @@ pub async fn run(args: Args) -> Result<()> {
     init_logging(&args);
     let settings = args.settings();
     let client = client_from(&args.kubeconfig).await?;
-    let kairon = if args.kairon_kubeconfig.is_empty() { client.clone() } else { client_from(&args.kairon_kubeconfig).await? };
-    info!(?settings, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
+    let kairon = if args.kairon_kubeconfig.is_empty() {
+        client.clone()
+    } else {
+        client_from(&args.kairon_kubeconfig).await?
+    };
+    info!(
+        ?settings,
+        version = env!("CARGO_PKG_VERSION"),
+        "starting capkr-manager"
+    );
 
     let shutdown = shutdown_signal().shared();
-    let (clusters, machines) =
-        controller::kairon_machine::controller(client.clone(), kairon, settings.clone(), shutdown.clone());
-    let kcs = controller::kairon_cluster::controller(client.clone(), settings.clone(), shutdown.clone());
-    let templates = controller::kairon_machine_template::controller(client, settings, clusters, shutdown);
+    let (clusters, machines) = controller::kairon_machine::controller(
+        client.clone(),
+        kairon,
+        settings.clone(),
+        shutdown.clone(),
+    );
+    let kcs =
+        controller::kairon_cluster::controller(client.clone(), settings.clone(), shutdown.clone());
+    let templates =
+        controller::kairon_machine_template::controller(client, settings, clusters, shutdown);
     tokio::join!(machines, kcs, templates);
     info!("all controllers stopped");
     Ok(())
@@ -190,7 +215,17 @@ mod tests {
         assert_eq!(s.watch_filter, None);
         assert_eq!(s.sync_period, Duration::from_secs(600));
         assert_eq!(s.machine_concurrency, 10);
-        let args = Args::parse_from(["capkr-manager", "--namespace", "ns1", "--watch-filter", "team-a", "--log-format", "json", "-v", "2"]);
+        let args = Args::parse_from([
+            "capkr-manager",
+            "--namespace",
+            "ns1",
+            "--watch-filter",
+            "team-a",
+            "--log-format",
+            "json",
+            "-v",
+            "2",
+        ]);
         let s = args.settings();
         assert_eq!(s.namespace.as_deref(), Some("ns1"));
         assert_eq!(s.watch_filter.as_deref(), Some("team-a"));

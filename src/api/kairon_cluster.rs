@@ -120,7 +120,10 @@ pub struct FailureDomainStatus {
 
 impl KaironClusterStatus {
     pub fn is_provisioned(&self) -> bool {
-        self.initialization.as_ref().and_then(|i| i.provisioned).unwrap_or(false)
+        self.initialization
+            .as_ref()
+            .and_then(|i| i.provisioned)
+            .unwrap_or(false)
     }
 }
 
@@ -137,7 +140,11 @@ impl KaironClusterStatus {
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "KaironClusterTemplate is the template KaironClusters of a ClusterClass are created from.",
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 pub struct KaironClusterTemplateSpec {
     pub template: KaironClusterTemplateResource,

@@ -43,7 +43,11 @@ use serde::{Deserialize, Serialize};
 pub struct KaironMachineSpec {
     /// Provider ID of the machine, `kairon://<uid of the Kairon Machine>`. Written by the
     /// controller once the Kairon Machine exists; never set it in a template.
-    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "providerID",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(min = 1, max = 512))]
     pub provider_id: Option<String>,
 
@@ -173,13 +177,20 @@ pub struct V1Beta1Status {
 impl KaironMachineStatus {
     /// Whether initialization completed (contract: never flips back).
     pub fn is_provisioned(&self) -> bool {
-        self.initialization.as_ref().and_then(|i| i.provisioned).unwrap_or(false)
+        self.initialization
+            .as_ref()
+            .and_then(|i| i.provisioned)
+            .unwrap_or(false)
     }
 
     /// Records a terminal failure in the v1beta1 fields. The first one sticks: it is what
     /// made the machine unusable.
     pub fn set_failure(&mut self, reason: &str, message: &str) {
-        let v1beta1 = self.deprecated.get_or_insert_with(Default::default).v1beta1.get_or_insert_with(Default::default);
+        let v1beta1 = self
+            .deprecated
+            .get_or_insert_with(Default::default)
+            .v1beta1
+            .get_or_insert_with(Default::default);
         if v1beta1.failure_reason.is_none() {
             v1beta1.failure_reason = Some(reason.to_string());
             v1beta1.failure_message = Some(message.to_string());
@@ -188,6 +199,11 @@ impl KaironMachineStatus {
 
     /// The v1beta1 failure reason, if a terminal failure was recorded.
     pub fn failure_reason(&self) -> Option<&str> {
-        self.deprecated.as_ref()?.v1beta1.as_ref()?.failure_reason.as_deref()
+        self.deprecated
+            .as_ref()?
+            .v1beta1
+            .as_ref()?
+            .failure_reason
+            .as_deref()
     }
 }

@@ -16,8 +16,8 @@ pub use kairon_cluster::{
     KaironClusterTemplateSpec,
 };
 pub use kairon_machine::{
-    DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
-    MachineAddress, NetworkRef, V1Beta1Status,
+    DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec,
+    KaironMachineStatus, MachineAddress, NetworkRef, V1Beta1Status,
 };
 pub use kairon_machine_template::{
     KaironMachineTemplate, KaironMachineTemplateResource, KaironMachineTemplateSpec,
@@ -55,12 +55,19 @@ pub struct TemplateObjectMeta {
 ///
 /// Optional fields are omitted, never `null` (v1beta2 serialization hygiene); without
 /// `nullable` the API server drops a `null` a client sends instead of storing it.
-pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+pub fn crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
     use kube::CustomResourceExt;
-    [KaironCluster::crd(), KaironClusterTemplate::crd(), KaironMachine::crd(), KaironMachineTemplate::crd()]
-        .into_iter()
-        .map(without_nullable)
-        .collect()
+    [
+        KaironCluster::crd(),
+        KaironClusterTemplate::crd(),
+        KaironMachine::crd(),
+        KaironMachineTemplate::crd(),
+    ]
+    .into_iter()
+    .map(without_nullable)
+    .collect()
 }
 
 /// Removes every `nullable: true` from a CRD's schemas.
@@ -78,7 +85,11 @@ pub fn without_nullable(
         }
     }
     let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
-    for version in value["spec"]["versions"].as_array_mut().into_iter().flatten() {
+    for version in value["spec"]["versions"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
         strip(&mut version["schema"]);
     }
     serde_json::from_value(value).expect("a CRD without nullable deserializes")

@@ -21,11 +21,19 @@ pub const FORMAT_CLOUD_CONFIG: &str = "cloud-config";
 pub enum BootstrapDataError {
     #[error("bootstrap data Secret {secret} has no 'value' key")]
     Missing { secret: String },
-    #[error("bootstrap data in Secret {secret} is {size} bytes, more than the limit of {limit} bytes")]
-    TooLarge { secret: String, size: usize, limit: usize },
+    #[error(
+        "bootstrap data in Secret {secret} is {size} bytes, more than the limit of {limit} bytes"
+    )]
+    TooLarge {
+        secret: String,
+        size: usize,
+        limit: usize,
+    },
     #[error("bootstrap data in Secret {secret} is not valid UTF-8 text")]
     NotText { secret: String },
-    #[error("bootstrap data in Secret {secret} has format {format:?}; Kairon only delivers cloud-config user-data")]
+    #[error(
+        "bootstrap data in Secret {secret} has format {format:?}; Kairon only delivers cloud-config user-data"
+    )]
     UnsupportedFormat { secret: String, format: String },
 }
 
@@ -57,15 +65,24 @@ pub fn bootstrap_data(secret: &Secret, limit: usize) -> Result<UserData, Bootstr
         if !format.is_empty() && format != FORMAT_CLOUD_CONFIG {
             // The format is not secret, but bound what we echo.
             let format: String = format.chars().take(64).collect();
-            return Err(BootstrapDataError::UnsupportedFormat { secret: name, format });
+            return Err(BootstrapDataError::UnsupportedFormat {
+                secret: name,
+                format,
+            });
         }
     }
-    let value = data.and_then(|d| d.get("value")).filter(|v| !v.0.is_empty());
+    let value = data
+        .and_then(|d| d.get("value"))
+        .filter(|v| !v.0.is_empty());
     let Some(value) = value else {
         return Err(BootstrapDataError::Missing { secret: name });
     };
     if value.0.len() > limit {
-        return Err(BootstrapDataError::TooLarge { secret: name, size: value.0.len(), limit });
+        return Err(BootstrapDataError::TooLarge {
+            secret: name,
+            size: value.0.len(),
+            limit,
+        });
     }
     match String::from_utf8(value.0.clone()) {
         Ok(text) => Ok(UserData(text)),
@@ -80,8 +97,16 @@ mod tests {
 
     fn secret(entries: &[(&str, &[u8])]) -> Secret {
         Secret {
-            metadata: kube::api::ObjectMeta { name: Some("m1-bootstrap".into()), ..Default::default() },
-            data: Some(entries.iter().map(|(k, v)| (k.to_string(), ByteString(v.to_vec()))).collect()),
+            metadata: kube::api::ObjectMeta {
+                name: Some("m1-bootstrap".into()),
+                ..Default::default()
+            },
+            data: Some(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                    .collect(),
+            ),
             ..Default::default()
         }
     }
@@ -90,15 +115,51 @@ mod tests {
     fn bootstrap_data_table() {
         let big = vec![b'a'; 101];
         let cases: Vec<(&str, Secret, Result<&str, &str>)> = vec![
-            ("value without format is cloud-config", secret(&[("value", b"#cloud-config\nSECRET")]), Ok("#cloud-config\nSECRET")),
-            ("explicit cloud-config", secret(&[("value", b"x"), ("format", b"cloud-config")]), Ok("x")),
-            ("ignition is unsupported", secret(&[("value", b"{}"), ("format", b"ignition")]), Err(reason::UNSUPPORTED_BOOTSTRAP_FORMAT)),
-            ("unknown format is unsupported", secret(&[("value", b"x"), ("format", b"talos")]), Err(reason::UNSUPPORTED_BOOTSTRAP_FORMAT)),
-            ("missing value", secret(&[("format", b"cloud-config")]), Err(reason::BOOTSTRAP_DATA_MISSING)),
-            ("empty value", secret(&[("value", b"")]), Err(reason::BOOTSTRAP_DATA_MISSING)),
-            ("no data at all", Secret::default(), Err(reason::BOOTSTRAP_DATA_MISSING)),
-            ("oversized", secret(&[("value", &big)]), Err(reason::BOOTSTRAP_DATA_TOO_LARGE)),
-            ("not text", secret(&[("value", &[0xff, 0xfe, 0x00])]), Err(reason::BOOTSTRAP_DATA_INVALID)),
+            (
+                "value without format is cloud-config",
+                secret(&[("value", b"#cloud-config\nSECRET")]),
+                Ok("#cloud-config\nSECRET"),
+            ),
+            (
+                "explicit cloud-config",
+                secret(&[("value", b"x"), ("format", b"cloud-config")]),
+                Ok("x"),
+            ),
+            (
+                "ignition is unsupported",
+                secret(&[("value", b"{}"), ("format", b"ignition")]),
+                Err(reason::UNSUPPORTED_BOOTSTRAP_FORMAT),
+            ),
+            (
+                "unknown format is unsupported",
+                secret(&[("value", b"x"), ("format", b"talos")]),
+                Err(reason::UNSUPPORTED_BOOTSTRAP_FORMAT),
+            ),
+            (
+                "missing value",
+                secret(&[("format", b"cloud-config")]),
+                Err(reason::BOOTSTRAP_DATA_MISSING),
+            ),
+            (
+                "empty value",
+                secret(&[("value", b"")]),
+                Err(reason::BOOTSTRAP_DATA_MISSING),
+            ),
+            (
+                "no data at all",
+                Secret::default(),
+                Err(reason::BOOTSTRAP_DATA_MISSING),
+            ),
+            (
+                "oversized",
+                secret(&[("value", &big)]),
+                Err(reason::BOOTSTRAP_DATA_TOO_LARGE),
+            ),
+            (
+                "not text",
+                secret(&[("value", &[0xff, 0xfe, 0x00])]),
+                Err(reason::BOOTSTRAP_DATA_INVALID),
+            ),
         ];
         for (name, s, want) in cases {
             let got = bootstrap_data(&s, 100);
@@ -115,9 +176,22 @@ mod tests {
 
     #[test]
     fn only_unsupported_format_is_terminal() {
-        assert!(BootstrapDataError::UnsupportedFormat { secret: "s".into(), format: "ignition".into() }.is_terminal());
+        assert!(
+            BootstrapDataError::UnsupportedFormat {
+                secret: "s".into(),
+                format: "ignition".into()
+            }
+            .is_terminal()
+        );
         assert!(!BootstrapDataError::Missing { secret: "s".into() }.is_terminal());
-        assert!(!BootstrapDataError::TooLarge { secret: "s".into(), size: 2, limit: 1 }.is_terminal());
+        assert!(
+            !BootstrapDataError::TooLarge {
+                secret: "s".into(),
+                size: 2,
+                limit: 1
+            }
+            .is_terminal()
+        );
     }
 
     #[test]

@@ -40,16 +40,27 @@ pub struct Bootstrap {
 impl Machine {
     /// `spec.bootstrap.dataSecretName`, when set and non-empty.
     pub fn data_secret_name(&self) -> Option<&str> {
-        self.spec.bootstrap.as_ref()?.data_secret_name.as_deref().filter(|s| !s.is_empty())
+        self.spec
+            .bootstrap
+            .as_ref()?
+            .data_secret_name
+            .as_deref()
+            .filter(|s| !s.is_empty())
     }
 
     /// Whether the Machine belongs to the control plane.
     pub fn is_control_plane(&self) -> bool {
-        self.metadata.labels.as_ref().is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL))
+        self.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL))
     }
 
     /// `spec.failureDomain`, when set and non-empty.
     pub fn failure_domain(&self) -> Option<&str> {
-        self.spec.failure_domain.as_deref().filter(|s| !s.is_empty())
+        self.spec
+            .failure_domain
+            .as_deref()
+            .filter(|s| !s.is_empty())
     }
 }

@@ -8,7 +8,7 @@ pub mod bootstrap;
 mod cluster;
 mod machine;
 
-pub use cluster::{Cluster, ClusterSpec, ClusterStatus, ClusterInitialization};
+pub use cluster::{Cluster, ClusterInitialization, ClusterSpec, ClusterStatus};
 pub use machine::{Bootstrap, Machine, MachineSpec};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -101,7 +101,9 @@ pub fn is_externally_managed(meta: &ObjectMeta) -> bool {
 
 /// Whether `meta` has the annotation `key` (any value).
 pub fn has_annotation(meta: &ObjectMeta, key: &str) -> bool {
-    meta.annotations.as_ref().is_some_and(|a| a.contains_key(key))
+    meta.annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(key))
 }
 
 /// The value of label `key`.
@@ -128,8 +130,15 @@ mod tests {
 
     #[test]
     fn owner_is_found_by_kind_and_group_in_any_version() {
-        for version in ["cluster.x-k8s.io/v1beta1", "cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1"] {
-            assert!(owner(&owned_by(version, "Machine"), "Machine").is_some(), "{version}");
+        for version in [
+            "cluster.x-k8s.io/v1beta1",
+            "cluster.x-k8s.io/v1beta2",
+            "cluster.x-k8s.io/v1",
+        ] {
+            assert!(
+                owner(&owned_by(version, "Machine"), "Machine").is_some(),
+                "{version}"
+            );
         }
     }
 
@@ -137,7 +146,13 @@ mod tests {
     fn owner_of_another_group_or_kind_is_not_the_owner() {
         assert!(owner(&owned_by("example.com/v1", "Machine"), "Machine").is_none());
         assert!(owner(&owned_by("kairon.zyvor.dev/v1alpha1", "Machine"), "Machine").is_none());
-        assert!(owner(&owned_by("cluster.x-k8s.io/v1beta2", "MachineSet"), "Machine").is_none());
+        assert!(
+            owner(
+                &owned_by("cluster.x-k8s.io/v1beta2", "MachineSet"),
+                "Machine"
+            )
+            .is_none()
+        );
         assert!(owner(&ObjectMeta::default(), "Machine").is_none());
     }
 
@@ -150,9 +165,17 @@ mod tests {
         };
         assert_eq!(paused_reason(Some(&cluster), &ObjectMeta::default()), None);
         assert_eq!(paused_reason(None, &ObjectMeta::default()), None);
-        assert!(paused_reason(None, &annotated).unwrap().contains("annotation"));
+        assert!(
+            paused_reason(None, &annotated)
+                .unwrap()
+                .contains("annotation")
+        );
         cluster.spec.paused = Some(true);
-        assert!(paused_reason(Some(&cluster), &ObjectMeta::default()).unwrap().contains("spec.paused"));
+        assert!(
+            paused_reason(Some(&cluster), &ObjectMeta::default())
+                .unwrap()
+                .contains("spec.paused")
+        );
         cluster.spec.paused = Some(false);
         assert_eq!(paused_reason(Some(&cluster), &ObjectMeta::default()), None);
     }
@@ -160,8 +183,26 @@ mod tests {
     #[test]
     fn endpoint_validity_follows_capi() {
         assert!(!ApiEndpoint::default().is_valid());
-        assert!(!ApiEndpoint { host: Some("h".into()), port: Some(0) }.is_valid());
-        assert!(!ApiEndpoint { host: Some(String::new()), port: Some(6443) }.is_valid());
-        assert!(ApiEndpoint { host: Some("h".into()), port: Some(6443) }.is_valid());
+        assert!(
+            !ApiEndpoint {
+                host: Some("h".into()),
+                port: Some(0)
+            }
+            .is_valid()
+        );
+        assert!(
+            !ApiEndpoint {
+                host: Some(String::new()),
+                port: Some(6443)
+            }
+            .is_valid()
+        );
+        assert!(
+            ApiEndpoint {
+                host: Some("h".into()),
+                port: Some(6443)
+            }
+            .is_valid()
+        );
     }
 }

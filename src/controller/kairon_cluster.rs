@@ -20,7 +20,10 @@ use tracing::{debug, info, warn};
 use super::write::{self, has_finalizer};
 use super::{ERROR_REQUEUE, Error, Settings, strip_managed_fields};
 use crate::api::conditions::{self, Decided, PAUSED, READY, Status, reason};
-use crate::api::{CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine};
+use crate::api::{
+    CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus,
+    KaironMachine,
+};
 use crate::capi;
 
 /// How often to look again while waiting for KaironMachines to go, on top of their watch.
@@ -46,7 +49,10 @@ impl Context {
         self.members
             .state()
             .iter()
-            .filter(|m| m.namespace().as_deref() == Some(ns) && capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(cluster))
+            .filter(|m| {
+                m.namespace().as_deref() == Some(ns)
+                    && capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(cluster)
+            })
             .count()
     }
 }
@@ -83,7 +89,9 @@ pub fn next_status(
         Some(Observed::Provisioned) => {
             // Failure domains go out together with provisioned=true, as the contract asks.
             status.failure_domains = failure_domains(kc);
-            status.initialization = Some(Initialization { provisioned: Some(true) });
+            status.initialization = Some(Initialization {
+                provisioned: Some(true),
+            });
             Some(Decided::new(READY, Status::True, reason::READY, ""))
         }
         Some(Observed::WaitingForEndpoint) => Some(Decided::new(
@@ -95,8 +103,14 @@ pub fn next_status(
         Some(Observed::Deleting { machines }) => Some(Decided::new(
             READY,
             Status::False,
-            if *machines > 0 { reason::WAITING_FOR_MACHINES_DELETION } else { reason::DELETING },
-            format!("KaironCluster is being deleted; {machines} KaironMachine(s) of the cluster remain"),
+            if *machines > 0 {
+                reason::WAITING_FOR_MACHINES_DELETION
+            } else {
+                reason::DELETING
+            },
+            format!(
+                "KaironCluster is being deleted; {machines} KaironMachine(s) of the cluster remain"
+            ),
         )),
     };
     if let Some(ready) = ready {
@@ -134,8 +148,12 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     let ns = kc.namespace().ok_or(Error::MissingNamespace)?;
     let api: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), &ns);
     let owner = capi::owner(&kc.metadata, "Cluster").map(|o| o.name.clone());
-    let cluster_name = owner.clone().or_else(|| capi::label(&kc.metadata, capi::CLUSTER_NAME_LABEL).map(str::to_string));
-    let cluster = cluster_name.as_ref().and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
+    let cluster_name = owner
+        .clone()
+        .or_else(|| capi::label(&kc.metadata, capi::CLUSTER_NAME_LABEL).map(str::to_string));
+    let cluster = cluster_name
+        .as_ref()
+        .and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
 
     if let Some(why) = capi::paused_reason(cluster.as_deref(), &kc.metadata) {
         write_status(&api, &kc, None, Some(why)).await?;
@@ -145,10 +163,14 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
             return Ok(Action::await_change());
         }
-        let machines = cluster_name.as_deref().map_or(0, |c| ctx.member_count(&ns, c));
+        let machines = cluster_name
+            .as_deref()
+            .map_or(0, |c| ctx.member_count(&ns, c));
         if machines == 0 {
             info!("no KaironMachine left; releasing the finalizer");
-            write::remove_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER).await.map_err(Error::write("finalizer"))?;
+            write::remove_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER)
+                .await
+                .map_err(Error::write("finalizer"))?;
             return Ok(Action::await_change());
         }
         write_status(&api, &kc, Some(&Observed::Deleting { machines }), None).await?;
@@ -160,10 +182,20 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::await_change());
     };
     if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
-        write::add_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER).await.map_err(Error::write("finalizer"))?;
+        write::add_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER)
+            .await
+            .map_err(Error::write("finalizer"))?;
     }
-    let endpoint_known = kc.spec.control_plane_endpoint.as_ref().is_some_and(|e| e.is_valid())
-        || cluster.spec.control_plane_endpoint.as_ref().is_some_and(|e| e.is_valid());
+    let endpoint_known = kc
+        .spec
+        .control_plane_endpoint
+        .as_ref()
+        .is_some_and(|e| e.is_valid())
+        || cluster
+            .spec
+            .control_plane_endpoint
+            .as_ref()
+            .is_some_and(|e| e.is_valid());
     let observed = if endpoint_known || kc.status.as_ref().is_some_and(|s| s.is_provisioned()) {
         Observed::Provisioned
     } else {
@@ -173,12 +205,19 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
-async fn write_status(api: &Api<KaironCluster>, kc: &KaironCluster, observed: Option<&Observed>, paused: Option<&str>) -> Result<(), Error> {
+async fn write_status(
+    api: &Api<KaironCluster>,
+    kc: &KaironCluster,
+    observed: Option<&Observed>,
+    paused: Option<&str>,
+) -> Result<(), Error> {
     let next = next_status(kc, observed, paused, &conditions::now());
     if kc.status.as_ref() == Some(&next) {
         return Ok(());
     }
-    write::apply_status(api, &kc.name_any(), &next).await.map_err(Error::write("status"))
+    write::apply_status(api, &kc.name_any(), &next)
+        .await
+        .map_err(Error::write("status"))
 }
 
 pub fn error_policy(kc: Arc<KaironCluster>, error: &Error, _ctx: Arc<Context>) -> Action {
@@ -193,7 +232,11 @@ pub fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCl
 }
 
 /// Builds the controller; it runs until `shutdown` resolves and the future is driven.
-pub fn controller(client: Client, settings: Settings, shutdown: impl Future<Output = ()> + Send + Sync + 'static) -> impl Future<Output = ()> + Send {
+pub fn controller(
+    client: Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> + Send {
     let wc = settings.watcher_config();
     let (clusters, w) = reflector::store();
     let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
@@ -202,11 +245,14 @@ pub fn controller(client: Client, settings: Settings, shutdown: impl Future<Outp
         .reflect(w)
         .touched_objects();
     let (members, w) = reflector::store();
-    let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .touched_objects();
+    let member_events = watcher(
+        settings.api::<PartialObjectMeta<KaironMachine>>(&client),
+        wc.clone(),
+    )
+    .default_backoff()
+    .modify(strip_managed_fields)
+    .reflect(w)
+    .touched_objects();
     let (kcs, w) = reflector::store();
     let kc_events = watcher(settings.api::<KaironCluster>(&client), wc)
         .default_backoff()
@@ -215,7 +261,12 @@ pub fn controller(client: Client, settings: Settings, shutdown: impl Future<Outp
         .applied_objects();
 
     let cluster_lookup = clusters.clone();
-    let ctx = Arc::new(Context { client, settings: settings.clone(), clusters, members });
+    let ctx = Arc::new(Context {
+        client,
+        settings: settings.clone(),
+        clusters,
+        members,
+    });
     Controller::for_stream(kc_events, kcs)
         .watches_stream(cluster_events, |c| kaironcluster_for_cluster(&c))
         .watches_stream(member_events, move |m: PartialObjectMeta<KaironMachine>| {
@@ -234,4 +285,110 @@ pub fn controller(client: Client, settings: Settings, shutdown: impl Future<Outp
                 Err(e) => debug!(error = %e, "reconcile trigger failed"),
             }
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{APIEndpoint, FailureDomainSpec, KaironClusterSpec};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn kc() -> KaironCluster {
+        KaironCluster::new(
+            "c",
+            KaironClusterSpec {
+                control_plane_endpoint: Some(APIEndpoint {
+                    host: Some("10.0.0.10".into()),
+                    port: Some(6443),
+                }),
+                failure_domains: Some(vec![
+                    FailureDomainSpec {
+                        name: "zone-b".into(),
+                        control_plane: None,
+                        node_selector: Some([("zone".to_string(), "b".to_string())].into()),
+                    },
+                    FailureDomainSpec {
+                        name: "zone-a".into(),
+                        control_plane: Some(true),
+                        node_selector: None,
+                    },
+                ]),
+            },
+        )
+    }
+
+    fn ready(s: &KaironClusterStatus) -> (String, String) {
+        let c = conditions::get(s.conditions.as_deref().unwrap(), READY).unwrap();
+        (c.status.clone(), c.reason.clone())
+    }
+
+    #[test]
+    fn provisioned_publishes_failure_domains_with_it() {
+        let s = next_status(&kc(), Some(&Observed::Provisioned), None, &at(1));
+        assert!(s.is_provisioned());
+        let fds = s.failure_domains.clone().unwrap();
+        assert_eq!(
+            fds.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+            ["zone-a", "zone-b"],
+            "sorted by name"
+        );
+        assert_eq!(fds[0].control_plane, Some(true));
+        assert_eq!(fds[1].attributes.as_ref().unwrap()["zone"], "b");
+        assert_eq!(ready(&s), ("True".into(), "Ready".into()));
+    }
+
+    #[test]
+    fn cluster_status_table() {
+        let cases = [
+            (
+                Observed::WaitingForEndpoint,
+                ("False", reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT),
+                false,
+            ),
+            (Observed::Provisioned, ("True", reason::READY), true),
+            (
+                Observed::Deleting { machines: 2 },
+                ("False", reason::WAITING_FOR_MACHINES_DELETION),
+                false,
+            ),
+            (
+                Observed::Deleting { machines: 0 },
+                ("False", reason::DELETING),
+                false,
+            ),
+        ];
+        for (observed, want, provisioned) in cases {
+            let s = next_status(&kc(), Some(&observed), None, &at(1));
+            assert_eq!(
+                ready(&s),
+                (want.0.to_string(), want.1.to_string()),
+                "{observed:?}"
+            );
+            assert_eq!(s.is_provisioned(), provisioned, "{observed:?}");
+        }
+    }
+
+    #[test]
+    fn steady_state_is_a_fixed_point() {
+        let mut k = kc();
+        k.status = Some(next_status(&k, Some(&Observed::Provisioned), None, &at(1)));
+        assert_eq!(
+            next_status(&k, Some(&Observed::Provisioned), None, &at(99)),
+            k.status.clone().unwrap()
+        );
+    }
+
+    #[test]
+    fn paused_sets_only_paused() {
+        let mut k = kc();
+        k.status = Some(next_status(&k, Some(&Observed::Provisioned), None, &at(1)));
+        let s = next_status(&k, None, Some("Cluster spec.paused is set to true"), &at(5));
+        let p = conditions::get(s.conditions.as_deref().unwrap(), PAUSED).unwrap();
+        assert_eq!((p.status.as_str(), p.reason.as_str()), ("True", "Paused"));
+        assert_eq!(ready(&s), ("True".into(), "Ready".into()));
+    }
 }

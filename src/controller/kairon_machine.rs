@@ -30,7 +30,9 @@ use crate::api::{
     self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER,
 };
 use crate::capi::{self, bootstrap};
-use crate::kairon::{self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id};
+use crate::kairon::{
+    self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id,
+};
 
 /// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
 pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
@@ -68,7 +70,10 @@ pub enum Observed {
     /// No instance yet, and a reason why not (waiting, or a bootstrap data problem).
     Waiting(Decided),
     /// No instance, and none will be created: a terminal failure (v1beta1 reason, message).
-    Terminal { condition: Decided, failure_reason: &'static str },
+    Terminal {
+        condition: Decided,
+        failure_reason: &'static str,
+    },
     /// The instance, as Kairon reports it.
     Instance(Box<kairon::Machine>),
     /// The instance existed (our providerID names it) and is gone.
@@ -100,7 +105,10 @@ pub fn next_status(
     if let Some(observed) = observed {
         let instance = match observed {
             Observed::Waiting(d) => d.clone(),
-            Observed::Terminal { condition, failure_reason } => {
+            Observed::Terminal {
+                condition,
+                failure_reason,
+            } => {
                 status.set_failure(failure_reason, &condition.message);
                 condition.clone()
             }
@@ -117,7 +125,9 @@ pub fn next_status(
                 INSTANCE_PROVISIONED,
                 Status::False,
                 reason::INSTANCE_CONFLICT,
-                format!("Kairon Machine {name} exists but does not belong to this KaironMachine; it is left alone"),
+                format!(
+                    "Kairon Machine {name} exists but does not belong to this KaironMachine; it is left alone"
+                ),
             ),
             Observed::Instance(vm) => {
                 status.instance = Some(observe::instance_ref(vm));
@@ -129,21 +139,36 @@ pub fn next_status(
                     status.failure_domain = Some(fd);
                 }
                 if observe::is_running(vm) {
-                    status.initialization = Some(Initialization { provisioned: Some(true) });
+                    status.initialization = Some(Initialization {
+                        provisioned: Some(true),
+                    });
                 }
                 let decided = observe::instance_condition(vm);
                 if let Some((kairon_reason, _)) = observe::failure(vm) {
-                    status.set_failure(observe::failure_reason_v1beta1(&kairon_reason), &decided.message);
+                    status.set_failure(
+                        observe::failure_reason_v1beta1(&kairon_reason),
+                        &decided.message,
+                    );
                 }
                 decided
             }
         };
         let ready = if deleting {
-            Decided::new(READY, Status::False, reason::DELETING, "KaironMachine is being deleted")
+            Decided::new(
+                READY,
+                Status::False,
+                reason::DELETING,
+                "KaironMachine is being deleted",
+            )
         } else if instance.status == Status::True {
             Decided::new(READY, Status::True, reason::READY, instance.message.clone())
         } else {
-            Decided::new(READY, instance.status, instance.reason, instance.message.clone())
+            Decided::new(
+                READY,
+                instance.status,
+                instance.reason,
+                instance.message.clone(),
+            )
         };
         conditions::set(&mut conds, instance, generation, now);
         conditions::set(&mut conds, ready, generation, now);
@@ -162,8 +187,15 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         .and_then(|o| ctx.machines.get(&ObjectRef::new(&o.name).within(&ns)));
     let cluster_name = capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL)
         .map(str::to_string)
-        .or_else(|| machine.as_ref().map(|m| m.spec.cluster_name.clone()).filter(|c| !c.is_empty()));
-    let cluster = cluster_name.as_ref().and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
+        .or_else(|| {
+            machine
+                .as_ref()
+                .map(|m| m.spec.cluster_name.clone())
+                .filter(|c| !c.is_empty())
+        });
+    let cluster = cluster_name
+        .as_ref()
+        .and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
 
     if let Some(why) = capi::paused_reason(cluster.as_deref(), &km.metadata) {
         debug!(%why, "paused");
@@ -180,10 +212,13 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::await_change());
     };
     if !has_finalizer(km.as_ref(), MACHINE_FINALIZER) {
-        write::add_finalizer(&api, km.as_ref(), MACHINE_FINALIZER).await.map_err(Error::write("finalizer"))?;
+        write::add_finalizer(&api, km.as_ref(), MACHINE_FINALIZER)
+            .await
+            .map_err(Error::write("finalizer"))?;
     }
     let cluster_name = cluster_name.unwrap_or_default();
-    let (observed, action) = reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
+    let (observed, action) =
+        reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
     write_status(&api, &km, Some(&observed), None).await?;
     Ok(action)
 }
@@ -201,11 +236,17 @@ async fn reconcile_instance(
     let instances: Api<kairon::Machine> = Api::namespaced(ctx.kairon.clone(), ns);
     let resync = Action::requeue(ctx.settings.sync_period);
 
-    let mut vm = ctx.instances.get(&ObjectRef::new(&name).within(ns)).map(|vm| (*vm).clone());
+    let mut vm = ctx
+        .instances
+        .get(&ObjectRef::new(&name).within(ns))
+        .map(|vm| (*vm).clone());
     if vm.is_none() && km.spec.provider_id.is_some() {
         // The cache may lag behind a create we just made: ask the API before concluding the
         // VM is gone.
-        vm = instances.get_opt(&name).await.map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
+        vm = instances
+            .get_opt(&name)
+            .await
+            .map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
         if vm.is_none() {
             return Ok((Observed::Gone, resync));
         }
@@ -213,10 +254,12 @@ async fn reconcile_instance(
 
     let vm = match vm {
         Some(vm) => vm,
-        None => match create_instance(km, machine, cluster, cluster_name, ctx, ns, &instances).await? {
-            Ok(vm) => vm,
-            Err((observed, action)) => return Ok((observed, action)),
-        },
+        None => {
+            match create_instance(km, machine, cluster, cluster_name, ctx, ns, &instances).await? {
+                Ok(vm) => vm,
+                Err((observed, action)) => return Ok((observed, action)),
+            }
+        }
     };
 
     match ownership(&vm, km) {
@@ -230,7 +273,11 @@ async fn reconcile_instance(
                 labels::KAIRONMACHINE_UID: km.metadata.uid,
                 labels::KAIRONMACHINE_NAMESPACE: ns,
             }}});
-            write::merge_patch(&instances, &name, body).await.map_err(Error::write(format!("labels of Kairon Machine {ns}/{name}")))?;
+            write::merge_patch(&instances, &name, body)
+                .await
+                .map_err(Error::write(format!(
+                    "labels of Kairon Machine {ns}/{name}"
+                )))?;
         }
         Ownership::Ours => {}
     }
@@ -240,7 +287,9 @@ async fn reconcile_instance(
     {
         let api: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), ns);
         let body = json!({"spec": {"providerID": provider_id(uid)}});
-        write::merge_patch(&api, &name, body).await.map_err(Error::write("spec.providerID"))?;
+        write::merge_patch(&api, &name, body)
+            .await
+            .map_err(Error::write("spec.providerID"))?;
     }
     Ok((Observed::Instance(Box::new(vm)), resync))
 }
@@ -258,33 +307,76 @@ async fn create_instance(
     instances: &Api<kairon::Machine>,
 ) -> Result<Result<kairon::Machine, (Observed, Action)>, Error> {
     let resync = Action::requeue(ctx.settings.sync_period);
-    let waiting = |r: &'static str, msg: String| Ok(Err((Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, msg)), resync.clone())));
+    let waiting = |r: &'static str, msg: String| {
+        Ok(Err((
+            Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, msg)),
+            resync.clone(),
+        )))
+    };
 
     if !cluster.is_some_and(capi::Cluster::infrastructure_provisioned) {
-        return waiting(reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE, format!("waiting for the infrastructure of Cluster {cluster_name}"));
+        return waiting(
+            reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+            format!("waiting for the infrastructure of Cluster {cluster_name}"),
+        );
     }
     let Some(secret_name) = machine.data_secret_name() else {
-        if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
-            return waiting(reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED, "waiting for the control plane to be initialized".into());
+        if !machine.is_control_plane()
+            && !cluster.is_some_and(capi::Cluster::control_plane_initialized)
+        {
+            return waiting(
+                reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED,
+                "waiting for the control plane to be initialized".into(),
+            );
         }
-        return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
+        return waiting(
+            reason::WAITING_FOR_BOOTSTRAP_DATA,
+            "waiting for bootstrap data".into(),
+        );
     };
 
     // One GET of the one Secret: no cluster-wide Secret cache.
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = secrets.get_opt(secret_name).await.map_err(Error::read(format!("bootstrap data Secret {ns}/{secret_name}")))?;
+    let secret = secrets
+        .get_opt(secret_name)
+        .await
+        .map_err(Error::read(format!(
+            "bootstrap data Secret {ns}/{secret_name}"
+        )))?;
     let Some(secret) = secret else {
-        let d = Decided::new(INSTANCE_PROVISIONED, Status::False, reason::BOOTSTRAP_SECRET_NOT_FOUND, format!("bootstrap data Secret {secret_name} not found"));
+        let d = Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::BOOTSTRAP_SECRET_NOT_FOUND,
+            format!("bootstrap data Secret {secret_name} not found"),
+        );
         return Ok(Err((Observed::Waiting(d), Action::requeue(SECRET_RETRY))));
     };
-    let user_data = match bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes) {
+    let user_data = match bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes)
+    {
         Ok(data) => data,
         Err(e) if e.is_terminal() => {
-            let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
-            return Ok(Err((Observed::Terminal { condition, failure_reason: "InvalidConfiguration" }, Action::await_change())));
+            let condition = Decided::new(
+                INSTANCE_PROVISIONED,
+                Status::False,
+                e.reason(),
+                e.to_string(),
+            );
+            return Ok(Err((
+                Observed::Terminal {
+                    condition,
+                    failure_reason: "InvalidConfiguration",
+                },
+                Action::await_change(),
+            )));
         }
         Err(e) => {
-            let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            let d = Decided::new(
+                INSTANCE_PROVISIONED,
+                Status::False,
+                e.reason(),
+                e.to_string(),
+            );
             return Ok(Err((Observed::Waiting(d), Action::requeue(SECRET_RETRY))));
         }
     };
@@ -295,14 +387,20 @@ async fn create_instance(
         Some(fd) => match find_failure_domain(cluster, fd, ctx, ns).await? {
             Some(spec) => Some(spec),
             None => {
-                return waiting(reason::WAITING_FOR_FAILURE_DOMAIN, format!("failure domain {fd} is not defined on the KaironCluster"));
+                return waiting(
+                    reason::WAITING_FOR_FAILURE_DOMAIN,
+                    format!("failure domain {fd} is not defined on the KaironCluster"),
+                );
             }
         },
     };
 
     let desired = desired_kairon_machine(km, cluster_name, user_data, failure_domain.as_ref());
     let name = km.name_any();
-    let pp = PostParams { field_manager: Some(super::FIELD_MANAGER.into()), ..Default::default() };
+    let pp = PostParams {
+        field_manager: Some(super::FIELD_MANAGER.into()),
+        ..Default::default()
+    };
     match instances.create(&pp, &desired).await {
         Ok(vm) => {
             info!(instance = %name, "created Kairon Machine");
@@ -311,23 +409,37 @@ async fn create_instance(
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
             // Created by an earlier reconcile the cache has not seen yet, or by someone else:
             // read it, and let the ownership check decide.
-            let vm = instances.get_opt(&name).await.map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
+            let vm = instances
+                .get_opt(&name)
+                .await
+                .map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
             match vm {
                 Some(vm) => Ok(Ok(vm)),
-                None => Err(Error::CreateInstance { name, detail: "it exists and vanished right after".into() }),
+                None => Err(Error::CreateInstance {
+                    name,
+                    detail: "it exists and vanished right after".into(),
+                }),
             }
         }
         // The request carried bootstrap data and an API error may quote it: keep only the code
         // and reason.
-        Err(kube::Error::Api(s)) => Err(Error::CreateInstance { name, detail: format!("the API answered {} {}", s.code, s.reason) }),
-        Err(e) => Err(Error::CreateInstance { name, detail: redacted_error_kind(&e) }),
+        Err(kube::Error::Api(s)) => Err(Error::CreateInstance {
+            name,
+            detail: format!("the API answered {} {}", s.code, s.reason),
+        }),
+        Err(e) => Err(Error::CreateInstance {
+            name,
+            detail: redacted_error_kind(&e),
+        }),
     }
 }
 
 /// A description of a client error that cannot contain request content.
 fn redacted_error_kind(e: &kube::Error) -> String {
     match e {
-        kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
+        kube::Error::HyperError(_) | kube::Error::Service(_) => {
+            "the API server could not be reached".into()
+        }
         _ => "the request failed".into(),
     }
 }
@@ -339,11 +451,15 @@ async fn find_failure_domain(
     ctx: &Context,
     ns: &str,
 ) -> Result<Option<api::FailureDomainSpec>, Error> {
-    let Some(kc_name) = cluster.and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster")) else {
+    let Some(kc_name) = cluster.and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
+    else {
         return Ok(None);
     };
     let kcs: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), ns);
-    let kc = kcs.get_opt(kc_name).await.map_err(Error::read(format!("KaironCluster {ns}/{kc_name}")))?;
+    let kc = kcs
+        .get_opt(kc_name)
+        .await
+        .map_err(Error::read(format!("KaironCluster {ns}/{kc_name}")))?;
     Ok(kc
         .and_then(|kc| kc.spec.failure_domains)
         .into_iter()
@@ -352,12 +468,19 @@ async fn find_failure_domain(
 }
 
 /// Deletion: the Kairon Machine goes first, then the finalizer.
-async fn reconcile_delete(km: &KaironMachine, api: &Api<KaironMachine>, ctx: &Context, ns: &str) -> Result<Action, Error> {
+async fn reconcile_delete(
+    km: &KaironMachine,
+    api: &Api<KaironMachine>,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Action, Error> {
     if !has_finalizer(km, MACHINE_FINALIZER) {
         return Ok(Action::await_change());
     }
     let release = || async {
-        write::remove_finalizer(api, km, MACHINE_FINALIZER).await.map_err(Error::write("finalizer"))?;
+        write::remove_finalizer(api, km, MACHINE_FINALIZER)
+            .await
+            .map_err(Error::write("finalizer"))?;
         Ok::<_, Error>(Action::await_change())
     };
     if capi::has_annotation(&km.metadata, DELETE_FOR_MOVE_ANNOTATION) {
@@ -368,7 +491,10 @@ async fn reconcile_delete(km: &KaironMachine, api: &Api<KaironMachine>, ctx: &Co
     let name = km.name_any();
     let instances: Api<kairon::Machine> = Api::namespaced(ctx.kairon.clone(), ns);
     // Authoritative read: the finalizer must not go while the VM exists.
-    let vm = instances.get_opt(&name).await.map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
+    let vm = instances
+        .get_opt(&name)
+        .await
+        .map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
     let Some(vm) = vm else {
         info!("Kairon Machine is gone; releasing the finalizer");
         return release().await;
@@ -379,7 +505,10 @@ async fn reconcile_delete(km: &KaironMachine, api: &Api<KaironMachine>, ctx: &Co
     }
     if vm.metadata.deletion_timestamp.is_none() {
         let dp = DeleteParams {
-            preconditions: vm.metadata.uid.clone().map(|uid| Preconditions { uid: Some(uid), resource_version: None }),
+            preconditions: vm.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
             ..Default::default()
         };
         match instances.delete(&name, &dp).await {
@@ -393,13 +522,27 @@ async fn reconcile_delete(km: &KaironMachine, api: &Api<KaironMachine>, ctx: &Co
 }
 
 /// Writes the status that follows from what was observed, if it differs.
-async fn write_status(api: &Api<KaironMachine>, km: &KaironMachine, observed: Option<&Observed>, paused: Option<&str>) -> Result<(), Error> {
+async fn write_status(
+    api: &Api<KaironMachine>,
+    km: &KaironMachine,
+    observed: Option<&Observed>,
+    paused: Option<&str>,
+) -> Result<(), Error> {
     let deleting = km.metadata.deletion_timestamp.is_some();
-    let next = next_status(km.status.as_ref(), observed, paused, deleting, km.metadata.generation, &conditions::now());
+    let next = next_status(
+        km.status.as_ref(),
+        observed,
+        paused,
+        deleting,
+        km.metadata.generation,
+        &conditions::now(),
+    );
     if km.status.as_ref() == Some(&next) {
         return Ok(());
     }
-    write::apply_status(api, &km.name_any(), &next).await.map_err(Error::write("status"))
+    write::apply_status(api, &km.name_any(), &next)
+        .await
+        .map_err(Error::write("status"))
 }
 
 /// Requeue after an error.
@@ -410,15 +553,25 @@ pub fn error_policy(km: Arc<KaironMachine>, error: &Error, _ctx: Arc<Context>) -
 
 /// The KaironMachine for a CAPI Machine: its `spec.infrastructureRef`.
 pub fn kaironmachine_for_machine(m: &capi::Machine) -> Option<ObjectRef<KaironMachine>> {
-    let r = m.spec.infrastructure_ref.as_ref().filter(|r| r.is(api::GROUP, "KaironMachine"))?;
+    let r = m
+        .spec
+        .infrastructure_ref
+        .as_ref()
+        .filter(|r| r.is(api::GROUP, "KaironMachine"))?;
     Some(ObjectRef::new(&r.name).within(&m.namespace()?))
 }
 
 /// The KaironMachine for a Kairon Machine: its link-back labels, or its own name.
 pub fn kaironmachine_for_instance(vm: &kairon::Machine) -> Option<ObjectRef<KaironMachine>> {
     let l = vm.labels();
-    let ns = l.get(labels::KAIRONMACHINE_NAMESPACE).cloned().or_else(|| vm.namespace())?;
-    let name = l.get(labels::KAIRONMACHINE_NAME).cloned().unwrap_or_else(|| vm.name_any());
+    let ns = l
+        .get(labels::KAIRONMACHINE_NAMESPACE)
+        .cloned()
+        .or_else(|| vm.namespace())?;
+    let name = l
+        .get(labels::KAIRONMACHINE_NAME)
+        .cloned()
+        .unwrap_or_else(|| vm.name_any());
     Some(ObjectRef::new(&name).within(&ns))
 }
 
@@ -445,7 +598,11 @@ pub fn controller(
         .reflect(w)
         .touched_objects();
     let (instances, w) = reflector::store();
-    let instance_wc = watcher::Config::default().any_semantic().labels(&format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE));
+    let instance_wc = watcher::Config::default().any_semantic().labels(&format!(
+        "{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE
+    ));
     let instance_events = watcher(settings.api::<kairon::Machine>(&kairon_client), instance_wc)
         .default_backoff()
         .modify(|vm: &mut kairon::Machine| {
@@ -478,18 +635,450 @@ pub fn controller(
             km_store
                 .state()
                 .into_iter()
-                .filter(|km| km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str()))
+                .filter(|km| {
+                    km.namespace() == ns
+                        && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL)
+                            == Some(name.as_str())
+                })
                 .map(|km| ObjectRef::from_obj(km.as_ref()))
                 .collect::<Vec<_>>()
         })
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
         .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
         .graceful_shutdown_on(shutdown);
-    let task = controller.run(reconcile, error_policy, ctx).for_each(|res| async move {
-        match res {
-            Ok((obj, _)) => debug!(%obj, "reconciled"),
-            Err(e) => debug!(error = %e, "reconcile trigger failed"),
-        }
-    });
+    let task = controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(%obj, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile trigger failed"),
+            }
+        });
     (clusters, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kairon::MachineStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn vm(phase: &str) -> Box<kairon::Machine> {
+        let mut m = kairon::Machine::new("m1", Default::default());
+        m.metadata.namespace = Some("ns".into());
+        m.metadata.uid = Some("vm-uid".into());
+        m.metadata.annotations = Some(
+            [(
+                kairon::FAILURE_DOMAIN_ANNOTATION.to_string(),
+                "zone-a".to_string(),
+            )]
+            .into(),
+        );
+        m.status = Some(MachineStatus {
+            phase: Some(phase.into()),
+            host_name: Some("node-7".into()),
+            addresses: (phase == "Running").then(|| {
+                vec![kairon::Address {
+                    type_: "InternalIP".into(),
+                    address: "10.0.0.7".into(),
+                }]
+            }),
+            reason: (phase == "Failed").then(|| "Unschedulable".into()),
+            message: (phase == "Failed").then(|| "no host has 64 CPUs".into()),
+            ..Default::default()
+        });
+        Box::new(m)
+    }
+
+    fn cond<'a>(
+        s: &'a KaironMachineStatus,
+        t: &str,
+    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        conditions::get(s.conditions.as_deref().unwrap(), t)
+            .unwrap_or_else(|| panic!("no {t} condition"))
+    }
+
+    fn waiting(r: &'static str) -> Observed {
+        Observed::Waiting(Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            r,
+            "waiting",
+        ))
+    }
+
+    struct Case {
+        name: &'static str,
+        observed: Observed,
+        ready: (&'static str, &'static str),
+        instance: (&'static str, &'static str),
+        provisioned: bool,
+        failure_reason: Option<&'static str>,
+    }
+
+    #[test]
+    fn status_from_every_observation() {
+        let cases = vec![
+            Case {
+                name: "waiting for infra",
+                observed: waiting(reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE),
+                ready: ("False", reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE),
+                instance: ("False", reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "waiting for cp",
+                observed: waiting(reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED),
+                ready: ("False", reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED),
+                instance: ("False", reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "pending",
+                observed: Observed::Instance(vm("Pending")),
+                ready: ("False", reason::INSTANCE_PENDING),
+                instance: ("False", reason::INSTANCE_PENDING),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "provisioning",
+                observed: Observed::Instance(vm("Provisioning")),
+                ready: ("False", reason::INSTANCE_PROVISIONING),
+                instance: ("False", reason::INSTANCE_PROVISIONING),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "running",
+                observed: Observed::Instance(vm("Running")),
+                ready: ("True", reason::READY),
+                instance: ("True", reason::PROVISIONED),
+                provisioned: true,
+                failure_reason: None,
+            },
+            Case {
+                name: "stopped",
+                observed: Observed::Instance(vm("Stopped")),
+                ready: ("False", reason::INSTANCE_STOPPED),
+                instance: ("False", reason::INSTANCE_STOPPED),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "failed",
+                observed: Observed::Instance(vm("Failed")),
+                ready: ("False", reason::INSTANCE_FAILED),
+                instance: ("False", reason::INSTANCE_FAILED),
+                provisioned: false,
+                failure_reason: Some("InsufficientResources"),
+            },
+            Case {
+                name: "terminating",
+                observed: Observed::Instance(vm("Terminating")),
+                ready: ("False", reason::INSTANCE_TERMINATING),
+                instance: ("False", reason::INSTANCE_TERMINATING),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "gone",
+                observed: Observed::Gone,
+                ready: ("False", reason::INSTANCE_NOT_FOUND),
+                instance: ("False", reason::INSTANCE_NOT_FOUND),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "conflict",
+                observed: Observed::Conflict { name: "m1".into() },
+                ready: ("False", reason::INSTANCE_CONFLICT),
+                instance: ("False", reason::INSTANCE_CONFLICT),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "ignition",
+                observed: Observed::Terminal {
+                    condition: Decided::new(
+                        INSTANCE_PROVISIONED,
+                        Status::False,
+                        reason::UNSUPPORTED_BOOTSTRAP_FORMAT,
+                        "format ignition",
+                    ),
+                    failure_reason: "InvalidConfiguration",
+                },
+                ready: ("False", reason::UNSUPPORTED_BOOTSTRAP_FORMAT),
+                instance: ("False", reason::UNSUPPORTED_BOOTSTRAP_FORMAT),
+                provisioned: false,
+                failure_reason: Some("InvalidConfiguration"),
+            },
+        ];
+        for c in cases {
+            let s = next_status(None, Some(&c.observed), None, false, Some(3), &at(100));
+            let ready = cond(&s, READY);
+            let inst = cond(&s, INSTANCE_PROVISIONED);
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str()),
+                c.ready,
+                "{}: Ready",
+                c.name
+            );
+            assert_eq!(
+                (inst.status.as_str(), inst.reason.as_str()),
+                c.instance,
+                "{}: InstanceProvisioned",
+                c.name
+            );
+            assert_eq!(s.is_provisioned(), c.provisioned, "{}: provisioned", c.name);
+            assert_eq!(
+                s.failure_reason(),
+                c.failure_reason,
+                "{}: failureReason",
+                c.name
+            );
+            assert_eq!(cond(&s, PAUSED).status, "False", "{}", c.name);
+            assert_eq!(ready.observed_generation, Some(3));
+            assert_eq!(
+                ready.message, inst.message,
+                "{}: Ready carries the instance message",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn running_instance_fills_contract_fields() {
+        let s = next_status(
+            None,
+            Some(&Observed::Instance(vm("Running"))),
+            None,
+            false,
+            None,
+            &at(1),
+        );
+        assert_eq!(
+            s.initialization,
+            Some(Initialization {
+                provisioned: Some(true)
+            })
+        );
+        assert_eq!(s.addresses.as_ref().unwrap()[0].address, "10.0.0.7");
+        assert_eq!(s.failure_domain.as_deref(), Some("zone-a"));
+        let i = s.instance.as_ref().unwrap();
+        assert_eq!(
+            (i.name.as_str(), i.phase.as_deref(), i.host.as_deref()),
+            ("m1", Some("Running"), Some("node-7"))
+        );
+    }
+
+    #[test]
+    fn same_observation_twice_gives_the_same_status() {
+        // Steady state writes nothing: recomputing from an unchanged world must be equal.
+        for observed in [
+            Observed::Instance(vm("Running")),
+            waiting(reason::WAITING_FOR_BOOTSTRAP_DATA),
+            Observed::Gone,
+        ] {
+            let first = next_status(None, Some(&observed), None, false, Some(1), &at(10));
+            let second = next_status(Some(&first), Some(&observed), None, false, Some(1), &at(20));
+            assert_eq!(first, second, "{observed:?}");
+        }
+    }
+
+    #[test]
+    fn transition_time_moves_only_with_status() {
+        let pending = next_status(
+            None,
+            Some(&Observed::Instance(vm("Pending"))),
+            None,
+            false,
+            None,
+            &at(10),
+        );
+        let provisioning = next_status(
+            Some(&pending),
+            Some(&Observed::Instance(vm("Provisioning"))),
+            None,
+            false,
+            None,
+            &at(20),
+        );
+        assert_eq!(
+            cond(&provisioning, READY).last_transition_time,
+            at(10),
+            "False -> False keeps the time"
+        );
+        assert_eq!(
+            cond(&provisioning, READY).reason,
+            reason::INSTANCE_PROVISIONING
+        );
+        let running = next_status(
+            Some(&provisioning),
+            Some(&Observed::Instance(vm("Running"))),
+            None,
+            false,
+            None,
+            &at(30),
+        );
+        assert_eq!(
+            cond(&running, READY).last_transition_time,
+            at(30),
+            "False -> True moves it"
+        );
+    }
+
+    #[test]
+    fn provisioned_never_flips_back() {
+        let running = next_status(
+            None,
+            Some(&Observed::Instance(vm("Running"))),
+            None,
+            false,
+            None,
+            &at(10),
+        );
+        for later in [
+            Observed::Instance(vm("Stopped")),
+            Observed::Instance(vm("Failed")),
+            Observed::Gone,
+        ] {
+            let s = next_status(Some(&running), Some(&later), None, false, None, &at(20));
+            assert!(s.is_provisioned(), "{later:?}");
+            assert_eq!(cond(&s, READY).status, "False", "{later:?}");
+        }
+    }
+
+    #[test]
+    fn paused_only_touches_the_paused_condition() {
+        let running = next_status(
+            None,
+            Some(&Observed::Instance(vm("Running"))),
+            None,
+            false,
+            None,
+            &at(10),
+        );
+        let paused = next_status(
+            Some(&running),
+            None,
+            Some("Cluster spec.paused is set to true"),
+            false,
+            None,
+            &at(20),
+        );
+        assert_eq!(cond(&paused, PAUSED).status, "True");
+        assert_eq!(cond(&paused, PAUSED).reason, reason::PAUSED);
+        assert_eq!(cond(&paused, READY), cond(&running, READY));
+        assert_eq!(paused.instance, running.instance);
+        let resumed = next_status(
+            Some(&paused),
+            Some(&Observed::Instance(vm("Running"))),
+            None,
+            false,
+            None,
+            &at(30),
+        );
+        assert_eq!(cond(&resumed, PAUSED).status, "False");
+        assert_eq!(cond(&resumed, PAUSED).last_transition_time, at(30));
+    }
+
+    #[test]
+    fn deleting_sets_ready_false_deleting() {
+        let s = next_status(
+            None,
+            Some(&Observed::Instance(vm("Terminating"))),
+            None,
+            true,
+            None,
+            &at(10),
+        );
+        assert_eq!(cond(&s, READY).reason, reason::DELETING);
+        assert_eq!(
+            cond(&s, INSTANCE_PROVISIONED).reason,
+            reason::INSTANCE_TERMINATING
+        );
+    }
+
+    #[test]
+    fn first_failure_sticks() {
+        let failed = next_status(
+            None,
+            Some(&Observed::Instance(vm("Failed"))),
+            None,
+            false,
+            None,
+            &at(10),
+        );
+        let msg = failed
+            .deprecated
+            .as_ref()
+            .unwrap()
+            .v1beta1
+            .as_ref()
+            .unwrap()
+            .failure_message
+            .clone()
+            .unwrap();
+        assert!(msg.contains("Unschedulable: no host has 64 CPUs"), "{msg}");
+        let gone = next_status(
+            Some(&failed),
+            Some(&Observed::Gone),
+            None,
+            false,
+            None,
+            &at(20),
+        );
+        assert_eq!(gone.failure_reason(), Some("InsufficientResources"));
+    }
+
+    #[test]
+    fn watch_mappers() {
+        let mut m = capi::Machine::new("m1", Default::default());
+        m.metadata.namespace = Some("ns".into());
+        assert_eq!(kaironmachine_for_machine(&m), None, "no infrastructureRef");
+        m.spec.infrastructure_ref = Some(capi::ContractVersionedObjectReference {
+            api_group: "infrastructure.cluster.x-k8s.io".into(),
+            kind: "KaironMachine".into(),
+            name: "km1".into(),
+        });
+        assert_eq!(
+            kaironmachine_for_machine(&m),
+            Some(ObjectRef::new("km1").within("ns"))
+        );
+        m.spec.infrastructure_ref.as_mut().unwrap().kind = "DockerMachine".into();
+        assert_eq!(
+            kaironmachine_for_machine(&m),
+            None,
+            "someone else's infrastructure"
+        );
+
+        let mut v = *vm("Running");
+        assert_eq!(
+            kaironmachine_for_instance(&v),
+            Some(ObjectRef::new("m1").within("ns")),
+            "falls back to its own name"
+        );
+        v.metadata.labels = Some(
+            [
+                (labels::KAIRONMACHINE_NAME.to_string(), "km9".to_string()),
+                (
+                    labels::KAIRONMACHINE_NAMESPACE.to_string(),
+                    "other".to_string(),
+                ),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            kaironmachine_for_instance(&v),
+            Some(ObjectRef::new("km9").within("other"))
+        );
+    }
 }

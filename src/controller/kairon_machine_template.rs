@@ -38,12 +38,18 @@ pub fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus 
     ]);
     KaironMachineTemplateStatus {
         capacity: Some(capacity),
-        node_info: Some(NodeInfo { architecture: Some(ARCHITECTURE.into()), operating_system: Some(OPERATING_SYSTEM.into()) }),
+        node_info: Some(NodeInfo {
+            architecture: Some(ARCHITECTURE.into()),
+            operating_system: Some(OPERATING_SYSTEM.into()),
+        }),
     }
 }
 
 pub async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.clusters.wait_until_ready().await.map_err(|e| Error::Cache(e.to_string()))?;
+    ctx.clusters
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Cache(e.to_string()))?;
     let ns = t.namespace().ok_or(Error::MissingNamespace)?;
     let cluster_name = capi::owner(&t.metadata, "Cluster")
         .map(|o| o.name.clone())
@@ -55,7 +61,9 @@ pub async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Resu
     let next = template_status(&t.spec.template.spec);
     if t.status.as_ref() != Some(&next) {
         let api: Api<KaironMachineTemplate> = Api::namespaced(ctx.client.clone(), &ns);
-        write::apply_status(&api, &t.name_any(), &next).await.map_err(Error::write("status"))?;
+        write::apply_status(&api, &t.name_any(), &next)
+            .await
+            .map_err(Error::write("status"))?;
     }
     Ok(Action::requeue(ctx.settings.sync_period))
 }
@@ -73,12 +81,19 @@ pub fn controller(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
     let (templates, w) = reflector::store();
-    let events = watcher(settings.api::<KaironMachineTemplate>(&client), settings.watcher_config())
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .applied_objects();
-    let ctx = Arc::new(Context { client, settings: settings.clone(), clusters });
+    let events = watcher(
+        settings.api::<KaironMachineTemplate>(&client),
+        settings.watcher_config(),
+    )
+    .default_backoff()
+    .modify(strip_managed_fields)
+    .reflect(w)
+    .applied_objects();
+    let ctx = Arc::new(Context {
+        client,
+        settings: settings.clone(),
+        clusters,
+    });
     Controller::for_stream(events, templates)
         .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))
         .graceful_shutdown_on(shutdown)
@@ -96,7 +111,11 @@ mod tests {
 
     #[test]
     fn capacity_and_node_info_from_the_template_spec() {
-        let cases = [(1, "512Mi", "1Gi"), (2, "4Gi", "40Gi"), (64, "256Gi", "2Ti")];
+        let cases = [
+            (1, "512Mi", "1Gi"),
+            (2, "4Gi", "40Gi"),
+            (64, "256Gi", "2Ti"),
+        ];
         for (cpus, memory, disk) in cases {
             let spec = KaironMachineSpec {
                 cpus,

@@ -138,13 +138,26 @@ pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-
 /// Deserializable resources with a static type.
 pub(crate) trait StaticResource:
-    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
+    Resource<DynamicType = ()>
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + serde::Serialize
+    + Send
+    + Sync
+    + 'static
 {
 }
 impl<K> StaticResource for K where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + serde::Serialize
+        + Send
+        + Sync
+        + 'static
 {
 }

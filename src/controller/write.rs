@@ -18,7 +18,11 @@ pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
 }
 
 /// Adds `finalizer`, failing if the finalizer list changed since `obj` was read.
-pub async fn add_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error> {
+pub async fn add_finalizer<K: StaticResource>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<(), kube::Error> {
     let current = obj.finalizers();
     let ops = if current.is_empty() {
         json!([
@@ -35,7 +39,11 @@ pub async fn add_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: 
 }
 
 /// Removes `finalizer`, failing if it moved since `obj` was read.
-pub async fn remove_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error> {
+pub async fn remove_finalizer<K: StaticResource>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<(), kube::Error> {
     let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
         return Ok(());
     };
@@ -50,27 +58,48 @@ pub async fn remove_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalize
     }
 }
 
-async fn json_patch<K: StaticResource>(api: &Api<K>, name: &str, ops: serde_json::Value) -> Result<(), kube::Error> {
+async fn json_patch<K: StaticResource>(
+    api: &Api<K>,
+    name: &str,
+    ops: serde_json::Value,
+) -> Result<(), kube::Error> {
     let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
-    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)).await?;
+    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await?;
     Ok(())
 }
 
 /// Applies `status` (server-side apply, forced, our field manager).
-pub async fn apply_status<K: StaticResource>(api: &Api<K>, name: &str, status: &impl Serialize) -> Result<(), kube::Error> {
+pub async fn apply_status<K: StaticResource>(
+    api: &Api<K>,
+    name: &str,
+    status: &impl Serialize,
+) -> Result<(), kube::Error> {
     let body = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "metadata": {"name": name},
         "status": status,
     });
-    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await?;
+    api.patch_status(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
     Ok(())
 }
 
 /// Merge-patches `body` into the object (used for single fields such as `spec.providerID`).
-pub async fn merge_patch<K: StaticResource>(api: &Api<K>, name: &str, body: serde_json::Value) -> Result<(), kube::Error> {
-    let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..Default::default() };
+pub async fn merge_patch<K: StaticResource>(
+    api: &Api<K>,
+    name: &str,
+    body: serde_json::Value,
+) -> Result<(), kube::Error> {
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..Default::default()
+    };
     api.patch(name, &pp, &Patch::Merge(&body)).await?;
     Ok(())
 }

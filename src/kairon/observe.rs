@@ -36,7 +36,10 @@ pub fn effective_phase(vm: &Machine) -> &str {
     if vm.metadata.deletion_timestamp.is_some() {
         return phase::TERMINATING;
     }
-    vm.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or(phase::PENDING)
+    vm.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or(phase::PENDING)
 }
 
 /// Whether the VM runs.
@@ -50,7 +53,10 @@ pub fn failure(vm: &Machine) -> Option<(String, String)> {
         return None;
     }
     let status = vm.status.as_ref();
-    let reason = status.and_then(|s| s.reason.clone()).filter(|r| !r.is_empty()).unwrap_or_else(|| "Unknown".into());
+    let reason = status
+        .and_then(|s| s.reason.clone())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| "Unknown".into());
     let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
     Some((reason, message))
 }
@@ -68,37 +74,83 @@ pub fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
 pub fn instance_condition(vm: &Machine) -> Decided {
     let name = vm.name_any();
     let (status, r, message) = match effective_phase(vm) {
-        phase::RUNNING => (Status::True, reason::PROVISIONED, format!("Kairon Machine {name} is running")),
-        phase::PROVISIONING => (Status::False, reason::INSTANCE_PROVISIONING, format!("Kairon Machine {name} is being provisioned")),
-        phase::STOPPED => (Status::False, reason::INSTANCE_STOPPED, format!("Kairon Machine {name} is stopped")),
-        phase::TERMINATING => (Status::False, reason::INSTANCE_TERMINATING, format!("Kairon Machine {name} is being deleted")),
+        phase::RUNNING => (
+            Status::True,
+            reason::PROVISIONED,
+            format!("Kairon Machine {name} is running"),
+        ),
+        phase::PROVISIONING => (
+            Status::False,
+            reason::INSTANCE_PROVISIONING,
+            format!("Kairon Machine {name} is being provisioned"),
+        ),
+        phase::STOPPED => (
+            Status::False,
+            reason::INSTANCE_STOPPED,
+            format!("Kairon Machine {name} is stopped"),
+        ),
+        phase::TERMINATING => (
+            Status::False,
+            reason::INSTANCE_TERMINATING,
+            format!("Kairon Machine {name} is being deleted"),
+        ),
         phase::FAILED => {
             let (kr, km) = failure(vm).unwrap_or_default();
-            let detail = if km.is_empty() { kr } else { format!("{kr}: {km}") };
-            (Status::False, reason::INSTANCE_FAILED, format!("Kairon Machine {name} failed: {detail}"))
+            let detail = if km.is_empty() {
+                kr
+            } else {
+                format!("{kr}: {km}")
+            };
+            (
+                Status::False,
+                reason::INSTANCE_FAILED,
+                format!("Kairon Machine {name} failed: {detail}"),
+            )
         }
-        phase::PENDING => (Status::False, reason::INSTANCE_PENDING, format!("Kairon Machine {name} is pending")),
-        other => (Status::Unknown, reason::INSTANCE_PENDING, format!("Kairon Machine {name} is in unknown phase {other}")),
+        phase::PENDING => (
+            Status::False,
+            reason::INSTANCE_PENDING,
+            format!("Kairon Machine {name} is pending"),
+        ),
+        other => (
+            Status::Unknown,
+            reason::INSTANCE_PENDING,
+            format!("Kairon Machine {name} is in unknown phase {other}"),
+        ),
     };
     Decided::new(INSTANCE_PROVISIONED, status, r, message)
 }
 
 /// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
 pub fn addresses(vm: &Machine) -> Vec<MachineAddress> {
-    const TYPES: [&str; 5] = ["Hostname", "ExternalIP", "InternalIP", "ExternalDNS", "InternalDNS"];
+    const TYPES: [&str; 5] = [
+        "Hostname",
+        "ExternalIP",
+        "InternalIP",
+        "ExternalDNS",
+        "InternalDNS",
+    ];
     vm.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
-        .filter(|a| TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= 256)
-        .map(|a| MachineAddress { type_: a.type_.clone(), address: a.address.clone() })
+        .filter(|a| {
+            TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= 256
+        })
+        .map(|a| MachineAddress {
+            type_: a.type_.clone(),
+            address: a.address.clone(),
+        })
         .collect()
 }
 
 /// The failure domain the VM was placed in.
 pub fn failure_domain(vm: &Machine) -> Option<String> {
-    vm.annotations().get(FAILURE_DOMAIN_ANNOTATION).filter(|f| !f.is_empty()).cloned()
+    vm.annotations()
+        .get(FAILURE_DOMAIN_ANNOTATION)
+        .filter(|f| !f.is_empty())
+        .cloned()
 }
 
 /// `status.instance` of the KaironMachine.
@@ -108,7 +160,11 @@ pub fn instance_ref(vm: &Machine) -> InstanceRef {
         namespace: vm.namespace().unwrap_or_default(),
         uid: vm.metadata.uid.clone(),
         phase: Some(effective_phase(vm).to_string()),
-        host: vm.status.as_ref().and_then(|s| s.host_name.clone()).filter(|h| !h.is_empty()),
+        host: vm
+            .status
+            .as_ref()
+            .and_then(|s| s.host_name.clone())
+            .filter(|h| !h.is_empty()),
     }
 }
 
@@ -126,9 +182,18 @@ mod tests {
             phase: phase.map(Into::into),
             host_name: Some("kairon-node-7".into()),
             addresses: Some(vec![
-                Address { type_: "InternalIP".into(), address: "10.42.0.17".into() },
-                Address { type_: "Hostname".into(), address: "m1".into() },
-                Address { type_: "Weird".into(), address: "x".into() },
+                Address {
+                    type_: "InternalIP".into(),
+                    address: "10.42.0.17".into(),
+                },
+                Address {
+                    type_: "Hostname".into(),
+                    address: "m1".into(),
+                },
+                Address {
+                    type_: "Weird".into(),
+                    address: "x".into(),
+                },
             ]),
             reason: (phase == Some("Failed")).then(|| "ImageNotFound".into()),
             message: (phase == Some("Failed")).then(|| "image foo does not exist".into()),
@@ -142,12 +207,24 @@ mod tests {
         let cases = [
             (None, Status::False, reason::INSTANCE_PENDING),
             (Some("Pending"), Status::False, reason::INSTANCE_PENDING),
-            (Some("Provisioning"), Status::False, reason::INSTANCE_PROVISIONING),
+            (
+                Some("Provisioning"),
+                Status::False,
+                reason::INSTANCE_PROVISIONING,
+            ),
             (Some("Running"), Status::True, reason::PROVISIONED),
             (Some("Stopped"), Status::False, reason::INSTANCE_STOPPED),
             (Some("Failed"), Status::False, reason::INSTANCE_FAILED),
-            (Some("Terminating"), Status::False, reason::INSTANCE_TERMINATING),
-            (Some("Hibernating"), Status::Unknown, reason::INSTANCE_PENDING),
+            (
+                Some("Terminating"),
+                Status::False,
+                reason::INSTANCE_TERMINATING,
+            ),
+            (
+                Some("Hibernating"),
+                Status::Unknown,
+                reason::INSTANCE_PENDING,
+            ),
         ];
         for (phase, status, r) in cases {
             let d = instance_condition(&vm(phase));
@@ -160,8 +237,16 @@ mod tests {
     #[test]
     fn failed_message_carries_kairons_reason_and_message() {
         let d = instance_condition(&vm(Some("Failed")));
-        assert!(d.message.contains("ImageNotFound: image foo does not exist"), "{}", d.message);
-        assert_eq!(failure(&vm(Some("Failed"))), Some(("ImageNotFound".into(), "image foo does not exist".into())));
+        assert!(
+            d.message
+                .contains("ImageNotFound: image foo does not exist"),
+            "{}",
+            d.message
+        );
+        assert_eq!(
+            failure(&vm(Some("Failed"))),
+            Some(("ImageNotFound".into(), "image foo does not exist".into()))
+        );
         assert_eq!(failure(&vm(Some("Running"))), None);
     }
 
@@ -183,8 +268,14 @@ mod tests {
 
     #[test]
     fn v1beta1_failure_reasons() {
-        assert_eq!(failure_reason_v1beta1("Unschedulable"), "InsufficientResources");
-        assert_eq!(failure_reason_v1beta1("ImageNotFound"), "InvalidConfiguration");
+        assert_eq!(
+            failure_reason_v1beta1("Unschedulable"),
+            "InsufficientResources"
+        );
+        assert_eq!(
+            failure_reason_v1beta1("ImageNotFound"),
+            "InvalidConfiguration"
+        );
         assert_eq!(failure_reason_v1beta1("DiskError"), "CreateError");
     }
 
@@ -193,21 +284,40 @@ mod tests {
         let mut km = KaironMachine::new("m1", Default::default());
         km.metadata.uid = Some("km-uid".into());
         let mut m = vm(Some("Running"));
-        assert_eq!(ownership(&m, &km), Ownership::Foreign, "no label, no providerID");
-        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "other".to_string())].into());
-        assert_eq!(ownership(&m, &km), Ownership::Foreign, "someone else's label");
+        assert_eq!(
+            ownership(&m, &km),
+            Ownership::Foreign,
+            "no label, no providerID"
+        );
+        m.metadata.labels =
+            Some([(labels::KAIRONMACHINE_UID.to_string(), "other".to_string())].into());
+        assert_eq!(
+            ownership(&m, &km),
+            Ownership::Foreign,
+            "someone else's label"
+        );
         km.spec.provider_id = Some("kairon://vm-uid".into());
-        assert_eq!(ownership(&m, &km), Ownership::OursBeforeMove, "providerID names this VM");
+        assert_eq!(
+            ownership(&m, &km),
+            Ownership::OursBeforeMove,
+            "providerID names this VM"
+        );
         km.spec.provider_id = Some("kairon://another-vm".into());
-        assert_eq!(ownership(&m, &km), Ownership::Foreign, "providerID names another VM");
-        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
+        assert_eq!(
+            ownership(&m, &km),
+            Ownership::Foreign,
+            "providerID names another VM"
+        );
+        m.metadata.labels =
+            Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
         assert_eq!(ownership(&m, &km), Ownership::Ours);
     }
 
     #[test]
     fn instance_ref_and_failure_domain() {
         let mut m = vm(Some("Running"));
-        m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
+        m.metadata.annotations =
+            Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
         let r = instance_ref(&m);
         assert_eq!(r.name, "m1");
         assert_eq!(r.namespace, "ns");
