@@ -1,3 +1,7 @@
+// kube-derive repeats `type_ = "string"` across printcolumn(...) entries; clippy reads them as
+// duplicated attributes of one item.
+#![allow(clippy::duplicated_attributes)]
+
 //! cluster-api-provider-kairon: a Cluster API infrastructure provider for Kairon virtual
 //! machines.
 //!

@@ -101,9 +101,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         }
         let n: u64 = rest[..digits].parse().map_err(|_| err())?;
         rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
         let unit = match &rest[..unit_len] {
             "ms" => Duration::from_millis(n),
             "s" => Duration::from_secs(n),
@@ -139,8 +137,7 @@ async fn client_from(path: &str) -> Result<Client> {
             .await
             .context("no kubeconfig and not running in a cluster");
     }
-    let kubeconfig =
-        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
+    let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .with_context(|| format!("loading kubeconfig {path}"))?;
@@ -169,23 +166,13 @@ pub async fn run(args: Args) -> Result<()> {
     } else {
         client_from(&args.kairon_kubeconfig).await?
     };
-    info!(
-        ?settings,
-        version = env!("CARGO_PKG_VERSION"),
-        "starting capkr-manager"
-    );
+    info!(?settings, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
 
     let shutdown = shutdown_signal().shared();
-    let (clusters, machines) = controller::kairon_machine::controller(
-        client.clone(),
-        kairon,
-        settings.clone(),
-        shutdown.clone(),
-    );
-    let kcs =
-        controller::kairon_cluster::controller(client.clone(), settings.clone(), shutdown.clone());
-    let templates =
-        controller::kairon_machine_template::controller(client, settings, clusters, shutdown);
+    let (clusters, machines) =
+        controller::kairon_machine::controller(client.clone(), kairon, settings.clone(), shutdown.clone());
+    let kcs = controller::kairon_cluster::controller(client.clone(), settings.clone(), shutdown.clone());
+    let templates = controller::kairon_machine_template::controller(client, settings, clusters, shutdown);
     tokio::join!(machines, kcs, templates);
     info!("all controllers stopped");
     Ok(())

@@ -58,16 +58,8 @@ fn kaironmachine_quantities_table() {
             with(good_spec(), "cpus", json!(-2)),
             Some("cpus must be at least 1"),
         ),
-        (
-            "512Mi memory",
-            with(good_spec(), "memory", json!("512Mi")),
-            None,
-        ),
-        (
-            "memory as bytes",
-            with(good_spec(), "memory", json!(1073741824)),
-            None,
-        ),
+        ("512Mi memory", with(good_spec(), "memory", json!("512Mi")), None),
+        ("memory as bytes", with(good_spec(), "memory", json!(1073741824)), None),
         (
             "256Mi memory",
             with(good_spec(), "memory", json!("256Mi")),
@@ -93,10 +85,7 @@ fn kaironmachine_quantities_table() {
         let got = failures("kaironmachines", &machine(spec), None);
         match want {
             None => assert!(got.is_empty(), "{name}: unexpected {got:?}"),
-            Some(msg) => assert!(
-                got.iter().any(|g| g.contains(msg)),
-                "{name}: want {msg:?}, got {got:?}"
-            ),
+            Some(msg) => assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}"),
         }
     }
 }
@@ -116,16 +105,12 @@ fn providerid_is_write_once() {
     );
     let changed = failures("kaironmachines", &other, Some(&set));
     assert!(
-        changed
-            .iter()
-            .any(|m| m.contains("spec.providerID is write-once")),
+        changed.iter().any(|m| m.contains("spec.providerID is write-once")),
         "{changed:?}"
     );
     let removed = failures("kaironmachines", &unset, Some(&set));
     assert!(
-        removed
-            .iter()
-            .any(|m| m.contains("spec.providerID is write-once")),
+        removed.iter().any(|m| m.contains("spec.providerID is write-once")),
         "{removed:?}"
     );
 }
@@ -134,11 +119,7 @@ fn providerid_is_write_once() {
 fn kaironmachine_spec_is_immutable_except_providerid() {
     let old = machine(good_spec());
     let cases: Vec<(&str, Value, &str)> = vec![
-        (
-            "cpus",
-            with(good_spec(), "cpus", json!(4)),
-            "spec.cpus is immutable",
-        ),
+        ("cpus", with(good_spec(), "cpus", json!(4)), "spec.cpus is immutable"),
         (
             "memory",
             with(good_spec(), "memory", json!("8Gi")),
@@ -167,10 +148,7 @@ fn kaironmachine_spec_is_immutable_except_providerid() {
     ];
     for (name, spec, msg) in cases {
         let got = failures("kaironmachines", &machine(spec), Some(&old));
-        assert!(
-            got.iter().any(|g| g.contains(msg)),
-            "{name}: want {msg:?}, got {got:?}"
-        );
+        assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}");
     }
     let with_net = machine(with(good_spec(), "network", json!({"name": "n"})));
     let got = failures("kaironmachines", &machine(good_spec()), Some(&with_net));
@@ -198,11 +176,7 @@ fn template_must_not_carry_a_providerid() {
             .any(|g| g.contains("spec.template.spec.providerID must not be set")),
         "{got:?}"
     );
-    let got = failures(
-        "kaironmachinetemplates",
-        &t(with(good_spec(), "cpus", json!(0))),
-        None,
-    );
+    let got = failures("kaironmachinetemplates", &t(with(good_spec(), "cpus", json!(0))), None);
     assert!(
         got.iter().any(|g| g.contains("cpus must be at least 1")),
         "quantity rules apply in templates: {got:?}"
@@ -260,10 +234,7 @@ fn kaironcluster_rules_table() {
         let got = failures("kaironclusters", &cluster(spec), None);
         match want {
             None => assert!(got.is_empty(), "{name}: unexpected {got:?}"),
-            Some(msg) => assert!(
-                got.iter().any(|g| g.contains(msg)),
-                "{name}: want {msg:?}, got {got:?}"
-            ),
+            Some(msg) => assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}"),
         }
     }
 }
@@ -297,10 +268,7 @@ fn kaironcluster_endpoint_is_fixed_once_set() {
 #[test]
 fn crds_carry_the_contract_label_names_and_categories() {
     let crds = crds();
-    let names: Vec<_> = crds
-        .iter()
-        .map(|c| c.metadata.name.clone().unwrap())
-        .collect();
+    let names: Vec<_> = crds.iter().map(|c| c.metadata.name.clone().unwrap()).collect();
     assert_eq!(
         names,
         [
@@ -321,21 +289,12 @@ fn crds_carry_the_contract_label_names_and_categories() {
             crd.spec.names.categories.as_deref(),
             Some(&["cluster-api".to_string()][..])
         );
-        assert!(
-            crd.spec
-                .names
-                .short_names
-                .as_ref()
-                .is_some_and(|s| !s.is_empty())
-        );
+        assert!(crd.spec.names.short_names.as_ref().is_some_and(|s| !s.is_empty()));
         let v = &crd.spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
         let has_status = crd.spec.names.kind != "KaironClusterTemplate";
         assert_eq!(
-            v.subresources
-                .as_ref()
-                .and_then(|s| s.status.as_ref())
-                .is_some(),
+            v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
             has_status,
             "{}",
             crd.spec.names.kind
@@ -347,10 +306,7 @@ fn crds_carry_the_contract_label_names_and_categories() {
             crd.spec.names.kind
         );
     }
-    let km = crds
-        .iter()
-        .find(|c| c.spec.names.kind == "KaironMachine")
-        .unwrap();
+    let km = crds.iter().find(|c| c.spec.names.kind == "KaironMachine").unwrap();
     let columns: Vec<_> = km.spec.versions[0]
         .additional_printer_columns
         .as_ref()
@@ -358,10 +314,7 @@ fn crds_carry_the_contract_label_names_and_categories() {
         .iter()
         .map(|c| c.name.as_str())
         .collect();
-    assert_eq!(
-        columns,
-        ["Cluster", "Machine", "ProviderID", "Phase", "Ready", "Age"]
-    );
+    assert_eq!(columns, ["Cluster", "Machine", "ProviderID", "Phase", "Ready", "Age"]);
 }
 
 #[test]
@@ -369,14 +322,6 @@ fn kaironmachine_has_no_spec_failure_domain() {
     // CAPI copies an infrastructure machine's spec.failureDomain over the Machine's, even
     // when empty; placement is reported in status.failureDomain instead.
     let s = schema("kaironmachines");
-    assert!(
-        s["properties"]["spec"]["properties"]
-            .get("failureDomain")
-            .is_none()
-    );
-    assert!(
-        s["properties"]["status"]["properties"]
-            .get("failureDomain")
-            .is_some()
-    );
+    assert!(s["properties"]["spec"]["properties"].get("failureDomain").is_none());
+    assert!(s["properties"]["status"]["properties"].get("failureDomain").is_some());
 }

@@ -83,12 +83,7 @@ pub struct Decided {
 }
 
 impl Decided {
-    pub fn new(
-        type_: &'static str,
-        status: Status,
-        reason: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn new(type_: &'static str, status: Status, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             type_,
             status,
@@ -101,12 +96,7 @@ impl Decided {
 /// Sets `decided` in `conditions`, keeping `lastTransitionTime` unless the status changes.
 ///
 /// Returns the resulting list sorted by type, so that two equal sets compare equal.
-pub fn set(
-    conditions: &mut Vec<Condition>,
-    decided: Decided,
-    observed_generation: Option<i64>,
-    now: &Time,
-) {
+pub fn set(conditions: &mut Vec<Condition>, decided: Decided, observed_generation: Option<i64>, now: &Time) {
     let status = decided.status.as_str();
     let transition = match conditions.iter().find(|c| c.type_ == decided.type_) {
         Some(old) if old.status == status => old.last_transition_time.clone(),
@@ -147,12 +137,7 @@ mod tests {
     #[test]
     fn new_condition_gets_now() {
         let mut c = vec![];
-        set(
-            &mut c,
-            Decided::new(READY, Status::False, "X", "m"),
-            Some(1),
-            &at(10),
-        );
+        set(&mut c, Decided::new(READY, Status::False, "X", "m"), Some(1), &at(10));
         assert_eq!(c.len(), 1);
         assert_eq!(c[0].last_transition_time, at(10));
         assert_eq!(c[0].observed_generation, Some(1));
@@ -161,18 +146,8 @@ mod tests {
     #[test]
     fn same_status_keeps_transition_time_even_when_reason_changes() {
         let mut c = vec![];
-        set(
-            &mut c,
-            Decided::new(READY, Status::False, "A", "a"),
-            None,
-            &at(10),
-        );
-        set(
-            &mut c,
-            Decided::new(READY, Status::False, "B", "b"),
-            None,
-            &at(20),
-        );
+        set(&mut c, Decided::new(READY, Status::False, "A", "a"), None, &at(10));
+        set(&mut c, Decided::new(READY, Status::False, "B", "b"), None, &at(20));
         assert_eq!(c[0].last_transition_time, at(10));
         assert_eq!(c[0].reason, "B");
         assert_eq!(c[0].message, "b");
@@ -181,18 +156,8 @@ mod tests {
     #[test]
     fn status_change_moves_transition_time() {
         let mut c = vec![];
-        set(
-            &mut c,
-            Decided::new(READY, Status::False, "A", ""),
-            None,
-            &at(10),
-        );
-        set(
-            &mut c,
-            Decided::new(READY, Status::True, "Ready", ""),
-            None,
-            &at(20),
-        );
+        set(&mut c, Decided::new(READY, Status::False, "A", ""), None, &at(10));
+        set(&mut c, Decided::new(READY, Status::True, "Ready", ""), None, &at(20));
         assert_eq!(c[0].last_transition_time, at(20));
         assert_eq!(c[0].status, "True");
     }
@@ -200,12 +165,7 @@ mod tests {
     #[test]
     fn conditions_are_kept_sorted_by_type() {
         let mut c = vec![];
-        set(
-            &mut c,
-            Decided::new(READY, Status::True, "Ready", ""),
-            None,
-            &at(1),
-        );
+        set(&mut c, Decided::new(READY, Status::True, "Ready", ""), None, &at(1));
         set(
             &mut c,
             Decided::new(PAUSED, Status::False, "NotPaused", ""),

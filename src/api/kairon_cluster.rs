@@ -140,11 +140,7 @@ impl KaironClusterStatus {
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "KaironClusterTemplate is the template KaironClusters of a ClusterClass are created from.",
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 pub struct KaironClusterTemplateSpec {
     pub template: KaironClusterTemplateResource,

@@ -43,11 +43,7 @@ use serde::{Deserialize, Serialize};
 pub struct KaironMachineSpec {
     /// Provider ID of the machine, `kairon://<uid of the Kairon Machine>`. Written by the
     /// controller once the Kairon Machine exists; never set it in a template.
-    #[serde(
-        default,
-        rename = "providerID",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub provider_id: Option<String>,
 
@@ -199,11 +195,6 @@ impl KaironMachineStatus {
 
     /// The v1beta1 failure reason, if a terminal failure was recorded.
     pub fn failure_reason(&self) -> Option<&str> {
-        self.deprecated
-            .as_ref()?
-            .v1beta1
-            .as_ref()?
-            .failure_reason
-            .as_deref()
+        self.deprecated.as_ref()?.v1beta1.as_ref()?.failure_reason.as_deref()
     }
 }

@@ -11,17 +11,16 @@ pub mod kairon_machine;
 pub mod kairon_machine_template;
 
 pub use kairon_cluster::{
-    APIEndpoint, FailureDomainSpec, FailureDomainStatus, KaironCluster, KaironClusterSpec,
-    KaironClusterStatus, KaironClusterTemplate, KaironClusterTemplateResource,
-    KaironClusterTemplateSpec,
+    APIEndpoint, FailureDomainSpec, FailureDomainStatus, KaironCluster, KaironClusterSpec, KaironClusterStatus,
+    KaironClusterTemplate, KaironClusterTemplateResource, KaironClusterTemplateSpec,
 };
 pub use kairon_machine::{
-    DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec,
-    KaironMachineStatus, MachineAddress, NetworkRef, V1Beta1Status,
+    DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
+    MachineAddress, NetworkRef, V1Beta1Status,
 };
 pub use kairon_machine_template::{
-    KaironMachineTemplate, KaironMachineTemplateResource, KaironMachineTemplateSpec,
-    KaironMachineTemplateStatus, NodeInfo,
+    KaironMachineTemplate, KaironMachineTemplateResource, KaironMachineTemplateSpec, KaironMachineTemplateStatus,
+    NodeInfo,
 };
 
 use std::collections::BTreeMap;
@@ -55,9 +54,7 @@ pub struct TemplateObjectMeta {
 ///
 /// Optional fields are omitted, never `null` (v1beta2 serialization hygiene); without
 /// `nullable` the API server drops a `null` a client sends instead of storing it.
-pub fn crds()
--> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
-{
+pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
     [
         KaironCluster::crd(),
@@ -85,11 +82,7 @@ pub fn without_nullable(
         }
     }
     let mut value = serde_json::to_value(&crd).expect("a CRD serializes");
-    for version in value["spec"]["versions"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-    {
+    for version in value["spec"]["versions"].as_array_mut().into_iter().flatten() {
         strip(&mut version["schema"]);
     }
     serde_json::from_value(value).expect("a CRD without nullable deserializes")

@@ -21,19 +21,11 @@ pub const FORMAT_CLOUD_CONFIG: &str = "cloud-config";
 pub enum BootstrapDataError {
     #[error("bootstrap data Secret {secret} has no 'value' key")]
     Missing { secret: String },
-    #[error(
-        "bootstrap data in Secret {secret} is {size} bytes, more than the limit of {limit} bytes"
-    )]
-    TooLarge {
-        secret: String,
-        size: usize,
-        limit: usize,
-    },
+    #[error("bootstrap data in Secret {secret} is {size} bytes, more than the limit of {limit} bytes")]
+    TooLarge { secret: String, size: usize, limit: usize },
     #[error("bootstrap data in Secret {secret} is not valid UTF-8 text")]
     NotText { secret: String },
-    #[error(
-        "bootstrap data in Secret {secret} has format {format:?}; Kairon only delivers cloud-config user-data"
-    )]
+    #[error("bootstrap data in Secret {secret} has format {format:?}; Kairon only delivers cloud-config user-data")]
     UnsupportedFormat { secret: String, format: String },
 }
 
@@ -65,15 +57,10 @@ pub fn bootstrap_data(secret: &Secret, limit: usize) -> Result<UserData, Bootstr
         if !format.is_empty() && format != FORMAT_CLOUD_CONFIG {
             // The format is not secret, but bound what we echo.
             let format: String = format.chars().take(64).collect();
-            return Err(BootstrapDataError::UnsupportedFormat {
-                secret: name,
-                format,
-            });
+            return Err(BootstrapDataError::UnsupportedFormat { secret: name, format });
         }
     }
-    let value = data
-        .and_then(|d| d.get("value"))
-        .filter(|v| !v.0.is_empty());
+    let value = data.and_then(|d| d.get("value")).filter(|v| !v.0.is_empty());
     let Some(value) = value else {
         return Err(BootstrapDataError::Missing { secret: name });
     };
@@ -145,11 +132,7 @@ mod tests {
                 secret(&[("value", b"")]),
                 Err(reason::BOOTSTRAP_DATA_MISSING),
             ),
-            (
-                "no data at all",
-                Secret::default(),
-                Err(reason::BOOTSTRAP_DATA_MISSING),
-            ),
+            ("no data at all", Secret::default(), Err(reason::BOOTSTRAP_DATA_MISSING)),
             (
                 "oversized",
                 secret(&[("value", &big)]),

@@ -46,16 +46,12 @@ pub struct ClusterInitialization {
 impl Cluster {
     /// `status.initialization.infrastructureProvisioned`; missing counts as false.
     pub fn infrastructure_provisioned(&self) -> bool {
-        self.init()
-            .and_then(|i| i.infrastructure_provisioned)
-            .unwrap_or(false)
+        self.init().and_then(|i| i.infrastructure_provisioned).unwrap_or(false)
     }
 
     /// `status.initialization.controlPlaneInitialized`; missing counts as false.
     pub fn control_plane_initialized(&self) -> bool {
-        self.init()
-            .and_then(|i| i.control_plane_initialized)
-            .unwrap_or(false)
+        self.init().and_then(|i| i.control_plane_initialized).unwrap_or(false)
     }
 
     /// Name of the infrastructure cluster when it is of `kind` in our group.

@@ -58,9 +58,6 @@ impl Machine {
 
     /// `spec.failureDomain`, when set and non-empty.
     pub fn failure_domain(&self) -> Option<&str> {
-        self.spec
-            .failure_domain
-            .as_deref()
-            .filter(|s| !s.is_empty())
+        self.spec.failure_domain.as_deref().filter(|s| !s.is_empty())
     }
 }

@@ -101,9 +101,7 @@ pub fn is_externally_managed(meta: &ObjectMeta) -> bool {
 
 /// Whether `meta` has the annotation `key` (any value).
 pub fn has_annotation(meta: &ObjectMeta, key: &str) -> bool {
-    meta.annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(key))
+    meta.annotations.as_ref().is_some_and(|a| a.contains_key(key))
 }
 
 /// The value of label `key`.
@@ -135,10 +133,7 @@ mod tests {
             "cluster.x-k8s.io/v1beta2",
             "cluster.x-k8s.io/v1",
         ] {
-            assert!(
-                owner(&owned_by(version, "Machine"), "Machine").is_some(),
-                "{version}"
-            );
+            assert!(owner(&owned_by(version, "Machine"), "Machine").is_some(), "{version}");
         }
     }
 
@@ -146,13 +141,7 @@ mod tests {
     fn owner_of_another_group_or_kind_is_not_the_owner() {
         assert!(owner(&owned_by("example.com/v1", "Machine"), "Machine").is_none());
         assert!(owner(&owned_by("kairon.zyvor.dev/v1alpha1", "Machine"), "Machine").is_none());
-        assert!(
-            owner(
-                &owned_by("cluster.x-k8s.io/v1beta2", "MachineSet"),
-                "Machine"
-            )
-            .is_none()
-        );
+        assert!(owner(&owned_by("cluster.x-k8s.io/v1beta2", "MachineSet"), "Machine").is_none());
         assert!(owner(&ObjectMeta::default(), "Machine").is_none());
     }
 
@@ -165,11 +154,7 @@ mod tests {
         };
         assert_eq!(paused_reason(Some(&cluster), &ObjectMeta::default()), None);
         assert_eq!(paused_reason(None, &ObjectMeta::default()), None);
-        assert!(
-            paused_reason(None, &annotated)
-                .unwrap()
-                .contains("annotation")
-        );
+        assert!(paused_reason(None, &annotated).unwrap().contains("annotation"));
         cluster.spec.paused = Some(true);
         assert!(
             paused_reason(Some(&cluster), &ObjectMeta::default())

@@ -21,8 +21,7 @@ use super::write::{self, has_finalizer};
 use super::{ERROR_REQUEUE, Error, Settings, strip_managed_fields};
 use crate::api::conditions::{self, Decided, PAUSED, READY, Status, reason};
 use crate::api::{
-    CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus,
-    KaironMachine,
+    CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
 };
 use crate::capi;
 
@@ -108,9 +107,7 @@ pub fn next_status(
             } else {
                 reason::DELETING
             },
-            format!(
-                "KaironCluster is being deleted; {machines} KaironMachine(s) of the cluster remain"
-            ),
+            format!("KaironCluster is being deleted; {machines} KaironMachine(s) of the cluster remain"),
         )),
     };
     if let Some(ready) = ready {
@@ -163,9 +160,7 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
             return Ok(Action::await_change());
         }
-        let machines = cluster_name
-            .as_deref()
-            .map_or(0, |c| ctx.member_count(&ns, c));
+        let machines = cluster_name.as_deref().map_or(0, |c| ctx.member_count(&ns, c));
         if machines == 0 {
             info!("no KaironMachine left; releasing the finalizer");
             write::remove_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER)
@@ -186,11 +181,7 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             .await
             .map_err(Error::write("finalizer"))?;
     }
-    let endpoint_known = kc
-        .spec
-        .control_plane_endpoint
-        .as_ref()
-        .is_some_and(|e| e.is_valid())
+    let endpoint_known = kc.spec.control_plane_endpoint.as_ref().is_some_and(|e| e.is_valid())
         || cluster
             .spec
             .control_plane_endpoint
@@ -245,14 +236,11 @@ pub fn controller(
         .reflect(w)
         .touched_objects();
     let (members, w) = reflector::store();
-    let member_events = watcher(
-        settings.api::<PartialObjectMeta<KaironMachine>>(&client),
-        wc.clone(),
-    )
-    .default_backoff()
-    .modify(strip_managed_fields)
-    .reflect(w)
-    .touched_objects();
+    let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .touched_objects();
     let (kcs, w) = reflector::store();
     let kc_events = watcher(settings.api::<KaironCluster>(&client), wc)
         .default_backoff()
@@ -355,19 +343,11 @@ mod tests {
                 ("False", reason::WAITING_FOR_MACHINES_DELETION),
                 false,
             ),
-            (
-                Observed::Deleting { machines: 0 },
-                ("False", reason::DELETING),
-                false,
-            ),
+            (Observed::Deleting { machines: 0 }, ("False", reason::DELETING), false),
         ];
         for (observed, want, provisioned) in cases {
             let s = next_status(&kc(), Some(&observed), None, &at(1));
-            assert_eq!(
-                ready(&s),
-                (want.0.to_string(), want.1.to_string()),
-                "{observed:?}"
-            );
+            assert_eq!(ready(&s), (want.0.to_string(), want.1.to_string()), "{observed:?}");
             assert_eq!(s.is_provisioned(), provisioned, "{observed:?}");
         }
     }

@@ -26,13 +26,9 @@ use tracing::{debug, info, warn};
 use super::write::{self, has_finalizer};
 use super::{ERROR_REQUEUE, Error, Settings, is_not_found, strip_managed_fields};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
-use crate::api::{
-    self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER,
-};
+use crate::api::{self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
-use crate::kairon::{
-    self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id,
-};
+use crate::kairon::{self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id};
 
 /// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
 pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
@@ -125,9 +121,7 @@ pub fn next_status(
                 INSTANCE_PROVISIONED,
                 Status::False,
                 reason::INSTANCE_CONFLICT,
-                format!(
-                    "Kairon Machine {name} exists but does not belong to this KaironMachine; it is left alone"
-                ),
+                format!("Kairon Machine {name} exists but does not belong to this KaironMachine; it is left alone"),
             ),
             Observed::Instance(vm) => {
                 status.instance = Some(observe::instance_ref(vm));
@@ -145,30 +139,17 @@ pub fn next_status(
                 }
                 let decided = observe::instance_condition(vm);
                 if let Some((kairon_reason, _)) = observe::failure(vm) {
-                    status.set_failure(
-                        observe::failure_reason_v1beta1(&kairon_reason),
-                        &decided.message,
-                    );
+                    status.set_failure(observe::failure_reason_v1beta1(&kairon_reason), &decided.message);
                 }
                 decided
             }
         };
         let ready = if deleting {
-            Decided::new(
-                READY,
-                Status::False,
-                reason::DELETING,
-                "KaironMachine is being deleted",
-            )
+            Decided::new(READY, Status::False, reason::DELETING, "KaironMachine is being deleted")
         } else if instance.status == Status::True {
             Decided::new(READY, Status::True, reason::READY, instance.message.clone())
         } else {
-            Decided::new(
-                READY,
-                instance.status,
-                instance.reason,
-                instance.message.clone(),
-            )
+            Decided::new(READY, instance.status, instance.reason, instance.message.clone())
         };
         conditions::set(&mut conds, instance, generation, now);
         conditions::set(&mut conds, ready, generation, now);
@@ -183,8 +164,8 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
     let ns = km.namespace().ok_or(Error::MissingNamespace)?;
     let api: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), &ns);
 
-    let machine = capi::owner(&km.metadata, "Machine")
-        .and_then(|o| ctx.machines.get(&ObjectRef::new(&o.name).within(&ns)));
+    let machine =
+        capi::owner(&km.metadata, "Machine").and_then(|o| ctx.machines.get(&ObjectRef::new(&o.name).within(&ns)));
     let cluster_name = capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL)
         .map(str::to_string)
         .or_else(|| {
@@ -217,8 +198,7 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
             .map_err(Error::write("finalizer"))?;
     }
     let cluster_name = cluster_name.unwrap_or_default();
-    let (observed, action) =
-        reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
+    let (observed, action) = reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
     write_status(&api, &km, Some(&observed), None).await?;
     Ok(action)
 }
@@ -254,12 +234,10 @@ async fn reconcile_instance(
 
     let vm = match vm {
         Some(vm) => vm,
-        None => {
-            match create_instance(km, machine, cluster, cluster_name, ctx, ns, &instances).await? {
-                Ok(vm) => vm,
-                Err((observed, action)) => return Ok((observed, action)),
-            }
-        }
+        None => match create_instance(km, machine, cluster, cluster_name, ctx, ns, &instances).await? {
+            Ok(vm) => vm,
+            Err((observed, action)) => return Ok((observed, action)),
+        },
     };
 
     match ownership(&vm, km) {
@@ -275,9 +253,7 @@ async fn reconcile_instance(
             }}});
             write::merge_patch(&instances, &name, body)
                 .await
-                .map_err(Error::write(format!(
-                    "labels of Kairon Machine {ns}/{name}"
-                )))?;
+                .map_err(Error::write(format!("labels of Kairon Machine {ns}/{name}")))?;
         }
         Ownership::Ours => {}
     }
@@ -321,18 +297,13 @@ async fn create_instance(
         );
     }
     let Some(secret_name) = machine.data_secret_name() else {
-        if !machine.is_control_plane()
-            && !cluster.is_some_and(capi::Cluster::control_plane_initialized)
-        {
+        if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
             return waiting(
                 reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED,
                 "waiting for the control plane to be initialized".into(),
             );
         }
-        return waiting(
-            reason::WAITING_FOR_BOOTSTRAP_DATA,
-            "waiting for bootstrap data".into(),
-        );
+        return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
     };
 
     // One GET of the one Secret: no cluster-wide Secret cache.
@@ -340,9 +311,7 @@ async fn create_instance(
     let secret = secrets
         .get_opt(secret_name)
         .await
-        .map_err(Error::read(format!(
-            "bootstrap data Secret {ns}/{secret_name}"
-        )))?;
+        .map_err(Error::read(format!("bootstrap data Secret {ns}/{secret_name}")))?;
     let Some(secret) = secret else {
         let d = Decided::new(
             INSTANCE_PROVISIONED,
@@ -352,16 +321,10 @@ async fn create_instance(
         );
         return Ok(Err((Observed::Waiting(d), Action::requeue(SECRET_RETRY))));
     };
-    let user_data = match bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes)
-    {
+    let user_data = match bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes) {
         Ok(data) => data,
         Err(e) if e.is_terminal() => {
-            let condition = Decided::new(
-                INSTANCE_PROVISIONED,
-                Status::False,
-                e.reason(),
-                e.to_string(),
-            );
+            let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
             return Ok(Err((
                 Observed::Terminal {
                     condition,
@@ -371,12 +334,7 @@ async fn create_instance(
             )));
         }
         Err(e) => {
-            let d = Decided::new(
-                INSTANCE_PROVISIONED,
-                Status::False,
-                e.reason(),
-                e.to_string(),
-            );
+            let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
             return Ok(Err((Observed::Waiting(d), Action::requeue(SECRET_RETRY))));
         }
     };
@@ -437,9 +395,7 @@ async fn create_instance(
 /// A description of a client error that cannot contain request content.
 fn redacted_error_kind(e: &kube::Error) -> String {
     match e {
-        kube::Error::HyperError(_) | kube::Error::Service(_) => {
-            "the API server could not be reached".into()
-        }
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
         _ => "the request failed".into(),
     }
 }
@@ -451,8 +407,7 @@ async fn find_failure_domain(
     ctx: &Context,
     ns: &str,
 ) -> Result<Option<api::FailureDomainSpec>, Error> {
-    let Some(kc_name) = cluster.and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
-    else {
+    let Some(kc_name) = cluster.and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster")) else {
         return Ok(None);
     };
     let kcs: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), ns);
@@ -636,9 +591,7 @@ pub fn controller(
                 .state()
                 .into_iter()
                 .filter(|km| {
-                    km.namespace() == ns
-                        && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL)
-                            == Some(name.as_str())
+                    km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
                 })
                 .map(|km| ObjectRef::from_obj(km.as_ref()))
                 .collect::<Vec<_>>()
@@ -646,14 +599,12 @@ pub fn controller(
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
         .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
         .graceful_shutdown_on(shutdown);
-    let task = controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(%obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile trigger failed"),
-            }
-        });
+    let task = controller.run(reconcile, error_policy, ctx).for_each(|res| async move {
+        match res {
+            Ok((obj, _)) => debug!(%obj, "reconciled"),
+            Err(e) => debug!(error = %e, "reconcile trigger failed"),
+        }
+    });
     (clusters, task)
 }
 
@@ -672,13 +623,7 @@ mod tests {
         let mut m = kairon::Machine::new("m1", Default::default());
         m.metadata.namespace = Some("ns".into());
         m.metadata.uid = Some("vm-uid".into());
-        m.metadata.annotations = Some(
-            [(
-                kairon::FAILURE_DOMAIN_ANNOTATION.to_string(),
-                "zone-a".to_string(),
-            )]
-            .into(),
-        );
+        m.metadata.annotations = Some([(kairon::FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
         m.status = Some(MachineStatus {
             phase: Some(phase.into()),
             host_name: Some("node-7".into()),
@@ -695,21 +640,12 @@ mod tests {
         Box::new(m)
     }
 
-    fn cond<'a>(
-        s: &'a KaironMachineStatus,
-        t: &str,
-    ) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-        conditions::get(s.conditions.as_deref().unwrap(), t)
-            .unwrap_or_else(|| panic!("no {t} condition"))
+    fn cond<'a>(s: &'a KaironMachineStatus, t: &str) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        conditions::get(s.conditions.as_deref().unwrap(), t).unwrap_or_else(|| panic!("no {t} condition"))
     }
 
     fn waiting(r: &'static str) -> Observed {
-        Observed::Waiting(Decided::new(
-            INSTANCE_PROVISIONED,
-            Status::False,
-            r,
-            "waiting",
-        ))
+        Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, "waiting"))
     }
 
     struct Case {
@@ -838,12 +774,7 @@ mod tests {
                 c.name
             );
             assert_eq!(s.is_provisioned(), c.provisioned, "{}: provisioned", c.name);
-            assert_eq!(
-                s.failure_reason(),
-                c.failure_reason,
-                "{}: failureReason",
-                c.name
-            );
+            assert_eq!(s.failure_reason(), c.failure_reason, "{}: failureReason", c.name);
             assert_eq!(cond(&s, PAUSED).status, "False", "{}", c.name);
             assert_eq!(ready.observed_generation, Some(3));
             assert_eq!(
@@ -916,10 +847,7 @@ mod tests {
             at(10),
             "False -> False keeps the time"
         );
-        assert_eq!(
-            cond(&provisioning, READY).reason,
-            reason::INSTANCE_PROVISIONING
-        );
+        assert_eq!(cond(&provisioning, READY).reason, reason::INSTANCE_PROVISIONING);
         let running = next_status(
             Some(&provisioning),
             Some(&Observed::Instance(vm("Running"))),
@@ -1001,10 +929,7 @@ mod tests {
             &at(10),
         );
         assert_eq!(cond(&s, READY).reason, reason::DELETING);
-        assert_eq!(
-            cond(&s, INSTANCE_PROVISIONED).reason,
-            reason::INSTANCE_TERMINATING
-        );
+        assert_eq!(cond(&s, INSTANCE_PROVISIONED).reason, reason::INSTANCE_TERMINATING);
     }
 
     #[test]
@@ -1028,14 +953,7 @@ mod tests {
             .clone()
             .unwrap();
         assert!(msg.contains("Unschedulable: no host has 64 CPUs"), "{msg}");
-        let gone = next_status(
-            Some(&failed),
-            Some(&Observed::Gone),
-            None,
-            false,
-            None,
-            &at(20),
-        );
+        let gone = next_status(Some(&failed), Some(&Observed::Gone), None, false, None, &at(20));
         assert_eq!(gone.failure_reason(), Some("InsufficientResources"));
     }
 
@@ -1049,16 +967,9 @@ mod tests {
             kind: "KaironMachine".into(),
             name: "km1".into(),
         });
-        assert_eq!(
-            kaironmachine_for_machine(&m),
-            Some(ObjectRef::new("km1").within("ns"))
-        );
+        assert_eq!(kaironmachine_for_machine(&m), Some(ObjectRef::new("km1").within("ns")));
         m.spec.infrastructure_ref.as_mut().unwrap().kind = "DockerMachine".into();
-        assert_eq!(
-            kaironmachine_for_machine(&m),
-            None,
-            "someone else's infrastructure"
-        );
+        assert_eq!(kaironmachine_for_machine(&m), None, "someone else's infrastructure");
 
         let mut v = *vm("Running");
         assert_eq!(
@@ -1069,10 +980,7 @@ mod tests {
         v.metadata.labels = Some(
             [
                 (labels::KAIRONMACHINE_NAME.to_string(), "km9".to_string()),
-                (
-                    labels::KAIRONMACHINE_NAMESPACE.to_string(),
-                    "other".to_string(),
-                ),
+                (labels::KAIRONMACHINE_NAMESPACE.to_string(), "other".to_string()),
             ]
             .into(),
         );

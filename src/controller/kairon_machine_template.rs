@@ -111,11 +111,7 @@ mod tests {
 
     #[test]
     fn capacity_and_node_info_from_the_template_spec() {
-        let cases = [
-            (1, "512Mi", "1Gi"),
-            (2, "4Gi", "40Gi"),
-            (64, "256Gi", "2Ti"),
-        ];
+        let cases = [(1, "512Mi", "1Gi"), (2, "4Gi", "40Gi"), (64, "256Gi", "2Ti")];
         for (cpus, memory, disk) in cases {
             let spec = KaironMachineSpec {
                 cpus,

@@ -140,24 +140,10 @@ pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
 
 /// Deserializable resources with a static type.
 pub(crate) trait StaticResource:
-    Resource<DynamicType = ()>
-    + Clone
-    + Debug
-    + DeserializeOwned
-    + serde::Serialize
-    + Send
-    + Sync
-    + 'static
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
 {
 }
 impl<K> StaticResource for K where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + DeserializeOwned
-        + serde::Serialize
-        + Send
-        + Sync
-        + 'static
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
 {
 }

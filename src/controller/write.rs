@@ -18,11 +18,7 @@ pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
 }
 
 /// Adds `finalizer`, failing if the finalizer list changed since `obj` was read.
-pub async fn add_finalizer<K: StaticResource>(
-    api: &Api<K>,
-    obj: &K,
-    finalizer: &str,
-) -> Result<(), kube::Error> {
+pub async fn add_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error> {
     let current = obj.finalizers();
     let ops = if current.is_empty() {
         json!([
@@ -39,11 +35,7 @@ pub async fn add_finalizer<K: StaticResource>(
 }
 
 /// Removes `finalizer`, failing if it moved since `obj` was read.
-pub async fn remove_finalizer<K: StaticResource>(
-    api: &Api<K>,
-    obj: &K,
-    finalizer: &str,
-) -> Result<(), kube::Error> {
+pub async fn remove_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error> {
     let Some(i) = obj.finalizers().iter().position(|f| f == finalizer) else {
         return Ok(());
     };
@@ -58,11 +50,7 @@ pub async fn remove_finalizer<K: StaticResource>(
     }
 }
 
-async fn json_patch<K: StaticResource>(
-    api: &Api<K>,
-    name: &str,
-    ops: serde_json::Value,
-) -> Result<(), kube::Error> {
+async fn json_patch<K: StaticResource>(api: &Api<K>, name: &str, ops: serde_json::Value) -> Result<(), kube::Error> {
     let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
     api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
         .await?;
@@ -81,12 +69,8 @@ pub async fn apply_status<K: StaticResource>(
         "metadata": {"name": name},
         "status": status,
     });
-    api.patch_status(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    )
-    .await?;
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .await?;
     Ok(())
 }
 

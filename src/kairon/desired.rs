@@ -6,8 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 
 use super::{
-    CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, Network, PROVIDER_ID_PREFIX,
-    UserData, labels,
+    CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, Network, PROVIDER_ID_PREFIX, UserData, labels,
 };
 use crate::api::{FailureDomainSpec, KaironMachine};
 
@@ -41,24 +40,15 @@ pub fn desired_kairon_machine(
     if name.len() <= MAX_LABEL_VALUE {
         l.insert(labels::KAIRONMACHINE_NAME.to_string(), name.clone());
     }
-    l.insert(
-        labels::KAIRONMACHINE_NAMESPACE.to_string(),
-        namespace.clone(),
-    );
-    l.insert(
-        labels::KAIRONMACHINE_UID.to_string(),
-        km.uid().unwrap_or_default(),
-    );
+    l.insert(labels::KAIRONMACHINE_NAMESPACE.to_string(), namespace.clone());
+    l.insert(labels::KAIRONMACHINE_UID.to_string(), km.uid().unwrap_or_default());
     if !cluster_name.is_empty() && cluster_name.len() <= MAX_LABEL_VALUE {
         l.insert(labels::CLUSTER_NAME.to_string(), cluster_name.to_string());
     }
-    l.insert(
-        labels::MANAGED_BY.to_string(),
-        labels::MANAGED_BY_VALUE.to_string(),
-    );
+    l.insert(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string());
 
-    let annotations = failure_domain
-        .map(|fd| BTreeMap::from([(FAILURE_DOMAIN_ANNOTATION.to_string(), fd.name.clone())]));
+    let annotations =
+        failure_domain.map(|fd| BTreeMap::from([(FAILURE_DOMAIN_ANNOTATION.to_string(), fd.name.clone())]));
 
     // The failure domain's host selector wins over the template's on a conflicting key: the
     // domain is CAPI's placement decision.
@@ -80,9 +70,7 @@ pub fn desired_kairon_machine(
             memory: km.spec.memory.clone(),
             image: km.spec.image.clone(),
             disk_size: km.spec.disk_size.clone(),
-            network: km.spec.network.as_ref().map(|n| Network {
-                name: n.name.clone(),
-            }),
+            network: km.spec.network.as_ref().map(|n| Network { name: n.name.clone() }),
             node_selector: (!node_selector.is_empty()).then_some(node_selector),
             cloud_init: Some(CloudInit {
                 user_data: Some(user_data),
@@ -119,21 +107,12 @@ mod tests {
         FailureDomainSpec {
             name: name.into(),
             control_plane: Some(true),
-            node_selector: Some(
-                sel.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
+            node_selector: Some(sel.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
         }
     }
 
     fn label<'a>(m: &'a Machine, k: &str) -> Option<&'a str> {
-        m.metadata
-            .labels
-            .as_ref()
-            .unwrap()
-            .get(k)
-            .map(String::as_str)
+        m.metadata.labels.as_ref().unwrap().get(k).map(String::as_str)
     }
 
     struct Case {
@@ -190,31 +169,12 @@ mod tests {
             },
         ];
         for c in cases {
-            let m = desired_kairon_machine(
-                &c.km,
-                "demo",
-                UserData("#cloud-config\n".into()),
-                c.fd.as_ref(),
-            );
+            let m = desired_kairon_machine(&c.km, "demo", UserData("#cloud-config\n".into()), c.fd.as_ref());
             assert_eq!(m.metadata.name, c.km.metadata.name, "{}", c.name);
             assert_eq!(m.metadata.namespace.as_deref(), Some("ns"), "{}", c.name);
-            assert!(
-                m.metadata.owner_references.is_none(),
-                "{}: no ownerReferences",
-                c.name
-            );
-            assert_eq!(
-                label(&m, labels::KAIRONMACHINE_UID),
-                Some("km-uid"),
-                "{}",
-                c.name
-            );
-            assert_eq!(
-                label(&m, labels::KAIRONMACHINE_NAMESPACE),
-                Some("ns"),
-                "{}",
-                c.name
-            );
+            assert!(m.metadata.owner_references.is_none(), "{}: no ownerReferences", c.name);
+            assert_eq!(label(&m, labels::KAIRONMACHINE_UID), Some("km-uid"), "{}", c.name);
+            assert_eq!(label(&m, labels::KAIRONMACHINE_NAMESPACE), Some("ns"), "{}", c.name);
             assert_eq!(label(&m, labels::CLUSTER_NAME), Some("demo"), "{}", c.name);
             assert_eq!(
                 label(&m, labels::MANAGED_BY),
@@ -228,11 +188,7 @@ mod tests {
                 "{}",
                 c.name
             );
-            let sel = m
-                .spec
-                .node_selector
-                .clone()
-                .map(|s| s.into_iter().collect::<Vec<_>>());
+            let sel = m.spec.node_selector.clone().map(|s| s.into_iter().collect::<Vec<_>>());
             let want = c.want_selector.map(|v| {
                 v.into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -254,14 +210,7 @@ mod tests {
             assert_eq!(m.spec.disk_size, Quantity("40Gi".into()));
             assert_eq!(m.spec.image, "ubuntu-2404-kube-v1.36.1");
             assert_eq!(
-                m.spec
-                    .cloud_init
-                    .as_ref()
-                    .unwrap()
-                    .user_data
-                    .as_ref()
-                    .unwrap()
-                    .as_str(),
+                m.spec.cloud_init.as_ref().unwrap().user_data.as_ref().unwrap().as_str(),
                 "#cloud-config\n"
             );
         }
@@ -270,16 +219,9 @@ mod tests {
     #[test]
     fn network_is_carried_over() {
         let mut k = km("m");
-        k.spec.network = Some(NetworkRef {
-            name: "storage".into(),
-        });
+        k.spec.network = Some(NetworkRef { name: "storage".into() });
         let m = desired_kairon_machine(&k, "demo", UserData::default(), None);
-        assert_eq!(
-            m.spec.network,
-            Some(Network {
-                name: "storage".into()
-            })
-        );
+        assert_eq!(m.spec.network, Some(Network { name: "storage".into() }));
     }
 
     #[test]

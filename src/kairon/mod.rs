@@ -12,9 +12,7 @@ mod types;
 
 pub use desired::{desired_kairon_machine, provider_id};
 pub use observe::{Ownership, ownership};
-pub use types::{
-    Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase,
-};
+pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
 
 /// Kairon's API group.
 pub const GROUP: &str = "kairon.zyvor.dev";
@@ -29,8 +27,7 @@ pub const PROVIDER_ID_PREFIX: &str = "kairon://";
 /// Kairon's controller can drop ownerReferences when it writes a Machine back.
 pub mod labels {
     pub const KAIRONMACHINE_NAME: &str = "infrastructure.cluster.x-k8s.io/kaironmachine-name";
-    pub const KAIRONMACHINE_NAMESPACE: &str =
-        "infrastructure.cluster.x-k8s.io/kaironmachine-namespace";
+    pub const KAIRONMACHINE_NAMESPACE: &str = "infrastructure.cluster.x-k8s.io/kaironmachine-namespace";
     /// The adoption key: only a Kairon Machine carrying our UID is ours.
     pub const KAIRONMACHINE_UID: &str = "infrastructure.cluster.x-k8s.io/kaironmachine-uid";
     pub const CLUSTER_NAME: &str = crate::capi::CLUSTER_NAME_LABEL;

@@ -96,11 +96,7 @@ pub fn instance_condition(vm: &Machine) -> Decided {
         ),
         phase::FAILED => {
             let (kr, km) = failure(vm).unwrap_or_default();
-            let detail = if km.is_empty() {
-                kr
-            } else {
-                format!("{kr}: {km}")
-            };
+            let detail = if km.is_empty() { kr } else { format!("{kr}: {km}") };
             (
                 Status::False,
                 reason::INSTANCE_FAILED,
@@ -123,21 +119,13 @@ pub fn instance_condition(vm: &Machine) -> Decided {
 
 /// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
 pub fn addresses(vm: &Machine) -> Vec<MachineAddress> {
-    const TYPES: [&str; 5] = [
-        "Hostname",
-        "ExternalIP",
-        "InternalIP",
-        "ExternalDNS",
-        "InternalDNS",
-    ];
+    const TYPES: [&str; 5] = ["Hostname", "ExternalIP", "InternalIP", "ExternalDNS", "InternalDNS"];
     vm.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
-        .filter(|a| {
-            TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= 256
-        })
+        .filter(|a| TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= 256)
         .map(|a| MachineAddress {
             type_: a.type_.clone(),
             address: a.address.clone(),
@@ -207,24 +195,12 @@ mod tests {
         let cases = [
             (None, Status::False, reason::INSTANCE_PENDING),
             (Some("Pending"), Status::False, reason::INSTANCE_PENDING),
-            (
-                Some("Provisioning"),
-                Status::False,
-                reason::INSTANCE_PROVISIONING,
-            ),
+            (Some("Provisioning"), Status::False, reason::INSTANCE_PROVISIONING),
             (Some("Running"), Status::True, reason::PROVISIONED),
             (Some("Stopped"), Status::False, reason::INSTANCE_STOPPED),
             (Some("Failed"), Status::False, reason::INSTANCE_FAILED),
-            (
-                Some("Terminating"),
-                Status::False,
-                reason::INSTANCE_TERMINATING,
-            ),
-            (
-                Some("Hibernating"),
-                Status::Unknown,
-                reason::INSTANCE_PENDING,
-            ),
+            (Some("Terminating"), Status::False, reason::INSTANCE_TERMINATING),
+            (Some("Hibernating"), Status::Unknown, reason::INSTANCE_PENDING),
         ];
         for (phase, status, r) in cases {
             let d = instance_condition(&vm(phase));
@@ -238,8 +214,7 @@ mod tests {
     fn failed_message_carries_kairons_reason_and_message() {
         let d = instance_condition(&vm(Some("Failed")));
         assert!(
-            d.message
-                .contains("ImageNotFound: image foo does not exist"),
+            d.message.contains("ImageNotFound: image foo does not exist"),
             "{}",
             d.message
         );
@@ -268,14 +243,8 @@ mod tests {
 
     #[test]
     fn v1beta1_failure_reasons() {
-        assert_eq!(
-            failure_reason_v1beta1("Unschedulable"),
-            "InsufficientResources"
-        );
-        assert_eq!(
-            failure_reason_v1beta1("ImageNotFound"),
-            "InvalidConfiguration"
-        );
+        assert_eq!(failure_reason_v1beta1("Unschedulable"), "InsufficientResources");
+        assert_eq!(failure_reason_v1beta1("ImageNotFound"), "InvalidConfiguration");
         assert_eq!(failure_reason_v1beta1("DiskError"), "CreateError");
     }
 
@@ -284,18 +253,9 @@ mod tests {
         let mut km = KaironMachine::new("m1", Default::default());
         km.metadata.uid = Some("km-uid".into());
         let mut m = vm(Some("Running"));
-        assert_eq!(
-            ownership(&m, &km),
-            Ownership::Foreign,
-            "no label, no providerID"
-        );
-        m.metadata.labels =
-            Some([(labels::KAIRONMACHINE_UID.to_string(), "other".to_string())].into());
-        assert_eq!(
-            ownership(&m, &km),
-            Ownership::Foreign,
-            "someone else's label"
-        );
+        assert_eq!(ownership(&m, &km), Ownership::Foreign, "no label, no providerID");
+        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "other".to_string())].into());
+        assert_eq!(ownership(&m, &km), Ownership::Foreign, "someone else's label");
         km.spec.provider_id = Some("kairon://vm-uid".into());
         assert_eq!(
             ownership(&m, &km),
@@ -303,21 +263,15 @@ mod tests {
             "providerID names this VM"
         );
         km.spec.provider_id = Some("kairon://another-vm".into());
-        assert_eq!(
-            ownership(&m, &km),
-            Ownership::Foreign,
-            "providerID names another VM"
-        );
-        m.metadata.labels =
-            Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
+        assert_eq!(ownership(&m, &km), Ownership::Foreign, "providerID names another VM");
+        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
         assert_eq!(ownership(&m, &km), Ownership::Ours);
     }
 
     #[test]
     fn instance_ref_and_failure_domain() {
         let mut m = vm(Some("Running"));
-        m.metadata.annotations =
-            Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
+        m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
         let r = instance_ref(&m);
         assert_eq!(r.name, "m1");
         assert_eq!(r.namespace, "ns");

@@ -22,11 +22,7 @@ use serde::{Deserialize, Serialize};
     doc = "Machine is a Kairon virtual machine (development CRD; production clusters get it from Kairon).",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Host", type_ = "string", json_path = ".status.hostName"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSpec {
@@ -85,11 +81,7 @@ pub struct MachineStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Equals `metadata.uid`; the guest's NoCloud instance-id.
-    #[serde(
-        default,
-        rename = "instanceID",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(default, rename = "instanceID", skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,

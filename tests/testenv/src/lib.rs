@@ -1,0 +1,1 @@
+//! Test environment (see tests/testenv/README.md).
