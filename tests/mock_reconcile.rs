@@ -1,0 +1,427 @@
+//! The exact API calls of the KaironMachine reconciler on its main paths, against a mock API
+//! server (tower-test). These pin call sequences — e.g. that steady state makes no call at all
+//! and that a paused deletion never deletes a VM; behaviour against real CAPI controllers is
+//! proven by the tests that run the real control plane.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capkr::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
+use capkr::api::{KaironMachine, KaironMachineSpec, MACHINE_FINALIZER};
+use capkr::capi::{self, Bootstrap, ClusterInitialization, ClusterSpec, ClusterStatus, ContractVersionedObjectReference, MachineSpec};
+use capkr::controller::Settings;
+use capkr::controller::kairon_machine::{Context, Observed, next_status, reconcile};
+use capkr::kairon::{self, MachineStatus, labels};
+use http::{Request, Response, StatusCode};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle};
+
+const NS: &str = "ns";
+const KM_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m1";
+const VM_PATH: &str = "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines/m1";
+const SECRET_PATH: &str = "/api/v1/namespaces/ns/secrets/m1-bootstrap";
+
+fn kaironmachine() -> KaironMachine {
+    let mut km = KaironMachine::new(
+        "m1",
+        KaironMachineSpec {
+            cpus: 2,
+            memory: Quantity("4Gi".into()),
+            image: "ubuntu-2404-kube-v1.36.3".into(),
+            disk_size: Quantity("20Gi".into()),
+            ..Default::default()
+        },
+    );
+    km.metadata.namespace = Some(NS.into());
+    km.metadata.uid = Some("km-uid".into());
+    km.metadata.generation = Some(1);
+    km.metadata.labels = Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into());
+    km.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: "m1".into(),
+        uid: "machine-uid".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    km
+}
+
+fn machine() -> capi::Machine {
+    let mut m = capi::Machine::new(
+        "m1",
+        MachineSpec {
+            cluster_name: "demo".into(),
+            bootstrap: Some(Bootstrap { data_secret_name: Some("m1-bootstrap".into()) }),
+            infrastructure_ref: Some(ContractVersionedObjectReference {
+                api_group: "infrastructure.cluster.x-k8s.io".into(),
+                kind: "KaironMachine".into(),
+                name: "m1".into(),
+            }),
+            ..Default::default()
+        },
+    );
+    m.metadata.namespace = Some(NS.into());
+    m
+}
+
+fn cluster(paused: bool) -> capi::Cluster {
+    let mut c = capi::Cluster::new("demo", ClusterSpec { paused: paused.then_some(true), ..Default::default() });
+    c.metadata.namespace = Some(NS.into());
+    c.status = Some(ClusterStatus {
+        initialization: Some(ClusterInitialization {
+            infrastructure_provisioned: Some(true),
+            control_plane_initialized: Some(true),
+        }),
+    });
+    c
+}
+
+fn vm(phase: &str) -> kairon::Machine {
+    let mut vm = kairon::Machine::new("m1", Default::default());
+    vm.metadata.namespace = Some(NS.into());
+    vm.metadata.uid = Some("vm-uid".into());
+    vm.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
+    vm.status = Some(MachineStatus { phase: Some(phase.into()), ..Default::default() });
+    vm
+}
+
+fn filled<K>(objs: Vec<K>) -> (Store<K>, Writer<K>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
+{
+    let (store, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objs {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    (store, writer)
+}
+
+struct World {
+    machines: Vec<capi::Machine>,
+    clusters: Vec<capi::Cluster>,
+    instances: Vec<kairon::Machine>,
+}
+
+/// Runs one reconcile of `km` against a mock API server driven by `server`.
+async fn run<F, Fut>(km: KaironMachine, world: World, server: F) -> Result<(), capkr::controller::Error>
+where
+    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let (machines, _w1) = filled(world.machines);
+    let (clusters, _w2) = filled(world.clusters);
+    let (instances, _w3) = filled(world.instances);
+    let ctx = Arc::new(Context { client: client.clone(), kairon: client, settings: Settings::default(), machines, clusters, instances });
+    let server = tokio::spawn(server(handle));
+    let result = reconcile(Arc::new(km), ctx).await;
+    tokio::time::timeout(Duration::from_secs(2), server).await.expect("mock server finished").expect("mock server did not panic");
+    result.map(|_| ())
+}
+
+/// Takes the next request, checks method and path, answers with `status` and `body`, and
+/// returns the request body.
+async fn expect(handle: &mut Handle<Request<Body>, Response<Body>>, method: &str, path: &str, status: u16, body: Value) -> (String, Value) {
+    let (req, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request())
+        .await
+        .unwrap_or_else(|_| panic!("expected {method} {path}, got no request"))
+        .expect("service alive");
+    assert_eq!(req.method().as_str(), method, "method of request to {}", req.uri());
+    assert_eq!(req.uri().path(), path, "path of {method} request");
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let bytes = req.into_body().collect_bytes().await.expect("body");
+    let sent: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
+    send.send_response(
+        Response::builder().status(StatusCode::from_u16(status).unwrap()).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap(),
+    );
+    (query, sent)
+}
+
+/// No further request arrives.
+async fn expect_no_more(handle: &mut Handle<Request<Body>, Response<Body>>) {
+    if let Ok(Some((req, _))) = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await {
+        panic!("unexpected request {} {}", req.method(), req.uri());
+    }
+}
+
+fn status_error(code: u16, reason: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": format!("{reason} (test)")})
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == type_).unwrap_or_else(|| panic!("no {type_} in {status}"))
+}
+
+fn with_status(mut km: KaironMachine, observed: Observed, paused: Option<&str>, deleting: bool) -> KaironMachine {
+    let at = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
+    km.status = Some(next_status(km.status.as_ref(), Some(&observed), paused, deleting, km.metadata.generation, &at));
+    km
+}
+
+#[tokio::test]
+async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_records_provider_id_and_status() {
+    let km = kaironmachine();
+    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let created = {
+        let mut v = vm("Pending");
+        v.status = None;
+        serde_json::to_value(&v).unwrap()
+    };
+    let km_json = serde_json::to_value(kaironmachine()).unwrap();
+    run(km, world, move |mut h| async move {
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
+        assert_eq!(patch[1], json!({"op": "add", "path": "/metadata/finalizers", "value": [MACHINE_FINALIZER]}));
+
+        expect(
+            &mut h,
+            "GET",
+            SECRET_PATH,
+            200,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap", "namespace": NS},
+                   "data": {"value": "I2Nsb3VkLWNvbmZpZwpzZWNyZXQ6IFRPUFNFQ1JFVA==", "format": "Y2xvdWQtY29uZmln"}}),
+        )
+        .await;
+
+        let (query, body) = expect(&mut h, "POST", "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines", 201, created).await;
+        assert!(query.contains("fieldManager=capkr-manager"), "{query}");
+        assert_eq!(body["metadata"]["name"], "m1");
+        assert_eq!(body["metadata"]["labels"][labels::KAIRONMACHINE_UID], "km-uid");
+        assert_eq!(body["metadata"]["labels"][labels::CLUSTER_NAME], "demo");
+        assert!(body["metadata"].get("ownerReferences").is_none());
+        assert_eq!(body["spec"]["cloudInit"]["userData"], "#cloud-config\nsecret: TOPSECRET");
+        assert_eq!(body["spec"]["cpus"], 2);
+
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
+        assert_eq!(patch, json!({"spec": {"providerID": "kairon://vm-uid"}}));
+
+        let (query, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        assert!(query.contains("fieldManager=capkr-manager") && query.contains("force=true"), "{query}");
+        let status = &body["status"];
+        assert_eq!(condition(status, INSTANCE_PROVISIONED)["reason"], reason::INSTANCE_PENDING);
+        assert_eq!(condition(status, READY)["status"], "False");
+        assert_eq!(condition(status, PAUSED)["status"], "False");
+        assert_eq!(status["instance"]["uid"], "vm-uid");
+        assert!(!body.to_string().contains("TOPSECRET"), "status never carries bootstrap data");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn steady_state_makes_no_request() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))), None, false);
+    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![vm("Running")] };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await }).await.expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn waiting_for_bootstrap_data_reads_nothing_and_writes_status_once() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    let mut m = machine();
+    m.spec.bootstrap = None;
+    let world = World { machines: vec![m.clone()], clusters: vec![cluster(false)], instances: vec![] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km.clone(), world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        assert_eq!(condition(&body["status"], INSTANCE_PROVISIONED)["reason"], reason::WAITING_FOR_BOOTSTRAP_DATA);
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+
+    // Once written, the same wait writes nothing.
+    let waiting = Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data"));
+    let km = with_status(km, waiting, None, false);
+    let world = World { machines: vec![m], clusters: vec![cluster(false)], instances: vec![] };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await }).await.unwrap();
+}
+
+#[tokio::test]
+async fn ignition_bootstrap_data_is_a_terminal_condition_and_nothing_is_created() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"},
+            "data": {"value": "e30=", "format": "aWduaXRpb24="}}))
+        .await;
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let status = &body["status"];
+        assert_eq!(condition(status, INSTANCE_PROVISIONED)["reason"], reason::UNSUPPORTED_BOOTSTRAP_FORMAT);
+        assert_eq!(status["deprecated"]["v1beta1"]["failureReason"], "InvalidConfiguration");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_foreign_vm_with_our_name_is_reported_and_left_alone() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    let mut foreign = vm("Running");
+    foreign.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "someone-else".to_string())].into());
+    let foreign_json = serde_json::to_value(&foreign).unwrap();
+    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "eA=="}})).await;
+        expect(&mut h, "POST", "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines", 409, status_error(409, "AlreadyExists")).await;
+        expect(&mut h, "GET", VM_PATH, 200, foreign_json).await;
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        assert_eq!(condition(&body["status"], INSTANCE_PROVISIONED)["reason"], reason::INSTANCE_CONFLICT);
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreated() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))), None, false);
+    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        // The cache says gone; the API confirms before anything is concluded.
+        expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let status = &body["status"];
+        assert_eq!(condition(status, READY)["reason"], reason::INSTANCE_NOT_FOUND);
+        assert_eq!(status["initialization"]["provisioned"], true, "provisioned never flips back");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+fn deleting(km: KaironMachine) -> KaironMachine {
+    let mut km = km;
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_100).unwrap()));
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    km
+}
+
+#[tokio::test]
+async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
+    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))), None, false);
+    let world = || World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![vm("Running")] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    let vm_json = serde_json::to_value(vm("Running")).unwrap();
+    run(km.clone(), world(), move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, vm_json.clone()).await;
+        let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, vm_json).await;
+        assert_eq!(body["preconditions"]["uid"], "vm-uid", "deletes exactly the VM it read");
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        assert_eq!(condition(&body["status"], READY)["reason"], reason::DELETING);
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+
+    // Next round: the VM is gone, so the finalizer goes (and nothing else happens).
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world(), move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        assert_eq!(patch[0], json!({"op": "test", "path": "/metadata/finalizers/0", "value": MACHINE_FINALIZER}));
+        assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn deletion_without_cluster_or_machine_still_cleans_up() {
+    let km = deleting(kaironmachine());
+    let world = World { machines: vec![], clusters: vec![], instances: vec![] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
+        expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
+    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))), None, false);
+    let world = || World { machines: vec![machine()], clusters: vec![cluster(true)], instances: vec![vm("Running")] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km.clone(), world(), move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let paused = condition(&body["status"], PAUSED);
+        assert_eq!((paused["status"].as_str(), paused["reason"].as_str()), (Some("True"), Some(reason::PAUSED)));
+        assert!(paused["message"].as_str().unwrap().contains("spec.paused"));
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+
+    // Already reported: nothing at all.
+    let mut km = km;
+    let at = conditions::now();
+    km.status = Some(next_status(km.status.as_ref(), None, Some("Cluster spec.paused is set to true"), true, km.metadata.generation, &at));
+    run(km, world(), |mut h| async move { expect_no_more(&mut h).await }).await.unwrap();
+}
+
+#[tokio::test]
+async fn paused_by_annotation_blocks_provisioning() {
+    let mut km = kaironmachine();
+    km.metadata.annotations = Some([(capi::PAUSED_ANNOTATION.to_string(), String::new())].into());
+    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        assert!(condition(&body["status"], PAUSED)["message"].as_str().unwrap().contains("annotation"));
+        assert!(body["status"]["conditions"].as_array().unwrap().len() == 1, "only Paused is written");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn without_an_owner_machine_nothing_is_written_not_even_the_finalizer() {
+    let mut km = kaironmachine();
+    km.metadata.owner_references = None;
+    let world = World { machines: vec![], clusters: vec![cluster(false)], instances: vec![] };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await }).await.unwrap();
+}
+
+#[tokio::test]
+async fn deleted_for_move_releases_the_finalizer_and_keeps_the_vm() {
+    let mut km = deleting(kaironmachine());
+    km.metadata.annotations = Some([("clusterctl.cluster.x-k8s.io/delete-for-move".to_string(), String::new())].into());
+    let world = World { machines: vec![], clusters: vec![], instances: vec![vm("Running")] };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        assert_eq!(patch[1]["op"], "remove");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
