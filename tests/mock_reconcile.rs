@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use capkr::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
 use capkr::api::{KaironMachine, KaironMachineSpec, MACHINE_FINALIZER};
-use capkr::capi::{self, Bootstrap, ClusterInitialization, ClusterSpec, ClusterStatus, ContractVersionedObjectReference, MachineSpec};
+use capkr::capi::{
+    self, Bootstrap, ClusterInitialization, ClusterSpec, ClusterStatus, ContractVersionedObjectReference, MachineSpec,
+};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, next_status, reconcile};
 use capkr::kairon::{self, MachineStatus, labels};
@@ -58,7 +60,9 @@ fn machine() -> capi::Machine {
         "m1",
         MachineSpec {
             cluster_name: "demo".into(),
-            bootstrap: Some(Bootstrap { data_secret_name: Some("m1-bootstrap".into()) }),
+            bootstrap: Some(Bootstrap {
+                data_secret_name: Some("m1-bootstrap".into()),
+            }),
             infrastructure_ref: Some(ContractVersionedObjectReference {
                 api_group: "infrastructure.cluster.x-k8s.io".into(),
                 kind: "KaironMachine".into(),
@@ -72,7 +76,13 @@ fn machine() -> capi::Machine {
 }
 
 fn cluster(paused: bool) -> capi::Cluster {
-    let mut c = capi::Cluster::new("demo", ClusterSpec { paused: paused.then_some(true), ..Default::default() });
+    let mut c = capi::Cluster::new(
+        "demo",
+        ClusterSpec {
+            paused: paused.then_some(true),
+            ..Default::default()
+        },
+    );
     c.metadata.namespace = Some(NS.into());
     c.status = Some(ClusterStatus {
         initialization: Some(ClusterInitialization {
@@ -88,7 +98,10 @@ fn vm(phase: &str) -> kairon::Machine {
     vm.metadata.namespace = Some(NS.into());
     vm.metadata.uid = Some("vm-uid".into());
     vm.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
-    vm.status = Some(MachineStatus { phase: Some(phase.into()), ..Default::default() });
+    vm.status = Some(MachineStatus {
+        phase: Some(phase.into()),
+        ..Default::default()
+    });
     vm
 }
 
@@ -122,16 +135,32 @@ where
     let (machines, _w1) = filled(world.machines);
     let (clusters, _w2) = filled(world.clusters);
     let (instances, _w3) = filled(world.instances);
-    let ctx = Arc::new(Context { client: client.clone(), kairon: client, settings: Settings::default(), machines, clusters, instances });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        kairon: client,
+        settings: Settings::default(),
+        machines,
+        clusters,
+        instances,
+    });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;
-    tokio::time::timeout(Duration::from_secs(2), server).await.expect("mock server finished").expect("mock server did not panic");
+    tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .expect("mock server finished")
+        .expect("mock server did not panic");
     result.map(|_| ())
 }
 
 /// Takes the next request, checks method and path, answers with `status` and `body`, and
 /// returns the request body.
-async fn expect(handle: &mut Handle<Request<Body>, Response<Body>>, method: &str, path: &str, status: u16, body: Value) -> (String, Value) {
+async fn expect(
+    handle: &mut Handle<Request<Body>, Response<Body>>,
+    method: &str,
+    path: &str,
+    status: u16,
+    body: Value,
+) -> (String, Value) {
     let (req, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request())
         .await
         .unwrap_or_else(|_| panic!("expected {method} {path}, got no request"))
@@ -140,9 +169,16 @@ async fn expect(handle: &mut Handle<Request<Body>, Response<Body>>, method: &str
     assert_eq!(req.uri().path(), path, "path of {method} request");
     let query = req.uri().query().unwrap_or_default().to_string();
     let bytes = req.into_body().collect_bytes().await.expect("body");
-    let sent: Value = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).expect("JSON body") };
+    let sent: Value = if bytes.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&bytes).expect("JSON body")
+    };
     send.send_response(
-        Response::builder().status(StatusCode::from_u16(status).unwrap()).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap(),
+        Response::builder()
+            .status(StatusCode::from_u16(status).unwrap())
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap(),
     );
     (query, sent)
 }
@@ -159,19 +195,35 @@ fn status_error(code: u16, reason: &str) -> Value {
 }
 
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
-    status["conditions"].as_array().unwrap().iter().find(|c| c["type"] == type_).unwrap_or_else(|| panic!("no {type_} in {status}"))
+    status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
 
 fn with_status(mut km: KaironMachine, observed: Observed, paused: Option<&str>, deleting: bool) -> KaironMachine {
     let at = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
-    km.status = Some(next_status(km.status.as_ref(), Some(&observed), paused, deleting, km.metadata.generation, &at));
+    km.status = Some(next_status(
+        km.status.as_ref(),
+        Some(&observed),
+        paused,
+        deleting,
+        km.metadata.generation,
+        &at,
+    ));
     km
 }
 
 #[tokio::test]
 async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_records_provider_id_and_status() {
     let km = kaironmachine();
-    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
     let created = {
         let mut v = vm("Pending");
         v.status = None;
@@ -180,7 +232,10 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
     let km_json = serde_json::to_value(kaironmachine()).unwrap();
     run(km, world, move |mut h| async move {
         let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
-        assert_eq!(patch[1], json!({"op": "add", "path": "/metadata/finalizers", "value": [MACHINE_FINALIZER]}));
+        assert_eq!(
+            patch[1],
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [MACHINE_FINALIZER]})
+        );
 
         expect(
             &mut h,
@@ -192,26 +247,45 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         )
         .await;
 
-        let (query, body) = expect(&mut h, "POST", "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines", 201, created).await;
+        let (query, body) = expect(
+            &mut h,
+            "POST",
+            "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines",
+            201,
+            created,
+        )
+        .await;
         assert!(query.contains("fieldManager=capkr-manager"), "{query}");
         assert_eq!(body["metadata"]["name"], "m1");
         assert_eq!(body["metadata"]["labels"][labels::KAIRONMACHINE_UID], "km-uid");
         assert_eq!(body["metadata"]["labels"][labels::CLUSTER_NAME], "demo");
         assert!(body["metadata"].get("ownerReferences").is_none());
-        assert_eq!(body["spec"]["cloudInit"]["userData"], "#cloud-config\nsecret: TOPSECRET");
+        assert_eq!(
+            body["spec"]["cloudInit"]["userData"],
+            "#cloud-config\nsecret: TOPSECRET"
+        );
         assert_eq!(body["spec"]["cpus"], 2);
 
         let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
         assert_eq!(patch, json!({"spec": {"providerID": "kairon://vm-uid"}}));
 
         let (query, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
-        assert!(query.contains("fieldManager=capkr-manager") && query.contains("force=true"), "{query}");
+        assert!(
+            query.contains("fieldManager=capkr-manager") && query.contains("force=true"),
+            "{query}"
+        );
         let status = &body["status"];
-        assert_eq!(condition(status, INSTANCE_PROVISIONED)["reason"], reason::INSTANCE_PENDING);
+        assert_eq!(
+            condition(status, INSTANCE_PROVISIONED)["reason"],
+            reason::INSTANCE_PENDING
+        );
         assert_eq!(condition(status, READY)["status"], "False");
         assert_eq!(condition(status, PAUSED)["status"], "False");
         assert_eq!(status["instance"]["uid"], "vm-uid");
-        assert!(!body.to_string().contains("TOPSECRET"), "status never carries bootstrap data");
+        assert!(
+            !body.to_string().contains("TOPSECRET"),
+            "status never carries bootstrap data"
+        );
         expect_no_more(&mut h).await;
     })
     .await
@@ -224,8 +298,14 @@ async fn steady_state_makes_no_request() {
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
     let km = with_status(km, Observed::Instance(Box::new(vm("Running"))), None, false);
-    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![vm("Running")] };
-    run(km, world, |mut h| async move { expect_no_more(&mut h).await }).await.expect("reconcile succeeds");
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![vm("Running")],
+    };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await })
+        .await
+        .expect("reconcile succeeds");
 }
 
 #[tokio::test]
@@ -234,36 +314,67 @@ async fn waiting_for_bootstrap_data_reads_nothing_and_writes_status_once() {
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     let mut m = machine();
     m.spec.bootstrap = None;
-    let world = World { machines: vec![m.clone()], clusters: vec![cluster(false)], instances: vec![] };
+    let world = World {
+        machines: vec![m.clone()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km.clone(), world, move |mut h| async move {
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
-        assert_eq!(condition(&body["status"], INSTANCE_PROVISIONED)["reason"], reason::WAITING_FOR_BOOTSTRAP_DATA);
+        assert_eq!(
+            condition(&body["status"], INSTANCE_PROVISIONED)["reason"],
+            reason::WAITING_FOR_BOOTSTRAP_DATA
+        );
         expect_no_more(&mut h).await;
     })
     .await
     .unwrap();
 
     // Once written, the same wait writes nothing.
-    let waiting = Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data"));
+    let waiting = Observed::Waiting(Decided::new(
+        INSTANCE_PROVISIONED,
+        Status::False,
+        reason::WAITING_FOR_BOOTSTRAP_DATA,
+        "waiting for bootstrap data",
+    ));
     let km = with_status(km, waiting, None, false);
-    let world = World { machines: vec![m], clusters: vec![cluster(false)], instances: vec![] };
-    run(km, world, |mut h| async move { expect_no_more(&mut h).await }).await.unwrap();
+    let world = World {
+        machines: vec![m],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn ignition_bootstrap_data_is_a_terminal_condition_and_nothing_is_created() {
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
-    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
-        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"},
-            "data": {"value": "e30=", "format": "aWduaXRpb24="}}))
+        expect(
+            &mut h,
+            "GET",
+            SECRET_PATH,
+            200,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"},
+            "data": {"value": "e30=", "format": "aWduaXRpb24="}}),
+        )
         .await;
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         let status = &body["status"];
-        assert_eq!(condition(status, INSTANCE_PROVISIONED)["reason"], reason::UNSUPPORTED_BOOTSTRAP_FORMAT);
+        assert_eq!(
+            condition(status, INSTANCE_PROVISIONED)["reason"],
+            reason::UNSUPPORTED_BOOTSTRAP_FORMAT
+        );
         assert_eq!(status["deprecated"]["v1beta1"]["failureReason"], "InvalidConfiguration");
         expect_no_more(&mut h).await;
     })
@@ -278,7 +389,11 @@ async fn a_foreign_vm_with_our_name_is_reported_and_left_alone() {
     let mut foreign = vm("Running");
     foreign.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "someone-else".to_string())].into());
     let foreign_json = serde_json::to_value(&foreign).unwrap();
-    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
         expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "eA=="}})).await;
@@ -298,7 +413,11 @@ async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreat
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
     let km = with_status(km, Observed::Instance(Box::new(vm("Running"))), None, false);
-    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
         // The cache says gone; the API confirms before anything is concluded.
@@ -306,7 +425,10 @@ async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreat
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         let status = &body["status"];
         assert_eq!(condition(status, READY)["reason"], reason::INSTANCE_NOT_FOUND);
-        assert_eq!(status["initialization"]["provisioned"], true, "provisioned never flips back");
+        assert_eq!(
+            status["initialization"]["provisioned"], true,
+            "provisioned never flips back"
+        );
         expect_no_more(&mut h).await;
     })
     .await
@@ -323,8 +445,17 @@ fn deleting(km: KaironMachine) -> KaironMachine {
 
 #[tokio::test]
 async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
-    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))), None, false);
-    let world = || World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![vm("Running")] };
+    let km = with_status(
+        deleting(kaironmachine()),
+        Observed::Instance(Box::new(vm("Running"))),
+        None,
+        false,
+    );
+    let world = || World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![vm("Running")],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     let vm_json = serde_json::to_value(vm("Running")).unwrap();
     run(km.clone(), world(), move |mut h| async move {
@@ -343,7 +474,10 @@ async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
     run(km, world(), move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
         let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
-        assert_eq!(patch[0], json!({"op": "test", "path": "/metadata/finalizers/0", "value": MACHINE_FINALIZER}));
+        assert_eq!(
+            patch[0],
+            json!({"op": "test", "path": "/metadata/finalizers/0", "value": MACHINE_FINALIZER})
+        );
         assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
         expect_no_more(&mut h).await;
     })
@@ -354,7 +488,11 @@ async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
 #[tokio::test]
 async fn deletion_without_cluster_or_machine_still_cleans_up() {
     let km = deleting(kaironmachine());
-    let world = World { machines: vec![], clusters: vec![], instances: vec![] };
+    let world = World {
+        machines: vec![],
+        clusters: vec![],
+        instances: vec![],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
@@ -367,13 +505,25 @@ async fn deletion_without_cluster_or_machine_still_cleans_up() {
 
 #[tokio::test]
 async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
-    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))), None, false);
-    let world = || World { machines: vec![machine()], clusters: vec![cluster(true)], instances: vec![vm("Running")] };
+    let km = with_status(
+        deleting(kaironmachine()),
+        Observed::Instance(Box::new(vm("Running"))),
+        None,
+        false,
+    );
+    let world = || World {
+        machines: vec![machine()],
+        clusters: vec![cluster(true)],
+        instances: vec![vm("Running")],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km.clone(), world(), move |mut h| async move {
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         let paused = condition(&body["status"], PAUSED);
-        assert_eq!((paused["status"].as_str(), paused["reason"].as_str()), (Some("True"), Some(reason::PAUSED)));
+        assert_eq!(
+            (paused["status"].as_str(), paused["reason"].as_str()),
+            (Some("True"), Some(reason::PAUSED))
+        );
         assert!(paused["message"].as_str().unwrap().contains("spec.paused"));
         expect_no_more(&mut h).await;
     })
@@ -383,20 +533,41 @@ async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
     // Already reported: nothing at all.
     let mut km = km;
     let at = conditions::now();
-    km.status = Some(next_status(km.status.as_ref(), None, Some("Cluster spec.paused is set to true"), true, km.metadata.generation, &at));
-    run(km, world(), |mut h| async move { expect_no_more(&mut h).await }).await.unwrap();
+    km.status = Some(next_status(
+        km.status.as_ref(),
+        None,
+        Some("Cluster spec.paused is set to true"),
+        true,
+        km.metadata.generation,
+        &at,
+    ));
+    run(km, world(), |mut h| async move { expect_no_more(&mut h).await })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn paused_by_annotation_blocks_provisioning() {
     let mut km = kaironmachine();
     km.metadata.annotations = Some([(capi::PAUSED_ANNOTATION.to_string(), String::new())].into());
-    let world = World { machines: vec![machine()], clusters: vec![cluster(false)], instances: vec![] };
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
-        assert!(condition(&body["status"], PAUSED)["message"].as_str().unwrap().contains("annotation"));
-        assert!(body["status"]["conditions"].as_array().unwrap().len() == 1, "only Paused is written");
+        assert!(
+            condition(&body["status"], PAUSED)["message"]
+                .as_str()
+                .unwrap()
+                .contains("annotation")
+        );
+        assert!(
+            body["status"]["conditions"].as_array().unwrap().len() == 1,
+            "only Paused is written"
+        );
         expect_no_more(&mut h).await;
     })
     .await
@@ -407,15 +578,25 @@ async fn paused_by_annotation_blocks_provisioning() {
 async fn without_an_owner_machine_nothing_is_written_not_even_the_finalizer() {
     let mut km = kaironmachine();
     km.metadata.owner_references = None;
-    let world = World { machines: vec![], clusters: vec![cluster(false)], instances: vec![] };
-    run(km, world, |mut h| async move { expect_no_more(&mut h).await }).await.unwrap();
+    let world = World {
+        machines: vec![],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn deleted_for_move_releases_the_finalizer_and_keeps_the_vm() {
     let mut km = deleting(kaironmachine());
     km.metadata.annotations = Some([("clusterctl.cluster.x-k8s.io/delete-for-move".to_string(), String::new())].into());
-    let world = World { machines: vec![], clusters: vec![], instances: vec![vm("Running")] };
+    let world = World {
+        machines: vec![],
+        clusters: vec![],
+        instances: vec![vm("Running")],
+    };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
         let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
