@@ -15,6 +15,11 @@
 # When any is used, the printed dir is $CACHE/<hash>/ext-<id>/bin, holding symlinks to them
 # and to the built binaries.
 #
+# Next to bin/ it also keeps manifests/capi/{core,bootstrap-kubeadm,control-plane-kubeadm}/
+# {crd/*.yaml,webhook/manifests.yaml} (+ manifests/capi/metadata.yaml): the raw CRD bases and
+# webhook manifests of the pinned Cluster API, copied from the Go module cache, which the
+# test environment (tests/testenv) installs the way envtest does. <bin>/../manifests finds them.
+#
 # Needs only Go (the version in tests/tools/*/go.mod, 1.26) and the Go module proxy.
 set -euo pipefail
 
@@ -87,6 +92,32 @@ missing() { # names of binaries that still have to be built
   done
 }
 
+# CAPI's CRD bases and webhook manifests, copied once per hash from the module cache.
+MANIFESTS="$CACHE/$HASH/manifests"
+copy_manifests() {
+  [[ -f "$MANIFESTS/.complete" ]] && return 0
+  command -v go >/dev/null || die "Go is required to copy the Cluster API manifests from the module cache"
+  local mod tmp src dst pair
+  mod=$(cd "$TOOLS/capi" && GOWORK=off GOFLAGS=-mod=readonly go mod download -json sigs.k8s.io/cluster-api \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  [[ -n "$mod" && -d "$mod/core/config/crd/bases" ]] || die "cannot find sigs.k8s.io/cluster-api in the Go module cache"
+  mkdir -p "$CACHE/$HASH"
+  tmp=$(mktemp -d "$CACHE/$HASH/.manifests.XXXXXX")
+  for pair in core:core bootstrap/kubeadm:bootstrap-kubeadm controlplane/kubeadm:control-plane-kubeadm; do
+    src="$mod/${pair%%:*}/config"; dst="$tmp/capi/${pair##*:}"
+    mkdir -p "$dst/crd" "$dst/webhook"
+    cp "$src"/crd/bases/*.yaml "$dst/crd/"
+    cp "$src/webhook/manifests.yaml" "$dst/webhook/"
+  done
+  cp "$mod/metadata.yaml" "$tmp/capi/"
+  chmod -R u+w "$tmp"                       # files from the module cache are read-only
+  touch "$tmp/.complete"
+  if [[ -f "$MANIFESTS/.complete" ]]; then rm -rf "$tmp"; return 0; fi   # a concurrent caller won
+  rm -rf "$MANIFESTS"
+  mv -T "$tmp" "$MANIFESTS" 2>/dev/null || rm -rf "$tmp"
+  log "copied the Cluster API manifests from $mod to $MANIFESTS"
+}
+
 # The dir to print: the build dir itself, or a dir of symlinks when external binaries are used.
 result_dir() {
   if [[ ${#EXT[@]} -eq 0 ]]; then echo "$BUILD_BIN"; return; fi
@@ -99,11 +130,14 @@ result_dir() {
     mkdir -p "$(dirname "$d")"
     mv -T "$tmp" "$d" 2>/dev/null || rm -rf "$tmp"   # lost a race: the other one is identical
   fi
+  # <bin>/../manifests must resolve from this dir as well.
+  [[ -e "$(dirname "$d")/manifests" ]] || ln -sfn "$MANIFESTS" "$(dirname "$d")/manifests"
   echo "$d"
 }
 
 # --- warm path -------------------------------------------------------------------------
 if [[ -z "$(missing)" ]]; then
+  copy_manifests
   touch "$CACHE/$HASH" 2>/dev/null || true   # newest-used first when pruning
   OUT=$(result_dir)
   log "cached: $OUT"
@@ -189,7 +223,7 @@ build_one() { # name dir pkg
 }
 
 mapfile -t TODO < <(missing)
-if [[ ${#TODO[@]} -eq 0 ]]; then log "built meanwhile by another caller: $BUILD_BIN"; result_dir; exit 0; fi
+if [[ ${#TODO[@]} -eq 0 ]]; then log "built meanwhile by another caller: $BUILD_BIN"; copy_manifests; result_dir; exit 0; fi
 log "building ${TODO[*]} into $BUILD_BIN (go: $(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE), GOCACHE=$(go env GOCACHE))"
 
 # Module download: only the modules holding the needed packages (go.sum is complete).
@@ -214,6 +248,7 @@ for t in "${TARGETS[@]}"; do
 done
 
 [[ -z "$(missing)" ]] || die "still missing: $(missing | tr '\n' ' ')"
+copy_manifests
 log "all built in $((SECONDS - T_START))s"
 
 # Keep the three newest builds (other branches may use other pins); drop older ones.

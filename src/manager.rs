@@ -1,5 +1,6 @@
 //! Wiring of the manager: flags, logging, clients, the three controllers, shutdown.
 
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
