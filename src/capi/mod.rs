@@ -31,7 +31,7 @@ pub const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 
 /// A v1beta2 contract reference: group, kind and name, no version.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ContractVersionedObjectReference {
     #[serde(default)]
@@ -50,7 +50,7 @@ impl ContractVersionedObjectReference {
 }
 
 /// Host and port of an API endpoint, as on `Cluster.spec.controlPlaneEndpoint`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
 pub struct ApiEndpoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,

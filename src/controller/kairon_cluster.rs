@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -222,6 +222,20 @@ pub fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCl
     Some(ObjectRef::new(name).within(&c.namespace()?))
 }
 
+/// What of a Cluster a KaironCluster reacts to: pause, the endpoint, the reference, deletion.
+pub fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    (
+        c.spec.paused,
+        &c.spec.control_plane_endpoint,
+        &c.spec.infrastructure_ref,
+        c.metadata.deletion_timestamp.is_some(),
+    )
+        .hash(&mut h);
+    Some(h.finish())
+}
+
 /// Builds the controller; it runs until `shutdown` resolves and the future is driven.
 pub fn controller(
     client: Client,
@@ -234,7 +248,8 @@ pub fn controller(
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
-        .touched_objects();
+        .touched_objects()
+        .predicate_filter(cluster_trigger, PredicateConfig::default());
     let (members, w) = reflector::store();
     let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
         .default_backoff()

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
@@ -530,6 +530,38 @@ pub fn kaironmachine_for_instance(vm: &kairon::Machine) -> Option<ObjectRef<Kair
     Some(ObjectRef::new(&name).within(&ns))
 }
 
+/// What of a Cluster a KaironMachine reacts to: pause, provisioning state, deletion. Cluster
+/// status changes all the time while a cluster comes up; without this every change would
+/// reconcile every machine of the cluster.
+pub fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
+    Some(hash_of(&(
+        c.spec.paused,
+        c.infrastructure_provisioned(),
+        c.control_plane_initialized(),
+        c.metadata.deletion_timestamp.is_some(),
+        &c.spec.infrastructure_ref,
+    )))
+}
+
+/// What of a Machine a KaironMachine reacts to: bootstrap data, references, placement, role.
+pub fn machine_trigger(m: &capi::Machine) -> Option<u64> {
+    Some(hash_of(&(
+        m.data_secret_name(),
+        &m.spec.infrastructure_ref,
+        m.failure_domain(),
+        m.is_control_plane(),
+        &m.spec.cluster_name,
+        m.metadata.deletion_timestamp.is_some(),
+    )))
+}
+
+fn hash_of(v: &impl std::hash::Hash) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
 /// Builds the controller. It runs until `shutdown` resolves and the returned future is
 /// driven; the Cluster cache is returned for the other controllers to read.
 pub fn controller(
@@ -545,13 +577,15 @@ pub fn controller(
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
-        .touched_objects();
+        .touched_objects()
+        .predicate_filter(machine_trigger, PredicateConfig::default());
     let (clusters, w) = reflector::store();
     let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
-        .touched_objects();
+        .touched_objects()
+        .predicate_filter(cluster_trigger, PredicateConfig::default());
     let (instances, w) = reflector::store();
     let instance_wc = watcher::Config::default().any_semantic().labels(&format!(
         "{}={}",
@@ -955,6 +989,47 @@ mod tests {
         assert!(msg.contains("Unschedulable: no host has 64 CPUs"), "{msg}");
         let gone = next_status(Some(&failed), Some(&Observed::Gone), None, false, None, &at(20));
         assert_eq!(gone.failure_reason(), Some("InsufficientResources"));
+    }
+
+    #[test]
+    fn cluster_trigger_ignores_status_noise_but_not_pause_or_provisioning() {
+        let base = capi::Cluster::new("c", Default::default());
+        let mut noise = base.clone();
+        noise.metadata.resource_version = Some("99".into());
+        assert_eq!(cluster_trigger(&base), cluster_trigger(&noise));
+        let mut paused = base.clone();
+        paused.spec.paused = Some(true);
+        assert_ne!(cluster_trigger(&base), cluster_trigger(&paused));
+        let mut provisioned = base.clone();
+        provisioned.status = Some(capi::ClusterStatus {
+            initialization: Some(capi::ClusterInitialization {
+                infrastructure_provisioned: Some(true),
+                control_plane_initialized: None,
+            }),
+        });
+        assert_ne!(cluster_trigger(&base), cluster_trigger(&provisioned));
+        let mut cp = provisioned.clone();
+        cp.status
+            .as_mut()
+            .unwrap()
+            .initialization
+            .as_mut()
+            .unwrap()
+            .control_plane_initialized = Some(true);
+        assert_ne!(cluster_trigger(&provisioned), cluster_trigger(&cp));
+    }
+
+    #[test]
+    fn machine_trigger_fires_when_bootstrap_data_arrives() {
+        let base = capi::Machine::new("m", Default::default());
+        let mut with_data = base.clone();
+        with_data.spec.bootstrap = Some(capi::Bootstrap {
+            data_secret_name: Some("s".into()),
+        });
+        assert_ne!(machine_trigger(&base), machine_trigger(&with_data));
+        let mut noise = with_data.clone();
+        noise.metadata.resource_version = Some("7".into());
+        assert_eq!(machine_trigger(&with_data), machine_trigger(&noise));
     }
 
     #[test]

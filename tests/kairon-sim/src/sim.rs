@@ -1,0 +1,422 @@
+//! The phase machine of a simulated kairon-controller, as pure functions: given a Machine and
+//! whether the timer of its current phase has run out, what to do next; and the statuses each
+//! transition writes. No I/O here; the engine feeds objects in and carries steps out.
+
+use std::fmt;
+use std::time::Duration;
+
+use capkr::kairon::{Address, Machine, MachineStatus, phase};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+/// kairon-controller's finalizer: the VM is torn down before the Machine goes away.
+pub const FINALIZER: &str = "kairon.zyvor.dev/vm-cleanup";
+/// Forces the Machine to `Failed` with the annotation's value as `reason`.
+pub const FAIL_ANNOTATION: &str = "sim.kairon.zyvor.dev/fail";
+/// `"false"` makes the guest's Node NotReady; absent or `"true"` keeps it Ready.
+pub const NODE_READY_ANNOTATION: &str = "sim.kairon.zyvor.dev/node-ready";
+/// Field manager of every write the simulator makes.
+pub const FIELD_MANAGER: &str = "kairon-sim";
+
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+pub const REASON_PROVISIONING_FAILED: &str = "ProvisioningFailed";
+pub const FORCED_FAILURE_MESSAGE: &str = "forced failure";
+
+pub const CONDITION_SCHEDULED: &str = "Scheduled";
+pub const CONDITION_BOOTED: &str = "Booted";
+
+/// A Machine's identity in the simulator's books.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Key {
+    pub fn of(m: &Machine) -> Self {
+        Self { namespace: m.namespace().unwrap_or_default(), name: m.name_any() }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The phases that end after a (jittered) delay, and the delay that applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Clock {
+    /// Pending → Provisioning.
+    Provision,
+    /// Provisioning → Running.
+    Boot,
+    /// Terminating → finalizer removed.
+    Delete,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Delays {
+    pub provision: Duration,
+    pub boot: Duration,
+    pub delete: Duration,
+    /// ± this fraction of each delay, drawn uniformly.
+    pub jitter: f64,
+}
+
+impl Delays {
+    pub fn of(&self, clock: Clock) -> Duration {
+        match clock {
+            Clock::Provision => self.provision,
+            Clock::Boot => self.boot,
+            Clock::Delete => self.delete,
+        }
+    }
+
+    /// The delay for `clock` with jitter applied; `roll` is uniform in `[0, 1)`.
+    pub fn jittered(&self, clock: Clock, roll: f64) -> Duration {
+        jittered(self.of(clock), self.jitter, roll)
+    }
+}
+
+/// `base` scaled by a factor in `[1 - fraction, 1 + fraction]`, chosen by `roll` in `[0, 1)`.
+pub fn jittered(base: Duration, fraction: f64, roll: f64) -> Duration {
+    let factor = 1.0 + fraction * (2.0 * roll - 1.0);
+    base.mul_f64(factor.max(0.0))
+}
+
+/// Which timer runs for the Machine as it is now, if any.
+pub fn clock_of(m: &Machine) -> Option<Clock> {
+    if m.metadata.deletion_timestamp.is_some() {
+        return has_finalizer(m).then_some(Clock::Delete);
+    }
+    match phase_of(m) {
+        Some(phase::PENDING) => Some(Clock::Provision),
+        Some(phase::PROVISIONING) => Some(Clock::Boot),
+        _ => None,
+    }
+}
+
+/// What the simulated controller does next with a Machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing until the object changes or its timer runs out.
+    Wait,
+    /// Add the `vm-cleanup` finalizer (before anything else, so no VM can leak).
+    AddFinalizer,
+    /// Accept the Machine: `Pending`, `instanceID = uid`.
+    Accept,
+    /// Choose a host: `Provisioning`, or `Failed`/`Unschedulable`.
+    Place,
+    /// Finish booting: `Running` with addresses, or `Failed` (forced or random).
+    Boot,
+    /// A running Machine was told to fail by annotation.
+    Fail { reason: String, message: String },
+    /// The Machine was deleted: `Terminating`.
+    BeginTermination,
+    /// The VM is gone: remove the Node (if any) and then the finalizer.
+    ReleaseFinalizer,
+}
+
+/// The phase machine. `due` says whether the timer of the Machine's current [`Clock`] has run
+/// out. Derived only from the object, so it picks up where it was after a restart.
+pub fn next_step(m: &Machine, due: bool) -> Step {
+    if m.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer(m) {
+            return Step::Wait;
+        }
+        if phase_of(m) != Some(phase::TERMINATING) {
+            return Step::BeginTermination;
+        }
+        return if due { Step::ReleaseFinalizer } else { Step::Wait };
+    }
+    if !has_finalizer(m) {
+        return Step::AddFinalizer;
+    }
+    match phase_of(m) {
+        None => Step::Accept,
+        Some(phase::PENDING) if due => Step::Place,
+        Some(phase::PROVISIONING) if due => Step::Boot,
+        Some(phase::RUNNING) => match forced_failure(m) {
+            Some(reason) => Step::Fail { reason, message: FORCED_FAILURE_MESSAGE.to_string() },
+            None => Step::Wait,
+        },
+        _ => Step::Wait,
+    }
+}
+
+/// How booting ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BootOutcome {
+    Running,
+    Failed { reason: String, message: String },
+}
+
+/// A forced failure wins; otherwise the Machine fails with probability `failure_rate`
+/// (`roll` uniform in `[0, 1)`).
+pub fn boot_outcome(m: &Machine, failure_rate: f64, roll: f64) -> BootOutcome {
+    if let Some(reason) = forced_failure(m) {
+        return BootOutcome::Failed { reason, message: FORCED_FAILURE_MESSAGE.to_string() };
+    }
+    if roll < failure_rate {
+        return BootOutcome::Failed {
+            reason: REASON_PROVISIONING_FAILED.to_string(),
+            message: "simulated provisioning failure (--failure-rate)".to_string(),
+        };
+    }
+    BootOutcome::Running
+}
+
+pub fn has_finalizer(m: &Machine) -> bool {
+    m.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+pub fn phase_of(m: &Machine) -> Option<&str> {
+    m.status.as_ref().and_then(|s| s.phase.as_deref()).filter(|p| !p.is_empty())
+}
+
+/// The reason asked for by [`FAIL_ANNOTATION`], if any.
+pub fn forced_failure(m: &Machine) -> Option<String> {
+    m.annotations()
+        .get(FAIL_ANNOTATION)
+        .map(|r| r.trim())
+        .filter(|r| !r.is_empty())
+        .map(str::to_string)
+}
+
+/// Whether the guest's Node should be Ready, per [`NODE_READY_ANNOTATION`].
+pub fn node_should_be_ready(m: &Machine) -> bool {
+    m.annotations().get(NODE_READY_ANNOTATION).map(|v| v.trim()) != Some("false")
+}
+
+// --- statuses ---------------------------------------------------------------------------
+
+fn base_status(m: &Machine) -> MachineStatus {
+    m.status.clone().unwrap_or_default()
+}
+
+pub fn accepted_status(m: &Machine) -> MachineStatus {
+    MachineStatus {
+        phase: Some(phase::PENDING.to_string()),
+        instance_id: m.metadata.uid.clone(),
+        ..base_status(m)
+    }
+}
+
+pub fn provisioning_status(m: &Machine, host: &str, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    status.phase = Some(phase::PROVISIONING.to_string());
+    status.host_name = Some(host.to_string());
+    set_condition(&mut status, CONDITION_SCHEDULED, true, "Scheduled", &format!("placed on host {host}"), now);
+    status
+}
+
+pub fn running_status(m: &Machine, internal_ip: &str, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    status.phase = Some(phase::RUNNING.to_string());
+    status.addresses = Some(vec![
+        Address { type_: "InternalIP".to_string(), address: internal_ip.to_string() },
+        Address { type_: "Hostname".to_string(), address: m.name_any() },
+    ]);
+    set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "guest is up", now);
+    status
+}
+
+/// `Failed` at scheduling (`Scheduled=False`) or later (`Booted=False`).
+pub fn failed_status(m: &Machine, reason: &str, message: &str, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    let condition = if phase_of(m) == Some(phase::PENDING) { CONDITION_SCHEDULED } else { CONDITION_BOOTED };
+    status.phase = Some(phase::FAILED.to_string());
+    status.reason = Some(reason.to_string());
+    status.message = Some(message.to_string());
+    set_condition(&mut status, condition, false, reason, message, now);
+    status
+}
+
+pub fn terminating_status(m: &Machine) -> MachineStatus {
+    MachineStatus { phase: Some(phase::TERMINATING.to_string()), ..base_status(m) }
+}
+
+/// Sets a metav1 condition; `lastTransitionTime` moves only when the status changes.
+fn set_condition(status: &mut MachineStatus, type_: &str, value: bool, reason: &str, message: &str, now: Timestamp) {
+    let value = if value { "True" } else { "False" };
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let previous = conditions.iter().position(|c| c.type_ == type_).map(|i| conditions.remove(i));
+    let last_transition_time = match previous {
+        Some(c) if c.status == value => c.last_transition_time,
+        _ => Time(now),
+    };
+    conditions.push(Condition {
+        type_: type_.to_string(),
+        status: value.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        last_transition_time,
+        observed_generation: None,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use std::collections::BTreeMap;
+
+    fn machine(phase: Option<&str>, finalizer: bool, deleting: bool, annotations: &[(&str, &str)]) -> Machine {
+        Machine {
+            metadata: ObjectMeta {
+                name: Some("m".into()),
+                namespace: Some("default".into()),
+                uid: Some("uid-1".into()),
+                finalizers: finalizer.then(|| vec![FINALIZER.to_string()]),
+                deletion_timestamp: deleting.then(|| Time(Timestamp::UNIX_EPOCH)),
+                annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                ..Default::default()
+            },
+            spec: Default::default(),
+            status: phase.map(|p| MachineStatus { phase: Some(p.to_string()), ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn phase_transitions() {
+        let fail = [(FAIL_ANNOTATION, "ImageNotFound")];
+        let forced = Step::Fail { reason: "ImageNotFound".into(), message: FORCED_FAILURE_MESSAGE.into() };
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Machine, bool, Step)> = vec![
+            ("new machine gets the finalizer first", machine(None, false, false, &[]), false, Step::AddFinalizer),
+            ("finalizer lost is re-added", machine(Some(phase::RUNNING), false, false, &[]), false, Step::AddFinalizer),
+            ("then it is accepted", machine(None, true, false, &[]), false, Step::Accept),
+            ("empty phase counts as none", machine(Some(""), true, false, &[]), false, Step::Accept),
+            ("pending waits for its timer", machine(Some(phase::PENDING), true, false, &[]), false, Step::Wait),
+            ("pending is placed when due", machine(Some(phase::PENDING), true, false, &[]), true, Step::Place),
+            ("provisioning waits", machine(Some(phase::PROVISIONING), true, false, &[]), false, Step::Wait),
+            ("provisioning boots when due", machine(Some(phase::PROVISIONING), true, false, &[]), true, Step::Boot),
+            ("forced failure waits for boot", machine(Some(phase::PROVISIONING), true, false, &fail), false, Step::Wait),
+            ("running is steady", machine(Some(phase::RUNNING), true, false, &[]), true, Step::Wait),
+            ("running with fail annotation fails now", machine(Some(phase::RUNNING), true, false, &fail), false, forced.clone()),
+            ("failed is terminal", machine(Some(phase::FAILED), true, false, &fail), true, Step::Wait),
+            ("stopped stays", machine(Some(phase::STOPPED), true, false, &[]), true, Step::Wait),
+            ("deleted starts terminating", machine(Some(phase::RUNNING), true, true, &[]), false, Step::BeginTermination),
+            ("deleted while pending too", machine(Some(phase::PENDING), true, true, &[]), true, Step::BeginTermination),
+            ("deleted before acceptance", machine(None, true, true, &[]), false, Step::BeginTermination),
+            ("terminating waits", machine(Some(phase::TERMINATING), true, true, &[]), false, Step::Wait),
+            ("terminating releases when due", machine(Some(phase::TERMINATING), true, true, &[]), true, Step::ReleaseFinalizer),
+            ("deleted without our finalizer is left alone", machine(Some(phase::RUNNING), false, true, &[]), true, Step::Wait),
+        ];
+        for (name, m, due, want) in cases {
+            assert_eq!(next_step(&m, due), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn clocks_follow_phase() {
+        assert_eq!(clock_of(&machine(Some(phase::PENDING), true, false, &[])), Some(Clock::Provision));
+        assert_eq!(clock_of(&machine(Some(phase::PROVISIONING), true, false, &[])), Some(Clock::Boot));
+        assert_eq!(clock_of(&machine(Some(phase::RUNNING), true, false, &[])), None);
+        assert_eq!(clock_of(&machine(Some(phase::RUNNING), true, true, &[])), Some(Clock::Delete));
+        assert_eq!(clock_of(&machine(Some(phase::TERMINATING), false, true, &[])), None);
+    }
+
+    #[test]
+    fn jitter_stays_within_bounds() {
+        let base = Duration::from_secs(10);
+        let cases = [
+            (0.2, 0.0, Duration::from_secs(8)),
+            (0.2, 0.5, Duration::from_secs(10)),
+            (0.2, 0.999_999, Duration::from_secs(12)),
+            (0.0, 0.9, Duration::from_secs(10)),
+            (1.0, 0.0, Duration::ZERO),
+        ];
+        for (fraction, roll, want) in cases {
+            let got = jittered(base, fraction, roll);
+            assert!(got.abs_diff(want) < Duration::from_millis(1), "{fraction} {roll}: {got:?}");
+        }
+        for _ in 0..1000 {
+            let got = jittered(base, 0.2, fastrand::f64());
+            assert!((Duration::from_secs(8)..=Duration::from_secs(12)).contains(&got), "{got:?}");
+        }
+        assert_eq!(jittered(Duration::ZERO, 0.5, 0.7), Duration::ZERO);
+    }
+
+    #[test]
+    fn boot_outcomes() {
+        let plain = machine(Some(phase::PROVISIONING), true, false, &[]);
+        let forced = machine(Some(phase::PROVISIONING), true, false, &[(FAIL_ANNOTATION, "DiskFull")]);
+        assert_eq!(boot_outcome(&plain, 0.0, 0.0), BootOutcome::Running);
+        assert_eq!(boot_outcome(&plain, 0.5, 0.7), BootOutcome::Running);
+        assert!(
+            matches!(boot_outcome(&plain, 0.5, 0.3), BootOutcome::Failed { reason, .. } if reason == REASON_PROVISIONING_FAILED)
+        );
+        assert_eq!(
+            boot_outcome(&forced, 0.0, 0.9),
+            BootOutcome::Failed { reason: "DiskFull".into(), message: FORCED_FAILURE_MESSAGE.into() }
+        );
+    }
+
+    #[test]
+    fn node_ready_annotation() {
+        assert!(node_should_be_ready(&machine(None, true, false, &[])));
+        assert!(node_should_be_ready(&machine(None, true, false, &[(NODE_READY_ANNOTATION, "true")])));
+        assert!(!node_should_be_ready(&machine(None, true, false, &[(NODE_READY_ANNOTATION, "false")])));
+    }
+
+    #[test]
+    fn statuses_carry_what_each_phase_promises() {
+        let now = Timestamp::UNIX_EPOCH;
+        let m = machine(None, true, false, &[]);
+        let accepted = accepted_status(&m);
+        assert_eq!(accepted.phase.as_deref(), Some(phase::PENDING));
+        assert_eq!(accepted.instance_id.as_deref(), Some("uid-1"));
+
+        let m = Machine { status: Some(accepted), ..m };
+        let provisioning = provisioning_status(&m, "kairon-node-2", now);
+        assert_eq!(provisioning.host_name.as_deref(), Some("kairon-node-2"));
+        assert_eq!(provisioning.instance_id.as_deref(), Some("uid-1"));
+
+        let m = Machine { status: Some(provisioning), ..m };
+        let running = running_status(&m, "10.42.0.7", now);
+        assert_eq!(running.phase.as_deref(), Some(phase::RUNNING));
+        assert_eq!(
+            running.addresses,
+            Some(vec![
+                Address { type_: "InternalIP".into(), address: "10.42.0.7".into() },
+                Address { type_: "Hostname".into(), address: "m".into() },
+            ])
+        );
+        let types: BTreeMap<String, String> = running
+            .conditions
+            .iter()
+            .flatten()
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect();
+        assert_eq!(types.get(CONDITION_SCHEDULED).map(String::as_str), Some("True"));
+        assert_eq!(types.get(CONDITION_BOOTED).map(String::as_str), Some("True"));
+    }
+
+    #[test]
+    fn condition_transition_time_moves_only_on_change() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let t1 = Timestamp::from_second(100).unwrap();
+        let mut status = MachineStatus::default();
+        set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "", t0);
+        set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "again", t1);
+        let c = &status.conditions.as_ref().unwrap()[0];
+        assert_eq!((c.last_transition_time.0, c.message.as_str()), (t0, "again"));
+        set_condition(&mut status, CONDITION_BOOTED, false, "Crashed", "", t1);
+        let c = &status.conditions.as_ref().unwrap()[0];
+        assert_eq!(c.last_transition_time.0, t1);
+        assert_eq!(status.conditions.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn failure_while_pending_is_a_scheduling_failure() {
+        let now = Timestamp::UNIX_EPOCH;
+        let m = machine(Some(phase::PENDING), true, false, &[]);
+        let failed = failed_status(&m, REASON_UNSCHEDULABLE, "no host", now);
+        assert_eq!(failed.phase.as_deref(), Some(phase::FAILED));
+        assert_eq!(failed.reason.as_deref(), Some(REASON_UNSCHEDULABLE));
+        assert_eq!(failed.conditions.unwrap()[0].type_, CONDITION_SCHEDULED);
+    }
+}

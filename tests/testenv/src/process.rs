@@ -1,0 +1,354 @@
+//! Child processes of an environment: one log file each, their own process group, killed with
+//! the test process (`PR_SET_PDEATHSIG`), and stopped on drop (SIGTERM, short grace, SIGKILL).
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+
+/// Signals the tests send to processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Signal {
+    Term,
+    Kill,
+    Int,
+    Stop,
+    Cont,
+}
+
+impl Signal {
+    fn raw(self) -> libc::c_int {
+        match self {
+            Signal::Term => libc::SIGTERM,
+            Signal::Kill => libc::SIGKILL,
+            Signal::Int => libc::SIGINT,
+            Signal::Stop => libc::SIGSTOP,
+            Signal::Cont => libc::SIGCONT,
+        }
+    }
+}
+
+/// What to run; kept so that a process can be restarted with the same command line.
+#[derive(Clone, Debug)]
+pub struct ProcessSpec {
+    pub name: String,
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub envs: Vec<(OsString, OsString)>,
+    pub log_path: PathBuf,
+}
+
+impl ProcessSpec {
+    pub fn new(name: impl Into<String>, program: impl Into<PathBuf>, log_dir: &Path) -> ProcessSpec {
+        let name = name.into();
+        ProcessSpec {
+            log_path: log_dir.join(format!("{name}.log")),
+            name,
+            program: program.into(),
+            args: Vec::new(),
+            envs: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, a: impl Into<OsString>) -> Self {
+        self.args.push(a.into());
+        self
+    }
+
+    pub fn args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
+        self.envs.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn command_line(&self) -> String {
+        let mut s = self.program.display().to_string();
+        for a in &self.args {
+            s.push(' ');
+            s.push_str(&a.to_string_lossy());
+        }
+        s
+    }
+}
+
+/// A running (or stopped) child process. Dropping it stops it.
+#[derive(Debug)]
+pub struct Process {
+    spec: ProcessSpec,
+    child: Mutex<Option<Child>>,
+    pid: Mutex<Option<u32>>,
+}
+
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process.
+/// Tokio's blocking threads come and go, so every child is forked by one thread that lives as
+/// long as the test process.
+type SpawnJob = (Command, mpsc::Sender<std::io::Result<Child>>);
+fn spawner() -> &'static Mutex<mpsc::Sender<SpawnJob>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("capkr-testenv-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("spawning a thread");
+        Mutex::new(tx)
+    })
+}
+
+fn spawn_via_spawner(cmd: Command) -> std::io::Result<Child> {
+    let (tx, rx) = mpsc::channel();
+    let sender = spawner().lock().unwrap_or_else(|e| e.into_inner()).clone();
+    sender
+        .send((cmd, tx))
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    rx.recv().map_err(|_| std::io::Error::other("spawner thread is gone"))?
+}
+
+impl Process {
+    /// Starts the process; stdout and stderr go (appended) to `spec.log_path`.
+    pub fn spawn(spec: ProcessSpec) -> Result<Process> {
+        let p = Process {
+            spec,
+            child: Mutex::new(None),
+            pid: Mutex::new(None),
+        };
+        p.start()?;
+        Ok(p)
+    }
+
+    fn start(&self) -> Result<()> {
+        let spec = &self.spec;
+        if !spec.program.is_file() {
+            bail!("{}: binary {} does not exist", spec.name, spec.program.display());
+        }
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&spec.log_path)
+            .with_context(|| format!("opening {}", spec.log_path.display()))?;
+        let _ = writeln!(log, "=== {} starting: {}", timestamp(), spec.command_line());
+        let err = log.try_clone().context("duplicating the log file handle")?;
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(err));
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Own process group: a Ctrl-C in the terminal reaches only us, and we tear
+                // down in order (API servers before etcd).
+                if libc::setpgid(0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    // The parent died before prctl took effect.
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = spawn_via_spawner(cmd).with_context(|| format!("starting {}", spec.command_line()))?;
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner()) = Some(child.id());
+        *self.child.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
+        Ok(())
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    pub fn spec(&self) -> &ProcessSpec {
+        &self.spec
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.spec.log_path
+    }
+
+    /// The pid of the last started instance (also after it exited).
+    pub fn pid(&self) -> Option<u32> {
+        *self.pid.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The exit status if the process has exited (reaping it), `None` while it runs.
+    pub fn try_exit_status(&self) -> Option<ExitStatus> {
+        let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut() {
+            None => None,
+            Some(c) => c.try_wait().ok().flatten(),
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        let mut guard = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut() {
+            None => false,
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+        }
+    }
+
+    /// Sends `sig` to the process group, without waiting.
+    pub fn signal(&self, sig: Signal) -> Result<()> {
+        if !self.is_running() {
+            bail!("{} is not running", self.spec.name);
+        }
+        let pid = self.pid().ok_or_else(|| anyhow!("{} has no pid", self.spec.name))? as libc::pid_t;
+        // SAFETY: plain syscall; pid is our child's process group.
+        let rc = unsafe { libc::kill(-pid, sig.raw()) };
+        if rc != 0 {
+            bail!("kill({}, {sig:?}): {}", -pid, std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Sends `sig` and waits (up to 30 s) until the process has exited. SIGTERM/SIGINT that are
+    /// not honoured within 30 s are an error (the process keeps running).
+    pub async fn kill(&self, sig: Signal) -> Result<ExitStatus> {
+        self.signal(sig)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.try_exit_status() {
+                self.note(&format!("stopped by {sig:?}: {status}"));
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!("{} still runs 30 s after {sig:?}", self.spec.name);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the process if it runs (SIGTERM, then SIGKILL after 5 s) and starts it again with
+    /// the same command line; its log continues in the same file.
+    pub async fn restart(&self) -> Result<()> {
+        if self.is_running() {
+            self.signal(Signal::Term)?;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.is_running() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if self.is_running() {
+                self.signal(Signal::Kill)?;
+                while self.is_running() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+        self.note("restarting");
+        self.start()
+    }
+
+    /// Synchronous stop: SIGTERM, up to `grace`, then SIGKILL, and reap.
+    pub fn stop(&self, grace: Duration) {
+        stop_all(&[self], grace);
+    }
+
+    fn note(&self, what: &str) {
+        if let Ok(mut f) = OpenOptions::new().append(true).open(&self.spec.log_path) {
+            let _ = writeln!(f, "=== {} {}", timestamp(), what);
+        }
+    }
+
+    /// The last `n` lines of the log.
+    pub fn log_tail(&self, n: usize) -> String {
+        tail_file(&self.spec.log_path, n)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(2));
+    }
+}
+
+/// Stops several processes at once: SIGTERM to all, wait up to `grace` for all, SIGKILL the rest.
+pub fn stop_all(procs: &[&Process], grace: Duration) {
+    let running: Vec<&&Process> = procs.iter().filter(|p| p.is_running()).collect();
+    for p in &running {
+        let _ = p.signal(Signal::Term);
+    }
+    let deadline = Instant::now() + grace;
+    while running.iter().any(|p| p.is_running()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in &running {
+        if p.is_running() {
+            let _ = p.signal(Signal::Kill);
+        }
+    }
+    for p in &running {
+        let mut guard = p.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = guard.as_mut() {
+            let _ = c.wait();
+        }
+    }
+}
+
+pub(crate) fn tail_file(path: &Path, n: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+pub(crate) fn timestamp() -> String {
+    let now = time::OffsetDateTime::now_utc();
+    format!(
+        "{:02}:{:02}:{:02}.{:03}",
+        now.hour(),
+        now.minute(),
+        now.second(),
+        now.millisecond()
+    )
+}
+
+/// Creates (truncating) a file; used for logs of helper commands.
+pub(crate) fn create_file(path: &Path) -> Result<File> {
+    File::create(path).with_context(|| format!("creating {}", path.display()))
+}
+
+/// Whether a pid is still a live process (not a zombie we have reaped).
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks existence/permission.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if rc != 0 {
+        return false;
+    }
+    // A zombie still answers kill(0); treat it as dead.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+            .unwrap_or(false),
+        Err(_) => false,
+    }
+}
