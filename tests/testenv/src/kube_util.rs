@@ -59,7 +59,12 @@ pub async fn resolve_kind(client: &Client, api_version: &str, kind: &str) -> Res
 }
 
 /// An `Api` for any object, namespaced ones in `namespace` (or their own `metadata.namespace`).
-pub fn dynamic_api(client: &Client, ar: &ApiResource, caps: &ApiCapabilities, namespace: Option<&str>) -> Api<DynamicObject> {
+pub fn dynamic_api(
+    client: &Client,
+    ar: &ApiResource,
+    caps: &ApiCapabilities,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
     match (&caps.scope, namespace) {
         (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, ar),
         (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), ar),
@@ -80,7 +85,11 @@ pub async fn apply_yaml(client: &Client, yaml: &str, default_namespace: Option<&
 }
 
 /// Server-side applies one object given as JSON.
-pub async fn apply_value(client: &Client, doc: serde_json::Value, default_namespace: Option<&str>) -> Result<DynamicObject> {
+pub async fn apply_value(
+    client: &Client,
+    doc: serde_json::Value,
+    default_namespace: Option<&str>,
+) -> Result<DynamicObject> {
     let api_version = doc["apiVersion"]
         .as_str()
         .ok_or_else(|| anyhow!("document without apiVersion: {doc}"))?
@@ -101,9 +110,12 @@ pub async fn apply_value(client: &Client, doc: serde_json::Value, default_namesp
     }
     let api = dynamic_api(client, &ar, &caps, namespace);
     let pp = PatchParams::apply(FIELD_MANAGER).force().validation_strict();
-    api.patch(&name, &pp, &Patch::Apply(&doc))
-        .await
-        .with_context(|| format!("applying {kind} {}{name}", namespace.map(|n| format!("{n}/")).unwrap_or_default()))
+    api.patch(&name, &pp, &Patch::Apply(&doc)).await.with_context(|| {
+        format!(
+            "applying {kind} {}{name}",
+            namespace.map(|n| format!("{n}/")).unwrap_or_default()
+        )
+    })
 }
 
 /// `GET http://127.0.0.1:<port><path>`: the status code, or an error if nothing answers.

@@ -1,1 +1,34 @@
-//! Test environment (see tests/testenv/README.md).
+//! `capkr-testenv`: a real control plane for the provider's integration tests and the demo.
+//!
+//! [`Env::start`] runs, on free loopback ports in a temp dir: etcd, kube-apiserver (own CA,
+//! client-cert admin, RBAC, ValidatingAdmissionPolicy, service-account keys),
+//! kube-controller-manager (garbage collector and namespace controller only), CAPI's core,
+//! kubeadm bootstrap and kubeadm control-plane managers out of cluster with their webhooks and
+//! CRD conversion wired to `https://127.0.0.1:<port>` the way envtest does it, and this
+//! project's CRDs plus the development Kairon Machine CRD. [`Env::workload_cluster`] adds a
+//! workload API server per cluster; [`Env::start_manager`] and [`Env::start_simulator`] run
+//! our own binaries. Everything is stopped and removed on drop, also on panic, and children
+//! die with the test process.
+//!
+//! Binaries: `CAPKR_TEST_BIN` (dir) or `hack/test-tools.sh`; `capkr-manager` and `kairon-sim`
+//! from `target/debug` or `CAPKR_MANAGER_BIN` / `KAIRON_SIM_BIN`. `CAPKR_TEST_KEEP=1` keeps
+//! the temp dir (logs, kubeconfigs, certificates).
+
+mod bins;
+mod certs;
+pub mod demo;
+mod dump;
+mod env;
+mod kube_util;
+mod manifests;
+mod process;
+mod wait;
+mod workload;
+
+pub use bins::{Binaries, own_binary, workspace_root};
+pub use env::{AUDIT_POLICY_METADATA, CapiManagers, Env, EnvOptions};
+pub use kube_util::{FIELD_MANAGER, apply_value, apply_yaml, client_from_kubeconfig_file, get_text, resolve_kind};
+pub use manifests::{parse_yaml_documents, redact_user_data};
+pub use process::{Process, ProcessSpec, Signal, pid_alive};
+pub use wait::{Outcome, wait_for};
+pub use workload::{WorkloadCluster, cluster_ca_secret};

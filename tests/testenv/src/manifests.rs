@@ -88,7 +88,10 @@ pub fn prepare_webhook_configuration(mut cfg: Value, suffix: &str, target: &Webh
     if kind != "MutatingWebhookConfiguration" && kind != "ValidatingWebhookConfiguration" {
         bail!("unexpected kind {kind:?} in a webhook manifest");
     }
-    let name = cfg["metadata"]["name"].as_str().unwrap_or("webhook-configuration").to_string();
+    let name = cfg["metadata"]["name"]
+        .as_str()
+        .unwrap_or("webhook-configuration")
+        .to_string();
     cfg["metadata"]["name"] = json!(format!("{name}-{suffix}"));
     let ca = b64(target.ca_pem.as_bytes());
     if let Some(hooks) = cfg["webhooks"].as_array_mut() {
@@ -139,7 +142,11 @@ mod tests {
         );
         let single = json!({"kind": "CustomResourceDefinition", "metadata": {"name": "y"},
             "spec": {"versions": [{"name": "v1beta2"}]}});
-        assert!(prepare_capi_crd(single, Some(&t)).unwrap()["spec"].get("conversion").is_none());
+        assert!(
+            prepare_capi_crd(single, Some(&t)).unwrap()["spec"]
+                .get("conversion")
+                .is_none()
+        );
     }
 
     #[test]
@@ -152,7 +159,10 @@ mod tests {
         };
         let out = prepare_webhook_configuration(cfg, "core", &t).unwrap();
         assert_eq!(out["metadata"]["name"], "m-core");
-        assert_eq!(out["webhooks"][0]["clientConfig"]["url"], "https://127.0.0.1:9/mutate-x");
+        assert_eq!(
+            out["webhooks"][0]["clientConfig"]["url"],
+            "https://127.0.0.1:9/mutate-x"
+        );
         assert!(out["webhooks"][0]["clientConfig"].get("service").is_none());
     }
 

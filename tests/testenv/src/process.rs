@@ -2,7 +2,7 @@
 //! the test process (`PR_SET_PDEATHSIG`), and stopped on drop (SIGTERM, short grace, SIGKILL).
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -329,11 +329,6 @@ pub(crate) fn timestamp() -> String {
         now.second(),
         now.millisecond()
     )
-}
-
-/// Creates (truncating) a file; used for logs of helper commands.
-pub(crate) fn create_file(path: &Path) -> Result<File> {
-    File::create(path).with_context(|| format!("creating {}", path.display()))
 }
 
 /// Whether a pid is still a live process (not a zombie we have reaped).

@@ -54,15 +54,14 @@ where
     R: Outcome<T>,
 {
     let start = Instant::now();
-    let mut last_error: Option<String> = None;
     let mut attempts = 0u32;
     loop {
         attempts += 1;
-        match check().await.into_outcome() {
+        let last_error = match check().await.into_outcome() {
             Ok(Some(v)) => return Ok(v),
-            Ok(None) => last_error = None,
-            Err(e) => last_error = Some(e),
-        }
+            Ok(None) => None,
+            Err(e) => Some(e),
+        };
         if start.elapsed() >= timeout {
             match last_error {
                 Some(e) => bail!("timed out after {timeout:?} ({attempts} checks) waiting for {what}; last error: {e}"),

@@ -1,0 +1,488 @@
+//! `make demo`: a management cluster, the Kairon simulator and our manager, and a sample cluster
+//! of one control-plane Machine and a MachineDeployment of two workers, shown coming up.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use kube::Api;
+use kube::api::{DynamicObject, ListParams};
+use serde_json::Value;
+
+use crate::env::{Env, EnvOptions};
+use crate::kube_util::resolve_kind;
+use crate::process::Process;
+
+pub const NAMESPACE: &str = "demo";
+pub const CLUSTER: &str = "demo";
+pub const KUBERNETES_VERSION: &str = "v1.36.3";
+pub const WORKERS: usize = 2;
+
+#[derive(Clone, Debug)]
+pub struct DemoOptions {
+    /// Return as soon as every Machine is Running with a Node (otherwise run until Ctrl-C).
+    pub exit_when_ready: bool,
+    /// How long to wait for the cluster before failing.
+    pub timeout: Duration,
+    pub simulator_args: Vec<String>,
+    pub manager_args: Vec<String>,
+    /// Print the progress table (to stdout).
+    pub show_progress: bool,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        DemoOptions {
+            exit_when_ready: false,
+            timeout: Duration::from_secs(300),
+            simulator_args: [
+                "--provision-delay",
+                "1s",
+                "--boot-delay",
+                "2s",
+                // Hosts in the two failure domains of the sample KaironCluster.
+                "--hosts",
+                "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
+                 kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b,\
+                 kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b",
+            ]
+            .map(String::from)
+            .to_vec(),
+            manager_args: Vec::new(),
+            show_progress: true,
+        }
+    }
+}
+
+/// One line of the progress table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MachineRow {
+    pub name: String,
+    pub role: &'static str,
+    pub phase: String,
+    pub infra_ready: bool,
+    pub provider_id: String,
+    pub node: String,
+}
+
+impl MachineRow {
+    pub fn is_up(&self) -> bool {
+        self.phase == "Running" && !self.node.is_empty()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DemoReport {
+    pub env_startup: Duration,
+    /// From applying the cluster to every Machine Running with a nodeRef.
+    pub time_to_ready: Duration,
+    pub machines: Vec<MachineRow>,
+}
+
+/// The sample cluster (CAPI v1beta2) with its control plane endpoint at `host:port`.
+pub fn cluster_manifests(namespace: &str, cluster: &str, host: &str, port: u16) -> String {
+    format!(
+        r#"apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata:
+  name: {cluster}
+  namespace: {namespace}
+spec:
+  clusterNetwork:
+    pods:
+      cidrBlocks: [192.168.0.0/16]
+  infrastructureRef:
+    apiGroup: infrastructure.cluster.x-k8s.io
+    kind: KaironCluster
+    name: {cluster}
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironCluster
+metadata:
+  name: {cluster}
+  namespace: {namespace}
+spec:
+  controlPlaneEndpoint:
+    host: {host}
+    port: {port}
+  failureDomains:
+  - name: zone-a
+    controlPlane: true
+    nodeSelector:
+      topology.kairon.zyvor.dev/zone: zone-a
+  - name: zone-b
+    controlPlane: true
+    nodeSelector:
+      topology.kairon.zyvor.dev/zone: zone-b
+---
+apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfig
+metadata:
+  name: {cluster}-control-plane-0
+  namespace: {namespace}
+spec:
+  initConfiguration:
+    nodeRegistration:
+      name: '{{{{ ds.meta_data.local_hostname }}}}'
+      kubeletExtraArgs:
+      - name: provider-id
+        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironMachine
+metadata:
+  name: {cluster}-control-plane-0
+  namespace: {namespace}
+spec:
+  cpus: 2
+  memory: 4Gi
+  image: ubuntu-2404-kube-v1.36.3
+  diskSize: 20Gi
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Machine
+metadata:
+  name: {cluster}-control-plane-0
+  namespace: {namespace}
+  labels:
+    cluster.x-k8s.io/cluster-name: {cluster}
+    cluster.x-k8s.io/control-plane: ""
+spec:
+  clusterName: {cluster}
+  version: {KUBERNETES_VERSION}
+  bootstrap:
+    configRef:
+      apiGroup: bootstrap.cluster.x-k8s.io
+      kind: KubeadmConfig
+      name: {cluster}-control-plane-0
+  infrastructureRef:
+    apiGroup: infrastructure.cluster.x-k8s.io
+    kind: KaironMachine
+    name: {cluster}-control-plane-0
+---
+apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfigTemplate
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  template:
+    spec:
+      joinConfiguration:
+        nodeRegistration:
+          name: '{{{{ ds.meta_data.local_hostname }}}}'
+          kubeletExtraArgs:
+          - name: provider-id
+            value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironMachineTemplate
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  template:
+    spec:
+      cpus: 2
+      memory: 4Gi
+      image: ubuntu-2404-kube-v1.36.3
+      diskSize: 20Gi
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineDeployment
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  clusterName: {cluster}
+  replicas: {WORKERS}
+  template:
+    spec:
+      clusterName: {cluster}
+      version: {KUBERNETES_VERSION}
+      bootstrap:
+        configRef:
+          apiGroup: bootstrap.cluster.x-k8s.io
+          kind: KubeadmConfigTemplate
+          name: {cluster}-md-0
+      infrastructureRef:
+        apiGroup: infrastructure.cluster.x-k8s.io
+        kind: KaironMachineTemplate
+        name: {cluster}-md-0
+"#
+    )
+}
+
+/// The current Machines of the demo cluster with their KaironMachines.
+pub async fn machine_rows(env: &Env, namespace: &str, cluster: &str) -> Result<Vec<MachineRow>> {
+    let client = env.client();
+    let (mar, _) = resolve_kind(&client, "cluster.x-k8s.io/v1beta2", "Machine").await?;
+    let (kar, _) = resolve_kind(&client, "infrastructure.cluster.x-k8s.io/v1alpha1", "KaironMachine").await?;
+    let lp = ListParams::default().labels(&format!("cluster.x-k8s.io/cluster-name={cluster}"));
+    let machines = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &mar)
+        .list(&lp)
+        .await?;
+    let kms: BTreeMap<String, DynamicObject> = Api::<DynamicObject>::namespaced_with(client, namespace, &kar)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|o| o.metadata.name.clone().map(|n| (n, o)))
+        .collect();
+    let mut rows: Vec<MachineRow> = machines
+        .items
+        .iter()
+        .map(|m| {
+            let d = &m.data;
+            let km_name = d["spec"]["infrastructureRef"]["name"].as_str().unwrap_or_default();
+            let infra_ready = kms
+                .get(km_name)
+                .map(|km| km.data["status"]["initialization"]["provisioned"] == Value::Bool(true))
+                .unwrap_or(false);
+            let is_cp = m
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("cluster.x-k8s.io/control-plane"));
+            MachineRow {
+                name: m.metadata.name.clone().unwrap_or_default(),
+                role: if is_cp { "control-plane" } else { "worker" },
+                phase: d["status"]["phase"].as_str().unwrap_or("-").to_string(),
+                infra_ready,
+                provider_id: d["spec"]["providerID"].as_str().unwrap_or_default().to_string(),
+                node: d["status"]["nodeRef"]["name"].as_str().unwrap_or_default().to_string(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| (a.role, &a.name).cmp(&(b.role, &b.name)));
+    Ok(rows)
+}
+
+pub fn render_table(rows: &[MachineRow]) -> String {
+    let header = ["MACHINE", "ROLE", "PHASE", "INFRA READY", "PROVIDER ID", "NODE"];
+    let cells: Vec<[String; 6]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.name.clone(),
+                r.role.to_string(),
+                r.phase.clone(),
+                if r.infra_ready { "true" } else { "false" }.to_string(),
+                if r.provider_id.is_empty() {
+                    "-".into()
+                } else {
+                    r.provider_id.clone()
+                },
+                if r.node.is_empty() { "-".into() } else { r.node.clone() },
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for c in &cells {
+        for (i, v) in c.iter().enumerate() {
+            widths[i] = widths[i].max(v.len());
+        }
+    }
+    let line = |vals: &[&str]| {
+        vals.iter()
+            .enumerate()
+            .map(|(i, v)| format!("{v:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = vec![line(&header)];
+    for c in &cells {
+        out.push(line(&c.iter().map(String::as_str).collect::<Vec<_>>()));
+    }
+    out.join("\n")
+}
+
+/// Redraws the table in place on a terminal; prints it on change otherwise.
+struct Progress {
+    tty: bool,
+    last: String,
+    lines: usize,
+    enabled: bool,
+}
+
+impl Progress {
+    fn show(&mut self, text: &str, status: &str) {
+        if !self.enabled {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if self.tty {
+            if self.lines > 0 {
+                let _ = write!(out, "\x1b[{}A\x1b[J", self.lines);
+            }
+            let _ = writeln!(out, "{status}\n{text}");
+            self.lines = text.lines().count() + 1;
+        } else if text != self.last {
+            let _ = writeln!(out, "{status}\n{text}\n");
+        }
+        let _ = out.flush();
+        self.last = text.to_string();
+    }
+}
+
+/// Runs the demo. With `exit_when_ready` it returns once the cluster is up; otherwise it keeps
+/// the environment running until the future is dropped (the binary drops it on Ctrl-C).
+pub async fn run(opts: DemoOptions) -> Result<DemoReport> {
+    let say = |s: &str| {
+        if opts.show_progress {
+            println!("{s}");
+        }
+    };
+    say("Starting etcd, kube-apiserver, kube-controller-manager and the Cluster API managers ...");
+    let env = Env::start(EnvOptions::new("demo")).await?;
+    let env_startup = env.startup_time();
+    say(&format!("Management cluster up in {:.1}s.", env_startup.as_secs_f64()));
+
+    let result = run_in(&env, &opts, env_startup).await;
+    if result.is_err() {
+        env.dump();
+    }
+    result
+}
+
+async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<DemoReport> {
+    let say = |s: &str| {
+        if opts.show_progress {
+            println!("{s}");
+        }
+    };
+    let sim: Process = env.start_simulator(&opts.simulator_args)?;
+    let manager: Process = env.start_manager(&opts.manager_args)?;
+    env.create_namespace(NAMESPACE).await?;
+    let wc = env.workload_cluster(NAMESPACE, CLUSTER).await?;
+    say(&format!(
+        "Workload API server of cluster {CLUSTER} at {}; Kairon simulator and capkr-manager running.",
+        wc.server_url()
+    ));
+
+    let manifests = cluster_manifests(NAMESPACE, CLUSTER, &wc.host, wc.port);
+    let applied_at = Instant::now();
+    env.apply(&manifests, Some(NAMESPACE))
+        .await
+        .context("creating the sample cluster")?;
+    say(&format!(
+        "Created Cluster {NAMESPACE}/{CLUSTER}: 1 control-plane Machine + MachineDeployment of {WORKERS} workers.\n"
+    ));
+
+    let mut progress = Progress {
+        tty: std::io::stdout().is_terminal(),
+        last: String::new(),
+        lines: 0,
+        enabled: opts.show_progress,
+    };
+    let rows = loop {
+        for (p, what) in [(&sim, "kairon-sim"), (&manager, "capkr-manager")] {
+            if let Some(status) = p.try_exit_status() {
+                bail!("{what} exited ({status}); last log lines:\n{}", p.log_tail(30));
+            }
+        }
+        let rows = match machine_rows(env, NAMESPACE, CLUSTER).await {
+            Ok(r) => r,
+            Err(e) => {
+                progress.show(&format!("(listing machines failed: {e:#})"), "");
+                Vec::new()
+            }
+        };
+        let elapsed = applied_at.elapsed();
+        let up = rows.iter().filter(|r| r.is_up()).count();
+        progress.show(
+            &render_table(&rows),
+            &format!(
+                "[{:>5.1}s] {up}/{} Machines Running with a Node",
+                elapsed.as_secs_f64(),
+                1 + WORKERS
+            ),
+        );
+        if rows.len() == 1 + WORKERS && up == rows.len() {
+            break rows;
+        }
+        if elapsed > opts.timeout {
+            bail!(
+                "the demo cluster did not come up within {:?} ({up}/{} Machines Running with a Node){}",
+                opts.timeout,
+                1 + WORKERS,
+                if rows.iter().all(|r| r.phase == "Provisioning" || r.phase == "Pending") {
+                    "; is the Kairon simulator functional?"
+                } else {
+                    ""
+                }
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let time_to_ready = applied_at.elapsed();
+    let report = DemoReport {
+        env_startup,
+        time_to_ready,
+        machines: rows,
+    };
+    say(&format!(
+        "\nCluster {CLUSTER} is up: {} Machines Running with nodeRefs, {:.1}s after it was created \
+         (management cluster start: {:.1}s).",
+        report.machines.len(),
+        time_to_ready.as_secs_f64(),
+        env_startup.as_secs_f64()
+    ));
+    if opts.exit_when_ready {
+        return Ok(report);
+    }
+    let kubectl = env.binaries().kubectl.display().to_string();
+    let kc = env.kubeconfig_path().display().to_string();
+    say(&format!(
+        "\nTry (the files go away when the demo stops):\n  \
+         {kubectl} --kubeconfig {kc} get clusters,machines.cluster.x-k8s.io,kaironclusters,kaironmachines -n {NAMESPACE}\n  \
+         {kubectl} --kubeconfig {kc} get machines.kairon.zyvor.dev -n {NAMESPACE} -o wide\n  \
+         {kubectl} --kubeconfig {kc} get machinedeployments -n {NAMESPACE}\n  \
+         {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=3\n  \
+         {kubectl} --kubeconfig {} get nodes -o wide\n\
+         Logs: {}\n\nPress Ctrl-C to stop and clean up.",
+        wc.kubeconfig_path().display(),
+        env.log_dir().display()
+    ));
+    std::future::pending::<()>().await;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_cluster_manifests_parse_into_eight_objects() {
+        let docs = crate::manifests::parse_yaml_documents(&cluster_manifests("ns", "c", "127.0.0.1", 6443)).unwrap();
+        let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Cluster",
+                "KaironCluster",
+                "KubeadmConfig",
+                "KaironMachine",
+                "Machine",
+                "KubeadmConfigTemplate",
+                "KaironMachineTemplate",
+                "MachineDeployment"
+            ]
+        );
+        let init = &docs[2]["spec"]["initConfiguration"]["nodeRegistration"];
+        assert_eq!(init["name"], "{{ ds.meta_data.local_hostname }}");
+        assert_eq!(
+            init["kubeletExtraArgs"][0]["value"],
+            "kairon://{{ ds.meta_data.instance_id }}"
+        );
+        let join = &docs[5]["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"];
+        assert_eq!(join["kubeletExtraArgs"][0]["name"], "provider-id");
+        assert_eq!(docs[3]["spec"]["memory"], "4Gi");
+        assert_eq!(docs[6]["spec"]["template"]["spec"]["diskSize"], "20Gi");
+        assert_eq!(docs[1]["spec"]["controlPlaneEndpoint"]["port"], 6443);
+        assert_eq!(docs[7]["spec"]["replicas"], 2);
+    }
+}
