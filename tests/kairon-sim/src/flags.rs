@@ -19,7 +19,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = 0f64;
     let mut rest = s;
     while !rest.is_empty() {
-        let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         if number_len == 0 {
             return Err(format!("invalid duration {s:?}: expected a number"));
         }
@@ -27,7 +29,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .parse()
             .map_err(|_| format!("invalid duration {s:?}: bad number"))?;
         rest = &rest[number_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let seconds_per_unit = match &rest[..unit_len] {
             "ns" => 1e-9,
             "us" | "µs" => 1e-6,
@@ -73,7 +77,10 @@ pub fn parse_hosts(s: &str) -> Result<Vec<Host>, String> {
                 if hosts.iter().any(|h| h.name == name) {
                     return Err(format!("host {name:?} listed twice"));
                 }
-                hosts.push(Host { name: name.to_string(), labels: BTreeMap::new() });
+                hosts.push(Host {
+                    name: name.to_string(),
+                    labels: BTreeMap::new(),
+                });
                 hosts.last_mut()
             }
             None => hosts.last_mut(),
@@ -92,10 +99,21 @@ pub fn parse_hosts(s: &str) -> Result<Vec<Host>, String> {
     Ok(hosts)
 }
 
+/// `--hosts` as one value (clap would read an `Option<Vec<_>>` as a repeated flag).
+#[derive(Clone, Debug)]
+pub struct HostList(pub Vec<Host>);
+
+pub fn parse_host_list(s: &str) -> Result<HostList, String> {
+    parse_hosts(s).map(HostList)
+}
+
 /// Three unlabelled hosts, `kairon-node-1..3`.
 pub fn default_hosts() -> Vec<Host> {
     (1..=3)
-        .map(|i| Host { name: format!("kairon-node-{i}"), labels: BTreeMap::new() })
+        .map(|i| Host {
+            name: format!("kairon-node-{i}"),
+            labels: BTreeMap::new(),
+        })
         .collect()
 }
 
@@ -118,7 +136,10 @@ mod tests {
         ];
         for (input, want) in cases {
             let got = parse_duration(input).unwrap_or_else(|e| panic!("{input}: {e}"));
-            assert!(got.abs_diff(want) < Duration::from_nanos(10), "{input}: got {got:?}, want {want:?}");
+            assert!(
+                got.abs_diff(want) < Duration::from_nanos(10),
+                "{input}: got {got:?}, want {want:?}"
+            );
         }
     }
 
@@ -152,9 +173,18 @@ mod tests {
         assert_eq!(
             hosts,
             vec![
-                Host { name: "kairon-node-1".into(), labels: labels(&[("topology.kairon.zyvor.dev/zone", "zone-a")]) },
-                Host { name: "kairon-node-2".into(), labels: labels(&[("topology.kairon.zyvor.dev/zone", "zone-b")]) },
-                Host { name: "plain".into(), labels: BTreeMap::new() },
+                Host {
+                    name: "kairon-node-1".into(),
+                    labels: labels(&[("topology.kairon.zyvor.dev/zone", "zone-a")])
+                },
+                Host {
+                    name: "kairon-node-2".into(),
+                    labels: labels(&[("topology.kairon.zyvor.dev/zone", "zone-b")])
+                },
+                Host {
+                    name: "plain".into(),
+                    labels: BTreeMap::new()
+                },
             ]
         );
     }

@@ -31,11 +31,11 @@ pub struct Placement {
 
 impl Placement {
     pub fn new(hosts: Vec<Host>, capacity: usize) -> Self {
-        Self { hosts, capacity, host_of: HashMap::new() }
-    }
-
-    fn load(&self, host: &str) -> usize {
-        self.host_of.values().filter(|h| h.as_str() == host).count()
+        Self {
+            hosts,
+            capacity,
+            host_of: HashMap::new(),
+        }
     }
 
     /// Picks the least-loaded host whose labels satisfy `selector` and that has room (ties go
@@ -74,11 +74,6 @@ impl Placement {
 
     pub fn release(&mut self, key: &Key) {
         self.host_of.remove(key);
-    }
-
-    /// Machines on `host` (for logs and tests).
-    pub fn machines_on(&self, host: &str) -> usize {
-        self.load(host)
     }
 }
 
@@ -122,7 +117,13 @@ impl AddressPool {
         let network = u32::from(ip) & mask;
         let broadcast = network | !mask;
         let first = network + 2;
-        Ok(Self { first, last: broadcast - 1, cursor: first, owner: HashMap::new(), address_of: HashMap::new() })
+        Ok(Self {
+            first,
+            last: broadcast - 1,
+            cursor: first,
+            owner: HashMap::new(),
+            address_of: HashMap::new(),
+        })
     }
 
     pub fn contains(&self, addr: Ipv4Addr) -> bool {
@@ -138,7 +139,11 @@ impl AddressPool {
         for i in 0..size {
             let candidate = self.first + (self.cursor - self.first + i) % size;
             if !self.owner.contains_key(&candidate) {
-                self.cursor = if candidate == self.last { self.first } else { candidate + 1 };
+                self.cursor = if candidate == self.last {
+                    self.first
+                } else {
+                    candidate + 1
+                };
                 self.owner.insert(candidate, key.clone());
                 self.address_of.insert(key.clone(), candidate);
                 return Some(Ipv4Addr::from(candidate));
@@ -218,11 +223,17 @@ mod tests {
     use super::*;
 
     fn key(name: &str) -> Key {
-        Key { namespace: "default".into(), name: name.into() }
+        Key {
+            namespace: "default".into(),
+            name: name.into(),
+        }
     }
 
     fn host(name: &str, labels: &[(&str, &str)]) -> Host {
-        Host { name: name.into(), labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+        Host {
+            name: name.into(),
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
     }
 
     fn selector(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -241,7 +252,13 @@ mod tests {
             want: Result<&'static str, &'static str>,
         }
         let cases = [
-            Case { name: "no selector, empty hosts", capacity: 0, placed: &[], selector: None, want: Ok("h1") },
+            Case {
+                name: "no selector, empty hosts",
+                capacity: 0,
+                placed: &[],
+                selector: None,
+                want: Ok("h1"),
+            },
             Case {
                 name: "spreads to least loaded",
                 capacity: 0,
@@ -275,12 +292,14 @@ mod tests {
                 capacity: 1,
                 placed: &[("m1", "h1")],
                 selector: Some(&[(ZONE, "zone-a")]),
-                want: Err("all 1 host(s) matching nodeSelector {topology.kairon.zyvor.dev/zone=zone-a} are full (capacity 1 machines per host)"),
+                want: Err(
+                    "all 1 host(s) matching nodeSelector {topology.kairon.zyvor.dev/zone=zone-a} are full (capacity 1 machines per host)",
+                ),
             },
             Case {
                 name: "capacity skips full host",
                 capacity: 2,
-                placed: &[("m1", "h1"), ("m2", "h1"), ("m3", "h2")],
+                placed: &[("m1", "h1"), ("m2", "h1"), ("m3", "h2"), ("m4", "h3"), ("m5", "h3")],
                 selector: None,
                 want: Ok("h2"),
             },
@@ -301,7 +320,11 @@ mod tests {
         ];
         for case in cases {
             let mut placement = Placement::new(
-                vec![host("h1", &[(ZONE, "zone-a")]), host("h2", &[(ZONE, "zone-b")]), host("h3", &[])],
+                vec![
+                    host("h1", &[(ZONE, "zone-a")]),
+                    host("h2", &[(ZONE, "zone-b")]),
+                    host("h3", &[]),
+                ],
                 case.capacity,
             );
             for (m, h) in case.placed {
@@ -321,7 +344,6 @@ mod tests {
         assert!(placement.choose(None).is_err());
         placement.release(&key("m1"));
         assert_eq!(placement.choose(None), Ok("h1".to_string()));
-        assert_eq!(placement.machines_on("h1"), 0);
     }
 
     #[test]
@@ -341,9 +363,17 @@ mod tests {
     fn pool_skips_claimed_addresses_and_wraps_around() {
         let mut pool = AddressPool::new("192.168.1.0/29").unwrap(); // .2 ..= .6
         assert_eq!(pool.claim(&key("old"), "192.168.1.3".parse().unwrap()), None);
-        let got: Vec<Option<Ipv4Addr>> = ["a", "b", "c", "d", "e"].iter().map(|n| pool.allocate(&key(n))).collect();
-        let want: Vec<Option<Ipv4Addr>> =
-            vec![Some([192, 168, 1, 2].into()), Some([192, 168, 1, 4].into()), Some([192, 168, 1, 5].into()), Some([192, 168, 1, 6].into()), None];
+        let got: Vec<Option<Ipv4Addr>> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|n| pool.allocate(&key(n)))
+            .collect();
+        let want: Vec<Option<Ipv4Addr>> = vec![
+            Some([192, 168, 1, 2].into()),
+            Some([192, 168, 1, 4].into()),
+            Some([192, 168, 1, 5].into()),
+            Some([192, 168, 1, 6].into()),
+            None,
+        ];
         assert_eq!(got, want);
         pool.release(&key("a"));
         assert_eq!(pool.allocate(&key("e")), Some([192, 168, 1, 2].into()));

@@ -1,1 +1,198 @@
-fn main() {}
+//! kairon-sim: plays Kairon's controller (kairon-controller) and the booting guests, for the
+//! tests and the local demo. Behaviour, flags and annotations: `README.md` beside this crate.
+//!
+//! - [`sim`]: the Machine phase machine (pure);
+//! - [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
+//! - [`guest`]: what a guest makes of its cloud-init user-data (pure);
+//! - [`kubelet`]: when the guest's kubelet registers, beats and goes away (pure);
+//! - [`machines`], [`workload`], [`guest_ops`]: writes to the management and the workload
+//!   API servers;
+//! - [`engine`]: the watch-driven event loop tying them together.
+
+mod engine;
+mod flags;
+mod guest;
+mod guest_ops;
+mod hosts;
+mod kubelet;
+mod machines;
+mod sim;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tracing_subscriber::EnvFilter;
+
+use crate::engine::{Engine, Options};
+use crate::hosts::{AddressPool, Allocations, Placement};
+use crate::sim::Delays;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "kairon-sim",
+    version,
+    about = "Simulates kairon-controller and booting guests"
+)]
+struct Args {
+    /// Kubeconfig of the management API server (default: KUBECONFIG, then in-cluster).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// Watch Machines in this namespace only (default: all namespaces).
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Pending -> Provisioning.
+    #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
+    provision_delay: Duration,
+    /// Provisioning -> Running.
+    #[arg(long, default_value = "2s", value_parser = flags::parse_duration)]
+    boot_delay: Duration,
+    /// deletionTimestamp -> finalizer removed.
+    #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
+    delete_delay: Duration,
+    /// +- this fraction applied to each delay.
+    #[arg(long, default_value = "0.2", value_parser = flags::parse_fraction)]
+    jitter: f64,
+    /// Probability that a Machine ends Failed (reason ProvisioningFailed) instead of Running.
+    #[arg(long, default_value = "0", value_parser = flags::parse_fraction)]
+    failure_rate: f64,
+    /// Hosts and their labels: "h1:key=value;key2=value2,h2:key=value,h3"
+    /// (default: unlabelled kairon-node-1..3).
+    #[arg(long, value_parser = flags::parse_host_list)]
+    hosts: Option<flags::HostList>,
+    /// Max machines per host; 0 = unlimited.
+    #[arg(long, default_value_t = 0)]
+    host_capacity: usize,
+    /// Write Machine metadata with a full PUT of a model without ownerReferences.
+    #[arg(long)]
+    full_update: bool,
+    /// Do not register Nodes in workload clusters.
+    #[arg(long)]
+    no_boot_guest: bool,
+    /// IPv4 pool for InternalIP addresses.
+    #[arg(long, default_value = "10.42.0.0/16")]
+    address_pool: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let pool = AddressPool::new(&args.address_pool).map_err(anyhow::Error::msg)?;
+    let hosts = args.hosts.clone().map(|h| h.0).unwrap_or_else(flags::default_hosts);
+    let client = management_client(args.kubeconfig.as_deref()).await?;
+    tracing::info!(
+        namespace = args.namespace.as_deref().unwrap_or("<all>"),
+        hosts = hosts.len(),
+        host_capacity = args.host_capacity,
+        provision_delay = ?args.provision_delay,
+        boot_delay = ?args.boot_delay,
+        delete_delay = ?args.delete_delay,
+        jitter = args.jitter,
+        failure_rate = args.failure_rate,
+        full_update = args.full_update,
+        boot_guest = !args.no_boot_guest,
+        "kairon-sim starting"
+    );
+    let opts = Options {
+        namespace: args.namespace,
+        delays: Delays {
+            provision: args.provision_delay,
+            boot: args.boot_delay,
+            delete: args.delete_delay,
+            jitter: args.jitter,
+        },
+        failure_rate: args.failure_rate,
+        full_update: args.full_update,
+        boot_guest: !args.no_boot_guest,
+    };
+    let allocations = Allocations {
+        placement: Placement::new(hosts, args.host_capacity),
+        pool,
+    };
+    let engine = Engine::new(client, opts, allocations);
+    tokio::select! {
+        () = engine.run() => anyhow::bail!("the Machine watch ended"),
+        signal = shutdown_signal() => {
+            tracing::info!(signal = signal?, "shutting down");
+            Ok(())
+        }
+    }
+}
+
+async fn management_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("loading {}", path.display()))?
+        }
+        None => Config::infer()
+            .await
+            .context("no kubeconfig (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+    };
+    Client::try_from(config).context("building the management client")
+}
+
+async fn shutdown_signal() -> anyhow::Result<&'static str> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => Ok("SIGTERM"),
+        r = tokio::signal::ctrl_c() => r.map(|()| "SIGINT").map_err(Into::into),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_contract_parses() {
+        let args = Args::try_parse_from([
+            "kairon-sim",
+            "--kubeconfig",
+            "/tmp/kc",
+            "--namespace",
+            "ns",
+            "--provision-delay",
+            "0s",
+            "--boot-delay",
+            "500ms",
+            "--delete-delay",
+            "1m",
+            "--jitter",
+            "0",
+            "--failure-rate",
+            "0.5",
+            "--hosts",
+            "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b",
+            "--host-capacity",
+            "2",
+            "--full-update",
+            "--no-boot-guest",
+            "--address-pool",
+            "10.0.0.0/24",
+        ])
+        .unwrap();
+        assert_eq!(args.boot_delay, Duration::from_millis(500));
+        assert_eq!(args.hosts.map(|h| h.0.len()), Some(2));
+        assert!(args.full_update && args.no_boot_guest);
+        let defaults = Args::try_parse_from(["kairon-sim"]).unwrap();
+        assert_eq!(
+            (defaults.provision_delay, defaults.boot_delay, defaults.delete_delay),
+            (Duration::from_secs(1), Duration::from_secs(2), Duration::from_secs(1))
+        );
+        assert_eq!(
+            (defaults.jitter, defaults.failure_rate, defaults.host_capacity),
+            (0.2, 0.0, 0)
+        );
+    }
+}

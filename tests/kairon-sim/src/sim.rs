@@ -35,7 +35,10 @@ pub struct Key {
 
 impl Key {
     pub fn of(m: &Machine) -> Self {
-        Self { namespace: m.namespace().unwrap_or_default(), name: m.name_any() }
+        Self {
+            namespace: m.namespace().unwrap_or_default(),
+            name: m.name_any(),
+        }
     }
 }
 
@@ -139,7 +142,10 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
         Some(phase::PENDING) if due => Step::Place,
         Some(phase::PROVISIONING) if due => Step::Boot,
         Some(phase::RUNNING) => match forced_failure(m) {
-            Some(reason) => Step::Fail { reason, message: FORCED_FAILURE_MESSAGE.to_string() },
+            Some(reason) => Step::Fail {
+                reason,
+                message: FORCED_FAILURE_MESSAGE.to_string(),
+            },
             None => Step::Wait,
         },
         _ => Step::Wait,
@@ -157,7 +163,10 @@ pub enum BootOutcome {
 /// (`roll` uniform in `[0, 1)`).
 pub fn boot_outcome(m: &Machine, failure_rate: f64, roll: f64) -> BootOutcome {
     if let Some(reason) = forced_failure(m) {
-        return BootOutcome::Failed { reason, message: FORCED_FAILURE_MESSAGE.to_string() };
+        return BootOutcome::Failed {
+            reason,
+            message: FORCED_FAILURE_MESSAGE.to_string(),
+        };
     }
     if roll < failure_rate {
         return BootOutcome::Failed {
@@ -173,7 +182,10 @@ pub fn has_finalizer(m: &Machine) -> bool {
 }
 
 pub fn phase_of(m: &Machine) -> Option<&str> {
-    m.status.as_ref().and_then(|s| s.phase.as_deref()).filter(|p| !p.is_empty())
+    m.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .filter(|p| !p.is_empty())
 }
 
 /// The reason asked for by [`FAIL_ANNOTATION`], if any.
@@ -208,7 +220,14 @@ pub fn provisioning_status(m: &Machine, host: &str, now: Timestamp) -> MachineSt
     let mut status = base_status(m);
     status.phase = Some(phase::PROVISIONING.to_string());
     status.host_name = Some(host.to_string());
-    set_condition(&mut status, CONDITION_SCHEDULED, true, "Scheduled", &format!("placed on host {host}"), now);
+    set_condition(
+        &mut status,
+        CONDITION_SCHEDULED,
+        true,
+        "Scheduled",
+        &format!("placed on host {host}"),
+        now,
+    );
     status
 }
 
@@ -216,8 +235,14 @@ pub fn running_status(m: &Machine, internal_ip: &str, now: Timestamp) -> Machine
     let mut status = base_status(m);
     status.phase = Some(phase::RUNNING.to_string());
     status.addresses = Some(vec![
-        Address { type_: "InternalIP".to_string(), address: internal_ip.to_string() },
-        Address { type_: "Hostname".to_string(), address: m.name_any() },
+        Address {
+            type_: "InternalIP".to_string(),
+            address: internal_ip.to_string(),
+        },
+        Address {
+            type_: "Hostname".to_string(),
+            address: m.name_any(),
+        },
     ]);
     set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "guest is up", now);
     status
@@ -226,7 +251,11 @@ pub fn running_status(m: &Machine, internal_ip: &str, now: Timestamp) -> Machine
 /// `Failed` at scheduling (`Scheduled=False`) or later (`Booted=False`).
 pub fn failed_status(m: &Machine, reason: &str, message: &str, now: Timestamp) -> MachineStatus {
     let mut status = base_status(m);
-    let condition = if phase_of(m) == Some(phase::PENDING) { CONDITION_SCHEDULED } else { CONDITION_BOOTED };
+    let condition = if phase_of(m) == Some(phase::PENDING) {
+        CONDITION_SCHEDULED
+    } else {
+        CONDITION_BOOTED
+    };
     status.phase = Some(phase::FAILED.to_string());
     status.reason = Some(reason.to_string());
     status.message = Some(message.to_string());
@@ -235,14 +264,20 @@ pub fn failed_status(m: &Machine, reason: &str, message: &str, now: Timestamp) -
 }
 
 pub fn terminating_status(m: &Machine) -> MachineStatus {
-    MachineStatus { phase: Some(phase::TERMINATING.to_string()), ..base_status(m) }
+    MachineStatus {
+        phase: Some(phase::TERMINATING.to_string()),
+        ..base_status(m)
+    }
 }
 
 /// Sets a metav1 condition; `lastTransitionTime` moves only when the status changes.
 fn set_condition(status: &mut MachineStatus, type_: &str, value: bool, reason: &str, message: &str, now: Timestamp) {
     let value = if value { "True" } else { "False" };
     let conditions = status.conditions.get_or_insert_with(Vec::new);
-    let previous = conditions.iter().position(|c| c.type_ == type_).map(|i| conditions.remove(i));
+    let previous = conditions
+        .iter()
+        .position(|c| c.type_ == type_)
+        .map(|i| conditions.remove(i));
     let last_transition_time = match previous {
         Some(c) if c.status == value => c.last_transition_time,
         _ => Time(now),
@@ -270,19 +305,30 @@ mod tests {
                 namespace: Some("default".into()),
                 uid: Some("uid-1".into()),
                 finalizers: finalizer.then(|| vec![FINALIZER.to_string()]),
-                deletion_timestamp: deleting.then(|| Time(Timestamp::UNIX_EPOCH)),
-                annotations: Some(annotations.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+                deletion_timestamp: deleting.then_some(Time(Timestamp::UNIX_EPOCH)),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
                 ..Default::default()
             },
             spec: Default::default(),
-            status: phase.map(|p| MachineStatus { phase: Some(p.to_string()), ..Default::default() }),
+            status: phase.map(|p| MachineStatus {
+                phase: Some(p.to_string()),
+                ..Default::default()
+            }),
         }
     }
 
     #[test]
     fn phase_transitions() {
         let fail = [(FAIL_ANNOTATION, "ImageNotFound")];
-        let forced = Step::Fail { reason: "ImageNotFound".into(), message: FORCED_FAILURE_MESSAGE.into() };
+        let forced = Step::Fail {
+            reason: "ImageNotFound".into(),
+            message: FORCED_FAILURE_MESSAGE.into(),
+        };
         #[rustfmt::skip]
         let cases: Vec<(&str, Machine, bool, Step)> = vec![
             ("new machine gets the finalizer first", machine(None, false, false, &[]), false, Step::AddFinalizer),
@@ -312,10 +358,19 @@ mod tests {
 
     #[test]
     fn clocks_follow_phase() {
-        assert_eq!(clock_of(&machine(Some(phase::PENDING), true, false, &[])), Some(Clock::Provision));
-        assert_eq!(clock_of(&machine(Some(phase::PROVISIONING), true, false, &[])), Some(Clock::Boot));
+        assert_eq!(
+            clock_of(&machine(Some(phase::PENDING), true, false, &[])),
+            Some(Clock::Provision)
+        );
+        assert_eq!(
+            clock_of(&machine(Some(phase::PROVISIONING), true, false, &[])),
+            Some(Clock::Boot)
+        );
         assert_eq!(clock_of(&machine(Some(phase::RUNNING), true, false, &[])), None);
-        assert_eq!(clock_of(&machine(Some(phase::RUNNING), true, true, &[])), Some(Clock::Delete));
+        assert_eq!(
+            clock_of(&machine(Some(phase::RUNNING), true, true, &[])),
+            Some(Clock::Delete)
+        );
         assert_eq!(clock_of(&machine(Some(phase::TERMINATING), false, true, &[])), None);
     }
 
@@ -331,11 +386,17 @@ mod tests {
         ];
         for (fraction, roll, want) in cases {
             let got = jittered(base, fraction, roll);
-            assert!(got.abs_diff(want) < Duration::from_millis(1), "{fraction} {roll}: {got:?}");
+            assert!(
+                got.abs_diff(want) < Duration::from_millis(1),
+                "{fraction} {roll}: {got:?}"
+            );
         }
         for _ in 0..1000 {
             let got = jittered(base, 0.2, fastrand::f64());
-            assert!((Duration::from_secs(8)..=Duration::from_secs(12)).contains(&got), "{got:?}");
+            assert!(
+                (Duration::from_secs(8)..=Duration::from_secs(12)).contains(&got),
+                "{got:?}"
+            );
         }
         assert_eq!(jittered(Duration::ZERO, 0.5, 0.7), Duration::ZERO);
     }
@@ -351,15 +412,28 @@ mod tests {
         );
         assert_eq!(
             boot_outcome(&forced, 0.0, 0.9),
-            BootOutcome::Failed { reason: "DiskFull".into(), message: FORCED_FAILURE_MESSAGE.into() }
+            BootOutcome::Failed {
+                reason: "DiskFull".into(),
+                message: FORCED_FAILURE_MESSAGE.into()
+            }
         );
     }
 
     #[test]
     fn node_ready_annotation() {
         assert!(node_should_be_ready(&machine(None, true, false, &[])));
-        assert!(node_should_be_ready(&machine(None, true, false, &[(NODE_READY_ANNOTATION, "true")])));
-        assert!(!node_should_be_ready(&machine(None, true, false, &[(NODE_READY_ANNOTATION, "false")])));
+        assert!(node_should_be_ready(&machine(
+            None,
+            true,
+            false,
+            &[(NODE_READY_ANNOTATION, "true")]
+        )));
+        assert!(!node_should_be_ready(&machine(
+            None,
+            true,
+            false,
+            &[(NODE_READY_ANNOTATION, "false")]
+        )));
     }
 
     #[test]
@@ -370,19 +444,31 @@ mod tests {
         assert_eq!(accepted.phase.as_deref(), Some(phase::PENDING));
         assert_eq!(accepted.instance_id.as_deref(), Some("uid-1"));
 
-        let m = Machine { status: Some(accepted), ..m };
+        let m = Machine {
+            status: Some(accepted),
+            ..m
+        };
         let provisioning = provisioning_status(&m, "kairon-node-2", now);
         assert_eq!(provisioning.host_name.as_deref(), Some("kairon-node-2"));
         assert_eq!(provisioning.instance_id.as_deref(), Some("uid-1"));
 
-        let m = Machine { status: Some(provisioning), ..m };
+        let m = Machine {
+            status: Some(provisioning),
+            ..m
+        };
         let running = running_status(&m, "10.42.0.7", now);
         assert_eq!(running.phase.as_deref(), Some(phase::RUNNING));
         assert_eq!(
             running.addresses,
             Some(vec![
-                Address { type_: "InternalIP".into(), address: "10.42.0.7".into() },
-                Address { type_: "Hostname".into(), address: "m".into() },
+                Address {
+                    type_: "InternalIP".into(),
+                    address: "10.42.0.7".into()
+                },
+                Address {
+                    type_: "Hostname".into(),
+                    address: "m".into()
+                },
             ])
         );
         let types: BTreeMap<String, String> = running

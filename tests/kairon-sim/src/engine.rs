@@ -1,0 +1,474 @@
+//! The event loop: a watch on Kairon Machines feeds an in-memory view; the pure phase machine
+//! ([`crate::sim`]) and kubelet ([`crate::kubelet`]) decide; writes run as tasks (bounded in
+//! number) and report back. One loop owns all state, so there are no locks and no sleeps per
+//! machine: timers are deadlines checked by a periodic tick.
+//!
+//! At most one Machine write and one guest operation are in flight per Machine. Host and
+//! address bookkeeping follows the Machines' statuses, and nothing is decided before the
+//! first full list, so a restart picks up where the objects say.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capkr::kairon::Machine;
+use futures::StreamExt;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::{Semaphore, mpsc};
+
+use crate::guest_ops::{post_status, register, remove_node};
+use crate::hosts::Allocations;
+use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
+use crate::machines::{MachineWriter, WriteResult};
+use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
+use crate::workload::Workloads;
+
+/// Timers are checked at their deadlines, and at least this often.
+const TICK: Duration = Duration::from_millis(200);
+/// Writes in flight at once, to the management and the workload API servers together.
+const MAX_IN_FLIGHT: usize = 64;
+/// Back-off after a failed write.
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+
+pub struct Options {
+    pub namespace: Option<String>,
+    pub delays: Delays,
+    pub failure_rate: f64,
+    pub full_update: bool,
+    pub boot_guest: bool,
+}
+
+struct Timer {
+    uid: String,
+    clock: Clock,
+    at: Instant,
+}
+
+/// What a finished task reports.
+enum Done {
+    Machine {
+        key: Key,
+        result: WriteResult,
+    },
+    Guest {
+        key: Key,
+        uid: String,
+        outcome: GuestOutcome,
+    },
+}
+
+pub struct Engine {
+    client: Client,
+    opts: Options,
+    writer: MachineWriter,
+    workloads: Arc<Workloads>,
+    permits: Arc<Semaphore>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+
+    machines: HashMap<Key, Machine>,
+    allocations: Allocations,
+    timers: HashMap<Key, Timer>,
+    retry_at: HashMap<Key, Instant>,
+    busy: HashSet<Key>,
+    guests: HashMap<Key, Guest>,
+    guests_busy: HashSet<Key>,
+    dirty: BTreeSet<Key>,
+    /// Keys seen in the current (re)list; `None` outside a list.
+    listing: Option<HashSet<Key>>,
+    synced: bool,
+}
+
+impl Engine {
+    pub fn new(client: Client, opts: Options, allocations: Allocations) -> Self {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        Self {
+            writer: MachineWriter::new(client.clone(), opts.full_update),
+            workloads: Arc::new(Workloads::new(client.clone())),
+            client,
+            opts,
+            permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            done_tx,
+            done_rx,
+            machines: HashMap::new(),
+            allocations,
+            timers: HashMap::new(),
+            retry_at: HashMap::new(),
+            busy: HashSet::new(),
+            guests: HashMap::new(),
+            guests_busy: HashSet::new(),
+            dirty: BTreeSet::new(),
+            listing: None,
+            synced: false,
+        }
+    }
+
+    pub async fn run(mut self) {
+        let api: Api<Machine> = match &self.opts.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let mut wake = Instant::now() + TICK;
+        loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Ok(event)) => self.on_event(event),
+                    Some(Err(e)) => tracing::warn!(error = %e, "watching Kairon Machines"),
+                    None => return,
+                },
+                Some(done) = self.done_rx.recv() => self.on_done(done),
+                () = tokio::time::sleep_until(wake.into()) => self.on_tick(),
+            }
+            self.process_dirty();
+            wake = self.next_wake();
+        }
+    }
+
+    // --- inputs ---------------------------------------------------------------------------
+
+    fn on_event(&mut self, event: watcher::Event<Machine>) {
+        match event {
+            watcher::Event::Init => self.listing = Some(HashSet::new()),
+            watcher::Event::InitApply(m) => {
+                if let Some(seen) = self.listing.as_mut() {
+                    seen.insert(Key::of(&m));
+                }
+                self.store(m);
+            }
+            watcher::Event::InitDone => {
+                let seen = self.listing.take().unwrap_or_default();
+                let vanished: Vec<Key> = self.machines.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+                for key in vanished {
+                    self.forget(&key);
+                }
+                if !self.synced {
+                    self.synced = true;
+                    tracing::info!(
+                        machines = self.machines.len(),
+                        addresses_in_use = self.allocations.pool.in_use(),
+                        "initial list done; simulating"
+                    );
+                    self.dirty.extend(self.machines.keys().cloned());
+                }
+            }
+            watcher::Event::Apply(m) => self.store(m),
+            watcher::Event::Delete(m) => self.forget(&Key::of(&m)),
+        }
+    }
+
+    /// Keeps the newest version of a Machine and, unless a write of ours is in flight, brings
+    /// the host and address books in line with it.
+    fn store(&mut self, m: Machine) {
+        let key = Key::of(&m);
+        if let Some(current) = self.machines.get(&key)
+            && current.metadata.uid == m.metadata.uid
+            && is_older(&m, current)
+        {
+            return;
+        }
+        self.machines.insert(key.clone(), m);
+        if !self.busy.contains(&key) {
+            self.observe(&key);
+        }
+        self.dirty.insert(key);
+    }
+
+    fn observe(&mut self, key: &Key) {
+        let Some(m) = self.machines.get(key) else {
+            self.allocations.release(key);
+            return;
+        };
+        if let Some(other) = self.allocations.observe(key, m) {
+            tracing::warn!(machine = %key, other = %other, "two Machines report the same address");
+        }
+    }
+
+    fn forget(&mut self, key: &Key) {
+        let Some(m) = self.machines.remove(key) else { return };
+        self.allocations.release(key);
+        self.timers.remove(key);
+        self.retry_at.remove(key);
+        tracing::info!(machine = %key, "Machine deleted");
+        // A Node left behind (our finalizer was bypassed) goes with the VM.
+        if let Some(guest) = self.guests.remove(key)
+            && guest.node.is_some()
+            && !guest.removed
+        {
+            let (workloads, permits) = (self.workloads.clone(), self.permits.clone());
+            tokio::spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                remove_node(workloads, m, guest.node).await;
+            });
+        }
+    }
+
+    fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Machine { key, result } => {
+                self.busy.remove(&key);
+                match result {
+                    WriteResult::Written(m) => self.store_if_known(*m),
+                    WriteResult::Conflict(fresh) => {
+                        tracing::debug!(machine = %key, "write conflict; deciding again");
+                        if let Some(m) = fresh {
+                            self.store_if_known(*m);
+                        }
+                    }
+                    WriteResult::Gone => {}
+                    WriteResult::Failed(e) => {
+                        tracing::warn!(machine = %key, error = %e, "writing Machine failed; will retry");
+                        self.retry_at.insert(key.clone(), Instant::now() + RETRY_AFTER_ERROR);
+                    }
+                }
+                self.observe(&key);
+                self.dirty.insert(key);
+            }
+            Done::Guest { key, uid, outcome } => {
+                self.guests_busy.remove(&key);
+                if let Some(guest) = self.guests.get_mut(&key).filter(|g| g.uid == uid) {
+                    guest.apply(outcome);
+                }
+                self.dirty.insert(key);
+            }
+        }
+    }
+
+    /// A write's result, unless the Machine was deleted (or replaced by a namesake)
+    /// meanwhile: it must not come back.
+    fn store_if_known(&mut self, m: Machine) {
+        if self
+            .machines
+            .get(&Key::of(&m))
+            .is_some_and(|c| c.metadata.uid == m.metadata.uid)
+        {
+            self.store(m);
+        }
+    }
+
+    /// The earliest deadline to come (timer, retry, heartbeat), but at least every [`TICK`].
+    /// Deadlines already past belong to Machines that were just processed or have an
+    /// operation in flight, whose completion makes them due again.
+    fn next_wake(&self) -> Instant {
+        let now = Instant::now();
+        let timers = self.timers.values().map(|t| t.at);
+        let retries = self.retry_at.values().copied();
+        let guests = self.guests.values().flat_map(|g| {
+            let heartbeat = g.node.as_ref().map(|_| g.next_heartbeat);
+            g.retry_at.into_iter().chain(heartbeat)
+        });
+        timers
+            .chain(retries)
+            .chain(guests)
+            .filter(|t| *t > now)
+            .fold(now + TICK, Instant::min)
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        let due_timers = self.timers.iter().filter(|(_, t)| t.at <= now).map(|(k, _)| k);
+        let due_retries = self.retry_at.iter().filter(|(_, t)| **t <= now).map(|(k, _)| k);
+        let due_guests = self
+            .guests
+            .iter()
+            .filter(|(_, g)| g.retry_at.is_some_and(|t| t <= now) || (g.node.is_some() && g.next_heartbeat <= now))
+            .map(|(k, _)| k);
+        let due: Vec<Key> = due_timers.chain(due_retries).chain(due_guests).cloned().collect();
+        self.dirty.extend(due);
+    }
+
+    // --- decisions ------------------------------------------------------------------------
+
+    fn process_dirty(&mut self) {
+        if !self.synced {
+            return;
+        }
+        let now = Instant::now();
+        for key in std::mem::take(&mut self.dirty) {
+            let Some(m) = self.machines.get(&key).cloned() else {
+                continue;
+            };
+            if self.retry_at.get(&key).is_some_and(|t| *t > now) {
+                continue;
+            }
+            self.retry_at.remove(&key);
+            if !self.busy.contains(&key) {
+                let due = self.timer_due(&key, &m, now);
+                self.act(&key, m.clone(), sim::next_step(&m, due));
+            }
+            if self.opts.boot_guest && !self.guests_busy.contains(&key) {
+                self.act_kubelet(&key, m, now);
+            }
+        }
+    }
+
+    /// Starts the timer of the Machine's current phase if it is not running yet; whether it
+    /// has run out.
+    fn timer_due(&mut self, key: &Key, m: &Machine, now: Instant) -> bool {
+        let Some(clock) = sim::clock_of(m) else {
+            self.timers.remove(key);
+            return false;
+        };
+        let uid = m.uid().unwrap_or_default();
+        let delays = self.opts.delays;
+        let timer = self.timers.entry(key.clone()).or_insert_with(|| Timer {
+            uid: uid.clone(),
+            clock,
+            at: now + delays.jittered(clock, fastrand::f64()),
+        });
+        if timer.uid != uid || timer.clock != clock {
+            *timer = Timer {
+                uid,
+                clock,
+                at: now + delays.jittered(clock, fastrand::f64()),
+            };
+        }
+        timer.at <= now
+    }
+
+    fn act(&mut self, key: &Key, m: Machine, step: Step) {
+        let now = Timestamp::now();
+        let writer = self.writer.clone();
+        let from = sim::phase_of(&m).unwrap_or("-").to_string();
+        match step {
+            Step::Wait => {}
+            Step::AddFinalizer => {
+                tracing::debug!(machine = %key, "adding finalizer");
+                self.spawn_write(key, async move { writer.add_finalizer(&m).await });
+            }
+            Step::Accept => {
+                tracing::info!(machine = %key, "accepted: Pending");
+                let status = sim::accepted_status(&m);
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::Place => {
+                let status = match self.allocations.placement.choose(m.spec.node_selector.as_ref()) {
+                    Ok(host) => {
+                        tracing::info!(machine = %key, host = %host, "{from} -> Provisioning");
+                        self.allocations.placement.assign(key, &host);
+                        sim::provisioning_status(&m, &host, now)
+                    }
+                    Err(unschedulable) => {
+                        tracing::info!(machine = %key, why = %unschedulable.0, "{from} -> Failed (Unschedulable)");
+                        sim::failed_status(&m, sim::REASON_UNSCHEDULABLE, &unschedulable.0, now)
+                    }
+                };
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::Boot => {
+                let outcome = sim::boot_outcome(&m, self.opts.failure_rate, fastrand::f64());
+                let status = match outcome {
+                    BootOutcome::Running => match self.allocations.pool.allocate(key) {
+                        Some(ip) => {
+                            tracing::info!(machine = %key, address = %ip, "{from} -> Running");
+                            sim::running_status(&m, &ip.to_string(), now)
+                        }
+                        None => {
+                            tracing::warn!(machine = %key, "address pool exhausted: {from} -> Failed");
+                            sim::failed_status(&m, "AddressPoolExhausted", "no free address in the pool", now)
+                        }
+                    },
+                    BootOutcome::Failed { reason, message } => {
+                        tracing::info!(machine = %key, reason = %reason, "{from} -> Failed");
+                        sim::failed_status(&m, &reason, &message, now)
+                    }
+                };
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::Fail { reason, message } => {
+                tracing::info!(machine = %key, reason = %reason, "{from} -> Failed");
+                let status = sim::failed_status(&m, &reason, &message, now);
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::BeginTermination => {
+                tracing::info!(machine = %key, "{from} -> Terminating");
+                let status = sim::terminating_status(&m);
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::ReleaseFinalizer => {
+                let node = self.guests.get(key).filter(|g| !g.removed).and_then(|g| g.node.clone());
+                let boot_guest = self.opts.boot_guest;
+                let workloads = self.workloads.clone();
+                if let Some(g) = self.guests.get_mut(key) {
+                    g.removed = true;
+                }
+                tracing::info!(machine = %key, "VM gone: removing finalizer");
+                self.spawn_write(key, async move {
+                    if boot_guest {
+                        remove_node(workloads, m.clone(), node).await;
+                    }
+                    writer.remove_finalizer(&m).await
+                });
+            }
+        }
+    }
+
+    fn act_kubelet(&mut self, key: &Key, m: Machine, now: Instant) {
+        let uid = m.uid().unwrap_or_default();
+        let guest = self
+            .guests
+            .entry(key.clone())
+            .or_insert_with(|| Guest::new(uid.clone()));
+        if guest.uid != uid {
+            *guest = Guest::new(uid.clone());
+        }
+        let step = next_kubelet_step(&m, guest, now);
+        let workloads = self.workloads.clone();
+        match step {
+            KubeletStep::Idle => {}
+            KubeletStep::Register => {
+                let ready = sim::node_should_be_ready(&m);
+                self.spawn_guest(key.clone(), uid, register(workloads, m, ready));
+            }
+            KubeletStep::SetReady(ready) => {
+                let node = guest.node.clone();
+                let since = Timestamp::now();
+                tracing::info!(machine = %key, ready, "Node Ready changes");
+                self.spawn_guest(key.clone(), uid, post_status(workloads, m, node, ready, since, true));
+            }
+            KubeletStep::Heartbeat => {
+                let (node, ready, since) = (guest.node.clone(), guest.ready, guest.ready_since);
+                self.spawn_guest(key.clone(), uid, post_status(workloads, m, node, ready, since, false));
+            }
+            KubeletStep::RemoveNode => {
+                let node = guest.node.clone();
+                self.spawn_guest(key.clone(), uid, async move {
+                    remove_node(workloads, m, node).await;
+                    GuestOutcome::Removed
+                });
+            }
+        }
+    }
+
+    fn spawn_write(&mut self, key: &Key, write: impl Future<Output = WriteResult> + Send + 'static) {
+        self.busy.insert(key.clone());
+        let (permits, tx, key) = (self.permits.clone(), self.done_tx.clone(), key.clone());
+        tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let result = write.await;
+            let _ = tx.send(Done::Machine { key, result });
+        });
+    }
+
+    fn spawn_guest(&mut self, key: Key, uid: String, op: impl Future<Output = GuestOutcome> + Send + 'static) {
+        self.guests_busy.insert(key.clone());
+        let (permits, tx) = (self.permits.clone(), self.done_tx.clone());
+        tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let outcome = op.await;
+            let _ = tx.send(Done::Guest { key, uid, outcome });
+        });
+    }
+}
+
+fn is_older(candidate: &Machine, current: &Machine) -> bool {
+    let rv = |m: &Machine| {
+        m.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    matches!((rv(candidate), rv(current)), (Some(a), Some(b)) if a < b)
+}

@@ -1,0 +1,189 @@
+//! What the simulated guest does against its workload cluster's API server, run as tasks by
+//! the engine: register the Node, post its status, remove it. Errors become a retry after a
+//! while, never a failure of the Machine, as a kubelet would keep trying.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capkr::kairon::{Machine, labels, phase};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::guest::{self, MetaData};
+use crate::kubelet::{GuestOutcome, RegisteredNode};
+use crate::sim::{self, Key};
+use crate::workload::{NodeFacts, WorkloadError, Workloads, desired_node, node_status};
+
+/// Back-off after a failed workload API call.
+const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+/// How often to look for a workload cluster's kubeconfig Secret that does not exist yet.
+const RETRY_NO_KUBECONFIG: Duration = Duration::from_secs(2);
+
+/// What the guest of `m` registers as, from its user-data; `None` (logged) if it cannot boot
+/// a kubelet. Never logs the user-data.
+pub fn node_facts(m: &Machine) -> Option<NodeFacts> {
+    let key = Key::of(m);
+    let Some(user_data) = m.spec.cloud_init.as_ref().and_then(|c| c.user_data.as_ref()) else {
+        tracing::warn!(machine = %key, "no cloud-init user-data: no kubelet will register a Node");
+        return None;
+    };
+    let meta = MetaData {
+        instance_id: m.uid().unwrap_or_default(),
+        local_hostname: m.name_any(),
+    };
+    let identity = match guest::resolve(user_data.as_str(), &meta) {
+        Ok(identity) => identity,
+        Err(e) => {
+            tracing::warn!(machine = %key, error = %e, "guest cannot boot a kubelet: no Node will register");
+            return None;
+        }
+    };
+    if identity.provider_id.is_none() {
+        tracing::warn!(machine = %key, node = %identity.node_name, "kubeadm config sets no provider-id: Node registers without providerID");
+    }
+    let internal_ip = m
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address.clone());
+    Some(NodeFacts {
+        identity,
+        machine_uid: meta.instance_id,
+        internal_ip,
+        hostname: meta.local_hostname,
+        cpus: m.spec.cpus,
+        memory: m.spec.memory.clone(),
+        disk: m.spec.disk_size.clone(),
+    })
+}
+
+fn cluster_of(m: &Machine) -> Option<String> {
+    m.labels().get(labels::CLUSTER_NAME).cloned()
+}
+
+pub async fn register(workloads: Arc<Workloads>, m: Machine, ready: bool) -> GuestOutcome {
+    let key = Key::of(&m);
+    let Some(facts) = node_facts(&m) else {
+        return GuestOutcome::Unbootable;
+    };
+    let Some(cluster) = cluster_of(&m) else {
+        tracing::warn!(machine = %key, label = labels::CLUSTER_NAME, "no cluster label: no workload cluster to register in");
+        return GuestOutcome::Unbootable;
+    };
+    let client = match workloads.client(&key.namespace, &cluster).await {
+        Ok(c) => c,
+        Err(e @ WorkloadError::NoKubeconfig(_)) => {
+            tracing::debug!(machine = %key, "{e}; retrying");
+            return GuestOutcome::RetryAfter(RETRY_NO_KUBECONFIG);
+        }
+        Err(e) => {
+            tracing::warn!(machine = %key, error = %e, "workload cluster not reachable; retrying");
+            return GuestOutcome::RetryAfter(RETRY_AFTER_ERROR);
+        }
+    };
+    let now = Timestamp::now();
+    let node = desired_node(&facts);
+    let status = node_status(&facts, ready, now, now);
+    let registered = workloads.register_node(&client, &node, &status).await;
+    let registered = match registered {
+        Ok(node) if ready => workloads.clear_not_ready_taint(&client, node).await,
+        r => r.map(|_| ()),
+    };
+    match registered {
+        Ok(()) => {
+            tracing::info!(
+                machine = %key, cluster = %cluster, node = %facts.identity.node_name,
+                provider_id = facts.identity.provider_id.as_deref().unwrap_or("<none>"), ready,
+                "Node registered"
+            );
+            GuestOutcome::Registered(
+                RegisteredNode {
+                    cluster,
+                    facts: Arc::new(facts),
+                },
+                ready,
+            )
+        }
+        Err(e) => {
+            tracing::warn!(machine = %key, node = %facts.identity.node_name, error = %e, "registering Node failed; retrying");
+            GuestOutcome::RetryAfter(RETRY_AFTER_ERROR)
+        }
+    }
+}
+
+pub async fn post_status(
+    workloads: Arc<Workloads>,
+    m: Machine,
+    node: Option<RegisteredNode>,
+    ready: bool,
+    since: Timestamp,
+    changed: bool,
+) -> GuestOutcome {
+    let key = Key::of(&m);
+    let Some(node) = node else {
+        return GuestOutcome::NodeMissing;
+    };
+    let client = match workloads.client(&key.namespace, &node.cluster).await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(machine = %key, error = %e, "workload cluster not reachable; retrying");
+            return GuestOutcome::RetryAfter(RETRY_AFTER_ERROR);
+        }
+    };
+    let status = node_status(&node.facts, ready, since, Timestamp::now());
+    let posted = workloads.set_node_status(&client, node.name(), &status).await;
+    let posted = match posted {
+        Ok(written) if ready && changed => workloads.clear_not_ready_taint(&client, written).await,
+        r => r.map(|_| ()),
+    };
+    match posted {
+        Ok(()) => GuestOutcome::StatusPosted(ready),
+        Err(WorkloadError::NodeMissing(name)) => {
+            tracing::info!(machine = %key, node = %name, "Node was deleted; kubelet registers it again");
+            GuestOutcome::NodeMissing
+        }
+        Err(e) => {
+            tracing::warn!(machine = %key, error = %e, "posting Node status failed; retrying");
+            GuestOutcome::RetryAfter(RETRY_AFTER_ERROR)
+        }
+    }
+}
+
+/// Best effort: a Node that cannot be removed (cluster gone, API down) must not keep the
+/// Machine from going away, as the real kairon-controller knows nothing of Nodes.
+pub async fn remove_node(workloads: Arc<Workloads>, m: Machine, known: Option<RegisteredNode>) {
+    let key = Key::of(&m);
+    let (cluster, name, provider_id) = match known {
+        Some(node) => (
+            node.cluster.clone(),
+            node.name().to_string(),
+            node.provider_id().map(str::to_string),
+        ),
+        None => {
+            // Not registered by this process (e.g. after a restart): resolve it again,
+            // quietly, unless the Machine ever ran.
+            let ran =
+                m.status.as_ref().is_some_and(|s| s.addresses.is_some()) || sim::phase_of(&m) == Some(phase::RUNNING);
+            let Some(cluster) = cluster_of(&m) else { return };
+            if !ran {
+                return;
+            }
+            let Some(facts) = node_facts(&m) else { return };
+            (cluster, facts.identity.node_name, facts.identity.provider_id)
+        }
+    };
+    let client = match workloads.client(&key.namespace, &cluster).await {
+        Ok(c) => c,
+        Err(WorkloadError::NoKubeconfig(_)) => return,
+        Err(e) => {
+            tracing::warn!(machine = %key, node = %name, error = %e, "cannot reach workload cluster to remove Node");
+            return;
+        }
+    };
+    match workloads.delete_node(&client, &name, provider_id.as_deref()).await {
+        Ok(true) => tracing::info!(machine = %key, node = %name, "Node removed"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(machine = %key, node = %name, error = %e, "removing Node failed"),
+    }
+}

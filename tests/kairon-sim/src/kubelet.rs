@@ -1,0 +1,306 @@
+//! The simulated kubelet of each guest: when to register the Node, post a Ready change or a
+//! heartbeat, and when the Node goes away. State per Machine and a pure decision function.
+
+use std::time::{Duration, Instant};
+
+use capkr::kairon::{Machine, phase};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::sim::{node_should_be_ready, phase_of};
+use crate::workload::SharedFacts;
+
+/// kubelet posts its status every 10 s by default; every ~30–40 s keeps the Ready heartbeat
+/// fresh enough for anything that watches it (MachineHealthCheck reads conditions only).
+pub const HEARTBEAT_BASE: Duration = Duration::from_secs(30);
+pub const HEARTBEAT_SPREAD: Duration = Duration::from_secs(10);
+
+/// The registered Node of a guest.
+#[derive(Clone, Debug)]
+pub struct RegisteredNode {
+    pub cluster: String,
+    pub facts: SharedFacts,
+}
+
+impl RegisteredNode {
+    pub fn name(&self) -> &str {
+        &self.facts.identity.node_name
+    }
+
+    pub fn provider_id(&self) -> Option<&str> {
+        self.facts.identity.provider_id.as_deref()
+    }
+}
+
+/// What the simulator knows of one guest (keyed by Machine; reset when the uid changes).
+#[derive(Clone, Debug)]
+pub struct Guest {
+    pub uid: String,
+    pub node: Option<RegisteredNode>,
+    /// What the Node's Ready condition says now.
+    pub ready: bool,
+    pub ready_since: Timestamp,
+    pub next_heartbeat: Instant,
+    /// Do nothing before this (after an error, or while the kubeconfig Secret is missing).
+    pub retry_at: Option<Instant>,
+    /// The user-data cannot boot a kubelet; nothing to register (logged once).
+    pub unbootable: bool,
+    /// The Node was removed after the Machine failed.
+    pub removed: bool,
+}
+
+impl Guest {
+    pub fn new(uid: String) -> Self {
+        Self {
+            uid,
+            node: None,
+            ready: false,
+            ready_since: Timestamp::now(),
+            next_heartbeat: Instant::now(),
+            retry_at: None,
+            unbootable: false,
+            removed: false,
+        }
+    }
+
+    /// Records how an operation on the guest ended.
+    pub fn apply(&mut self, outcome: GuestOutcome) {
+        let now = Instant::now();
+        self.retry_at = None;
+        match outcome {
+            GuestOutcome::Registered(node, ready) => {
+                self.node = Some(node);
+                self.ready = ready;
+                self.ready_since = Timestamp::now();
+                self.next_heartbeat = next_heartbeat(now, fastrand::f64());
+            }
+            GuestOutcome::StatusPosted(ready) => {
+                if self.ready != ready {
+                    self.ready = ready;
+                    self.ready_since = Timestamp::now();
+                }
+                self.next_heartbeat = next_heartbeat(now, fastrand::f64());
+            }
+            GuestOutcome::NodeMissing => self.node = None,
+            GuestOutcome::Removed => {
+                self.removed = true;
+                self.node = None;
+            }
+            GuestOutcome::Unbootable => self.unbootable = true,
+            GuestOutcome::RetryAfter(after) => self.retry_at = Some(now + after),
+        }
+    }
+}
+
+/// How a guest operation ended.
+#[derive(Debug)]
+pub enum GuestOutcome {
+    Registered(RegisteredNode, bool),
+    StatusPosted(bool),
+    /// The Node is gone (deleted by someone): register again, as kubelet would.
+    NodeMissing,
+    Removed,
+    Unbootable,
+    RetryAfter(Duration),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeletStep {
+    Idle,
+    /// Create the Node and post its status.
+    Register,
+    /// Post status with this Ready value (a change asked for by annotation).
+    SetReady(bool),
+    /// Refresh the heartbeat.
+    Heartbeat,
+    /// The VM failed: the Node goes away.
+    RemoveNode,
+}
+
+/// Node removal on delete belongs to the finalizer step (before the finalizer goes), so a
+/// Terminating Machine is left alone here.
+pub fn next_kubelet_step(m: &Machine, guest: &Guest, now: Instant) -> KubeletStep {
+    if guest.retry_at.is_some_and(|t| t > now) {
+        return KubeletStep::Idle;
+    }
+    if m.metadata.deletion_timestamp.is_some() {
+        return KubeletStep::Idle;
+    }
+    match phase_of(m) {
+        Some(phase::RUNNING) => {
+            if guest.unbootable {
+                KubeletStep::Idle
+            } else if guest.node.is_none() {
+                KubeletStep::Register
+            } else if node_should_be_ready(m) != guest.ready {
+                KubeletStep::SetReady(node_should_be_ready(m))
+            } else if guest.next_heartbeat <= now {
+                KubeletStep::Heartbeat
+            } else {
+                KubeletStep::Idle
+            }
+        }
+        Some(phase::FAILED) if !guest.removed => KubeletStep::RemoveNode,
+        _ => KubeletStep::Idle,
+    }
+}
+
+/// When the next heartbeat is due, spread so that many Nodes don't beat in step.
+pub fn next_heartbeat(now: Instant, roll: f64) -> Instant {
+    now + HEARTBEAT_BASE + HEARTBEAT_SPREAD.mul_f64(roll.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::guest::GuestIdentity;
+    use crate::sim::NODE_READY_ANNOTATION;
+    use crate::workload::NodeFacts;
+    use capkr::kairon::MachineStatus;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use std::sync::Arc;
+
+    fn machine(phase: &str, deleting: bool, not_ready: bool) -> Machine {
+        Machine {
+            metadata: ObjectMeta {
+                name: Some("m".into()),
+                deletion_timestamp: deleting.then_some(Time(Timestamp::UNIX_EPOCH)),
+                annotations: not_ready.then(|| [(NODE_READY_ANNOTATION.to_string(), "false".to_string())].into()),
+                ..Default::default()
+            },
+            spec: Default::default(),
+            status: Some(MachineStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn registered() -> RegisteredNode {
+        RegisteredNode {
+            cluster: "demo".into(),
+            facts: Arc::new(NodeFacts {
+                identity: GuestIdentity {
+                    node_name: "m".into(),
+                    provider_id: None,
+                    kubernetes_version: None,
+                    labels: Default::default(),
+                    taints: vec![],
+                    control_plane: false,
+                },
+                machine_uid: "u".into(),
+                internal_ip: None,
+                hostname: "m".into(),
+                cpus: 1,
+                memory: Quantity("1Gi".into()),
+                disk: Quantity("1Gi".into()),
+            }),
+        }
+    }
+
+    #[test]
+    fn kubelet_steps() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(5);
+        let fresh = Guest::new("u".into());
+        let running = Guest {
+            node: Some(registered()),
+            ready: true,
+            next_heartbeat: later,
+            ..fresh.clone()
+        };
+        let cases: Vec<(&str, Machine, Guest, KubeletStep)> = vec![
+            (
+                "running registers",
+                machine(phase::RUNNING, false, false),
+                fresh.clone(),
+                KubeletStep::Register,
+            ),
+            (
+                "waits out a retry",
+                machine(phase::RUNNING, false, false),
+                Guest {
+                    retry_at: Some(later),
+                    ..fresh.clone()
+                },
+                KubeletStep::Idle,
+            ),
+            (
+                "unbootable stays quiet",
+                machine(phase::RUNNING, false, false),
+                Guest {
+                    unbootable: true,
+                    ..fresh.clone()
+                },
+                KubeletStep::Idle,
+            ),
+            (
+                "steady",
+                machine(phase::RUNNING, false, false),
+                running.clone(),
+                KubeletStep::Idle,
+            ),
+            (
+                "heartbeat due",
+                machine(phase::RUNNING, false, false),
+                Guest {
+                    next_heartbeat: now,
+                    ..running.clone()
+                },
+                KubeletStep::Heartbeat,
+            ),
+            (
+                "told NotReady",
+                machine(phase::RUNNING, false, true),
+                running.clone(),
+                KubeletStep::SetReady(false),
+            ),
+            (
+                "ready again",
+                machine(phase::RUNNING, false, false),
+                Guest {
+                    ready: false,
+                    ..running.clone()
+                },
+                KubeletStep::SetReady(true),
+            ),
+            (
+                "not booted yet",
+                machine(phase::PROVISIONING, false, false),
+                fresh.clone(),
+                KubeletStep::Idle,
+            ),
+            (
+                "failed removes",
+                machine(phase::FAILED, false, false),
+                running.clone(),
+                KubeletStep::RemoveNode,
+            ),
+            (
+                "failed, removed",
+                machine(phase::FAILED, false, false),
+                Guest {
+                    removed: true,
+                    ..running.clone()
+                },
+                KubeletStep::Idle,
+            ),
+            (
+                "deleting is the finalizer's job",
+                machine(phase::TERMINATING, true, false),
+                running,
+                KubeletStep::Idle,
+            ),
+        ];
+        for (name, m, guest, want) in cases {
+            assert_eq!(next_kubelet_step(&m, &guest, now), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn heartbeats_are_spread_over_thirty_to_forty_seconds() {
+        let now = Instant::now();
+        assert_eq!(next_heartbeat(now, 0.0), now + Duration::from_secs(30));
+        assert_eq!(next_heartbeat(now, 1.0), now + Duration::from_secs(40));
+    }
+}
