@@ -42,7 +42,7 @@ impl<T, E: Into<anyhow::Error>> Outcome<T> for std::result::Result<Option<T>, E>
 
 /// Polls `check` every 200 ms until it yields a value or `timeout` passes.
 ///
-/// ```ignore
+/// ```text
 /// let node = wait_for("the Node of machine m1", Duration::from_secs(30), || async {
 ///     Ok::<_, kube::Error>(nodes.get_opt("m1").await?)
 /// }).await?;
