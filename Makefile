@@ -3,6 +3,7 @@
 #   make build          build the manager, crdgen and the simulator
 #   make test           everything CI runs: drift check, lint, unit, mock and real-control-plane tests
 #   make demo           start a local management cluster, Kairon simulator and the manager, create a cluster
+#                       (DEMO_ARGS=--exit-when-ready to stop once it is up)
 #   make generate       regenerate committed artefacts (CRDs)
 #   make lint           rustfmt check and clippy -D warnings
 #   make test-tools     build (or find in the cache) the upstream binaries the tests run
@@ -45,7 +46,7 @@ test: check-generate lint test-tools build
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) test --workspace -- --test-threads=$${TEST_THREADS:-2}
 
 demo: test-tools build
-	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo
+	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo -- $(DEMO_ARGS)
 
 clean:
 	$(CARGO) clean
