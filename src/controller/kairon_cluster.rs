@@ -15,10 +15,10 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use super::write::{self, has_finalizer};
-use super::{ERROR_REQUEUE, Error, Settings, strip_managed_fields};
+use super::{Error, Settings, strip_managed_fields};
 use crate::api::conditions::{self, Decided, PAUSED, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
@@ -211,11 +211,6 @@ async fn write_status(
         .map_err(Error::write("status"))
 }
 
-pub fn error_policy(kc: Arc<KaironCluster>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(name = %kc.name_any(), namespace = ?kc.namespace(), stage = error.stage(), %error, "reconcile failed");
-    Action::requeue(ERROR_REQUEUE)
-}
-
 /// The KaironCluster of a Cluster: its `spec.infrastructureRef`.
 pub fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCluster>> {
     let name = c.infrastructure_name(crate::api::GROUP, "KaironCluster")?;
@@ -281,13 +276,8 @@ pub fn controller(
         })
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(%obj, "reconciled"),
-                Err(e) => debug!(error = %e, "reconcile trigger failed"),
-            }
-        })
+        .run(reconcile, super::error_policy, ctx)
+        .for_each(super::log_outcome)
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::write::{self, has_finalizer};
-use super::{ERROR_REQUEUE, Error, Settings, is_not_found, strip_managed_fields};
+use super::{Error, Settings, is_not_found, strip_managed_fields};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
 use crate::api::{self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
@@ -500,12 +500,6 @@ async fn write_status(
         .map_err(Error::write("status"))
 }
 
-/// Requeue after an error.
-pub fn error_policy(km: Arc<KaironMachine>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(name = %km.name_any(), namespace = ?km.namespace(), stage = error.stage(), %error, "reconcile failed");
-    Action::requeue(ERROR_REQUEUE)
-}
-
 /// The KaironMachine for a CAPI Machine: its `spec.infrastructureRef`.
 pub fn kaironmachine_for_machine(m: &capi::Machine) -> Option<ObjectRef<KaironMachine>> {
     let r = m
@@ -633,12 +627,9 @@ pub fn controller(
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
         .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
         .graceful_shutdown_on(shutdown);
-    let task = controller.run(reconcile, error_policy, ctx).for_each(|res| async move {
-        match res {
-            Ok((obj, _)) => debug!(%obj, "reconciled"),
-            Err(e) => debug!(error = %e, "reconcile trigger failed"),
-        }
-    });
+    let task = controller
+        .run(reconcile, super::error_policy, ctx)
+        .for_each(super::log_outcome);
     (clusters, task)
 }
 

@@ -12,10 +12,9 @@ use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
-use tracing::{debug, warn};
 
 use super::write;
-use super::{ERROR_REQUEUE, Error, Settings, strip_managed_fields};
+use super::{Error, Settings, strip_managed_fields};
 use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
 use crate::capi;
 
@@ -68,11 +67,6 @@ pub async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Resu
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
-pub fn error_policy(t: Arc<KaironMachineTemplate>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(name = %t.name_any(), namespace = ?t.namespace(), stage = error.stage(), %error, "reconcile failed");
-    Action::requeue(ERROR_REQUEUE)
-}
-
 /// Builds the controller; it reads Clusters from the cache another controller fills.
 pub fn controller(
     client: Client,
@@ -97,12 +91,8 @@ pub fn controller(
     Controller::for_stream(events, templates)
         .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                debug!(error = %e, "reconcile trigger failed");
-            }
-        })
+        .run(reconcile, super::error_policy, ctx)
+        .for_each(super::log_outcome)
 }
 
 #[cfg(test)]

@@ -133,6 +133,33 @@ pub(crate) fn is_not_found(e: &kube::Error) -> bool {
 /// How long to wait after an error before trying the object again.
 pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 
+/// Logs what the controller runtime reports after each reconcile (errors are already logged by
+/// [`error_policy`]; these are the runtime's own, e.g. an object gone before its reconcile).
+pub(crate) async fn log_outcome<K: kube::Resource, E: std::fmt::Display>(
+    res: Result<
+        (
+            kube::runtime::reflector::ObjectRef<K>,
+            kube::runtime::controller::Action,
+        ),
+        E,
+    >,
+) {
+    match res {
+        Ok((obj, _)) => tracing::debug!(%obj, "reconciled"),
+        Err(e) => tracing::debug!(error = %e, "reconcile not run"),
+    }
+}
+
+/// Every controller's error policy: log where it failed, try again a little later.
+pub fn error_policy<K: kube::ResourceExt, C>(
+    obj: std::sync::Arc<K>,
+    error: &Error,
+    _ctx: std::sync::Arc<C>,
+) -> kube::runtime::controller::Action {
+    tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, "reconcile failed");
+    kube::runtime::controller::Action::requeue(ERROR_REQUEUE)
+}
+
 /// Drops what the caches never need: managedFields are most of an object's size.
 pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
