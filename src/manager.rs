@@ -133,16 +133,20 @@ fn init_logging(args: &Args) {
     }
 }
 
+/// The User-Agent of every request, so the manager's traffic can be told apart in API server
+/// metrics and audit logs.
+pub const USER_AGENT: &str = concat!("capkr-manager/", env!("CARGO_PKG_VERSION"));
+
 async fn client_from(path: &str) -> Result<Client> {
-    if path.is_empty() {
-        return Client::try_default()
+    let mut config = if path.is_empty() {
+        kube::Config::infer().await.context("no kubeconfig and not running in a cluster")?
+    } else {
+        let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .context("no kubeconfig and not running in a cluster");
-    }
-    let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("loading kubeconfig {path}"))?;
+            .with_context(|| format!("loading kubeconfig {path}"))?
+    };
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     Ok(Client::try_from(config)?)
 }
 
