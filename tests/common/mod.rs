@@ -1,0 +1,458 @@
+//! A cluster rig for the end-to-end tests: the real control plane (`capkr_testenv::Env`), one
+//! workload cluster, the Kairon simulator, capkr-manager, and a CAPI cluster made of one
+//! control-plane Machine (kubeadm init data) and a MachineDeployment (kubeadm join data).
+
+#![allow(dead_code)] // each test binary uses part of it
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use capkr::api::conditions::{self, READY};
+use capkr::api::{KaironCluster, KaironMachine};
+use capkr::kairon;
+use capkr_testenv::{Env, EnvOptions, Process, WorkloadCluster, wait_for};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+pub const KUBERNETES_VERSION: &str = "v1.36.3";
+
+/// The simulator's hosts: two failure domains.
+pub const HOSTS: &str = "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
+kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b,kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b";
+
+pub struct RigOptions {
+    pub name: &'static str,
+    pub workers: usize,
+    /// Failure domain of the control-plane Machine and of the MachineDeployment's Machines.
+    pub cp_failure_domain: Option<&'static str>,
+    pub md_failure_domain: Option<&'static str>,
+    pub sim_args: Vec<String>,
+    pub manager_args: Vec<String>,
+    pub audit: bool,
+    /// A MachineHealthCheck on the MachineDeployment's Machines.
+    pub health_check: bool,
+    /// Create the cluster objects right away.
+    pub create: bool,
+}
+
+impl RigOptions {
+    pub fn new(name: &'static str) -> Self {
+        RigOptions {
+            name,
+            workers: 2,
+            cp_failure_domain: None,
+            md_failure_domain: None,
+            sim_args: vec![],
+            manager_args: vec![],
+            audit: false,
+            health_check: false,
+            create: true,
+        }
+    }
+}
+
+pub struct Rig {
+    pub env: Env,
+    pub ns: String,
+    pub cluster: String,
+    pub workload: WorkloadCluster,
+    pub sim: Process,
+    pub manager: Process,
+}
+
+pub fn gvk(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+pub fn capi(kind: &str, plural: &str) -> ApiResource {
+    gvk("cluster.x-k8s.io", "v1beta2", kind, plural)
+}
+
+/// Fast simulator delays, hosts in two zones.
+pub fn default_sim_args() -> Vec<String> {
+    [
+        "--provision-delay",
+        "200ms",
+        "--boot-delay",
+        "500ms",
+        "--delete-delay",
+        "1s",
+        "--hosts",
+        HOSTS,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+impl Rig {
+    pub async fn start(opts: RigOptions) -> Rig {
+        let mut env_opts = EnvOptions::new(opts.name);
+        if opts.audit {
+            env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
+        }
+        let env = Env::start(env_opts).await.expect("test environment");
+        let ns = opts.name.replace('_', "-");
+        let cluster = "c1".to_string();
+        env.create_namespace(&ns).await.expect("namespace");
+        let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
+        let mut sim_args = default_sim_args();
+        sim_args.extend(opts.sim_args.iter().cloned());
+        let sim = env.start_simulator(sim_args).expect("simulator");
+        let mut manager_args = vec!["-v".to_string(), "1".to_string()];
+        manager_args.extend(opts.manager_args.iter().cloned());
+        let manager = env.start_manager(manager_args).expect("manager");
+        let rig = Rig {
+            env,
+            ns,
+            cluster,
+            workload,
+            sim,
+            manager,
+        };
+        if opts.create {
+            let yaml = rig.manifests(&opts);
+            rig.env
+                .apply(&yaml, Some(&rig.ns))
+                .await
+                .expect("cluster objects apply");
+        }
+        rig
+    }
+
+    pub fn manifests(&self, opts: &RigOptions) -> String {
+        manifests(&self.ns, &self.cluster, &self.workload.host, self.workload.port, opts)
+    }
+
+    pub fn machines(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.env.client(), &self.ns, &capi("Machine", "machines"))
+    }
+
+    pub fn machine_deployments(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.env.client(),
+            &self.ns,
+            &capi("MachineDeployment", "machinedeployments"),
+        )
+    }
+
+    pub fn clusters(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.env.client(), &self.ns, &capi("Cluster", "clusters"))
+    }
+
+    pub fn kms(&self) -> Api<KaironMachine> {
+        Api::namespaced(self.env.client(), &self.ns)
+    }
+
+    pub fn kcs(&self) -> Api<KaironCluster> {
+        Api::namespaced(self.env.client(), &self.ns)
+    }
+
+    pub fn vms(&self) -> Api<kairon::Machine> {
+        Api::namespaced(self.env.client(), &self.ns)
+    }
+
+    pub fn nodes(&self) -> Api<Node> {
+        Api::all(self.workload.client())
+    }
+
+    /// Waits for `check`; on timeout prints the environment (logs, objects) and fails.
+    pub async fn wait<T, R, F, Fut>(&self, what: &str, timeout: Duration, check: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = R>,
+        R: capkr_testenv::Outcome<T>,
+    {
+        match wait_for(what, timeout, check).await {
+            Ok(v) => v,
+            Err(e) => {
+                self.env.dump();
+                panic!("{e:#}");
+            }
+        }
+    }
+
+    /// Fails the test with the environment printed.
+    pub fn fail(&self, msg: impl std::fmt::Display) -> ! {
+        self.env.dump();
+        panic!("{msg}");
+    }
+
+    /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
+    pub async fn wait_running(&self, n: usize, timeout: Duration) -> Vec<DynamicObject> {
+        let machines = self.machines();
+        self.wait(&format!("{n} Machines Running with a nodeRef"), timeout, || async {
+            let list = machines.list(&ListParams::default()).await?;
+            let ok = list.items.len() == n
+                && list.items.iter().all(|m| {
+                    m.metadata.deletion_timestamp.is_none()
+                        && m.data["status"]["phase"] == "Running"
+                        && m.data["status"]["nodeRef"]["name"].is_string()
+                });
+            Ok::<_, kube::Error>(ok.then_some(list.items))
+        })
+        .await
+    }
+
+    pub async fn scale(&self, replicas: usize) {
+        let md = format!("{}-md-0", self.cluster);
+        self.machine_deployments()
+            .patch(
+                &md,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("scale MachineDeployment");
+    }
+
+    pub async fn set_paused(&self, paused: bool) {
+        self.clusters()
+            .patch(
+                &self.cluster,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"paused": paused}})),
+            )
+            .await
+            .expect("pause Cluster");
+    }
+
+    /// Kairon Machines by name.
+    pub async fn vm_map(&self) -> BTreeMap<String, kairon::Machine> {
+        let list = self
+            .vms()
+            .list(&ListParams::default())
+            .await
+            .expect("list Kairon Machines");
+        list.items
+            .into_iter()
+            .map(|v| (v.metadata.name.clone().unwrap_or_default(), v))
+            .collect()
+    }
+
+    /// Checks the one-to-one link between KaironMachines and Kairon Machines: every
+    /// KaironMachine has exactly one Kairon Machine carrying its UID, and no Kairon Machine is
+    /// without its KaironMachine.
+    pub async fn assert_one_vm_per_kaironmachine(&self) {
+        let kms = self
+            .kms()
+            .list(&ListParams::default())
+            .await
+            .expect("list KaironMachines")
+            .items;
+        let vms = self.vm_map().await;
+        for km in &kms {
+            let uid = km.metadata.uid.clone().unwrap();
+            let carrying: Vec<_> = vms
+                .values()
+                .filter(|v| {
+                    v.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get(kairon::labels::KAIRONMACHINE_UID))
+                        == Some(&uid)
+                })
+                .collect();
+            if carrying.len() != 1 {
+                self.fail(format!(
+                    "KaironMachine {:?} has {} Kairon Machines",
+                    km.metadata.name,
+                    carrying.len()
+                ));
+            }
+        }
+        for name in vms.keys() {
+            if !kms.iter().any(|k| k.metadata.name.as_deref() == Some(name.as_str())) {
+                self.fail(format!("Kairon Machine {name} has no KaironMachine (leaked)"));
+            }
+        }
+    }
+}
+
+/// Status of the Ready condition of a KaironMachine.
+pub fn km_ready(km: &KaironMachine) -> Option<(String, String)> {
+    let c = conditions::get(km.status.as_ref()?.conditions.as_deref()?, READY)?;
+    Some((c.status.clone(), c.reason.clone()))
+}
+
+/// A condition of a dynamic object.
+pub fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
+    obj.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+pub fn manifests(namespace: &str, cluster: &str, host: &str, port: u16, opts: &RigOptions) -> String {
+    let fd = |f: Option<&str>| f.map(|f| format!("\n  failureDomain: {f}")).unwrap_or_default();
+    let md_fd = opts
+        .md_failure_domain
+        .map(|f| format!("\n      failureDomain: {f}"))
+        .unwrap_or_default();
+    let cp_fd = fd(opts.cp_failure_domain);
+    let workers = opts.workers;
+    let mhc = if opts.health_check {
+        format!(
+            r#"
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineHealthCheck
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  clusterName: {cluster}
+  selector:
+    matchLabels:
+      cluster.x-k8s.io/deployment-name: {cluster}-md-0
+  checks:
+    nodeStartupTimeoutSeconds: 120
+    unhealthyNodeConditions:
+    - type: Ready
+      status: "False"
+      timeoutSeconds: 5
+    - type: Ready
+      status: Unknown
+      timeoutSeconds: 5
+    unhealthyMachineConditions:
+    - type: InfrastructureReady
+      status: "False"
+      timeoutSeconds: 5
+  remediation:
+    triggerIf:
+      unhealthyLessThanOrEqualTo: 100%"#
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        r#"apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata:
+  name: {cluster}
+  namespace: {namespace}
+spec:
+  clusterNetwork:
+    pods:
+      cidrBlocks: [192.168.0.0/16]
+  infrastructureRef:
+    apiGroup: infrastructure.cluster.x-k8s.io
+    kind: KaironCluster
+    name: {cluster}
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironCluster
+metadata:
+  name: {cluster}
+  namespace: {namespace}
+spec:
+  controlPlaneEndpoint:
+    host: {host}
+    port: {port}
+  failureDomains:
+  - name: zone-a
+    controlPlane: true
+    nodeSelector:
+      topology.kairon.zyvor.dev/zone: zone-a
+  - name: zone-b
+    nodeSelector:
+      topology.kairon.zyvor.dev/zone: zone-b
+---
+apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfig
+metadata:
+  name: {cluster}-control-plane-0
+  namespace: {namespace}
+spec:
+  initConfiguration:
+    nodeRegistration:
+      name: '{{{{ ds.meta_data.local_hostname }}}}'
+      kubeletExtraArgs:
+      - name: provider-id
+        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironMachine
+metadata:
+  name: {cluster}-control-plane-0
+  namespace: {namespace}
+spec:
+  cpus: 2
+  memory: 4Gi
+  image: ubuntu-2404-kube-{KUBERNETES_VERSION}
+  diskSize: 20Gi
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: Machine
+metadata:
+  name: {cluster}-control-plane-0
+  namespace: {namespace}
+  labels:
+    cluster.x-k8s.io/cluster-name: {cluster}
+    cluster.x-k8s.io/control-plane: ""
+spec:
+  clusterName: {cluster}
+  version: {KUBERNETES_VERSION}{cp_fd}
+  bootstrap:
+    configRef:
+      apiGroup: bootstrap.cluster.x-k8s.io
+      kind: KubeadmConfig
+      name: {cluster}-control-plane-0
+  infrastructureRef:
+    apiGroup: infrastructure.cluster.x-k8s.io
+    kind: KaironMachine
+    name: {cluster}-control-plane-0
+---
+apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfigTemplate
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  template:
+    spec:
+      joinConfiguration:
+        nodeRegistration:
+          name: '{{{{ ds.meta_data.local_hostname }}}}'
+          kubeletExtraArgs:
+          - name: provider-id
+            value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironMachineTemplate
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  template:
+    spec:
+      cpus: 2
+      memory: 4Gi
+      image: ubuntu-2404-kube-{KUBERNETES_VERSION}
+      diskSize: 20Gi
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineDeployment
+metadata:
+  name: {cluster}-md-0
+  namespace: {namespace}
+spec:
+  clusterName: {cluster}
+  replicas: {workers}
+  template:
+    spec:
+      clusterName: {cluster}
+      version: {KUBERNETES_VERSION}{md_fd}
+      bootstrap:
+        configRef:
+          apiGroup: bootstrap.cluster.x-k8s.io
+          kind: KubeadmConfigTemplate
+          name: {cluster}-md-0
+      infrastructureRef:
+        apiGroup: infrastructure.cluster.x-k8s.io
+        kind: KaironMachineTemplate
+        name: {cluster}-md-0{mhc}
+"#
+    )
+}

@@ -1,0 +1,296 @@
+//! Scenario 10: invalid specs are rejected by the real kube-apiserver with messages that name
+//! the field, and updates of immutable fields are rejected. No webhook server is involved:
+//! this is the CRD schema (OpenAPI and CEL) doing the work.
+
+use capkr_testenv::{CapiManagers, Env, EnvOptions};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+fn api(env: &Env, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("infrastructure.cluster.x-k8s.io", "v1alpha1", kind),
+        plural,
+    );
+    Api::namespaced_with(env.client(), "admission", &ar)
+}
+
+fn obj(kind: &str, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": kind,
+        "metadata": {"name": name, "namespace": "admission"}, "spec": spec
+    }))
+    .unwrap()
+}
+
+fn machine_spec() -> Value {
+    json!({"cpus": 2, "memory": "4Gi", "image": "ubuntu-2404-kube-v1.36.3", "diskSize": "20Gi"})
+}
+
+fn with(mut v: Value, path: &[&str], value: Value) -> Value {
+    let mut cur = &mut v;
+    for p in &path[..path.len() - 1] {
+        cur = &mut cur[*p];
+    }
+    match value {
+        Value::Null => {
+            cur.as_object_mut().unwrap().remove(path[path.len() - 1]);
+        }
+        other => cur[path[path.len() - 1]] = other,
+    }
+    v
+}
+
+fn plural(kind: &str) -> &'static str {
+    match kind {
+        "KaironMachine" => "kaironmachines",
+        "KaironMachineTemplate" => "kaironmachinetemplates",
+        "KaironCluster" => "kaironclusters",
+        "KaironClusterTemplate" => "kaironclustertemplates",
+        other => panic!("{other}"),
+    }
+}
+
+async fn rejection(env: &Env, o: &DynamicObject) -> Option<String> {
+    let kind = o.types.as_ref().unwrap().kind.clone();
+    match api(env, &kind, plural(&kind)).create(&PostParams::default(), o).await {
+        Ok(_) => None,
+        Err(kube::Error::Api(s)) => Some(s.message.clone()),
+        Err(e) => panic!("unexpected error {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
+    let opts = EnvOptions::new("admission").capi_managers(CapiManagers {
+        core: false,
+        bootstrap: false,
+        control_plane: false,
+    });
+    let env = Env::start(opts).await.expect("test environment");
+    env.create_namespace("admission").await.unwrap();
+
+    let tmpl = |spec: Value| json!({"template": {"spec": spec}});
+    let endpoint = json!({"controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443}});
+    // (kind, spec, field path the message must name, phrase it must contain)
+    let cases: Vec<(&str, Value, &str, &str)> = vec![
+        (
+            "KaironMachine",
+            with(machine_spec(), &["cpus"], json!(0)),
+            "spec.cpus",
+            "cpus must be at least 1",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["cpus"], json!(-4)),
+            "spec.cpus",
+            "cpus must be at least 1",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["memory"], json!("256Mi")),
+            "spec.memory",
+            "at least 512Mi",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["memory"], json!("lots")),
+            "spec.memory",
+            "",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["diskSize"], json!("0")),
+            "spec.diskSize",
+            "greater than 0",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["image"], json!("")),
+            "spec.image",
+            "",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["image"], Value::Null),
+            "spec.image",
+            "Required",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["cpus"], Value::Null),
+            "spec.cpus",
+            "Required",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["providerID"], json!("")),
+            "spec.providerID",
+            "",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["network"], json!({"name": ""})),
+            "spec.network.name",
+            "",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["cpus"], json!("two")),
+            "spec.cpus",
+            "",
+        ),
+        (
+            "KaironMachineTemplate",
+            tmpl(with(machine_spec(), &["providerID"], json!("kairon://x"))),
+            "spec.template.spec.providerID",
+            "must not be set",
+        ),
+        (
+            "KaironMachineTemplate",
+            tmpl(with(machine_spec(), &["cpus"], json!(0))),
+            "spec.template.spec.cpus",
+            "cpus must be at least 1",
+        ),
+        (
+            "KaironMachineTemplate",
+            tmpl(with(machine_spec(), &["memory"], json!("100Mi"))),
+            "spec.template.spec.memory",
+            "at least 512Mi",
+        ),
+        (
+            "KaironCluster",
+            json!({"controlPlaneEndpoint": {"host": "h", "port": 0}}),
+            "spec.controlPlaneEndpoint.port",
+            "between 1 and 65535",
+        ),
+        (
+            "KaironCluster",
+            json!({"controlPlaneEndpoint": {"host": "h", "port": 70000}}),
+            "spec.controlPlaneEndpoint.port",
+            "between 1 and 65535",
+        ),
+        (
+            "KaironCluster",
+            json!({"controlPlaneEndpoint": {"host": "", "port": 6443}}),
+            "spec.controlPlaneEndpoint.host",
+            "",
+        ),
+        (
+            "KaironCluster",
+            json!({"controlPlaneEndpoint": {}}),
+            "spec.controlPlaneEndpoint",
+            "must set host or port",
+        ),
+        (
+            "KaironCluster",
+            json!({"failureDomains": [{"name": "a"}, {"name": "a"}]}),
+            "spec.failureDomains",
+            "",
+        ),
+        (
+            "KaironCluster",
+            json!({"failureDomains": [{"name": ""}]}),
+            "spec.failureDomains[0].name",
+            "",
+        ),
+        (
+            "KaironCluster",
+            json!({"failureDomains": []}),
+            "spec.failureDomains",
+            "",
+        ),
+        (
+            "KaironClusterTemplate",
+            tmpl(json!({"controlPlaneEndpoint": {"host": "h", "port": 0}})),
+            "spec.template.spec.controlPlaneEndpoint.port",
+            "between 1 and 65535",
+        ),
+    ];
+    assert!(cases.len() >= 15);
+    let mut failures = vec![];
+    for (i, (kind, spec, field, phrase)) in cases.iter().enumerate() {
+        let o = obj(kind, &format!("bad-{i}"), spec.clone());
+        match rejection(&env, &o).await {
+            None => failures.push(format!("case {i} ({kind} {spec}): accepted")),
+            Some(msg) if !msg.contains(field) || !msg.contains(phrase) => failures.push(format!(
+                "case {i} ({kind} {spec}): message {msg:?} lacks {field:?} or {phrase:?}"
+            )),
+            Some(_) => {}
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Good objects are accepted...
+    let machines = api(&env, "KaironMachine", "kaironmachines");
+    machines
+        .create(&PostParams::default(), &obj("KaironMachine", "good", machine_spec()))
+        .await
+        .expect("a valid KaironMachine");
+    let clusters = api(&env, "KaironCluster", "kaironclusters");
+    clusters
+        .create(&PostParams::default(), &obj("KaironCluster", "good", endpoint))
+        .await
+        .expect("a valid KaironCluster");
+
+    // ...and their immutable fields stay put.
+    let pp = PatchParams::default();
+    let updates: Vec<(&Api<DynamicObject>, Value, &str, &str)> = vec![
+        (&machines, json!({"spec": {"cpus": 8}}), "spec.cpus", "immutable"),
+        (
+            &machines,
+            json!({"spec": {"image": "other"}}),
+            "spec.image",
+            "immutable",
+        ),
+        (
+            &machines,
+            json!({"spec": {"nodeSelector": {"a": "b"}}}),
+            "spec.nodeSelector",
+            "immutable",
+        ),
+        (
+            &clusters,
+            json!({"spec": {"controlPlaneEndpoint": {"host": "10.0.0.11"}}}),
+            "spec.controlPlaneEndpoint",
+            "immutable once set",
+        ),
+    ];
+    for (api, patch, field, phrase) in updates {
+        match api.patch("good", &pp, &Patch::Merge(patch.clone())).await {
+            Ok(_) => panic!("update {patch} accepted"),
+            Err(kube::Error::Api(s)) => assert!(
+                s.message.contains(field) && s.message.contains(phrase),
+                "{patch}: {}",
+                s.message
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // providerID: set once, then never changed.
+    machines
+        .patch(
+            "good",
+            &pp,
+            &Patch::Merge(json!({"spec": {"providerID": "kairon://a"}})),
+        )
+        .await
+        .expect("first providerID write");
+    let err = machines
+        .patch(
+            "good",
+            &pp,
+            &Patch::Merge(json!({"spec": {"providerID": "kairon://b"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("spec.providerID is write-once"), "{err}");
+    // Metadata stays editable (CAPI syncs labels and annotations onto KaironMachines).
+    machines
+        .patch(
+            "good",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}, "annotations": {"a": "b"}}})),
+        )
+        .await
+        .expect("metadata edits are allowed");
+}

@@ -1,0 +1,345 @@
+//! Cluster lifecycle against the real CAPI controllers: create, steady state, scale, delete.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{Rig, RigOptions, condition, km_ready};
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams};
+
+const UP: Duration = Duration::from_secs(180);
+
+/// Scenarios 1 and 2: a control plane of one Machine in zone-a and a MachineDeployment of 3
+/// workers in zone-b come up with every contract field in place; then, for a minute, no object
+/// of ours changes and the manager issues no write.
+#[tokio::test(flavor = "multi_thread")]
+async fn create_then_steady_state_writes_nothing() {
+    let rig = Rig::start(RigOptions {
+        workers: 3,
+        cp_failure_domain: Some("zone-a"),
+        md_failure_domain: Some("zone-b"),
+        audit: true,
+        ..RigOptions::new("create_steady")
+    })
+    .await;
+    let machines = rig.wait_running(4, UP).await;
+
+    // Failure domains of the KaironCluster are on the Cluster.
+    let cluster = rig.clusters().get(&rig.cluster).await.unwrap();
+    let fds: Vec<_> = cluster.data["status"]["failureDomains"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|f| f["name"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(fds, ["zone-a", "zone-b"], "Cluster.status.failureDomains");
+    // The Cluster's InfrastructureReady mirrors the KaironCluster's Ready.
+    let kc = rig.kcs().get(&rig.cluster).await.unwrap();
+    let kc_ready = capkr::api::conditions::get(kc.status.as_ref().unwrap().conditions.as_deref().unwrap(), "Ready")
+        .unwrap()
+        .clone();
+    let infra_ready = condition(&cluster, "InfrastructureReady").expect("InfrastructureReady on the Cluster");
+    assert_eq!(infra_ready["status"], kc_ready.status.as_str());
+    assert_eq!(infra_ready["reason"], kc_ready.reason.as_str());
+
+    let nodes = rig.nodes().list(&ListParams::default()).await.unwrap().items;
+    let vms = rig.vm_map().await;
+    for m in &machines {
+        let name = m.name_any();
+        let km = rig.kms().get(&name).await.unwrap();
+        let status = km.status.clone().unwrap();
+        assert!(status.is_provisioned(), "{name}: provisioned");
+        assert_eq!(km_ready(&km), Some(("True".into(), "Ready".into())), "{name}: Ready");
+        assert!(
+            status.addresses.as_ref().is_some_and(|a| !a.is_empty()),
+            "{name}: addresses"
+        );
+        let pid = km.spec.provider_id.clone().expect("providerID");
+        let node_name = m.data["status"]["nodeRef"]["name"].as_str().unwrap();
+        let node = nodes.iter().find(|n| n.name_any() == node_name).expect("node");
+        assert_eq!(
+            node.spec.as_ref().and_then(|s| s.provider_id.clone()),
+            Some(pid.clone()),
+            "{name}: Node's providerID"
+        );
+        assert_eq!(
+            m.data["spec"]["providerID"],
+            pid.as_str(),
+            "{name}: Machine's providerID"
+        );
+        // Placement: the Machine's failure domain is where the VM runs.
+        let want_fd = m.data["spec"]["failureDomain"]
+            .as_str()
+            .expect("Machines have a failure domain here");
+        assert_eq!(
+            status.failure_domain.as_deref(),
+            Some(want_fd),
+            "{name}: status.failureDomain"
+        );
+        assert_eq!(
+            m.data["status"]["failureDomain"], want_fd,
+            "{name}: Machine.status.failureDomain"
+        );
+        let vm = &vms[&name];
+        let host = vm.status.as_ref().and_then(|s| s.host_name.clone()).unwrap_or_default();
+        let zone_hosts = if want_fd == "zone-a" {
+            vec!["kairon-node-1"]
+        } else {
+            vec!["kairon-node-2", "kairon-node-3"]
+        };
+        assert!(
+            zone_hosts.contains(&host.as_str()),
+            "{name}: host {host} is in {want_fd}"
+        );
+    }
+    assert_eq!(vms.len(), 4);
+    rig.assert_one_vm_per_kaironmachine().await;
+
+    // Steady state. Let the last status writes (from the final reconciles) settle, then watch.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = our_resource_versions(&rig).await;
+    let audit = rig.env.audit_log_path().expect("audit log").to_path_buf();
+    let audit_len = std::fs::metadata(&audit).unwrap().len();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let after = our_resource_versions(&rig).await;
+    assert_eq!(before, after, "no object of ours changed in a minute of steady state");
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let writes: Vec<_> = text.as_bytes()[audit_len as usize..]
+        .split(|b| *b == b'\n')
+        .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+        .filter(|e| e["userAgent"].as_str().is_some_and(|u| u.starts_with("capkr-manager/")))
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete" | "deletecollection")
+            )
+        })
+        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+        .collect();
+    assert!(writes.is_empty(), "the manager wrote at steady state: {writes:?}");
+    let manager_requests = text.lines().filter(|l| l.contains("capkr-manager/")).count();
+    assert!(manager_requests > 0, "the audit log sees the manager at all");
+}
+
+async fn our_resource_versions(rig: &Rig) -> BTreeMap<String, String> {
+    let mut rv = BTreeMap::new();
+    for km in rig.kms().list(&ListParams::default()).await.unwrap() {
+        rv.insert(
+            format!("KaironMachine/{}", km.name_any()),
+            km.resource_version().unwrap_or_default(),
+        );
+    }
+    for kc in rig.kcs().list(&ListParams::default()).await.unwrap() {
+        rv.insert(
+            format!("KaironCluster/{}", kc.name_any()),
+            kc.resource_version().unwrap_or_default(),
+        );
+    }
+    let templates: kube::Api<capkr::api::KaironMachineTemplate> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    for t in templates.list(&ListParams::default()).await.unwrap() {
+        rv.insert(
+            format!("KaironMachineTemplate/{}", t.name_any()),
+            t.resource_version().unwrap_or_default(),
+        );
+    }
+    assert!(rv.len() >= 6, "{rv:?}");
+    rv
+}
+
+/// Scenarios 3 and 4: MachineDeployment 3 → 5 → 1 creates and deletes exactly the right Kairon
+/// Machines, each worker is drained before its VM goes; then deleting the Cluster removes
+/// everything, each KaironMachine only after its VM is gone and the KaironCluster last.
+#[tokio::test(flavor = "multi_thread")]
+async fn scale_then_delete_the_cluster() {
+    let rig = Rig::start(RigOptions {
+        workers: 3,
+        sim_args: vec!["--delete-delay".into(), "2s".into()],
+        ..RigOptions::new("scale_delete")
+    })
+    .await;
+    let start = rig.wait_running(4, UP).await;
+    let first_vms = rig.vm_map().await;
+    let uid_of = |vms: &BTreeMap<String, capkr::kairon::Machine>, n: &str| vms[n].metadata.uid.clone().unwrap();
+
+    // 3 -> 5: two new VMs, the existing ones untouched.
+    rig.scale(5).await;
+    let five = rig.wait_running(6, UP).await;
+    let vms = rig.vm_map().await;
+    assert_eq!(vms.len(), 6, "one VM per Machine: {:?}", vms.keys());
+    for m in &start {
+        assert_eq!(
+            uid_of(&vms, &m.name_any()),
+            uid_of(&first_vms, &m.name_any()),
+            "{} kept its VM",
+            m.name_any()
+        );
+    }
+    rig.assert_one_vm_per_kaironmachine().await;
+
+    // 5 -> 1: four workers go. Watch each one: its Node is cordoned (drain) before its VM is
+    // deleted, and its KaironMachine goes only once its VM is gone.
+    rig.scale(1).await;
+    let workers: BTreeSet<String> = five
+        .iter()
+        .map(|m| m.name_any())
+        .filter(|n| !n.contains("control-plane"))
+        .collect();
+    let node_of: BTreeMap<String, String> = five
+        .iter()
+        .map(|m| {
+            (
+                m.name_any(),
+                m.data["status"]["nodeRef"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let mut cordoned: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut vm_deleting: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut vm_gone: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut km_gone: BTreeMap<String, Instant> = BTreeMap::new();
+    let deadline = Instant::now() + UP;
+    loop {
+        let now = Instant::now();
+        // Read order matters: KaironMachines, then VMs, then Nodes. A KaironMachine seen gone
+        // before its VM is seen present is a real violation, and a VM seen deleting before its
+        // Node is seen uncordoned too.
+        let kms: BTreeSet<String> = rig
+            .kms()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|k| k.name_any())
+            .collect();
+        let vms = rig.vm_map().await;
+        let nodes = rig.nodes().list(&ListParams::default()).await.unwrap().items;
+        for w in &workers {
+            let node = nodes.iter().find(|n| n.name_any() == node_of[w]);
+            if node.is_some_and(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)) {
+                cordoned.entry(w.clone()).or_insert(now);
+            }
+            match vms.get(w) {
+                Some(vm) if vm.metadata.deletion_timestamp.is_some() => {
+                    vm_deleting.entry(w.clone()).or_insert(now);
+                }
+                None => {
+                    vm_deleting.entry(w.clone()).or_insert(now);
+                    vm_gone.entry(w.clone()).or_insert(now);
+                }
+                _ => {}
+            }
+            if !kms.contains(w) {
+                km_gone.entry(w.clone()).or_insert(now);
+                if vms.contains_key(w) {
+                    rig.fail(format!(
+                        "KaironMachine {w} is gone while its Kairon Machine still exists"
+                    ));
+                }
+            }
+        }
+        let machines = rig.machines().list(&ListParams::default()).await.unwrap().items;
+        if machines.len() == 2 && km_gone.len() == 4 && vms.len() == 2 {
+            break;
+        }
+        if now > deadline {
+            rig.fail(format!(
+                "scale down to 1 did not finish: {} Machines, {} VMs",
+                machines.len(),
+                vms.len()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let removed: BTreeSet<String> = km_gone.keys().cloned().collect();
+    assert_eq!(removed.len(), 4);
+    for w in &removed {
+        let (Some(c), Some(d)) = (cordoned.get(w), vm_deleting.get(w)) else {
+            rig.fail(format!(
+                "{w}: drain (cordon) or VM deletion not seen: cordoned={cordoned:?} deleting={vm_deleting:?}"
+            ));
+        };
+        assert!(c <= d, "{w}: the Node was cordoned before the VM was deleted");
+        assert!(vm_gone[w] <= km_gone[w], "{w}: the VM went before its KaironMachine");
+    }
+    let survivors = rig.wait_running(2, UP).await;
+    let vms = rig.vm_map().await;
+    for m in &survivors {
+        if let Some(old) = first_vms.get(&m.name_any()) {
+            assert_eq!(
+                vms[&m.name_any()].metadata.uid,
+                old.metadata.uid,
+                "{} kept its VM",
+                m.name_any()
+            );
+        }
+    }
+    rig.assert_one_vm_per_kaironmachine().await;
+
+    // Scenario 4: delete the Cluster.
+    rig.clusters()
+        .delete(&rig.cluster, &DeleteParams::background())
+        .await
+        .unwrap();
+    let mut km_gone_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut vm_gone_at: BTreeMap<String, Instant> = BTreeMap::new();
+    let names: BTreeSet<String> = survivors.iter().map(|m| m.name_any()).collect();
+    let kc_gone;
+    let deadline = Instant::now() + UP;
+    loop {
+        let now = Instant::now();
+        // Read order: KaironCluster, KaironMachines, VMs (see above).
+        let kcs = rig.kcs().list(&ListParams::default()).await.unwrap().items.len();
+        let kms: BTreeSet<String> = rig
+            .kms()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|k| k.name_any())
+            .collect();
+        let vms = rig.vm_map().await;
+        for n in &names {
+            if !vms.contains_key(n) {
+                vm_gone_at.entry(n.clone()).or_insert(now);
+            }
+            if !kms.contains(n) {
+                km_gone_at.entry(n.clone()).or_insert(now);
+                if vms.contains_key(n) {
+                    rig.fail(format!(
+                        "KaironMachine {n} is gone while its Kairon Machine still exists"
+                    ));
+                }
+            }
+        }
+        if kcs == 0 {
+            if !kms.is_empty() {
+                rig.fail(format!("the KaironCluster went before KaironMachines {kms:?}"));
+            }
+            kc_gone = now;
+            break;
+        }
+        if now > deadline {
+            rig.fail("cluster deletion did not finish");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in &names {
+        assert!(km_gone_at[n] <= kc_gone, "{n}: KaironMachine before the KaironCluster");
+    }
+    rig.wait("the Cluster gone", UP, || async {
+        Ok::<_, kube::Error>(rig.clusters().list(&ListParams::default()).await?.items.is_empty())
+    })
+    .await;
+    assert!(rig.vm_map().await.is_empty(), "no Kairon Machine is left");
+    assert!(rig.kms().list(&ListParams::default()).await.unwrap().items.is_empty());
+}
