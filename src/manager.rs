@@ -139,14 +139,18 @@ pub const USER_AGENT: &str = concat!("capkr-manager/", env!("CARGO_PKG_VERSION")
 
 async fn client_from(path: &str) -> Result<Client> {
     let mut config = if path.is_empty() {
-        kube::Config::infer().await.context("no kubeconfig and not running in a cluster")?
+        kube::Config::infer()
+            .await
+            .context("no kubeconfig and not running in a cluster")?
     } else {
         let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .with_context(|| format!("loading kubeconfig {path}"))?
     };
-    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+    config
+        .headers
+        .push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     Ok(Client::try_from(config)?)
 }
 

@@ -192,7 +192,9 @@ async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
     rig.wait_running(2, UP).await;
     let marker = "BOOTSTRAP-MARKER-7f3a9c";
     let big = format!("#cloud-config\n# {marker}\n{}", "x".repeat(600 * 1024));
-    let cases: Vec<(&str, Option<Vec<(&str, String)>>, &str)> = vec![
+    // (name, Secret data or no Secret, expected InstanceProvisioned reason)
+    type Case<'a> = (&'a str, Option<Vec<(&'a str, String)>>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "bad-ignition",
             Some(vec![

@@ -114,6 +114,22 @@ pub fn set(conditions: &mut Vec<Condition>, decided: Decided, observed_generatio
     conditions.sort_by(|a, b| a.type_.cmp(&b.type_));
 }
 
+/// Whether `conditions` already say what `decided` says (status, reason and message), whatever
+/// the generation they were observed at.
+pub fn says(conditions: Option<&[Condition]>, decided: &Decided) -> bool {
+    conditions.and_then(|c| get(c, decided.type_)).is_some_and(|c| {
+        c.status == decided.status.as_str() && c.reason == decided.reason && c.message == decided.message
+    })
+}
+
+/// The Paused condition for a pause reason (`None`: not paused).
+pub fn paused(why: Option<&str>) -> Decided {
+    match why {
+        Some(why) => Decided::new(PAUSED, Status::True, reason::PAUSED, why),
+        None => Decided::new(PAUSED, Status::False, reason::NOT_PAUSED, ""),
+    }
+}
+
 /// Finds a condition by type.
 pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)
@@ -180,6 +196,16 @@ mod tests {
         );
         let types: Vec<_> = c.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(types, ["InstanceProvisioned", "Paused", "Ready"]);
+    }
+
+    #[test]
+    fn says_ignores_generation_and_time() {
+        let mut c = vec![];
+        set(&mut c, paused(Some("why")), Some(1), &at(1));
+        assert!(says(Some(&c), &paused(Some("why"))));
+        assert!(!says(Some(&c), &paused(Some("other reason"))));
+        assert!(!says(Some(&c), &paused(None)));
+        assert!(!says(None, &paused(Some("why"))));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use super::write::{self, has_finalizer};
 use super::{Error, Settings, strip_managed_fields};
-use crate::api::conditions::{self, Decided, PAUSED, READY, Status, reason};
+use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
 };
@@ -77,11 +77,7 @@ pub fn next_status(
     let generation = kc.metadata.generation;
     let mut status = kc.status.clone().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
-    let paused_condition = match paused {
-        Some(why) => Decided::new(PAUSED, Status::True, reason::PAUSED, why),
-        None => Decided::new(PAUSED, Status::False, reason::NOT_PAUSED, ""),
-    };
-    conditions::set(&mut conds, paused_condition, generation, now);
+    conditions::set(&mut conds, conditions::paused(paused), generation, now);
 
     let ready = match observed {
         None => None,
@@ -153,7 +149,13 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         .and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
 
     if let Some(why) = capi::paused_reason(cluster.as_deref(), &kc.metadata) {
-        write_status(&api, &kc, None, Some(why)).await?;
+        // Written once; see the KaironMachine reconciler.
+        if !conditions::says(
+            kc.status.as_ref().and_then(|s| s.conditions.as_deref()),
+            &conditions::paused(Some(why)),
+        ) {
+            write_status(&api, &kc, None, Some(why)).await?;
+        }
         return Ok(Action::await_change());
     }
     if kc.metadata.deletion_timestamp.is_some() {
@@ -283,6 +285,7 @@ pub fn controller(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::conditions::PAUSED;
     use crate::api::{APIEndpoint, FailureDomainSpec, KaironClusterSpec};
     use k8s_openapi::jiff::Timestamp;
 

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::write::{self, has_finalizer};
 use super::{Error, Settings, is_not_found, strip_managed_fields};
-use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
+use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, READY, Status, reason};
 use crate::api::{self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
 use crate::kairon::{self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id};
@@ -92,11 +92,7 @@ pub fn next_status(
 ) -> KaironMachineStatus {
     let mut status = current.cloned().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
-    let paused_condition = match paused {
-        Some(why) => Decided::new(PAUSED, Status::True, reason::PAUSED, why),
-        None => Decided::new(PAUSED, Status::False, reason::NOT_PAUSED, ""),
-    };
-    conditions::set(&mut conds, paused_condition, generation, now);
+    conditions::set(&mut conds, conditions::paused(paused), generation, now);
 
     if let Some(observed) = observed {
         let instance = match observed {
@@ -179,8 +175,14 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         .and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
 
     if let Some(why) = capi::paused_reason(cluster.as_deref(), &km.metadata) {
-        debug!(%why, "paused");
-        write_status(&api, &km, None, Some(why)).await?;
+        // Paused means no writes: the Paused condition is written once, and not refreshed
+        // for a new generation (a deletion bumps it) while the pause lasts.
+        if !conditions::says(
+            km.status.as_ref().and_then(|s| s.conditions.as_deref()),
+            &conditions::paused(Some(why)),
+        ) {
+            write_status(&api, &km, None, Some(why)).await?;
+        }
         return Ok(Action::await_change());
     }
     if km.metadata.deletion_timestamp.is_some() {
@@ -636,6 +638,7 @@ pub fn controller(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::conditions::PAUSED;
     use crate::kairon::MachineStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;

@@ -1,0 +1,522 @@
+//! The clusterctl provider repository (`make release-manifests`), exercised with the real
+//! clusterctl v1.14.2 from a local file repository: `generate provider`, `generate cluster`
+//! for every flavor (then `kubectl apply --dry-run=server` against a test environment with
+//! CAPI's CRDs and webhooks), and `clusterctl init` of core, CABPK, KCP and kairon.
+
+mod distribution_support;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use capkr_testenv::{CapiManagers, Env, EnvOptions, wait_for};
+use distribution_support::*;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use serde_json::Value;
+
+const PROVIDER_LABEL: &str = "cluster.x-k8s.io/provider";
+
+fn listed(out: &str, section: &str) -> BTreeSet<String> {
+    out.lines()
+        .skip_while(|l| l.trim_end() != section)
+        .skip(1)
+        .take_while(|l| l.starts_with("  - "))
+        .filter_map(|l| {
+            l.trim_start_matches("  - ")
+                .split_whitespace()
+                .next()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+#[test]
+fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_container() {
+    let repo = LocalRepo::new();
+    let components = docs(&read(&repo.components_path()));
+    let kinds: Vec<&str> = components.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    for d in &components {
+        assert_eq!(
+            d["metadata"]["labels"][PROVIDER_LABEL], "infrastructure-kairon",
+            "{} {} lacks the provider label",
+            d["kind"], d["metadata"]["name"]
+        );
+    }
+    let namespaces: Vec<&Value> = components.iter().filter(|d| d["kind"] == "Namespace").collect();
+    assert_eq!(namespaces.len(), 1, "exactly one Namespace: {kinds:?}");
+    assert_eq!(namespaces[0]["metadata"]["name"], "capkr-system");
+    let crds: Vec<&Value> = components
+        .iter()
+        .filter(|d| d["kind"] == "CustomResourceDefinition")
+        .collect();
+    let crd_names: BTreeSet<&str> = crds.iter().map(|c| c["metadata"]["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        crd_names,
+        BTreeSet::from([
+            "kaironclusters.infrastructure.cluster.x-k8s.io",
+            "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+            "kaironmachines.infrastructure.cluster.x-k8s.io",
+            "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+        ])
+    );
+    for c in &crds {
+        assert_eq!(c["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"], "v1alpha1");
+    }
+    for kind in [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(kinds.contains(&kind), "{kind} missing: {kinds:?}");
+    }
+    let deployment = components.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    assert_eq!(deployment["metadata"]["namespace"], "capkr-system");
+    let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1);
+    assert_eq!(containers[0]["name"], "manager");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["serviceAccountName"],
+        "capkr-manager"
+    );
+
+    let metadata = &docs(&read(
+        &repo.version_dir("infrastructure-kairon", VERSION).join("metadata.yaml"),
+    ))[0];
+    assert_eq!(metadata["apiVersion"], "clusterctl.cluster.x-k8s.io/v1alpha3");
+    let series = metadata["releaseSeries"].as_array().unwrap();
+    assert!(
+        series
+            .iter()
+            .any(|s| s["major"] == 0 && s["minor"] == 1 && s["contract"] == "v1beta2"),
+        "the crate's version series declares contract v1beta2: {series:?}"
+    );
+    for f in [
+        "cluster-template.yaml",
+        "cluster-template-md-remediation.yaml",
+        "cluster-template-topology.yaml",
+        "clusterclass-kairon.yaml",
+    ] {
+        assert!(
+            repo.version_dir("infrastructure-kairon", VERSION).join(f).is_file(),
+            "{f}"
+        );
+    }
+}
+
+#[test]
+fn generate_provider_describes_exactly_the_documented_variables() {
+    let repo = LocalRepo::new();
+    let out = stdout(&run_ok(repo.clusterctl().args([
+        "generate",
+        "provider",
+        "--infrastructure",
+        "kairon",
+        "--describe",
+    ])));
+    let listed = listed(&out, "Variables:");
+    let documented: BTreeSet<String> = documented_variables("### Provider variables").into_iter().collect();
+    assert_eq!(listed, documented, "clusterctl --describe output:\n{out}");
+    assert!(out.contains("TargetNamespace:    capkr-system"), "{out}");
+
+    // Rendered with the defaults: no variable is required, and the manager image is there.
+    let rendered = stdout(&run_ok(repo.clusterctl().args([
+        "generate",
+        "provider",
+        "--infrastructure",
+        &format!("kairon:{VERSION}"),
+    ])));
+    assert!(!rendered.contains("${"), "unsubstituted variables left");
+    let objs = docs(&rendered);
+    let deployment = objs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let manager = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(manager["image"], "ghcr.io/zyvor/cluster-api-provider-kairon:v0.1.0");
+    let args: Vec<&str> = manager["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args, ["--sync-period=10m", "--log-format=json", "--v=0"]);
+    // clusterctl adds its own label to everything it would install.
+    assert!(
+        objs.iter()
+            .all(|o| o["metadata"]["labels"]["clusterctl.cluster.x-k8s.io"] == "")
+    );
+}
+
+#[test]
+fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
+    let repo = LocalRepo::new();
+    let documented: BTreeSet<String> = documented_variables("### Cluster template variables")
+        .into_iter()
+        .collect();
+    for flavor in FLAVORS {
+        let mut cmd = repo.clusterctl();
+        cmd.args(["generate", "cluster", "c1", "--infrastructure"])
+            .arg(format!("kairon:{VERSION}"))
+            .args(["--target-namespace", "ns1", "--list-variables"])
+            .args(["--kubernetes-version", KUBERNETES_VERSION]);
+        if !flavor.is_empty() {
+            cmd.args(["--flavor", flavor]);
+        }
+        let out = stdout(&run_ok(&mut cmd));
+        let mut vars = listed(&out, "Required Variables:");
+        let optional = listed(&out, "Optional Variables:");
+        vars.extend(optional);
+        assert_eq!(vars, documented, "flavor {flavor:?}:\n{out}");
+        assert_eq!(
+            listed(&out, "Required Variables:"),
+            BTreeSet::from([
+                "CONTROL_PLANE_ENDPOINT_IP".to_string(),
+                "KAIRON_MACHINE_IMAGE".to_string()
+            ]),
+            "flavor {flavor:?}"
+        );
+    }
+}
+
+fn kubelet_provider_id(node_registration: &Value) -> Option<&str> {
+    node_registration["kubeletExtraArgs"]
+        .as_array()?
+        .iter()
+        .find(|a| a["name"] == "provider-id")?["value"]
+        .as_str()
+}
+
+#[test]
+fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
+    let repo = LocalRepo::new();
+    const PROVIDER_ID: &str = "kairon://{{ ds.meta_data.instance_id }}";
+    let objs = docs(&repo.generate_cluster("c1", "ns1", ""));
+    let by_kind = |kind: &'static str| objs.iter().filter(move |o| o["kind"] == kind);
+    let kcp = by_kind("KubeadmControlPlane").next().unwrap();
+    let spec = &kcp["spec"]["kubeadmConfigSpec"];
+    assert_eq!(
+        kubelet_provider_id(&spec["initConfiguration"]["nodeRegistration"]),
+        Some(PROVIDER_ID)
+    );
+    assert_eq!(
+        kubelet_provider_id(&spec["joinConfiguration"]["nodeRegistration"]),
+        Some(PROVIDER_ID)
+    );
+    assert_eq!(kcp["spec"]["replicas"], 3);
+    let kube_vip = spec["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == "/etc/kubernetes/manifests/kube-vip.yaml")
+        .expect("kube-vip static pod");
+    let pod = &docs(kube_vip["content"].as_str().unwrap())[0];
+    let env = pod["spec"]["containers"][0]["env"].as_array().unwrap();
+    let address = env.iter().find(|e| e["name"] == "address").unwrap();
+    assert_eq!(address["value"], "10.20.0.100");
+    let kc = by_kind("KaironCluster").next().unwrap();
+    assert_eq!(kc["spec"]["controlPlaneEndpoint"]["host"], "10.20.0.100");
+    assert_eq!(kc["spec"]["controlPlaneEndpoint"]["port"], 6443);
+    let kct = by_kind("KubeadmConfigTemplate").next().unwrap();
+    assert_eq!(
+        kubelet_provider_id(&kct["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"]),
+        Some(PROVIDER_ID)
+    );
+    assert_eq!(by_kind("MachineDeployment").next().unwrap()["spec"]["replicas"], 2);
+    assert!(objs.iter().all(|o| o["metadata"]["namespace"] == "ns1"));
+
+    // md-remediation: the default flavor verbatim, plus a MachineHealthCheck.
+    let default = read(&root().join("templates/cluster-template.yaml"));
+    let remediation = read(&root().join("templates/cluster-template-md-remediation.yaml"));
+    let body = |t: &str| {
+        t.lines()
+            .skip_while(|l| l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        body(&remediation).starts_with(&body(&default)),
+        "cluster-template-md-remediation.yaml must start with cluster-template.yaml"
+    );
+    let objs = docs(&repo.generate_cluster("c1", "ns1", "md-remediation"));
+    let mhc = objs.iter().find(|o| o["kind"] == "MachineHealthCheck").unwrap();
+    assert_eq!(
+        mhc["spec"]["selector"]["matchLabels"]["cluster.x-k8s.io/deployment-name"],
+        "c1-md-0"
+    );
+
+    // The ClusterClass file has no clusterctl variables and no namespaces; clusterctl adds it
+    // to the topology flavor.
+    let class = read(&root().join("templates/clusterclass-kairon.yaml"));
+    assert!(
+        !class.contains("${"),
+        "clusterclass-kairon.yaml must not use clusterctl variables"
+    );
+    assert!(docs(&class).iter().all(|o| o["metadata"]["namespace"].is_null()));
+    let objs = docs(&repo.generate_cluster("c1", "ns1", "topology"));
+    let kinds: BTreeSet<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    for k in [
+        "Cluster",
+        "ClusterClass",
+        "KaironClusterTemplate",
+        "KaironMachineTemplate",
+        "KubeadmControlPlaneTemplate",
+    ] {
+        assert!(kinds.contains(k), "{k} in the topology flavor: {kinds:?}");
+    }
+    let class = objs.iter().find(|o| o["kind"] == "ClusterClass").unwrap();
+    let patched: BTreeSet<&str> = class["spec"]["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["definitions"].as_array().unwrap())
+        .flat_map(|d| d["jsonPatches"].as_array().unwrap())
+        .map(|j| j["path"].as_str().unwrap())
+        .collect();
+    for path in [
+        "/spec/template/spec/controlPlaneEndpoint",
+        "/spec/template/spec/image",
+        "/spec/template/spec/cpus",
+        "/spec/template/spec/memory",
+        "/spec/template/spec/diskSize",
+    ] {
+        assert!(patched.contains(path), "ClusterClass patches {path}: {patched:?}");
+    }
+}
+
+/// `kubectl apply --dry-run=server` of a file, as the admin of `env`.
+fn server_dry_run(env: &Env, file: &std::path::Path) -> String {
+    let out = run_ok(
+        Command::new(&env.binaries().kubectl)
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path())
+            .args(["apply", "--dry-run=server", "-f"])
+            .arg(file),
+    );
+    stdout(&out)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_generated_flavor_passes_a_server_side_dry_run_with_capi_webhooks() {
+    let repo = LocalRepo::new();
+    let env = Env::start(EnvOptions::new("distribution-dry-run"))
+        .await
+        .expect("test environment");
+    for flavor in FLAVORS {
+        let ns = format!("dry-run-{}", if flavor.is_empty() { "default" } else { flavor });
+        env.create_namespace(&ns).await.unwrap();
+        let yaml = repo.generate_cluster("c1", &ns, flavor);
+        let file = repo.path().join(format!("{ns}.yaml"));
+        std::fs::write(&file, &yaml).unwrap();
+        let out = server_dry_run(&env, &file);
+        let n = docs(&yaml).len();
+        let accepted = out.lines().filter(|l| l.contains("(server dry run)")).count();
+        assert_eq!(accepted, n, "flavor {flavor:?}: every document accepted:\n{out}");
+    }
+}
+
+/// CAPI's components for a local repository, built the way CAPI's `make release-manifests`
+/// does (`kustomize build <provider>/config/default`) from the pinned module's sources.
+fn capi_components(repo: &LocalRepo) -> Vec<(&'static str, &'static str, PathBuf)> {
+    let capi_tools = root().join("tests/tools/capi");
+    let out = run_ok(
+        Command::new("go")
+            .args(["mod", "download", "-json", "sigs.k8s.io/cluster-api"])
+            .current_dir(&capi_tools),
+    );
+    let module: Value = serde_json::from_slice(&out.stdout).expect("go mod download -json");
+    let dir = PathBuf::from(module["Dir"].as_str().expect("module dir"));
+    let version = module["Version"].as_str().unwrap().to_string();
+    let mut providers = Vec::new();
+    for (name, typ, label, config, file) in [
+        (
+            "cluster-api",
+            "CoreProvider",
+            "cluster-api",
+            "core/config/default",
+            "core-components.yaml",
+        ),
+        (
+            "kubeadm",
+            "BootstrapProvider",
+            "bootstrap-kubeadm",
+            "bootstrap/kubeadm/config/default",
+            "bootstrap-components.yaml",
+        ),
+        (
+            "kubeadm",
+            "ControlPlaneProvider",
+            "control-plane-kubeadm",
+            "controlplane/kubeadm/config/default",
+            "control-plane-components.yaml",
+        ),
+    ] {
+        let vdir = repo.version_dir(label, &version);
+        let yaml = run_ok(Command::new(&repo.bins.kubectl).arg("kustomize").arg(dir.join(config)));
+        std::fs::write(vdir.join(file), &yaml.stdout).unwrap();
+        std::fs::copy(dir.join("metadata.yaml"), vdir.join("metadata.yaml")).unwrap();
+        providers.push((name, typ, vdir.join(file)));
+    }
+    providers
+}
+
+/// cert-manager's API as far as `clusterctl init` uses it: it creates a test Issuer and
+/// Certificate (and the providers' own) — nothing needs to act on them here.
+const CERT_MANAGER_STUB_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: issuers.cert-manager.io
+spec:
+  group: cert-manager.io
+  names: {kind: Issuer, listKind: IssuerList, plural: issuers, singular: issuer}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: certificates.cert-manager.io
+spec:
+  group: cert-manager.io
+  names: {kind: Certificate, listKind: CertificateList, plural: certificates, singular: certificate}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repository() {
+    let repo = LocalRepo::new();
+    let capi = capi_components(&repo);
+    let extra: Vec<(&str, &str, PathBuf)> = capi.clone();
+    repo.write_config(&extra);
+    let capi_version = capi[0]
+        .2
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+
+    // clusterctl installs CAPI's managers itself (as Deployments that never run here), so
+    // none run as processes; CAPI's CRDs are pre-installed by the environment, which
+    // clusterctl updates in place.
+    let none = CapiManagers {
+        core: false,
+        bootstrap: false,
+        control_plane: false,
+    };
+    let env = Env::start(EnvOptions::new("distribution-init").capi_managers(none))
+        .await
+        .expect("test environment");
+    env.apply(CERT_MANAGER_STUB_CRDS, None).await.unwrap();
+
+    let mut cmd = repo.clusterctl();
+    cmd.env("KUBECONFIG", env.kubeconfig_path())
+        .args(["init", "--core"])
+        .arg(format!("cluster-api:{capi_version}"))
+        .arg("--bootstrap")
+        .arg(format!("kubeadm:{capi_version}"))
+        .arg("--control-plane")
+        .arg(format!("kubeadm:{capi_version}"))
+        .arg("--infrastructure")
+        .arg(format!("kairon:{VERSION}"));
+    let started = std::time::Instant::now();
+    let out = run_ok(&mut cmd);
+    eprintln!("clusterctl init took {:.1}s", started.elapsed().as_secs_f64());
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("infrastructure-kairon"), "{text}");
+
+    let client = env.client();
+    let providers: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider"),
+            "providers",
+        ),
+    );
+    let inventory = providers.list(&ListParams::default()).await.unwrap();
+    let kairon = inventory
+        .items
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("infrastructure-kairon"))
+        .unwrap_or_else(|| {
+            panic!(
+                "inventory: {:?}",
+                inventory.items.iter().map(|p| &p.metadata.name).collect::<Vec<_>>()
+            )
+        });
+    assert_eq!(kairon.metadata.namespace.as_deref(), Some("capkr-system"));
+    assert_eq!(kairon.data["providerName"], "kairon");
+    assert_eq!(kairon.data["type"], "InfrastructureProvider");
+    assert_eq!(kairon.data["version"], VERSION);
+    assert_eq!(inventory.items.len(), 4, "core, bootstrap, control plane and kairon");
+
+    // Our objects, labelled by clusterctl (that is how `clusterctl delete/move` finds them).
+    let by = |group: &str, version: &str, kind: &str, plural: &str| {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    };
+    let selector =
+        ListParams::default().labels("cluster.x-k8s.io/provider=infrastructure-kairon,clusterctl.cluster.x-k8s.io");
+    for (ar, expected) in [
+        (
+            by("apps", "v1", "Deployment", "deployments"),
+            vec!["capkr-controller-manager"],
+        ),
+        (by("", "v1", "ServiceAccount", "serviceaccounts"), vec!["capkr-manager"]),
+        (
+            by("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles"),
+            vec!["capkr-manager-role"],
+        ),
+        (
+            by(
+                "admissionregistration.k8s.io",
+                "v1",
+                "ValidatingAdmissionPolicy",
+                "validatingadmissionpolicies",
+            ),
+            vec!["capkr-template-spec-immutable"],
+        ),
+        (
+            by(
+                "apiextensions.k8s.io",
+                "v1",
+                "CustomResourceDefinition",
+                "customresourcedefinitions",
+            ),
+            vec![
+                "kaironclusters.infrastructure.cluster.x-k8s.io",
+                "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+                "kaironmachines.infrastructure.cluster.x-k8s.io",
+                "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+            ],
+        ),
+    ] {
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
+        let found = wait_for(&format!("{} installed", ar.kind), Duration::from_secs(10), || async {
+            let names: BTreeSet<String> = api
+                .list(&selector)
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .collect();
+            Ok::<_, kube::Error>(expected.iter().all(|e| names.contains(*e)).then_some(names))
+        })
+        .await;
+        if let Err(e) = found {
+            panic!("{e:#}");
+        }
+    }
+}
