@@ -4,14 +4,16 @@
 #   make test           everything CI runs: drift check, lint, unit, mock and real-control-plane tests
 #   make demo           start a local management cluster, Kairon simulator and the manager, create a cluster
 #                       (DEMO_ARGS=--exit-when-ready to stop once it is up)
-#   make generate       regenerate committed artefacts (CRDs)
+#   make generate       regenerate committed artefacts (CRDs, also the Helm chart's)
+#   make release-manifests  clusterctl release assets in out/ (components, metadata, templates)
+#   make release-build  the static release binary the Dockerfile builds
 #   make lint           rustfmt check and clippy -D warnings
 #   make test-tools     build (or find in the cache) the upstream binaries the tests run
 
 CARGO ?= cargo
 SHELL := /bin/bash
 
-.PHONY: all build test test-unit test-tools generate check-generate lint fmt demo clean
+.PHONY: all build test test-unit test-tools generate check-generate lint fmt demo clean release-manifests release-build
 
 all: build
 
@@ -21,11 +23,12 @@ build:
 generate:
 	$(CARGO) run -q --bin crdgen -- --dir config/crd/bases
 	$(CARGO) run -q --bin crdgen -- kairon --dir config/kairon
+	$(CARGO) run -q --bin crdgen -- --dir charts/cluster-api-provider-kairon/crds
 
 # Fails when a committed generated file differs from what the code generates.
 check-generate: generate
-	@git diff --exit-code -- config/ || { echo "generated files are out of date: run 'make generate' and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- config/)" || { git status --porcelain -- config/; echo "untracked generated files: run 'make generate' and commit"; exit 1; }
+	@git diff --exit-code -- config/ charts/cluster-api-provider-kairon/crds/ || { echo "generated files are out of date: run 'make generate' and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- config/ charts/cluster-api-provider-kairon/crds/)" || { git status --porcelain -- config/ charts/cluster-api-provider-kairon/crds/; echo "untracked generated files: run 'make generate' and commit"; exit 1; }
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -47,6 +50,14 @@ test: check-generate lint test-tools build
 
 demo: test-tools build
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo -- $(DEMO_ARGS)
+
+# clusterctl release assets: out/ is a version folder of a clusterctl repository.
+release-manifests:
+	hack/release-manifests.sh out
+
+# The release binary of the Dockerfile (static, release profile); prints its path.
+release-build:
+	hack/release-build.sh
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,47 @@
+{{- define "capkr.name" -}}capkr-controller-manager{{- end }}
+
+{{- define "capkr.labels" -}}
+cluster.x-k8s.io/provider: infrastructure-kairon
+app.kubernetes.io/name: cluster-api-provider-kairon
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{- define "capkr.selectorLabels" -}}
+control-plane: capkr-controller-manager
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "capkr.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The permissions of config/rbac/role.yaml (a test compares them). */}}
+{{- define "capkr.rules" -}}
+# Our kinds: watched; finalizers and spec.providerID are patched on the objects.
+- apiGroups: [infrastructure.cluster.x-k8s.io]
+  resources: [kaironclusters, kaironmachines, kaironmachinetemplates]
+  verbs: [get, list, watch, patch]
+# Status is written by server-side apply on the status subresource.
+- apiGroups: [infrastructure.cluster.x-k8s.io]
+  resources: [kaironclusters/status, kaironmachines/status, kaironmachinetemplates/status]
+  verbs: [get, patch]
+# CAPI core objects are only read.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [clusters, machines]
+  verbs: [get, list, watch]
+# Bootstrap data: one GET of the one Secret a Machine names; no list, no watch.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+# Kairon Machines: created, deleted, and patched to move the adoption label after a move.
+- apiGroups: [kairon.zyvor.dev]
+  resources: [machines]
+  verbs: [get, list, watch, create, delete, patch]
+# Events on our objects.
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
