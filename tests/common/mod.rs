@@ -86,6 +86,25 @@ pub fn default_sim_args() -> Vec<String> {
     .to_vec()
 }
 
+/// `defaults` with every `--flag value` pair that `extra` also gives dropped, then `extra`:
+/// the simulator, like most CLIs, rejects a flag given twice.
+pub fn merged_args(defaults: Vec<String>, extra: &[String]) -> Vec<String> {
+    let mut out = vec![];
+    let mut it = defaults.into_iter().peekable();
+    while let Some(a) = it.next() {
+        let takes_value = it.peek().is_some_and(|v| !v.starts_with("--"));
+        if a.starts_with("--") && extra.contains(&a) {
+            if takes_value {
+                it.next();
+            }
+            continue;
+        }
+        out.push(a);
+    }
+    out.extend(extra.iter().cloned());
+    out
+}
+
 impl Rig {
     pub async fn start(opts: RigOptions) -> Rig {
         let mut env_opts = EnvOptions::new(opts.name);
@@ -97,8 +116,7 @@ impl Rig {
         let cluster = "c1".to_string();
         env.create_namespace(&ns).await.expect("namespace");
         let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
-        let mut sim_args = default_sim_args();
-        sim_args.extend(opts.sim_args.iter().cloned());
+        let sim_args = merged_args(default_sim_args(), &opts.sim_args);
         let sim = env.start_simulator(sim_args).expect("simulator");
         let mut manager_args = vec!["-v".to_string(), "1".to_string()];
         manager_args.extend(opts.manager_args.iter().cloned());
@@ -111,6 +129,13 @@ impl Rig {
             sim,
             manager,
         };
+        // A process that rejects its flags exits at once; say so instead of timing out later.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for p in [&rig.sim, &rig.manager] {
+            if !p.is_running() {
+                rig.fail(format!("{} exited right after start (see its log above)", p.name()));
+            }
+        }
         if opts.create {
             let yaml = rig.manifests(&opts);
             rig.env
@@ -455,4 +480,13 @@ spec:
         name: {cluster}-md-0{mhc}
 "#
     )
+}
+
+#[test]
+fn merged_args_let_extra_flags_win() {
+    let d = ["--a", "1", "--b", "2", "--flag", "--c", "3"]
+        .map(String::from)
+        .to_vec();
+    let e = ["--b".to_string(), "9".to_string(), "--flag".to_string()];
+    assert_eq!(merged_args(d, &e), ["--a", "1", "--c", "3", "--b", "9", "--flag"]);
 }
