@@ -10,8 +10,14 @@
 //! - [`kairon`]: everything we assume about Kairon's Machine API, in one place;
 //! - [`controller`]: the three reconcilers and their shared context.
 
+pub mod admin;
 pub mod api;
 pub mod capi;
+pub mod client;
 pub mod controller;
+pub mod events;
 pub mod kairon;
+pub mod leader;
 pub mod manager;
+pub mod metrics;
+pub mod telemetry;

@@ -1,6 +1,8 @@
 //! Wiring of the manager: flags, logging, clients, the three controllers, shutdown.
 
 use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
@@ -11,7 +13,12 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
+use crate::admin::{self, Health};
+use crate::client::{RequestMetrics, TokenBucket};
 use crate::controller::{self, Settings};
+use crate::leader::{LeaderElectionConfig, LeaderElector};
+use crate::metrics::Metrics;
+use crate::telemetry::{CacheReadiness, Telemetry};
 
 /// Flags, named as the Go CAPI providers name theirs.
 #[derive(Parser, Debug, Clone)]
@@ -64,6 +71,51 @@ pub struct Args {
     /// Log verbosity: 0 info, 1 debug, 2 and more trace. RUST_LOG overrides it.
     #[arg(short = 'v', long = "v", default_value_t = 0)]
     pub verbosity: u8,
+
+    /// Run the controllers only while holding the leader Lease (for more than one replica).
+    #[arg(long, default_value_t = false)]
+    pub leader_elect: bool,
+
+    /// How long a lease not renewed stays valid for the other candidates.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader retries renewing before it gives up leadership (and exits).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often candidates try to acquire, and the leader renews, the lease.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system")]
+    pub leader_election_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "controller-leader-election-capkr")]
+    pub leader_election_id: String,
+
+    /// This replica's identity in the Lease, events and User-Agent; hostname and a random
+    /// suffix when empty.
+    #[arg(long, env = "POD_NAME", default_value = "")]
+    pub leader_elect_identity: String,
+
+    /// Address of /healthz and /readyz.
+    #[arg(long, default_value = ":9440")]
+    pub health_addr: String,
+
+    /// Address of /metrics (plain HTTP); 0 disables it.
+    #[arg(long, default_value = ":8443")]
+    pub metrics_bind_address: String,
+
+    /// Requests per second to the Kubernetes API, sustained (client-side token bucket).
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f32,
+
+    /// Requests to the Kubernetes API allowed at once above --kube-api-qps.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: u32,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,10 +186,32 @@ fn init_logging(args: &Args) {
 }
 
 /// The User-Agent of every request, so the manager's traffic can be told apart in API server
-/// metrics and audit logs.
+/// metrics and audit logs; followed by ` (<identity>)` to tell replicas apart.
 pub const USER_AGENT: &str = concat!("capkr-manager/", env!("CARGO_PKG_VERSION"));
 
-async fn client_from(path: &str) -> Result<Client> {
+/// A replica identity when none is given: `<hostname>_<random>`, like client-go's.
+fn default_identity() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "capkr-manager".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{host}_{:08x}", nanos ^ std::process::id().rotate_left(16))
+}
+
+/// Client limits and instruments; `None` for the plain client (leader election, probes).
+struct Limits {
+    qps: f32,
+    burst: u32,
+    metrics: Arc<Metrics>,
+}
+
+async fn client_from(path: &str, identity: &str, limits: Option<&Limits>) -> Result<Client> {
     let mut config = if path.is_empty() {
         kube::Config::infer()
             .await
@@ -148,10 +222,17 @@ async fn client_from(path: &str) -> Result<Client> {
             .await
             .with_context(|| format!("loading kubeconfig {path}"))?
     };
-    config
-        .headers
-        .push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
-    Ok(Client::try_from(config)?)
+    let ua = http::HeaderValue::from_str(&format!("{USER_AGENT} ({identity})"))
+        .unwrap_or_else(|_| http::HeaderValue::from_static(USER_AGENT));
+    config.headers.push((http::header::USER_AGENT, ua));
+    let builder = kube::client::ClientBuilder::try_from(config)?;
+    Ok(match limits {
+        None => builder.build(),
+        Some(l) => builder
+            .with_layer(&RequestMetrics(l.metrics.clone()))
+            .with_layer(&TokenBucket::new(l.qps, l.burst))
+            .build(),
+    })
 }
 
 /// Resolves on the first SIGTERM or SIGINT.
@@ -166,24 +247,115 @@ async fn shutdown_signal() {
     }
 }
 
-/// Runs the manager until a shutdown signal.
+/// Runs the manager until a shutdown signal (or, with leader election, until the lease is
+/// lost: then the process exits with status 1 at once, so nothing more is written, and the
+/// Deployment restarts it as a standby).
 pub async fn run(args: Args) -> Result<()> {
     init_logging(&args);
     let settings = args.settings();
-    let client = client_from(&args.kubeconfig).await?;
+    let identity = if args.leader_elect_identity.is_empty() {
+        default_identity()
+    } else {
+        args.leader_elect_identity.clone()
+    };
+    let metrics = Metrics::new();
+    let limits = Limits {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+        metrics: metrics.clone(),
+    };
+    let client = client_from(&args.kubeconfig, &identity, Some(&limits)).await?;
     let kairon = if args.kairon_kubeconfig.is_empty() {
         client.clone()
     } else {
-        client_from(&args.kairon_kubeconfig).await?
+        client_from(&args.kairon_kubeconfig, &identity, Some(&limits)).await?
     };
-    info!(?settings, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
+    // Lease renewals and probes must not queue behind a burst of reconciles.
+    let plain = client_from(&args.kubeconfig, &identity, None).await?;
+    info!(?settings, %identity, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
+
+    let telemetry = Telemetry {
+        metrics: metrics.clone(),
+        caches: CacheReadiness::default(),
+        client_for_events: Some((client.clone(), identity.clone())),
+    };
+    let leading = Arc::new(AtomicBool::new(!args.leader_elect));
+    let health = Health {
+        client: plain.clone(),
+        caches: telemetry.caches.clone(),
+        leading: leading.clone(),
+    };
+    let health_addr = admin::parse_addr(&args.health_addr).map_err(anyhow::Error::msg)?;
+    // An address that cannot be bound is fatal, as in the Go providers: a manager without its
+    // probes would be restarted by the kubelet anyway, and silently.
+    admin::spawn_health(health_addr, health)
+        .await
+        .with_context(|| format!("serving /healthz and /readyz on {}", args.health_addr))?;
+    if args.metrics_bind_address != "0" {
+        let addr = admin::parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
+        admin::spawn_metrics(addr, metrics.clone())
+            .await
+            .with_context(|| format!("serving /metrics on {}", args.metrics_bind_address))?;
+    }
 
     let shutdown = shutdown_signal().shared();
-    let (clusters, machines) =
-        controller::kairon_machine::controller(client.clone(), kairon, settings.clone(), shutdown.clone());
-    let kcs = controller::kairon_cluster::controller(client.clone(), settings.clone(), shutdown.clone());
-    let templates = controller::kairon_machine_template::controller(client, settings, clusters, shutdown);
-    tokio::join!(machines, kcs, templates);
+    let mut elector = None;
+    if args.leader_elect {
+        let mut e = LeaderElector::new(
+            plain.clone(),
+            LeaderElectionConfig {
+                namespace: args.leader_election_namespace.clone(),
+                name: args.leader_election_id.clone(),
+                identity: identity.clone(),
+                lease_duration: args.leader_elect_lease_duration,
+                renew_deadline: args.leader_elect_renew_deadline,
+                retry_period: args.leader_elect_retry_period,
+            },
+        );
+        tokio::select! {
+            _ = e.acquire() => {}
+            _ = shutdown.clone() => {
+                info!("shut down while standing by");
+                return Ok(());
+            }
+        }
+        leading.store(true, Ordering::SeqCst);
+        elector = Some(e);
+    }
+    metrics.leader.set(1);
+
+    let (clusters, machines) = controller::kairon_machine::controller(
+        client.clone(),
+        kairon,
+        settings.clone(),
+        telemetry.clone(),
+        shutdown.clone(),
+    );
+    let kcs =
+        controller::kairon_cluster::controller(client.clone(), settings.clone(), telemetry.clone(), shutdown.clone());
+    let templates =
+        controller::kairon_machine_template::controller(client, settings, clusters, telemetry, shutdown.clone());
+    let controllers = async {
+        tokio::join!(machines, kcs, templates);
+    };
+    match elector {
+        None => controllers.await,
+        Some(mut e) => {
+            tokio::select! {
+                _ = controllers => {}
+                why = e.keep() => {
+                    // Stop writing at once: a new leader may already be reconciling.
+                    tracing::error!(reason = %why, "leader election lost; exiting");
+                    std::process::exit(1);
+                }
+            }
+            // Stopped on a signal, after in-flight reconciles finished: hand over now rather
+            // than after the lease expires.
+            if let Err(e) = e.release().await {
+                tracing::warn!(error = %e, "could not release the leader lease");
+            }
+        }
+    }
     info!("all controllers stopped");
     Ok(())
 }
@@ -228,5 +400,18 @@ mod tests {
         assert_eq!(s.watch_filter.as_deref(), Some("team-a"));
         assert_eq!(args.log_format, LogFormat::Json);
         assert_eq!(args.verbosity, 2);
+    }
+
+    #[test]
+    fn operability_flags_have_capi_defaults() {
+        let a = Args::parse_from(["capkr-manager"]);
+        assert!(!a.leader_elect);
+        assert_eq!(a.leader_elect_lease_duration, Duration::from_secs(15));
+        assert_eq!(a.leader_elect_renew_deadline, Duration::from_secs(10));
+        assert_eq!(a.leader_elect_retry_period, Duration::from_secs(2));
+        assert_eq!(a.health_addr, ":9440");
+        assert_eq!(a.metrics_bind_address, ":8443");
+        assert_eq!(a.kube_api_qps, 20.0);
+        assert_eq!(a.kube_api_burst, 30);
     }
 }

@@ -142,6 +142,8 @@ where
         machines,
         clusters,
         instances,
+        events: capkr::events::Events::disabled(),
+        metrics: capkr::metrics::Metrics::new(),
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;

@@ -24,6 +24,8 @@ use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
 };
 use crate::capi;
+use crate::events::{Events, reason as event};
+use crate::telemetry::{Telemetry, instrumented};
 
 /// How often to look again while waiting for KaironMachines to go, on top of their watch.
 const DELETE_RETRY: Duration = Duration::from_secs(30);
@@ -34,6 +36,8 @@ pub struct Context {
     pub clusters: Store<capi::Cluster>,
     /// Metadata of all KaironMachines: enough to know which clusters still have machines.
     pub members: Store<PartialObjectMeta<KaironMachine>>,
+    /// Events on KaironClusters (disabled in mock tests).
+    pub events: Events,
 }
 
 impl Context {
@@ -194,7 +198,19 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     } else {
         Observed::WaitingForEndpoint
     };
-    write_status(&api, &kc, Some(&observed), None).await?;
+    if let Some(next) = write_status(&api, &kc, Some(&observed), None).await?
+        && next.is_provisioned()
+        && !kc.status.as_ref().is_some_and(KaironClusterStatus::is_provisioned)
+    {
+        ctx.events
+            .normal(
+                kc.as_ref(),
+                event::CLUSTER_PROVISIONED,
+                "Provision",
+                "control plane endpoint and failure domains published".into(),
+            )
+            .await;
+    }
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
@@ -203,14 +219,15 @@ async fn write_status(
     kc: &KaironCluster,
     observed: Option<&Observed>,
     paused: Option<&str>,
-) -> Result<(), Error> {
+) -> Result<Option<KaironClusterStatus>, Error> {
     let next = next_status(kc, observed, paused, &conditions::now());
     if kc.status.as_ref() == Some(&next) {
-        return Ok(());
+        return Ok(None);
     }
     write::apply_status(api, &kc.name_any(), &next)
         .await
-        .map_err(Error::write("status"))
+        .map_err(Error::write("status"))?;
+    Ok(Some(next))
 }
 
 /// The KaironCluster of a Cluster: its `spec.infrastructureRef`.
@@ -237,6 +254,7 @@ pub fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
 pub fn controller(
     client: Client,
     settings: Settings,
+    telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
     let wc = settings.watcher_config();
@@ -261,7 +279,11 @@ pub fn controller(
         .applied_objects();
 
     let cluster_lookup = clusters.clone();
+    telemetry.caches.register(&clusters);
+    telemetry.caches.register(&members);
+    telemetry.caches.register(&kcs);
     let ctx = Arc::new(Context {
+        events: telemetry.events("capkr-kaironcluster-controller"),
         client,
         settings: settings.clone(),
         clusters,
@@ -278,7 +300,11 @@ pub fn controller(
         })
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, super::error_policy, ctx)
+        .run(
+            instrumented("kaironcluster", telemetry.metrics, reconcile),
+            super::error_policy,
+            ctx,
+        )
         .for_each(super::log_outcome)
 }
 

@@ -28,7 +28,10 @@ use super::{Error, Settings, is_not_found, strip_managed_fields};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, READY, Status, reason};
 use crate::api::{self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
+use crate::events::{Events, reason as event};
 use crate::kairon::{self, Ownership, desired_kairon_machine, labels, observe, ownership, provider_id};
+use crate::metrics::Metrics;
+use crate::telemetry::{Telemetry, instrumented};
 
 /// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
 pub const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
@@ -49,6 +52,9 @@ pub struct Context {
     pub machines: Store<capi::Machine>,
     pub clusters: Store<capi::Cluster>,
     pub instances: Store<kairon::Machine>,
+    /// Events on KaironMachines (disabled in mock tests).
+    pub events: Events,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Context {
@@ -201,8 +207,45 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
     }
     let cluster_name = cluster_name.unwrap_or_default();
     let (observed, action) = reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
-    write_status(&api, &km, Some(&observed), None).await?;
+    if let Some(next) = write_status(&api, &km, Some(&observed), None).await? {
+        report_transitions(&km, &next, &ctx).await;
+    }
     Ok(action)
+}
+
+/// Events and the provisioning-time metric for what a status write just changed.
+async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx: &Context) {
+    let before = km.status.as_ref();
+    if next.is_provisioned() && !before.is_some_and(KaironMachineStatus::is_provisioned) {
+        if let Some(created) = &km.metadata.creation_timestamp {
+            let secs = k8s_openapi::jiff::Timestamp::now()
+                .duration_since(created.0)
+                .as_secs_f64();
+            ctx.metrics.provision_duration.observe(secs.max(0.0));
+        }
+        let host = next.instance.as_ref().and_then(|i| i.host.clone()).unwrap_or_default();
+        ctx.events
+            .normal(
+                km,
+                event::INSTANCE_PROVISIONED,
+                "Provision",
+                format!("Kairon Machine {} is running on host {host}", km.name_any()),
+            )
+            .await;
+    }
+    if let Some(r) = next.failure_reason()
+        && before.and_then(KaironMachineStatus::failure_reason).is_none()
+    {
+        let message = next
+            .deprecated
+            .as_ref()
+            .and_then(|d| d.v1beta1.as_ref())
+            .and_then(|v| v.failure_message.clone())
+            .unwrap_or_default();
+        ctx.events
+            .warning(km, event::INSTANCE_FAILED, "Provision", format!("{r}: {message}"))
+            .await;
+    }
 }
 
 /// Ensures the Kairon Machine exists (when it may) and says what it looks like.
@@ -256,6 +299,14 @@ async fn reconcile_instance(
             write::merge_patch(&instances, &name, body)
                 .await
                 .map_err(Error::write(format!("labels of Kairon Machine {ns}/{name}")))?;
+            ctx.events
+                .normal(
+                    km,
+                    event::INSTANCE_ADOPTED,
+                    "Adopt",
+                    format!("adopted Kairon Machine {ns}/{name} named by spec.providerID"),
+                )
+                .await;
         }
         Ownership::Ours => {}
     }
@@ -364,6 +415,14 @@ async fn create_instance(
     match instances.create(&pp, &desired).await {
         Ok(vm) => {
             info!(instance = %name, "created Kairon Machine");
+            ctx.events
+                .normal(
+                    km,
+                    event::INSTANCE_CREATED,
+                    "Create",
+                    format!("created Kairon Machine {ns}/{name}"),
+                )
+                .await;
             Ok(Ok(vm))
         }
         Err(kube::Error::Api(s)) if s.is_already_exists() => {
@@ -454,6 +513,14 @@ async fn reconcile_delete(
         .map_err(Error::read(format!("Kairon Machine {ns}/{name}")))?;
     let Some(vm) = vm else {
         info!("Kairon Machine is gone; releasing the finalizer");
+        ctx.events
+            .normal(
+                km,
+                event::INSTANCE_DELETED,
+                "Delete",
+                format!("Kairon Machine {ns}/{name} is deleted"),
+            )
+            .await;
         return release().await;
     };
     if ownership(&vm, km) == Ownership::Foreign {
@@ -478,13 +545,13 @@ async fn reconcile_delete(
     Ok(Action::requeue(DELETE_RETRY))
 }
 
-/// Writes the status that follows from what was observed, if it differs.
+/// Writes the status that follows from what was observed, if it differs; returns what it wrote.
 async fn write_status(
     api: &Api<KaironMachine>,
     km: &KaironMachine,
     observed: Option<&Observed>,
     paused: Option<&str>,
-) -> Result<(), Error> {
+) -> Result<Option<KaironMachineStatus>, Error> {
     let deleting = km.metadata.deletion_timestamp.is_some();
     let next = next_status(
         km.status.as_ref(),
@@ -495,11 +562,12 @@ async fn write_status(
         &conditions::now(),
     );
     if km.status.as_ref() == Some(&next) {
-        return Ok(());
+        return Ok(None);
     }
     write::apply_status(api, &km.name_any(), &next)
         .await
-        .map_err(Error::write("status"))
+        .map_err(Error::write("status"))?;
+    Ok(Some(next))
 }
 
 /// The KaironMachine for a CAPI Machine: its `spec.infrastructureRef`.
@@ -564,6 +632,7 @@ pub fn controller(
     client: Client,
     kairon_client: Client,
     settings: Settings,
+    telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> (Store<capi::Cluster>, impl Future<Output = ()> + Send) {
     let wc = settings.watcher_config();
@@ -604,7 +673,14 @@ pub fn controller(
         .reflect(w)
         .applied_objects();
 
+    telemetry.caches.register(&machines);
+    telemetry.caches.register(&clusters);
+    telemetry.caches.register(&instances);
+    telemetry.caches.register(&kms);
+    telemetry.metrics.watch_instances(instances.clone());
     let ctx = Arc::new(Context {
+        events: telemetry.events("capkr-kaironmachine-controller"),
+        metrics: telemetry.metrics.clone(),
         client,
         kairon: kairon_client,
         settings: settings.clone(),
@@ -630,7 +706,11 @@ pub fn controller(
         .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
         .graceful_shutdown_on(shutdown);
     let task = controller
-        .run(reconcile, super::error_policy, ctx)
+        .run(
+            instrumented("kaironmachine", telemetry.metrics, reconcile),
+            super::error_policy,
+            ctx,
+        )
         .for_each(super::log_outcome);
     (clusters, task)
 }

@@ -17,6 +17,7 @@ use super::write;
 use super::{Error, Settings, strip_managed_fields};
 use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
 use crate::capi;
+use crate::telemetry::{Telemetry, instrumented};
 
 /// Kairon runs x86-64 Linux guests.
 pub const ARCHITECTURE: &str = "amd64";
@@ -72,6 +73,7 @@ pub fn controller(
     client: Client,
     settings: Settings,
     clusters: Store<capi::Cluster>,
+    telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
     let (templates, w) = reflector::store();
@@ -83,6 +85,7 @@ pub fn controller(
     .modify(strip_managed_fields)
     .reflect(w)
     .applied_objects();
+    telemetry.caches.register(&templates);
     let ctx = Arc::new(Context {
         client,
         settings: settings.clone(),
@@ -91,7 +94,11 @@ pub fn controller(
     Controller::for_stream(events, templates)
         .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, super::error_policy, ctx)
+        .run(
+            instrumented("kaironmachinetemplate", telemetry.metrics, reconcile),
+            super::error_policy,
+            ctx,
+        )
         .for_each(super::log_outcome)
 }
 

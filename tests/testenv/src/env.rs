@@ -605,13 +605,26 @@ impl Env {
     }
 
     /// Starts `capkr-manager --kubeconfig <admin> <extra_args>`; logs to `logs/capkr-manager*.log`.
+    ///
+    /// Unless `extra_args` choose them, the health and metrics endpoints go to free loopback
+    /// ports (the defaults, :9440 and :8443, would collide between managers of parallel tests).
     pub fn start_manager<I, S>(&self, extra_args: I) -> Result<Process>
     where
         I: IntoIterator<Item = S>,
         S: Into<std::ffi::OsString>,
     {
         let bin = own_binary("capkr-manager", "CAPKR_MANAGER_BIN")?;
-        self.start_own("capkr-manager", bin, extra_args)
+        let mut args: Vec<std::ffi::OsString> = extra_args.into_iter().map(Into::into).collect();
+        for flag in ["--health-addr", "--metrics-bind-address"] {
+            let given = args.iter().any(|a| {
+                a.to_str()
+                    .is_some_and(|a| a == flag || a.starts_with(&format!("{flag}=")))
+            });
+            if !given {
+                args.push(format!("{flag}=127.0.0.1:{}", free_port()?).into());
+            }
+        }
+        self.start_own("capkr-manager", bin, args)
     }
 
     /// Starts `kairon-sim --kubeconfig <admin> <extra_args>`; logs to `logs/kairon-sim*.log`.

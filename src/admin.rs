@@ -1,0 +1,118 @@
+//! The admin endpoints: `/healthz` and `/readyz` on `--health-addr`, `/metrics` (Prometheus
+//! text, plain HTTP) on `--metrics-bind-address`.
+//!
+//! `/readyz` of the leader (or of a manager without leader election) means: every cache has
+//! done its first list, and the API server answers. A standby that is not leader runs no
+//! controllers and so has no caches; it is ready when the API server answers, as client-go and
+//! controller-runtime standbys are, so that a rolling update is not blocked by standbys.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::telemetry::CacheReadiness;
+
+#[derive(Clone)]
+pub struct Health {
+    /// Used only for the reachability check (no rate limit).
+    pub client: kube::Client,
+    pub caches: CacheReadiness,
+    /// True while this replica runs the controllers.
+    pub leading: Arc<AtomicBool>,
+}
+
+impl Health {
+    async fn api_reachable(&self) -> bool {
+        matches!(
+            tokio::time::timeout(Duration::from_secs(2), self.client.apiserver_version()).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// What `/readyz` answers, with the failing check named.
+    pub async fn ready(&self) -> Result<(), &'static str> {
+        if self.leading.load(Ordering::SeqCst) && !self.caches.synced() {
+            return Err("caches not synced");
+        }
+        if !self.api_reachable().await {
+            return Err("API server not reachable");
+        }
+        Ok(())
+    }
+}
+
+/// `:9440` means all interfaces, as in Go.
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse().map_err(|e| format!("invalid address {s:?}: {e}"))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(h): State<Health>) -> impl IntoResponse {
+    match h.ready().await {
+        Ok(()) => (StatusCode::OK, "ok".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
+    }
+}
+
+async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        m.encode(),
+    )
+}
+
+async fn serve(listener: tokio::net::TcpListener, app: Router, what: &'static str) {
+    if let Err(e) = axum::serve(listener, app).await {
+        warn!(error = %e, "{what} server stopped");
+    }
+}
+
+/// Binds and serves the health endpoints in the background.
+pub async fn spawn_health(addr: SocketAddr, health: Health) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    info!(addr = %listener.local_addr()?, "serving /healthz and /readyz");
+    let app = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(health);
+    tokio::spawn(serve(listener, app, "health"));
+    Ok(())
+}
+
+/// Binds and serves `/metrics` in the background.
+pub async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    info!(addr = %listener.local_addr()?, "serving /metrics");
+    let app = Router::new().route("/metrics", get(metrics)).with_state(m);
+    tokio::spawn(serve(listener, app, "metrics"));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_style_addresses() {
+        assert_eq!(parse_addr(":9440").unwrap(), "0.0.0.0:9440".parse().unwrap());
+        assert_eq!(parse_addr("127.0.0.1:8443").unwrap(), "127.0.0.1:8443".parse().unwrap());
+        assert!(parse_addr("nope").is_err());
+    }
+}
