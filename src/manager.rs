@@ -324,7 +324,7 @@ pub async fn run(args: Args) -> Result<()> {
     }
     metrics.leader.set(1);
 
-    let (clusters, machines) = controller::kairon_machine::controller(
+    let (clusters, clusters_synced, machines) = controller::kairon_machine::controller(
         client.clone(),
         kairon,
         settings.clone(),
@@ -333,8 +333,14 @@ pub async fn run(args: Args) -> Result<()> {
     );
     let kcs =
         controller::kairon_cluster::controller(client.clone(), settings.clone(), telemetry.clone(), shutdown.clone());
-    let templates =
-        controller::kairon_machine_template::controller(client, settings, clusters, telemetry, shutdown.clone());
+    let templates = controller::kairon_machine_template::controller(
+        client,
+        settings,
+        clusters,
+        clusters_synced,
+        telemetry,
+        shutdown.clone(),
+    );
     let controllers = async {
         tokio::join!(machines, kcs, templates);
     };

@@ -3,11 +3,9 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
 use tracing::Instrument;
 
 use crate::capi;
@@ -47,30 +45,22 @@ impl Telemetry {
 /// Whether every cache a controller registered has done its first list.
 #[derive(Clone, Default)]
 pub struct CacheReadiness {
-    started: Arc<AtomicBool>,
-    pending: Arc<AtomicUsize>,
+    caches: Arc<std::sync::Mutex<Vec<crate::controller::Synced>>>,
 }
 
 impl CacheReadiness {
-    /// Counts `store` as pending until its first list completed.
-    pub fn register<K>(&self, store: &Store<K>)
-    where
-        K: kube::Resource + Clone + Send + Sync + 'static,
-        K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
-    {
-        self.started.store(true, Ordering::SeqCst);
-        self.pending.fetch_add(1, Ordering::SeqCst);
-        let (store, pending) = (store.clone(), self.pending.clone());
-        tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                pending.fetch_sub(1, Ordering::SeqCst);
-            }
-        });
+    /// Counts `cache` until its first list completed.
+    pub fn register(&self, cache: &crate::controller::Synced) {
+        if let Ok(mut c) = self.caches.lock() {
+            c.push(cache.clone());
+        }
     }
 
     /// True once caches were registered and all of them synced.
     pub fn synced(&self) -> bool {
-        self.started.load(Ordering::SeqCst) && self.pending.load(Ordering::SeqCst) == 0
+        self.caches
+            .lock()
+            .is_ok_and(|c| !c.is_empty() && c.iter().all(|s| s.is_synced()))
     }
 }
 

@@ -142,6 +142,7 @@ where
         machines,
         clusters,
         instances,
+        synced: vec![capkr::controller::Synced::ready()],
         events: capkr::events::Events::disabled(),
         metrics: capkr::metrics::Metrics::new(),
     });

@@ -117,8 +117,13 @@ async fn one_leader_writes_and_hands_over_on_sigterm_and_sigkill() {
 
     // The leader is ready and its metrics match what happened; the standby is ready too (as
     // client-go standbys are) but wrote nothing.
-    // /readyz is not asserted yet: on this leader it stays 503 "caches not synced" although
-    // the cluster came up (open in the operability issue).
+    rig.wait("mgr-a /readyz 200", Duration::from_secs(30), || async {
+        match http_get(pa.health, "/readyz").await {
+            Some((200, _)) => Ok(true),
+            other => Err(std::io::Error::other(format!("/readyz answered {other:?}"))),
+        }
+    })
+    .await;
     assert_eq!(http_get(pa.health, "/healthz").await.map(|r| r.0), Some(200));
     assert_eq!(http_get(pb.health, "/healthz").await.map(|r| r.0), Some(200));
     let metrics = rig

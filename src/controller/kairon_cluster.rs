@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
 use super::write::{self, has_finalizer};
-use super::{Error, Settings, strip_managed_fields};
+use super::{Error, Settings, Synced, strip_managed_fields};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
@@ -36,15 +36,15 @@ pub struct Context {
     pub clusters: Store<capi::Cluster>,
     /// Metadata of all KaironMachines: enough to know which clusters still have machines.
     pub members: Store<PartialObjectMeta<KaironMachine>>,
+    /// First lists of `clusters` and `members`.
+    pub synced: Vec<Synced>,
     /// Events on KaironClusters (disabled in mock tests).
     pub events: Events,
 }
 
 impl Context {
     async fn wait_for_caches(&self) -> Result<(), Error> {
-        let cache = |e: reflector::store::WriterDropped| Error::Cache(e.to_string());
-        self.clusters.wait_until_ready().await.map_err(cache)?;
-        self.members.wait_until_ready().await.map_err(cache)
+        Synced::all(&self.synced).await
     }
 
     /// KaironMachines of `cluster` in `ns`.
@@ -279,15 +279,15 @@ pub fn controller(
         .applied_objects();
 
     let cluster_lookup = clusters.clone();
-    telemetry.caches.register(&clusters);
-    telemetry.caches.register(&members);
-    telemetry.caches.register(&kcs);
+    let synced = vec![Synced::of(&clusters), Synced::of(&members)];
+    synced.iter().for_each(|s| telemetry.caches.register(s));
     let ctx = Arc::new(Context {
         events: telemetry.events("capkr-kaironcluster-controller"),
         client,
         settings: settings.clone(),
         clusters,
         members,
+        synced,
     });
     Controller::for_stream(kc_events, kcs)
         .watches_stream(cluster_events, |c| kaironcluster_for_cluster(&c))

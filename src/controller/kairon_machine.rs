@@ -24,7 +24,7 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::write::{self, has_finalizer};
-use super::{Error, Settings, is_not_found, strip_managed_fields};
+use super::{Error, Settings, Synced, is_not_found, strip_managed_fields};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, READY, Status, reason};
 use crate::api::{self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
@@ -52,6 +52,8 @@ pub struct Context {
     pub machines: Store<capi::Machine>,
     pub clusters: Store<capi::Cluster>,
     pub instances: Store<kairon::Machine>,
+    /// First lists of `machines`, `clusters` and `instances`.
+    pub synced: Vec<Synced>,
     /// Events on KaironMachines (disabled in mock tests).
     pub events: Events,
     pub metrics: Arc<Metrics>,
@@ -59,10 +61,7 @@ pub struct Context {
 
 impl Context {
     async fn wait_for_caches(&self) -> Result<(), Error> {
-        let cache = |e: reflector::store::WriterDropped| Error::Cache(e.to_string());
-        self.machines.wait_until_ready().await.map_err(cache)?;
-        self.clusters.wait_until_ready().await.map_err(cache)?;
-        self.instances.wait_until_ready().await.map_err(cache)
+        Synced::all(&self.synced).await
     }
 }
 
@@ -634,7 +633,7 @@ pub fn controller(
     settings: Settings,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> (Store<capi::Cluster>, impl Future<Output = ()> + Send) {
+) -> (Store<capi::Cluster>, Synced, impl Future<Output = ()> + Send) {
     let wc = settings.watcher_config();
 
     let (machines, w) = reflector::store();
@@ -673,10 +672,9 @@ pub fn controller(
         .reflect(w)
         .applied_objects();
 
-    telemetry.caches.register(&machines);
-    telemetry.caches.register(&clusters);
-    telemetry.caches.register(&instances);
-    telemetry.caches.register(&kms);
+    let synced = vec![Synced::of(&machines), Synced::of(&clusters), Synced::of(&instances)];
+    synced.iter().for_each(|s| telemetry.caches.register(s));
+    let clusters_synced = synced[1].clone();
     telemetry.metrics.watch_instances(instances.clone());
     let ctx = Arc::new(Context {
         events: telemetry.events("capkr-kaironmachine-controller"),
@@ -687,6 +685,7 @@ pub fn controller(
         machines,
         clusters: clusters.clone(),
         instances,
+        synced,
     });
     let km_store: Store<KaironMachine> = kms.clone();
     let controller = Controller::for_stream(km_events, kms)
@@ -712,7 +711,7 @@ pub fn controller(
             ctx,
         )
         .for_each(super::log_outcome);
-    (clusters, task)
+    (clusters, clusters_synced, task)
 }
 
 #[cfg(test)]

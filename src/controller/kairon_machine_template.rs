@@ -14,7 +14,7 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use super::write;
-use super::{Error, Settings, strip_managed_fields};
+use super::{Error, Settings, Synced, strip_managed_fields};
 use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
 use crate::capi;
 use crate::telemetry::{Telemetry, instrumented};
@@ -27,6 +27,8 @@ pub struct Context {
     pub client: Client,
     pub settings: Settings,
     pub clusters: Store<capi::Cluster>,
+    /// First list of `clusters` (filled by the KaironMachine controller).
+    pub clusters_synced: Synced,
 }
 
 /// Capacity and node info of a machine made from `spec`. Pure.
@@ -46,10 +48,7 @@ pub fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus 
 }
 
 pub async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.clusters
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Cache(e.to_string()))?;
+    ctx.clusters_synced.wait().await?;
     let ns = t.namespace().ok_or(Error::MissingNamespace)?;
     let cluster_name = capi::owner(&t.metadata, "Cluster")
         .map(|o| o.name.clone())
@@ -73,6 +72,7 @@ pub fn controller(
     client: Client,
     settings: Settings,
     clusters: Store<capi::Cluster>,
+    clusters_synced: Synced,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
@@ -85,11 +85,11 @@ pub fn controller(
     .modify(strip_managed_fields)
     .reflect(w)
     .applied_objects();
-    telemetry.caches.register(&templates);
     let ctx = Arc::new(Context {
         client,
         settings: settings.clone(),
         clusters,
+        clusters_synced,
     });
     Controller::for_stream(events, templates)
         .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))

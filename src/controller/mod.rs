@@ -130,6 +130,61 @@ pub(crate) fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.is_not_found())
 }
 
+/// That a cache has done its first full list, for any number of waiters.
+///
+/// kube's `Store::wait_until_ready` keeps one waker: of several tasks waiting at once, only the
+/// last one polled is woken, and the others (possibly the controller runtime itself, which
+/// waits on its main store) hang for ever. So each store gets exactly one waiter, the task
+/// started here, and everyone else waits on this watch channel. Controllers' main stores are
+/// never given to it: the runtime already waits on them.
+#[derive(Clone, Debug)]
+pub struct Synced(tokio::sync::watch::Receiver<bool>);
+
+impl Synced {
+    /// Starts the one waiter of `store`. Call once per store.
+    pub fn of<K>(store: &kube::runtime::reflector::Store<K>) -> Synced
+    where
+        K: kube::Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+    {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let store = store.clone();
+        tokio::spawn(async move {
+            if store.wait_until_ready().await.is_ok() {
+                let _ = tx.send(true);
+                tracing::debug!(cache = std::any::type_name::<K>(), "cache synced");
+            }
+        });
+        Synced(rx)
+    }
+
+    /// Already synced (for tests that fill stores by hand).
+    pub fn ready() -> Synced {
+        Synced(tokio::sync::watch::channel(true).1)
+    }
+
+    pub fn is_synced(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Waits for the first full list.
+    pub async fn wait(&self) -> Result<(), Error> {
+        let mut rx = self.0.clone();
+        rx.wait_for(|synced| *synced)
+            .await
+            .map(|_| ())
+            .map_err(|_| Error::Cache("a cache stopped before its first list".into()))
+    }
+
+    /// Waits for all of `caches`.
+    pub async fn all(caches: &[Synced]) -> Result<(), Error> {
+        for c in caches {
+            c.wait().await?;
+        }
+        Ok(())
+    }
+}
+
 /// How long to wait after an error before trying the object again.
 pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(15);
 
