@@ -21,24 +21,6 @@ fn paused_status(status: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1
     conditions::get(status?, PAUSED).map(|c| c.status.clone())
 }
 
-fn manager_writes_since(rig: &Rig, offset: u64) -> Vec<String> {
-    let text = std::fs::read(rig.env.audit_log_path().expect("audit log")).unwrap();
-    text[offset as usize..]
-        .split(|b| *b == b'\n')
-        .filter_map(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
-        .filter(|e| e["userAgent"].as_str().is_some_and(|u| u.starts_with("capkr-manager/")))
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
-        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
-        .collect()
-}
-
-fn audit_len(rig: &Rig) -> u64 {
-    std::fs::metadata(rig.env.audit_log_path().expect("audit log"))
-        .unwrap()
-        .len()
-}
-
 /// Scenario 5: with `Cluster.spec.paused`, the Paused conditions say so, then nothing of ours
 /// is written, and deleting a KaironMachine does not delete its Kairon Machine; unpausing
 /// resumes and the deletion completes.
@@ -67,7 +49,7 @@ async fn pause_stops_all_writes_and_deletion_until_unpaused() {
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let from = audit_len(&rig);
+    let from = rig.audit_len();
 
     let worker = machines
         .iter()
@@ -87,7 +69,7 @@ async fn pause_stops_all_writes_and_deletion_until_unpaused() {
         vm.metadata.deletion_timestamp.is_none(),
         "no delete was issued while paused"
     );
-    let writes = manager_writes_since(&rig, from);
+    let writes = rig.manager_writes(from, None);
     assert!(writes.is_empty(), "the manager wrote while paused: {writes:?}");
 
     rig.set_paused(false).await;

@@ -75,24 +75,6 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// Writes (create/update/patch/delete) by the manager with `identity`, from the audit log.
-fn writes_by(rig: &Rig, identity: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(rig.env.audit_log_path().expect("audit log")).unwrap();
-    let ua = format!("({identity})");
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|e| {
-            e["userAgent"]
-                .as_str()
-                .is_some_and(|u| u.starts_with("capkr-manager/") && u.ends_with(&ua))
-        })
-        .filter(|e| e["stage"] == "ResponseComplete")
-        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
-        .filter(|e| !e["requestURI"].as_str().unwrap_or_default().contains("/leases/"))
-        .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn one_leader_writes_and_hands_over_on_sigterm_and_sigkill() {
     let ns = "operability-leader";
@@ -148,9 +130,9 @@ async fn one_leader_writes_and_hands_over_on_sigterm_and_sigkill() {
             .any(|l| l.starts_with("capkr_leader") && l.ends_with(" 1")),
         "mgr-a reports itself leader"
     );
-    assert!(!writes_by(&rig, "mgr-a").is_empty(), "the leader wrote");
+    assert!(!rig.manager_writes(0, Some("mgr-a")).is_empty(), "the leader wrote");
     assert_eq!(
-        writes_by(&rig, "mgr-b"),
+        rig.manager_writes(0, Some("mgr-b")),
         Vec::<String>::new(),
         "the standby wrote nothing"
     );
@@ -165,14 +147,14 @@ async fn one_leader_writes_and_hands_over_on_sigterm_and_sigkill() {
     let sigterm_handover = t.elapsed();
     eprintln!("handover after SIGTERM: {sigterm_handover:?}");
     assert!(sigterm_handover < Duration::from_secs(6), "{sigterm_handover:?}");
-    let a_writes = writes_by(&rig, "mgr-a").len();
+    let a_writes = rig.manager_writes(0, Some("mgr-a")).len();
 
     // The new leader reconciles: scale up and see the new worker run.
     rig.scale(2).await;
     rig.wait_running(3, UP).await;
-    assert!(!writes_by(&rig, "mgr-b").is_empty(), "the new leader wrote");
+    assert!(!rig.manager_writes(0, Some("mgr-b")).is_empty(), "the new leader wrote");
     assert_eq!(
-        writes_by(&rig, "mgr-a").len(),
+        rig.manager_writes(0, Some("mgr-a")).len(),
         a_writes,
         "the old leader wrote nothing after handing over"
     );

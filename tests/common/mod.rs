@@ -204,6 +204,39 @@ impl Rig {
         panic!("{msg}");
     }
 
+    /// Current size of the API server's audit log: an offset for [`Rig::manager_writes`].
+    pub fn audit_len(&self) -> u64 {
+        std::fs::metadata(self.env.audit_log_path().expect("the rig has an audit log"))
+            .unwrap()
+            .len()
+    }
+
+    /// The manager's writes (create, update, patch, delete) in the audit log from byte `from`
+    /// on, of one replica `identity` if given; Lease writes (leader election) are left out.
+    /// Requests are told apart by the manager's User-Agent, `capkr-manager/<version> (<identity>)`.
+    pub fn manager_writes(&self, from: u64, identity: Option<&str>) -> Vec<String> {
+        let text = std::fs::read(self.env.audit_log_path().expect("the rig has an audit log")).unwrap();
+        let suffix = identity.map(|i| format!("({i})"));
+        text[from as usize..]
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+            .filter(|e| {
+                e["userAgent"].as_str().is_some_and(|u| {
+                    u.starts_with("capkr-manager/") && suffix.as_deref().is_none_or(|s| u.ends_with(s))
+                })
+            })
+            .filter(|e| e["stage"] == "ResponseComplete")
+            .filter(|e| {
+                matches!(
+                    e["verb"].as_str(),
+                    Some("create" | "update" | "patch" | "delete" | "deletecollection")
+                )
+            })
+            .filter(|e| !e["requestURI"].as_str().unwrap_or_default().contains("/leases/"))
+            .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
+            .collect()
+    }
+
     /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
     pub async fn wait_running(&self, n: usize, timeout: Duration) -> Vec<DynamicObject> {
         let machines = self.machines();
