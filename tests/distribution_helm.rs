@@ -340,7 +340,7 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
         "the Machine Running with a nodeRef",
         Duration::from_secs(120),
         || async {
-            let m = machines.get(CLUSTER).await?;
+            let m = machines.get(&machine_name()).await?;
             Ok::<_, kube::Error>(
                 (m.data["status"]["phase"] == "Running" && m.data["status"]["nodeRef"]["name"].is_string())
                     .then_some(m),
@@ -356,9 +356,9 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
             panic!("{e:#}\n--- capkr-manager (as {SA}) log:\n{log}");
         }
     };
-    let km: KaironMachine = Api::namespaced(client.clone(), NS).get(CLUSTER).await.unwrap();
+    let km: KaironMachine = Api::namespaced(client.clone(), NS).get(&machine_name()).await.unwrap();
     assert!(km.status.as_ref().is_some_and(|s| s.is_provisioned()));
-    let vm: kairon::Machine = Api::namespaced(client.clone(), NS).get(CLUSTER).await.unwrap();
+    let vm: kairon::Machine = Api::namespaced(client.clone(), NS).get(&machine_name()).await.unwrap();
     assert_eq!(
         m.data["spec"]["providerID"].as_str(),
         Some(format!("kairon://{}", vm.metadata.uid.unwrap()).as_str())
@@ -375,71 +375,16 @@ const NS: &str = "one";
 const CLUSTER: &str = "one";
 
 /// One control-plane Machine of a Cluster (no control-plane provider: a plain Machine with
-/// a KubeadmConfig, as in the smoke test).
+/// a KubeadmConfig, as in the smoke test), and no workers.
 fn one_machine(host: &str, port: u16) -> String {
-    format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {CLUSTER}
-spec:
-  clusterNetwork:
-    pods:
-      cidrBlocks: [192.168.0.0/16]
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
-    name: {CLUSTER}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
-metadata:
-  name: {CLUSTER}
-spec:
-  controlPlaneEndpoint:
-    host: {host}
-    port: {port}
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfig
-metadata:
-  name: {CLUSTER}
-spec:
-  initConfiguration:
-    nodeRegistration:
-      kubeletExtraArgs:
-      - name: provider-id
-        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachine
-metadata:
-  name: {CLUSTER}
-spec:
-  cpus: 2
-  memory: 4Gi
-  image: ubuntu-2404-kube-{KUBERNETES_VERSION}
-  diskSize: 20Gi
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: Machine
-metadata:
-  name: {CLUSTER}
-  labels:
-    cluster.x-k8s.io/cluster-name: {CLUSTER}
-    cluster.x-k8s.io/control-plane: ""
-spec:
-  clusterName: {CLUSTER}
-  version: {KUBERNETES_VERSION}
-  bootstrap:
-    configRef:
-      apiGroup: bootstrap.cluster.x-k8s.io
-      kind: KubeadmConfig
-      name: {CLUSTER}
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironMachine
-    name: {CLUSTER}
-"#
-    )
+    let shape = capkr_testenv::cluster::ClusterOptions {
+        workers: 0,
+        ..Default::default()
+    };
+    capkr_testenv::cluster::cluster_yaml(NS, CLUSTER, host, port, &shape)
+}
+
+/// The control-plane Machine's name in [`one_machine`].
+fn machine_name() -> String {
+    format!("{CLUSTER}-control-plane-0")
 }

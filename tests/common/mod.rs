@@ -11,12 +11,14 @@ use std::time::Duration;
 use capkr::api::conditions::{self, READY};
 use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
+use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
 use capkr_testenv::{Env, EnvOptions, Process, WorkloadCluster, wait_for};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-pub const KUBERNETES_VERSION: &str = "v1.36.3";
+#[allow(unused_imports)] // not every test binary uses it
+pub use capkr_testenv::cluster::KUBERNETES_VERSION;
 
 /// The simulator's hosts: two failure domains.
 pub const HOSTS: &str = "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
@@ -147,7 +149,13 @@ impl Rig {
     }
 
     pub fn manifests(&self, opts: &RigOptions) -> String {
-        manifests(&self.ns, &self.cluster, &self.workload.host, self.workload.port, opts)
+        let shape = ClusterOptions {
+            workers: opts.workers,
+            cp_failure_domain: opts.cp_failure_domain.map(String::from),
+            md_failure_domain: opts.md_failure_domain.map(String::from),
+            health_check: opts.health_check,
+        };
+        cluster_yaml(&self.ns, &self.cluster, &self.workload.host, self.workload.port, &shape)
     }
 
     pub fn machines(&self) -> Api<DynamicObject> {
@@ -340,179 +348,6 @@ pub fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["type"] == type_)
-}
-
-pub fn manifests(namespace: &str, cluster: &str, host: &str, port: u16, opts: &RigOptions) -> String {
-    let fd = |f: Option<&str>| f.map(|f| format!("\n  failureDomain: {f}")).unwrap_or_default();
-    let md_fd = opts
-        .md_failure_domain
-        .map(|f| format!("\n      failureDomain: {f}"))
-        .unwrap_or_default();
-    let cp_fd = fd(opts.cp_failure_domain);
-    let workers = opts.workers;
-    let mhc = if opts.health_check {
-        format!(
-            r#"
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: MachineHealthCheck
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  clusterName: {cluster}
-  selector:
-    matchLabels:
-      cluster.x-k8s.io/deployment-name: {cluster}-md-0
-  checks:
-    nodeStartupTimeoutSeconds: 120
-    unhealthyNodeConditions:
-    - type: Ready
-      status: "False"
-      timeoutSeconds: 5
-    - type: Ready
-      status: Unknown
-      timeoutSeconds: 5
-    unhealthyMachineConditions:
-    - type: InfrastructureReady
-      status: "False"
-      timeoutSeconds: 5
-  remediation:
-    triggerIf:
-      unhealthyLessThanOrEqualTo: 100%"#
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-spec:
-  clusterNetwork:
-    pods:
-      cidrBlocks: [192.168.0.0/16]
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
-    name: {cluster}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-spec:
-  controlPlaneEndpoint:
-    host: {host}
-    port: {port}
-  failureDomains:
-  - name: zone-a
-    controlPlane: true
-    nodeSelector:
-      topology.kairon.zyvor.dev/zone: zone-a
-  - name: zone-b
-    nodeSelector:
-      topology.kairon.zyvor.dev/zone: zone-b
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfig
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-spec:
-  initConfiguration:
-    nodeRegistration:
-      name: '{{{{ ds.meta_data.local_hostname }}}}'
-      kubeletExtraArgs:
-      - name: provider-id
-        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachine
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-spec:
-  cpus: 2
-  memory: 4Gi
-  image: ubuntu-2404-kube-{KUBERNETES_VERSION}
-  diskSize: 20Gi
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: Machine
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-  labels:
-    cluster.x-k8s.io/cluster-name: {cluster}
-    cluster.x-k8s.io/control-plane: ""
-spec:
-  clusterName: {cluster}
-  version: {KUBERNETES_VERSION}{cp_fd}
-  bootstrap:
-    configRef:
-      apiGroup: bootstrap.cluster.x-k8s.io
-      kind: KubeadmConfig
-      name: {cluster}-control-plane-0
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironMachine
-    name: {cluster}-control-plane-0
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfigTemplate
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  template:
-    spec:
-      joinConfiguration:
-        nodeRegistration:
-          name: '{{{{ ds.meta_data.local_hostname }}}}'
-          kubeletExtraArgs:
-          - name: provider-id
-            value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachineTemplate
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  template:
-    spec:
-      cpus: 2
-      memory: 4Gi
-      image: ubuntu-2404-kube-{KUBERNETES_VERSION}
-      diskSize: 20Gi
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: MachineDeployment
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  clusterName: {cluster}
-  replicas: {workers}
-  template:
-    spec:
-      clusterName: {cluster}
-      version: {KUBERNETES_VERSION}{md_fd}
-      bootstrap:
-        configRef:
-          apiGroup: bootstrap.cluster.x-k8s.io
-          kind: KubeadmConfigTemplate
-          name: {cluster}-md-0
-      infrastructureRef:
-        apiGroup: infrastructure.cluster.x-k8s.io
-        kind: KaironMachineTemplate
-        name: {cluster}-md-0{mhc}
-"#
-    )
 }
 
 #[test]

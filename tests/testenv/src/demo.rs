@@ -10,13 +10,14 @@ use kube::Api;
 use kube::api::{DynamicObject, ListParams};
 use serde_json::Value;
 
+use crate::cluster::{ClusterOptions, cluster_yaml};
 use crate::env::{Env, EnvOptions};
 use crate::kube_util::resolve_kind;
 use crate::process::Process;
 
 pub const NAMESPACE: &str = "demo";
 pub const CLUSTER: &str = "demo";
-pub const KUBERNETES_VERSION: &str = "v1.36.3";
+pub use crate::cluster::KUBERNETES_VERSION;
 pub const WORKERS: usize = 2;
 
 #[derive(Clone, Debug)]
@@ -80,137 +81,18 @@ pub struct DemoReport {
     pub machines: Vec<MachineRow>,
 }
 
-/// The sample cluster (CAPI v1beta2) with its control plane endpoint at `host:port`.
+/// The sample cluster (CAPI v1beta2) with its control plane endpoint at `host:port`: one
+/// control-plane Machine and a MachineDeployment of [`WORKERS`] workers.
 pub fn cluster_manifests(namespace: &str, cluster: &str, host: &str, port: u16) -> String {
-    format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-spec:
-  clusterNetwork:
-    pods:
-      cidrBlocks: [192.168.0.0/16]
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
-    name: {cluster}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-spec:
-  controlPlaneEndpoint:
-    host: {host}
-    port: {port}
-  failureDomains:
-  - name: zone-a
-    controlPlane: true
-    nodeSelector:
-      topology.kairon.zyvor.dev/zone: zone-a
-  - name: zone-b
-    controlPlane: true
-    nodeSelector:
-      topology.kairon.zyvor.dev/zone: zone-b
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfig
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-spec:
-  initConfiguration:
-    nodeRegistration:
-      name: '{{{{ ds.meta_data.local_hostname }}}}'
-      kubeletExtraArgs:
-      - name: provider-id
-        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachine
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-spec:
-  cpus: 2
-  memory: 4Gi
-  image: ubuntu-2404-kube-v1.36.3
-  diskSize: 20Gi
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: Machine
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-  labels:
-    cluster.x-k8s.io/cluster-name: {cluster}
-    cluster.x-k8s.io/control-plane: ""
-spec:
-  clusterName: {cluster}
-  version: {KUBERNETES_VERSION}
-  bootstrap:
-    configRef:
-      apiGroup: bootstrap.cluster.x-k8s.io
-      kind: KubeadmConfig
-      name: {cluster}-control-plane-0
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironMachine
-    name: {cluster}-control-plane-0
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfigTemplate
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  template:
-    spec:
-      joinConfiguration:
-        nodeRegistration:
-          name: '{{{{ ds.meta_data.local_hostname }}}}'
-          kubeletExtraArgs:
-          - name: provider-id
-            value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachineTemplate
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  template:
-    spec:
-      cpus: 2
-      memory: 4Gi
-      image: ubuntu-2404-kube-v1.36.3
-      diskSize: 20Gi
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: MachineDeployment
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  clusterName: {cluster}
-  replicas: {WORKERS}
-  template:
-    spec:
-      clusterName: {cluster}
-      version: {KUBERNETES_VERSION}
-      bootstrap:
-        configRef:
-          apiGroup: bootstrap.cluster.x-k8s.io
-          kind: KubeadmConfigTemplate
-          name: {cluster}-md-0
-      infrastructureRef:
-        apiGroup: infrastructure.cluster.x-k8s.io
-        kind: KaironMachineTemplate
-        name: {cluster}-md-0
-"#
+    cluster_yaml(
+        namespace,
+        cluster,
+        host,
+        port,
+        &ClusterOptions {
+            workers: WORKERS,
+            ..ClusterOptions::default()
+        },
     )
 }
 

@@ -16,6 +16,7 @@
 
 mod bins;
 mod certs;
+pub mod cluster;
 pub mod demo;
 mod dump;
 mod env;
