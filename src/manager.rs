@@ -73,7 +73,15 @@ pub struct Args {
     pub verbosity: u8,
 
     /// Run the controllers only while holding the leader Lease (for more than one replica).
-    #[arg(long, default_value_t = false)]
+    /// `--leader-elect`, `--leader-elect=true` and `--leader-elect=false` work, as in Go.
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub leader_elect: bool,
 
     /// How long a lease not renewed stays valid for the other candidates.
@@ -419,5 +427,22 @@ mod tests {
         assert_eq!(a.metrics_bind_address, ":8443");
         assert_eq!(a.kube_api_qps, 20.0);
         assert_eq!(a.kube_api_burst, 30);
+    }
+
+    #[test]
+    fn leader_elect_takes_go_style_boolean_values() {
+        let parse = |extra: &[&str]| {
+            Args::try_parse_from(["capkr-manager"].iter().chain(extra)).map(|a| (a.leader_elect, a.namespace))
+        };
+        assert!(parse(&["--leader-elect"]).unwrap().0);
+        assert!(parse(&["--leader-elect=true"]).unwrap().0);
+        assert!(!parse(&["--leader-elect=false"]).unwrap().0);
+        // A following flag or positional is not taken as its value.
+        assert_eq!(
+            parse(&["--leader-elect", "--namespace=a"]).unwrap(),
+            (true, "a".to_string())
+        );
+        let err = parse(&["--leader-elect=yes"]).unwrap_err().to_string();
+        assert!(err.contains("--leader-elect"), "{err}");
     }
 }

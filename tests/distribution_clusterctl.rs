@@ -67,12 +67,18 @@ fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_contain
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
         "Deployment",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(kinds.contains(&kind), "{kind} missing: {kinds:?}");
     }
+    // The leader-election Role is namespaced in the manager's namespace.
+    let lease_role = components.iter().find(|d| d["kind"] == "Role").unwrap();
+    assert_eq!(lease_role["metadata"]["namespace"], "capkr-system");
+    assert_eq!(lease_role["rules"][0]["resources"][0], "leases");
     let deployment = components.iter().find(|d| d["kind"] == "Deployment").unwrap();
     assert_eq!(deployment["metadata"]["namespace"], "capkr-system");
     let containers = deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap();
@@ -140,7 +146,19 @@ fn generate_provider_describes_exactly_the_documented_variables() {
         .iter()
         .map(|a| a.as_str().unwrap())
         .collect();
-    assert_eq!(args, ["--sync-period=10m", "--log-format=json", "--v=0"]);
+    assert_eq!(
+        args,
+        [
+            "--leader-elect",
+            "--health-addr=:9440",
+            "--metrics-bind-address=:8443",
+            "--sync-period=10m",
+            "--log-format=json",
+            "--v=0"
+        ]
+    );
+    assert_eq!(manager["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(manager["livenessProbe"]["httpGet"]["path"], "/healthz");
     // clusterctl adds its own label to everything it would install.
     assert!(
         objs.iter()
@@ -478,6 +496,10 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
         (
             by("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles"),
             vec!["capkr-manager-role"],
+        ),
+        (
+            by("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+            vec!["capkr-leader-election-role"],
         ),
         (
             by(

@@ -15,6 +15,7 @@ use capkr::kairon;
 use capkr_testenv::{Env, EnvOptions, Process, ProcessSpec, own_binary, wait_for};
 use distribution_support::*;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::{Value, json};
 
@@ -83,6 +84,9 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Service",
             "Deployment",
             "ValidatingAdmissionPolicy",
             "ValidatingAdmissionPolicyBinding"
@@ -105,6 +109,18 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
         binding["subjects"],
         json!([{"kind": "ServiceAccount", "name": "capkr-manager", "namespace": "capkr-system"}])
     );
+    // Leader election: the Lease Role of config/rbac, in the release namespace.
+    let config_lease_role = &docs(&read(&root().join("config/rbac/leader_election_role.yaml")))[0];
+    let lease_role = objs.iter().find(|o| o["kind"] == "Role").unwrap();
+    assert_eq!(lease_role["metadata"]["name"], config_lease_role["metadata"]["name"]);
+    assert_eq!(lease_role["metadata"]["namespace"], "capkr-system");
+    assert_eq!(grants(&lease_role["rules"]), grants(&config_lease_role["rules"]));
+    let lease_binding = objs.iter().find(|o| o["kind"] == "RoleBinding").unwrap();
+    assert_eq!(lease_binding["roleRef"]["name"], config_lease_role["metadata"]["name"]);
+    assert_eq!(
+        lease_binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "capkr-manager", "namespace": "capkr-system"}])
+    );
     // Admission policy: the one of config/admission.
     let config_policy = docs(&read(&root().join("config/admission/template_immutability.yaml")));
     for c in &config_policy {
@@ -125,8 +141,20 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
     assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert!(c["resources"]["requests"]["cpu"].is_string() && c["resources"]["limits"]["memory"].is_string());
     assert_eq!(c["image"], "ghcr.io/zyvor/cluster-api-provider-kairon:v0.1.0");
-    // Probes and metrics stay off until the manager serves them.
-    assert!(c["livenessProbe"].is_null() && c["readinessProbe"].is_null());
+    // Leader election, probes and metrics are on by default, as in config/manager.
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let default_args = manager_args(&objs);
+    for a in ["--leader-elect=true", "--health-addr=:9440", "--metrics-bind-address=:8443"] {
+        assert!(default_args.iter().any(|x| x == a), "{a} in {default_args:?}");
+    }
+    let env_names: Vec<&str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(env_names, ["POD_NAMESPACE", "POD_NAME"]);
 
     // Every default flag is one the manager accepts: it gets as far as reading the kubeconfig.
     let manager = own_binary("capkr-manager", "CAPKR_MANAGER_BIN").unwrap();
@@ -189,8 +217,30 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
         "/readyz"
     );
 
+    // Everything off: no Lease RBAC, no probes, no metrics listener or Service.
+    let objs = render(&[
+        "--set",
+        "leaderElection.enabled=false",
+        "--set",
+        "healthProbes.enabled=false",
+        "--set",
+        "metrics.enabled=false",
+    ]);
+    let kinds: BTreeSet<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
+    for k in ["Role", "RoleBinding", "Service"] {
+        assert!(!kinds.contains(k), "{k} in {kinds:?}");
+    }
+    let args = manager_args(&objs);
+    assert!(args.iter().any(|x| x == "--metrics-bind-address=0"), "{args:?}");
+    assert!(!args.iter().any(|x| x.starts_with("--leader-elect")), "{args:?}");
+
     // Two replicas without leader election would both reconcile: refused.
-    let out = run(&mut helm_template(&["--set", "replicaCount=2"]));
+    let out = run(&mut helm_template(&[
+        "--set",
+        "replicaCount=2",
+        "--set",
+        "leaderElection.enabled=false",
+    ]));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("leaderElection.enabled"));
 }
@@ -273,7 +323,10 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
     let objs = render(&[]);
     let rbac: String = objs
         .iter()
-        .filter(|o| ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"].contains(&o["kind"].as_str().unwrap()))
+        .filter(|o| {
+            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
+                .contains(&o["kind"].as_str().unwrap())
+        })
         .map(|o| serde_json::to_string(o).unwrap() + "\n---\n")
         .collect();
     env.apply(&rbac, None).await.unwrap();
@@ -319,7 +372,17 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
     let manager = Process::spawn(
         ProcessSpec::new("capkr-manager-sa", manager_bin, &env.log_dir())
             .env("NO_COLOR", "1")
-            .args(manager_args(&objs))
+            // The chart's flags, leader election included (so the Lease RBAC is exercised);
+            // only the listen addresses move to free ports, as tests run side by side.
+            .args(manager_args(&objs).into_iter().map(|a| {
+                if a.starts_with("--health-addr=") {
+                    "--health-addr=127.0.0.1:0".to_string()
+                } else if a.starts_with("--metrics-bind-address=") {
+                    "--metrics-bind-address=127.0.0.1:0".to_string()
+                } else {
+                    a
+                }
+            }))
             .arg(format!("--kubeconfig={}", kubeconfig.display())),
     )
     .unwrap();
@@ -356,6 +419,16 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
             panic!("{e:#}\n--- capkr-manager (as {SA}) log:\n{log}");
         }
     };
+    // It got there as the leader: the Lease (in the release namespace) is held.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "capkr-system");
+    let lease = leases.get("controller-leader-election-capkr").await.unwrap();
+    assert!(
+        lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .is_some_and(|h| !h.is_empty()),
+        "the manager holds the leader Lease"
+    );
     let km: KaironMachine = Api::namespaced(client.clone(), NS).get(&machine_name()).await.unwrap();
     assert!(km.status.as_ref().is_some_and(|s| s.is_provisioned()));
     let vm: kairon::Machine = Api::namespaced(client.clone(), NS).get(&machine_name()).await.unwrap();
