@@ -84,7 +84,8 @@ where
             "reconcile",
             controller,
             namespace = %obj.namespace().unwrap_or_default(),
-            name = %obj.name_any(),
+            // Not `name`: JSON logs put the span's own name under that key.
+            object = %obj.name_any(),
             cluster = %capi::label(obj.meta(), capi::CLUSTER_NAME_LABEL).unwrap_or_default(),
         );
         let timer = metrics.reconcile_started(controller);

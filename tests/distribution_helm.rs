@@ -145,7 +145,11 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     let default_args = manager_args(&objs);
-    for a in ["--leader-elect=true", "--health-addr=:9440", "--metrics-bind-address=:8443"] {
+    for a in [
+        "--leader-elect=true",
+        "--health-addr=:9440",
+        "--metrics-bind-address=:8443",
+    ] {
         assert!(default_args.iter().any(|x| x == a), "{a} in {default_args:?}");
     }
     let env_names: Vec<&str> = c["env"]
@@ -324,8 +328,14 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
     let rbac: String = objs
         .iter()
         .filter(|o| {
-            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
-                .contains(&o["kind"].as_str().unwrap())
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+            ]
+            .contains(&o["kind"].as_str().unwrap())
         })
         .map(|o| serde_json::to_string(o).unwrap() + "\n---\n")
         .collect();

@@ -7,39 +7,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use capkr_testenv::Signal;
-use common::{Rig, RigOptions};
+use common::{Rig, RigOptions, http_get, port_of};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const UP: Duration = Duration::from_secs(180);
 const LEASE: &str = "controller-leader-election-capkr";
-
-/// The port a started manager serves `flag` on (the test environment picks free ones).
-fn port_of(p: &capkr_testenv::Process, flag: &str) -> u16 {
-    let line = p.spec().command_line();
-    let prefix = format!("{flag}=127.0.0.1:");
-    line.split_whitespace()
-        .find_map(|a| a.trim_matches('\'').strip_prefix(&prefix).and_then(|v| v.parse().ok()))
-        .unwrap_or_else(|| panic!("no {flag} in {line}"))
-}
-
-/// `GET http://127.0.0.1:<port><path>`: status code and body.
-async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    Some((
-        code,
-        buf.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
-}
 
 struct Ports {
     health: u16,

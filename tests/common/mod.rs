@@ -24,6 +24,7 @@ pub use capkr_testenv::cluster::KUBERNETES_VERSION;
 pub const HOSTS: &str = "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
 kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b,kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b";
 
+#[derive(Clone)]
 pub struct RigOptions {
     pub name: &'static str,
     pub workers: usize,
@@ -94,8 +95,8 @@ pub fn merged_args(defaults: Vec<String>, extra: &[String]) -> Vec<String> {
     let mut out = vec![];
     let mut it = defaults.into_iter().peekable();
     while let Some(a) = it.next() {
-        let takes_value = it.peek().is_some_and(|v| !v.starts_with("--"));
-        if a.starts_with("--") && extra.contains(&a) {
+        let takes_value = it.peek().is_some_and(|v| !v.starts_with('-'));
+        if a.starts_with('-') && extra.contains(&a) {
             if takes_value {
                 it.next();
             }
@@ -120,8 +121,7 @@ impl Rig {
         let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
         let sim_args = merged_args(default_sim_args(), &opts.sim_args);
         let sim = env.start_simulator(sim_args).expect("simulator");
-        let mut manager_args = vec!["-v".to_string(), "1".to_string()];
-        manager_args.extend(opts.manager_args.iter().cloned());
+        let manager_args = merged_args(vec!["-v".to_string(), "1".to_string()], &opts.manager_args);
         let manager = env.start_manager(manager_args).expect("manager");
         let rig = Rig {
             env,
@@ -245,6 +245,23 @@ impl Rig {
             .collect()
     }
 
+    /// Every request of the manager (any verb, Leases included) that reached the API server
+    /// from byte `from` of the audit log on, in order of arrival.
+    pub fn manager_requests(&self, from: u64) -> Vec<AuditRequest> {
+        let text = std::fs::read(self.env.audit_log_path().expect("the rig has an audit log")).unwrap();
+        text[from as usize..]
+            .split(|b| *b == b'\n')
+            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
+            .filter(|e| e["stage"] == "RequestReceived")
+            .filter(|e| e["userAgent"].as_str().is_some_and(|u| u.starts_with("capkr-manager/")))
+            .map(|e| AuditRequest {
+                received: e["requestReceivedTimestamp"].as_str().unwrap_or_default().to_string(),
+                verb: e["verb"].as_str().unwrap_or_default().to_string(),
+                uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
+            })
+            .collect()
+    }
+
     /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
     pub async fn wait_running(&self, n: usize, timeout: Duration) -> Vec<DynamicObject> {
         let machines = self.machines();
@@ -337,6 +354,42 @@ impl Rig {
 }
 
 /// Status of the Ready condition of a KaironMachine.
+/// The port a started manager serves `flag` on (the test environment picks free ones).
+pub fn port_of(p: &Process, flag: &str) -> u16 {
+    let line = p.spec().command_line();
+    let prefix = format!("{flag}=127.0.0.1:");
+    line.split_whitespace()
+        .find_map(|a| a.trim_matches('\'').strip_prefix(&prefix).and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no {flag} in {line}"))
+}
+
+/// `GET http://127.0.0.1:<port><path>`: status code and body.
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.ok()?;
+    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
+    Some((
+        code,
+        buf.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// One request in the API server's audit log.
+#[derive(Debug, Clone)]
+pub struct AuditRequest {
+    /// `requestReceivedTimestamp`, RFC 3339 with microseconds.
+    pub received: String,
+    pub verb: String,
+    pub uri: String,
+}
+
 pub fn km_ready(km: &KaironMachine) -> Option<(String, String)> {
     let c = conditions::get(km.status.as_ref()?.conditions.as_deref()?, READY)?;
     Some((c.status.clone(), c.reason.clone()))

@@ -1,0 +1,419 @@
+//! Operability against the real control plane: the events and logs of a whole machine
+//! lifecycle (and no trace of bootstrap data in any of them), `/readyz` before and after the
+//! caches sync, and the client-side QPS limit as the API server sees it.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use capkr::kairon;
+use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, ProcessSpec, own_binary};
+use common::{Rig, RigOptions, http_get};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+const UP: Duration = Duration::from_secs(180);
+
+/// Planted in the bootstrap data (a file of the KubeadmConfigs), looked for everywhere else.
+const MARKER: &str = "CAPKR-BOOTSTRAP-MARKER-5d1e0b";
+
+/// The cluster of [`Rig::manifests`] with a file holding [`MARKER`] in every KubeadmConfig, so
+/// CABPK puts it into every Machine's bootstrap data.
+fn manifests_with_marker(rig: &Rig, opts: &RigOptions) -> String {
+    let yaml = rig.manifests(opts);
+    let planted = yaml
+        .replace(
+            "spec:\n  initConfiguration:",
+            &format!("spec:\n  files:\n  - path: /etc/capkr-marker\n    content: {MARKER}\n  initConfiguration:"),
+        )
+        .replace(
+            "    spec:\n      joinConfiguration:",
+            &format!(
+                "    spec:\n      files:\n      - path: /etc/capkr-marker\n        content: {MARKER}\n      joinConfiguration:"
+            ),
+        );
+    assert_eq!(
+        planted.matches(MARKER).count(),
+        2,
+        "the marker is in both KubeadmConfigs"
+    );
+    planted
+}
+
+/// Our events (reporting controller `capkr-*`; CAPI's are left out) in `ns` by (object name,
+/// reason).
+async fn events_by_object(rig: &Rig) -> BTreeMap<(String, String), Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(rig.env.client(), &rig.ns);
+    let mut out: BTreeMap<(String, String), Vec<Event>> = BTreeMap::new();
+    let ours = |e: &Event| {
+        e.reporting_controller
+            .as_deref()
+            .is_some_and(|c| c.starts_with("capkr-"))
+    };
+    for e in api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(ours)
+    {
+        let name = e.regarding.as_ref().and_then(|r| r.name.clone()).unwrap_or_default();
+        out.entry((name, e.reason.clone().unwrap_or_default()))
+            .or_default()
+            .push(e);
+    }
+    out
+}
+
+/// Scenario: create a cluster of a control-plane Machine and one worker, make the worker's VM
+/// fail, delete the cluster. Each transition gives one event on the right object from the
+/// right controller; the manager's JSON log lines of a reconcile carry namespace, name and
+/// cluster; and the marker planted in the bootstrap data appears in no manager output and no
+/// event, although it did reach the Kairon Machines.
+#[tokio::test(flavor = "multi_thread")]
+async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
+    let opts = RigOptions {
+        workers: 1,
+        create: false,
+        // The most verbose logging there is: whatever it prints must still hold no secret.
+        manager_args: ["--log-format=json", "-v", "3"].map(String::from).to_vec(),
+        ..RigOptions::new("operability_events")
+    };
+    let rig = Rig::start(opts.clone()).await;
+    rig.env
+        .apply(&manifests_with_marker(&rig, &opts), Some(&rig.ns))
+        .await
+        .expect("cluster objects apply");
+    let machines = rig.wait_running(2, UP).await;
+    let cp = format!("{}-control-plane-0", rig.cluster);
+    let worker = machines
+        .iter()
+        .map(|m| m.name_any())
+        .find(|n| *n != cp)
+        .expect("a worker Machine");
+
+    // The marker really is in the bootstrap data and reached Kairon: the searches below can hit.
+    let secrets: Api<Secret> = Api::namespaced(rig.env.client(), &rig.ns);
+    let bootstrap = secrets.get(&cp).await.unwrap();
+    let value = bootstrap
+        .data
+        .as_ref()
+        .and_then(|d| d.get("value"))
+        .expect("bootstrap value");
+    assert!(String::from_utf8_lossy(&value.0).contains(MARKER));
+    for vm in rig.vm_map().await.values() {
+        let user_data = serde_json::to_string(&vm.spec).unwrap();
+        assert!(
+            user_data.contains(MARKER),
+            "{}: the Kairon Machine carries the bootstrap data",
+            vm.name_any()
+        );
+    }
+
+    // The worker's VM fails: a Warning on its KaironMachine.
+    rig.vms()
+        .patch(
+            &worker,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sim.kairon.zyvor.dev/fail": "DiskError"}}})),
+        )
+        .await
+        .unwrap();
+    rig.wait("InstanceFailed event on the worker", UP, || async {
+        events_by_object(&rig)
+            .await
+            .contains_key(&(worker.clone(), "InstanceFailed".to_string()))
+    })
+    .await;
+
+    // Delete the cluster: every VM goes, each with an event.
+    rig.clusters()
+        .delete(&rig.cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    rig.wait("the cluster and its VMs gone", UP, || async {
+        let vms = rig.vms().list(&ListParams::default()).await?.items;
+        let kms = rig.kms().list(&ListParams::default()).await?.items;
+        let kcs = rig.kcs().list(&ListParams::default()).await?.items;
+        Ok::<_, kube::Error>(vms.is_empty() && kms.is_empty() && kcs.is_empty())
+    })
+    .await;
+    // The last events are written after the finalizers go; give them a moment.
+    let km_names: Vec<String> = machines.iter().map(|m| m.name_any()).collect();
+    let events = rig
+        .wait("InstanceDeleted events", Duration::from_secs(30), || async {
+            let events = events_by_object(&rig).await;
+            km_names
+                .iter()
+                .all(|n| events.contains_key(&(n.clone(), "InstanceDeleted".to_string())))
+                .then_some(events)
+        })
+        .await;
+
+    // One event object per (object, reason): repeats are folded into a series, not re-created.
+    let mut expected: BTreeSet<(String, String)> = BTreeSet::new();
+    for n in &km_names {
+        for reason in ["InstanceCreated", "InstanceProvisioned", "InstanceDeleted"] {
+            expected.insert((n.clone(), reason.to_string()));
+        }
+    }
+    expected.insert((worker.clone(), "InstanceFailed".to_string()));
+    expected.insert((rig.cluster.clone(), "Provisioned".to_string()));
+    let got: BTreeSet<(String, String)> = events.keys().cloned().collect();
+    assert_eq!(got, expected, "the events of the lifecycle");
+    for ((name, reason), evs) in &events {
+        assert_eq!(evs.len(), 1, "{name}/{reason}: one Event object (deduplicated)");
+        let e = &evs[0];
+        let regarding = e.regarding.as_ref().unwrap();
+        let (kind, controller) = if *name == rig.cluster {
+            ("KaironCluster", "capkr-kaironcluster-controller")
+        } else {
+            ("KaironMachine", "capkr-kaironmachine-controller")
+        };
+        assert_eq!(regarding.kind.as_deref(), Some(kind), "{name}/{reason}");
+        assert_eq!(e.reporting_controller.as_deref(), Some(controller), "{name}/{reason}");
+        let want_type = if reason == "InstanceFailed" {
+            "Warning"
+        } else {
+            "Normal"
+        };
+        assert_eq!(e.type_.as_deref(), Some(want_type), "{name}/{reason}");
+        assert!(
+            e.note.as_deref().is_some_and(|n| !n.is_empty()),
+            "{name}/{reason}: a note"
+        );
+    }
+    let failed = &events[&(worker.clone(), "InstanceFailed".to_string())][0];
+    assert!(
+        failed.note.as_deref().unwrap_or_default().contains("DiskError"),
+        "the failure's note names Kairon's reason: {:?}",
+        failed.note
+    );
+
+    // Logs: JSON lines; those of a reconcile carry the object's namespace, name and cluster.
+    let log = std::fs::read_to_string(rig.manager.log_path()).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    assert!(
+        lines.len() * 10 >= log.lines().count() * 9,
+        "the log is JSON lines ({} of {} parse)",
+        lines.len(),
+        log.lines().count()
+    );
+    let created = lines
+        .iter()
+        .find(|l| l["message"] == "created Kairon Machine" && l["span"]["object"] == cp.as_str())
+        .unwrap_or_else(|| panic!("a 'created Kairon Machine' line for {cp}"));
+    assert_eq!(created["level"], "INFO");
+    assert_eq!(created["span"]["controller"], "kaironmachine");
+    assert_eq!(created["span"]["namespace"], rig.ns.as_str());
+    assert_eq!(created["span"]["cluster"], rig.cluster.as_str());
+    assert!(created["timestamp"].is_string());
+
+    // The marker: nowhere in the manager's output (stdout and stderr, every level) or in any
+    // event of any namespace.
+    assert!(log.lines().count() > 100, "a verbose log was written");
+    assert_eq!(log.matches(MARKER).count(), 0, "bootstrap data in the manager's output");
+    let all_events: Api<Event> = Api::all(rig.env.client());
+    let text = serde_json::to_string(&all_events.list(&ListParams::default()).await.unwrap().items).unwrap();
+    assert_eq!(text.matches(MARKER).count(), 0, "bootstrap data in an event");
+    let core_events: Api<k8s_openapi::api::core::v1::Event> = Api::all(rig.env.client());
+    let text = serde_json::to_string(&core_events.list(&ListParams::default()).await.unwrap().items).unwrap();
+    assert_eq!(text.matches(MARKER).count(), 0, "bootstrap data in a core/v1 event");
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `/readyz` answers 503 "caches not synced" while a cache cannot do its first list (here: the
+/// manager's ServiceAccount may not list Kairon Machines yet), with `/healthz` 200 all along,
+/// and turns 200 once the permission is granted and the cache syncs.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_false_until_the_caches_sync() {
+    let none = CapiManagers {
+        core: false,
+        bootstrap: false,
+        control_plane: false,
+    };
+    let env = Env::start(EnvOptions::new("operability-readyz").capi_managers(none))
+        .await
+        .expect("test environment");
+    env.create_namespace("capkr-system").await.unwrap();
+    let root = capkr_testenv::workspace_root();
+    let rbac = |file: &str| std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap();
+    // The shipped RBAC without the rule for Kairon Machines.
+    let role = rbac("role.yaml");
+    let (head, tail) = role
+        .split_once("  - apiGroups: [kairon.zyvor.dev]")
+        .expect("config/rbac/role.yaml has a kairon.zyvor.dev rule");
+    let (_, after) = tail
+        .split_once("  # Events")
+        .expect("the rule after it is about events");
+    let without_kairon = format!("{head}  # Events{after}");
+    for yaml in [
+        rbac("service_account.yaml"),
+        without_kairon,
+        rbac("role_binding.yaml"),
+        rbac("leader_election_role.yaml"),
+        rbac("leader_election_role_binding.yaml"),
+    ] {
+        env.apply(&yaml, None).await.unwrap();
+    }
+    // The manager authenticates as the admin but acts as the ServiceAccount.
+    let admin = std::fs::read_to_string(env.kubeconfig_path()).unwrap();
+    let sa = "system:serviceaccount:capkr-system:capkr-manager";
+    let impersonating = admin.replace("    client-key-data:", &format!("    as: {sa}\n    client-key-data:"));
+    assert_ne!(admin, impersonating, "the admin kubeconfig has a client key");
+    let kubeconfig = env.dir().join("capkr-manager-sa.kubeconfig");
+    std::fs::write(&kubeconfig, impersonating).unwrap();
+    let (health, metrics) = (free_port(), free_port());
+    let manager = Process::spawn(
+        ProcessSpec::new(
+            "capkr-manager-sa",
+            own_binary("capkr-manager", "CAPKR_MANAGER_BIN").unwrap(),
+            &env.log_dir(),
+        )
+        .env("NO_COLOR", "1")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--leader-elect")
+        .arg(format!("--health-addr=127.0.0.1:{health}"))
+        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}")),
+    )
+    .unwrap();
+
+    // Alive at once; leading (it is alone) but not ready for as long as the list is refused.
+    let alive = capkr_testenv::wait_for("/healthz 200", Duration::from_secs(30), || async {
+        Ok::<_, std::io::Error>((http_get(health, "/healthz").await.map(|r| r.0) == Some(200)).then_some(()))
+    })
+    .await;
+    if let Err(e) = alive {
+        panic!("{e:#}\n{}", manager.log_tail(40));
+    }
+    let leads = capkr_testenv::wait_for("the manager leads", Duration::from_secs(30), || async {
+        let body = http_get(metrics, "/metrics").await.map(|r| r.1).unwrap_or_default();
+        Ok::<_, std::io::Error>(
+            body.lines()
+                .any(|l| l.starts_with("capkr_leader") && l.ends_with(" 1"))
+                .then_some(()),
+        )
+    })
+    .await;
+    if let Err(e) = leads {
+        panic!("{e:#}\n{}", manager.log_tail(40));
+    }
+    for _ in 0..10 {
+        let (code, body) = http_get(health, "/readyz").await.expect("/readyz answers");
+        assert_eq!(code, 503, "/readyz before the Kairon Machine cache synced: {body}");
+        assert!(body.contains("caches not synced"), "{body}");
+        assert_eq!(http_get(health, "/healthz").await.map(|r| r.0), Some(200));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let log = std::fs::read_to_string(manager.log_path()).unwrap();
+    assert!(log.contains("forbidden"), "the list was refused:\n{log}");
+
+    // Grant it: the watcher's retry lists, the cache syncs, /readyz turns 200.
+    env.apply(&rbac("role.yaml"), None).await.unwrap();
+    let ready = capkr_testenv::wait_for("/readyz 200", Duration::from_secs(90), || async {
+        Ok::<_, std::io::Error>((http_get(health, "/readyz").await.map(|r| r.0) == Some(200)).then_some(()))
+    })
+    .await;
+    if let Err(e) = ready {
+        panic!("{e:#}\n{}", manager.log_tail(40));
+    }
+    assert!(manager.is_running());
+}
+
+/// Seconds since the epoch of an RFC 3339 UTC timestamp with fraction, as audit events have
+/// (`2026-11-30T04:50:00.123456Z`).
+fn epoch_seconds(ts: &str) -> f64 {
+    let n = |r: std::ops::Range<usize>| ts[r].parse::<i64>().unwrap();
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    // Days from civil (proleptic Gregorian).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146097 + doe - 719468;
+    let secs: f64 = ts[17..ts.len() - 1].parse().unwrap();
+    (days * 86400 + n(11..13) * 3600 + n(14..16) * 60) as f64 + secs
+}
+
+#[test]
+fn epoch_seconds_parses_audit_timestamps() {
+    assert_eq!(epoch_seconds("1970-01-01T00:00:00.000000Z"), 0.0);
+    assert_eq!(epoch_seconds("2000-03-01T00:00:01.5Z"), 951868801.5);
+    assert_eq!(epoch_seconds("2026-11-30T04:50:00.250000Z"), 1796014200.25);
+}
+
+/// With `--kube-api-qps=5 --kube-api-burst=5`, a burst of work (a MachineDeployment scaled
+/// from 0 to 8) reaches the API server spread out: in every interval, at most burst + qps ×
+/// its length of the manager's requests arrive (the token bucket's bound, checked on the
+/// audit log's arrival times), and the whole takes at least (requests − burst) / qps.
+#[tokio::test(flavor = "multi_thread")]
+async fn qps_limit_spreads_a_burst_as_the_api_server_sees_it() {
+    const QPS: f64 = 5.0;
+    const BURST: f64 = 5.0;
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        audit: true,
+        manager_args: ["--kube-api-qps=5", "--kube-api-burst=5"].map(String::from).to_vec(),
+        sim_args: ["--provision-delay", "0s", "--boot-delay", "0s"]
+            .map(String::from)
+            .to_vec(),
+        ..RigOptions::new("operability_qps")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let from = rig.audit_len();
+    rig.scale(8).await;
+    rig.wait_running(9, UP).await;
+    let arrivals: Vec<f64> = rig
+        .manager_requests(from)
+        .iter()
+        .map(|r| epoch_seconds(&r.received))
+        .collect();
+    let n = arrivals.len();
+    assert!(
+        n as f64 >= 4.0 * BURST,
+        "the burst is large enough for the limit to bind: {n} requests"
+    );
+    let mut worst = 0.0f64;
+    for i in 0..n {
+        for j in i..n {
+            let allowed = BURST + QPS * (arrivals[j] - arrivals[i]);
+            // One request of slack for the clock of arrival vs. the clock of the bucket.
+            worst = worst.max((j - i + 1) as f64 - allowed);
+        }
+    }
+    let span = arrivals[n - 1] - arrivals[0];
+    eprintln!(
+        "{n} manager requests over {span:.2} s: {:.2}/s; worst excess over the bucket's bound: {worst:.2}",
+        (n as f64) / span
+    );
+    assert!(
+        worst <= 1.0,
+        "more requests than the token bucket allows: excess {worst:.2}"
+    );
+    assert!(
+        span >= (n as f64 - BURST - 1.0) / QPS,
+        "{n} requests in {span:.2} s is faster than {QPS}/s"
+    );
+    let vms: Api<kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
+    assert_eq!(vms.list(&ListParams::default()).await.unwrap().items.len(), 9);
+}
