@@ -282,10 +282,14 @@ pub async fn run(args: Args) -> Result<()> {
     let plain = client_from(&args.kubeconfig, &identity, None).await?;
     info!(?settings, %identity, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
 
+    // Events get a client of their own with its own token bucket of the same size, as a Go
+    // provider's event recorder has (controller-runtime builds it from the same rest.Config):
+    // publishing an event never delays a reconcile's own requests.
+    let events_client = client_from(&args.kubeconfig, &identity, Some(&limits)).await?;
     let telemetry = Telemetry {
         metrics: metrics.clone(),
         caches: CacheReadiness::default(),
-        client_for_events: Some((client.clone(), identity.clone())),
+        client_for_events: Some((events_client, identity.clone())),
     };
     let leading = Arc::new(AtomicBool::new(!args.leader_elect));
     let health = Health {
