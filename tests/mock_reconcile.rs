@@ -145,6 +145,7 @@ where
         synced: vec![capkr::controller::Synced::ready()],
         events: capkr::events::Events::disabled(),
         metrics: capkr::metrics::Metrics::new(),
+        fresh: Default::default(),
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;

@@ -23,6 +23,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::fresh::Fresher;
 use super::write::{self, has_finalizer};
 use super::{Error, Settings, Synced, is_not_found, strip_managed_fields};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, READY, Status, reason};
@@ -57,6 +58,8 @@ pub struct Context {
     /// Events on KaironMachines (disabled in mock tests).
     pub events: Events,
     pub metrics: Arc<Metrics>,
+    /// Our last writes to KaironMachines the cache has not shown yet.
+    pub fresh: Fresher<KaironMachine>,
 }
 
 impl Context {
@@ -162,6 +165,7 @@ pub fn next_status(
 /// Reconciles one KaironMachine.
 pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     ctx.wait_for_caches().await?;
+    let km = ctx.fresh.freshest(km);
     let ns = km.namespace().ok_or(Error::MissingNamespace)?;
     let api: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), &ns);
 
@@ -186,7 +190,7 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
             km.status.as_ref().and_then(|s| s.conditions.as_deref()),
             &conditions::paused(Some(why)),
         ) {
-            write_status(&api, &km, None, Some(why)).await?;
+            write_status(&api, &km, None, Some(why), &ctx.fresh).await?;
         }
         return Ok(Action::await_change());
     }
@@ -200,13 +204,14 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::await_change());
     };
     if !has_finalizer(km.as_ref(), MACHINE_FINALIZER) {
-        write::add_finalizer(&api, km.as_ref(), MACHINE_FINALIZER)
+        let written = write::add_finalizer(&api, km.as_ref(), MACHINE_FINALIZER)
             .await
             .map_err(Error::write("finalizer"))?;
+        ctx.fresh.wrote(&km, written);
     }
     let cluster_name = cluster_name.unwrap_or_default();
     let (observed, action) = reconcile_instance(&km, &machine, cluster.as_deref(), &cluster_name, &ctx, &ns).await?;
-    if let Some(next) = write_status(&api, &km, Some(&observed), None).await? {
+    if let Some(next) = write_status(&api, &km, Some(&observed), None, &ctx.fresh).await? {
         report_transitions(&km, &next, &ctx).await;
     }
     Ok(action)
@@ -315,9 +320,10 @@ async fn reconcile_instance(
     {
         let api: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), ns);
         let body = json!({"spec": {"providerID": provider_id(uid)}});
-        write::merge_patch(&api, &name, body)
+        let written = write::merge_patch(&api, &name, body)
             .await
             .map_err(Error::write("spec.providerID"))?;
+        ctx.fresh.wrote(km, written);
     }
     Ok((Observed::Instance(Box::new(vm)), resync))
 }
@@ -496,6 +502,7 @@ async fn reconcile_delete(
         write::remove_finalizer(api, km, MACHINE_FINALIZER)
             .await
             .map_err(Error::write("finalizer"))?;
+        ctx.fresh.forget(km);
         Ok::<_, Error>(Action::await_change())
     };
     if capi::has_annotation(&km.metadata, DELETE_FOR_MOVE_ANNOTATION) {
@@ -540,7 +547,7 @@ async fn reconcile_delete(
             Err(source) => return Err(Error::DeleteInstance { name, source }),
         }
     }
-    write_status(api, km, Some(&Observed::Instance(Box::new(vm))), None).await?;
+    write_status(api, km, Some(&Observed::Instance(Box::new(vm))), None, &ctx.fresh).await?;
     Ok(Action::requeue(DELETE_RETRY))
 }
 
@@ -550,6 +557,7 @@ async fn write_status(
     km: &KaironMachine,
     observed: Option<&Observed>,
     paused: Option<&str>,
+    fresh: &Fresher<KaironMachine>,
 ) -> Result<Option<KaironMachineStatus>, Error> {
     let deleting = km.metadata.deletion_timestamp.is_some();
     let next = next_status(
@@ -563,9 +571,10 @@ async fn write_status(
     if km.status.as_ref() == Some(&next) {
         return Ok(None);
     }
-    write::apply_status(api, &km.name_any(), &next)
+    let written = write::apply_status(api, &km.name_any(), &next)
         .await
         .map_err(Error::write("status"))?;
+    fresh.wrote(km, written);
     Ok(Some(next))
 }
 
@@ -686,6 +695,7 @@ pub fn controller(
         clusters: clusters.clone(),
         instances,
         synced,
+        fresh: Fresher::default(),
     });
     let km_store: Store<KaironMachine> = kms.clone();
     let controller = Controller::for_stream(km_events, kms)

@@ -1,6 +1,7 @@
 //! The three reconcilers and what they share: settings, errors, and the few write helpers
 //! (finalizers with optimistic concurrency, status by server-side apply).
 
+pub mod fresh;
 pub mod kairon_cluster;
 pub mod kairon_machine;
 pub mod kairon_machine_template;

@@ -17,8 +17,9 @@ pub fn has_finalizer<K: Resource>(obj: &K, finalizer: &str) -> bool {
     obj.finalizers().iter().any(|f| f == finalizer)
 }
 
-/// Adds `finalizer`, failing if the finalizer list changed since `obj` was read.
-pub async fn add_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error> {
+/// Adds `finalizer`, failing if the finalizer list changed since `obj` was read. Returns the
+/// object as written.
+pub async fn add_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<K, kube::Error> {
     let current = obj.finalizers();
     let ops = if current.is_empty() {
         json!([
@@ -46,23 +47,23 @@ pub async fn remove_finalizer<K: StaticResource>(api: &Api<K>, obj: &K, finalize
     ]);
     match json_patch(api, &obj.name_any(), ops).await {
         Err(e) if super::is_not_found(&e) => Ok(()),
-        other => other,
+        other => other.map(|_| ()),
     }
 }
 
-async fn json_patch<K: StaticResource>(api: &Api<K>, name: &str, ops: serde_json::Value) -> Result<(), kube::Error> {
+async fn json_patch<K: StaticResource>(api: &Api<K>, name: &str, ops: serde_json::Value) -> Result<K, kube::Error> {
     let patch: json_patch::Patch = serde_json::from_value(ops).map_err(kube::Error::SerdeError)?;
     api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await?;
-    Ok(())
+        .await
 }
 
-/// Applies `status` (server-side apply, forced, our field manager).
+/// Applies `status` (server-side apply, forced, our field manager). Returns the object as
+/// written.
 pub async fn apply_status<K: StaticResource>(
     api: &Api<K>,
     name: &str,
     status: &impl Serialize,
-) -> Result<(), kube::Error> {
+) -> Result<K, kube::Error> {
     let body = json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
@@ -70,20 +71,19 @@ pub async fn apply_status<K: StaticResource>(
         "status": status,
     });
     api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
-        .await?;
-    Ok(())
+        .await
 }
 
 /// Merge-patches `body` into the object (used for single fields such as `spec.providerID`).
+/// Returns the object as written.
 pub async fn merge_patch<K: StaticResource>(
     api: &Api<K>,
     name: &str,
     body: serde_json::Value,
-) -> Result<(), kube::Error> {
+) -> Result<K, kube::Error> {
     let pp = PatchParams {
         field_manager: Some(FIELD_MANAGER.into()),
         ..Default::default()
     };
-    api.patch(name, &pp, &Patch::Merge(&body)).await?;
-    Ok(())
+    api.patch(name, &pp, &Patch::Merge(&body)).await
 }
