@@ -387,9 +387,14 @@ async fn qps_limit_spreads_a_burst_as_the_api_server_sees_it() {
     let requests = rig.manager_requests(from);
     // Events have a bucket of their own (as client-go's event recorder has): each stream is
     // held to the bound on its own.
-    let (events, work): (Vec<_>, Vec<_>) = requests.iter().partition(|r| r.uri.starts_with("/apis/events.k8s.io/"));
+    let (events, work): (Vec<_>, Vec<_>) = requests
+        .iter()
+        .partition(|r| r.request_uri.starts_with("/apis/events.k8s.io/"));
     for (what, reqs, min) in [("requests", work, 30), ("event requests", events, 9)] {
-        let arrivals: Vec<f64> = reqs.iter().map(|r| epoch_seconds(&r.received)).collect();
+        let arrivals: Vec<f64> = reqs
+            .iter()
+            .map(|r| epoch_seconds(r.request_received_timestamp.as_deref().unwrap()))
+            .collect();
         let n = arrivals.len();
         assert!(n >= min, "the burst is large enough for the limit to bind: {n} {what}");
         let mut worst = 0.0f64;

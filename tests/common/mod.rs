@@ -11,6 +11,7 @@ use std::time::Duration;
 use capkr::api::conditions::{self, READY};
 use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
+use capkr_testenv::audit::AuditEvent;
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
 use capkr_testenv::{Env, EnvOptions, Process, WorkloadCluster, wait_for};
 use k8s_openapi::api::core::v1::Node;
@@ -219,47 +220,31 @@ impl Rig {
             .len()
     }
 
+    /// The audit log's events from byte `from` on.
+    fn audit_events(&self, from: u64) -> Vec<AuditEvent> {
+        let path = self.env.audit_log_path().expect("the rig has an audit log");
+        capkr_testenv::audit::AuditLog::at(path, from)
+            .read_new()
+            .expect("the audit log reads")
+    }
+
     /// The manager's writes (create, update, patch, delete) in the audit log from byte `from`
     /// on, of one replica `identity` if given; Lease writes (leader election) are left out.
     /// Requests are told apart by the manager's User-Agent, `capkr-manager/<version> (<identity>)`.
     pub fn manager_writes(&self, from: u64, identity: Option<&str>) -> Vec<String> {
-        let text = std::fs::read(self.env.audit_log_path().expect("the rig has an audit log")).unwrap();
-        let suffix = identity.map(|i| format!("({i})"));
-        text[from as usize..]
-            .split(|b| *b == b'\n')
-            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
-            .filter(|e| {
-                e["userAgent"].as_str().is_some_and(|u| {
-                    u.starts_with("capkr-manager/") && suffix.as_deref().is_none_or(|s| u.ends_with(s))
-                })
-            })
-            .filter(|e| e["stage"] == "ResponseComplete")
-            .filter(|e| {
-                matches!(
-                    e["verb"].as_str(),
-                    Some("create" | "update" | "patch" | "delete" | "deletecollection")
-                )
-            })
-            .filter(|e| !e["requestURI"].as_str().unwrap_or_default().contains("/leases/"))
-            .map(|e| format!("{} {}", e["verb"], e["requestURI"]))
-            .collect()
+        capkr_testenv::audit::manager_writes(&self.audit_events(from), identity)
     }
 
     /// Every request of the manager (any verb, Leases included) that reached the API server
     /// from byte `from` of the audit log on, in order of arrival.
-    pub fn manager_requests(&self, from: u64) -> Vec<AuditRequest> {
-        let text = std::fs::read(self.env.audit_log_path().expect("the rig has an audit log")).unwrap();
-        text[from as usize..]
-            .split(|b| *b == b'\n')
-            .filter_map(|l| serde_json::from_slice::<Value>(l).ok())
-            .filter(|e| e["stage"] == "RequestReceived")
-            .filter(|e| e["userAgent"].as_str().is_some_and(|u| u.starts_with("capkr-manager/")))
-            .map(|e| AuditRequest {
-                received: e["requestReceivedTimestamp"].as_str().unwrap_or_default().to_string(),
-                verb: e["verb"].as_str().unwrap_or_default().to_string(),
-                uri: e["requestURI"].as_str().unwrap_or_default().to_string(),
-            })
-            .collect()
+    pub fn manager_requests(&self, from: u64) -> Vec<AuditEvent> {
+        let mut reqs: Vec<AuditEvent> = self
+            .audit_events(from)
+            .into_iter()
+            .filter(|e| e.from_manager(None) && e.counts_request())
+            .collect();
+        reqs.sort_by(|a, b| a.request_received_timestamp.cmp(&b.request_received_timestamp));
+        reqs
     }
 
     /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
@@ -379,15 +364,6 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
             .map(|(_, b)| b.to_string())
             .unwrap_or_default(),
     ))
-}
-
-/// One request in the API server's audit log.
-#[derive(Debug, Clone)]
-pub struct AuditRequest {
-    /// `requestReceivedTimestamp`, RFC 3339 with microseconds.
-    pub received: String,
-    pub verb: String,
-    pub uri: String,
 }
 
 pub fn km_ready(km: &KaironMachine) -> Option<(String, String)> {

@@ -12,8 +12,9 @@
 //!
 //! Binaries: `CAPKR_TEST_BIN` (dir) or `hack/test-tools.sh`; `capkr-manager` and `kairon-sim`
 //! from `target/debug` or `CAPKR_MANAGER_BIN` / `KAIRON_SIM_BIN`. `CAPKR_TEST_KEEP=1` keeps
-//! the temp dir (logs, kubeconfigs, certificates).
+//! the temp dir (logs, kubeconfigs, certificates). [`audit`] reads the API server's audit log.
 
+pub mod audit;
 mod bins;
 mod certs;
 pub mod cluster;

@@ -1,0 +1,149 @@
+//! Part 4, the full CAPI path: real CAPI core and kubeadm bootstrap managers, a workload API
+//! server where the simulated guests register their Nodes, and a MachineDeployment scaled
+//! from 0 to N. Timed until every worker Machine is `Running` with a nodeRef.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, RequestCounts};
+use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::{Env, EnvOptions, Signal};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::procstat::peak_rss_kib;
+use crate::provider::{health_port, mib, wait_ready};
+use crate::results::{FullCapiRun, PerMachine};
+use crate::traffic::{MANAGER_IDENTITY, Traffic, is_manager_request};
+
+const NAMESPACE: &str = "bench-capi";
+const CLUSTER: &str = "capi";
+
+/// Simulator flags of this part: no delays, guests register Nodes, hosts in the two failure
+/// domains of the test cluster's KaironCluster.
+pub fn simulator_args() -> Vec<String> {
+    [
+        "--provision-delay",
+        "0s",
+        "--boot-delay",
+        "0s",
+        "--delete-delay",
+        "0s",
+        "--jitter",
+        "0",
+        "--hosts",
+        "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The manager's flags here: its defaults, and the identity the audit log is filtered by.
+pub fn manager_args() -> Vec<String> {
+    ["--leader-elect-identity", MANAGER_IDENTITY].map(String::from).to_vec()
+}
+
+fn capi(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind), plural)
+}
+
+pub async fn run(n: usize, quiet: Duration) -> Result<FullCapiRun> {
+    let env =
+        Env::start(EnvOptions::new(format!("bench-capi-{n}")).audit_policy(AUDIT_POLICY_METADATA_RESPONSES)).await?;
+    let result = run_in(&env, n, quiet).await;
+    if result.is_err() {
+        crate::explain_failure(&env, n);
+    }
+    result
+}
+
+async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
+    env.create_namespace(NAMESPACE).await?;
+    let workload = env.workload_cluster(NAMESPACE, CLUSTER).await?;
+    let sim = env.start_simulator(simulator_args())?;
+    let manager = env.start_manager(manager_args())?;
+    wait_ready(&manager, health_port(&manager)?, Duration::from_secs(60)).await?;
+    let pid = manager.pid().ok_or_else(|| anyhow!("the manager has no pid"))?;
+
+    let shape = ClusterOptions {
+        workers: 0,
+        ..ClusterOptions::default()
+    };
+    let t_cp = Instant::now();
+    env.apply(
+        &cluster_yaml(NAMESPACE, CLUSTER, &workload.host, workload.port, &shape),
+        Some(NAMESPACE),
+    )
+    .await
+    .context("creating the cluster")?;
+    let machines: Api<DynamicObject> = Api::namespaced_with(env.client(), NAMESPACE, &capi("Machine", "machines"));
+    wait_running(&machines, 1, Duration::from_secs(180)).await?;
+    let control_plane = t_cp.elapsed();
+
+    let mut traffic = Traffic::from_now(env)?;
+    traffic
+        .until_quiet(is_manager_request, quiet, Duration::from_secs(30))
+        .await?;
+    let t0 = Instant::now();
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        env.client(),
+        NAMESPACE,
+        &capi("MachineDeployment", "machinedeployments"),
+    );
+    mds.patch(
+        &format!("{CLUSTER}-md-0"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": n}})),
+    )
+    .await
+    .context("scaling the MachineDeployment")?;
+    wait_running(&machines, n + 1, Duration::from_secs(180 + 3 * n as u64)).await?;
+    let scale = t0.elapsed();
+    let (events, _) = traffic
+        .until_quiet(is_manager_request, quiet, Duration::from_secs(60))
+        .await?;
+    let requests = RequestCounts::of(&events, |_| true);
+    let run = FullCapiRun {
+        n,
+        manager_args: manager_args(),
+        control_plane_s: control_plane.as_secs_f64(),
+        scale_s: scale.as_secs_f64(),
+        per_machine: PerMachine::of(&requests, n),
+        requests,
+        peak_rss_mib: mib(peak_rss_kib(pid)?),
+    };
+    eprintln!(
+        "capkr-bench: full CAPI path, 0 -> {n} workers: {:.1}s ({:.2} manager writes per machine)",
+        run.scale_s, run.per_machine.writes
+    );
+    manager.kill(Signal::Term).await?;
+    sim.kill(Signal::Term).await?;
+    Ok(run)
+}
+
+/// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
+async fn wait_running(machines: &Api<DynamicObject>, n: usize, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let list = machines.list(&ListParams::default()).await?;
+        let running = list
+            .items
+            .iter()
+            .filter(|m| {
+                m.metadata.deletion_timestamp.is_none()
+                    && m.data["status"]["phase"] == "Running"
+                    && m.data["status"]["nodeRef"]["name"].is_string()
+            })
+            .count();
+        if (list.items.len(), running) == (n, n) {
+            return Ok(());
+        }
+        if start.elapsed() > timeout {
+            bail!(
+                "{running} of {} Machines Running with a nodeRef after {timeout:?} (wanted {n})",
+                list.items.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

@@ -1,0 +1,229 @@
+//! `capkr-bench`: the scale benchmark of capkr-manager against the real control plane
+//! (`capkr-testenv`). One run measures, for each N and client-side rate limit, in a fresh
+//! environment:
+//!
+//! 1. provider throughput: CAPI's managers are off and the benchmark plays CAPI's part; with
+//!    the manager running and ready, N Machines with bootstrap Secrets and KaironMachines are
+//!    created in a burst; timed until every KaironMachine is provisioned, with latencies,
+//!    the manager's requests per machine (audit log), peak RSS and CPU time;
+//! 2. the floor: a minimal client makes only the unavoidable requests for N fresh machines,
+//!    at the same concurrency and rate limit (see [`floor`]);
+//! 3. steady state and restart: the manager's writes while nothing changes, then a restart
+//!    with N machines in place (time to `/readyz`, requests and writes until quiet);
+//!
+//! and then, in an environment with CAPI's managers and a workload cluster,
+//! 4. the full CAPI path: a MachineDeployment scaled 0 → N until every Machine runs with a Node.
+//!
+//! Results go to `results.json`, `results.md` and two PNG plots in the output directory.
+
+pub mod floor;
+pub mod full_capi;
+pub mod info;
+pub mod markdown;
+pub mod objects;
+pub mod observe;
+pub mod plot;
+pub mod procstat;
+pub mod provider;
+pub mod results;
+pub mod traffic;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use capkr_testenv::audit::AUDIT_POLICY_METADATA_RESPONSES;
+use capkr_testenv::{Binaries, CapiManagers, Env, EnvOptions, own_binary};
+
+use crate::results::{ApiLimits, Results, Settings, SizeRun, check_targets};
+use crate::traffic::MANAGER_IDENTITY;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Machines of parts 1–3, one environment per size and limit.
+    pub sizes: Vec<usize>,
+    /// Client-side limits of parts 1–3 (manager and floor alike). Steady state and restart
+    /// are measured with the first only.
+    pub limits: Vec<ApiLimits>,
+    /// Workers of part 4; empty: part 4 is skipped.
+    pub capi_sizes: Vec<usize>,
+    /// Creates in flight while the benchmark makes the machines.
+    pub create_concurrency: usize,
+    /// `--kaironmachine-concurrency` of the manager, and the floor's concurrency.
+    pub kaironmachine_concurrency: usize,
+    /// The steady-state period.
+    pub idle: Duration,
+    /// A client is quiet after this long without a request.
+    pub quiet: Duration,
+    /// Client limits other than none are run only up to this N (a limited run at N=5000 takes
+    /// an hour on two cores); `None`: every size with every limit.
+    pub limited_max: Option<usize>,
+    /// Extra manager flags for parts 1–3.
+    pub manager_args: Vec<String>,
+    pub out_dir: PathBuf,
+    /// A TrueType font for the plots' text.
+    pub font: Option<PathBuf>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            sizes: vec![100, 1000],
+            limits: vec![ApiLimits::DEFAULT, ApiLimits { qps: 0.0, burst: 0 }],
+            capi_sizes: vec![100],
+            create_concurrency: 32,
+            kaironmachine_concurrency: 10,
+            idle: Duration::from_secs(120),
+            quiet: Duration::from_secs(3),
+            limited_max: None,
+            manager_args: Vec::new(),
+            out_dir: PathBuf::from("docs/bench"),
+            font: None,
+        }
+    }
+}
+
+/// Simulator flags of parts 1–3: no delays, no guests (no workload cluster needed).
+pub fn simulator_args() -> Vec<String> {
+    [
+        "--provision-delay",
+        "0s",
+        "--boot-delay",
+        "0s",
+        "--delete-delay",
+        "0s",
+        "--jitter",
+        "0",
+        "--no-boot-guest",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// The manager's flags of parts 1–3 for `limits`.
+pub fn manager_args(opts: &Options, limits: ApiLimits) -> Vec<String> {
+    let mut args = vec![
+        "--leader-elect-identity".to_string(),
+        MANAGER_IDENTITY.to_string(),
+        format!("--kube-api-qps={}", limits.qps),
+        format!("--kube-api-burst={}", limits.burst),
+        format!("--kaironmachine-concurrency={}", opts.kaironmachine_concurrency),
+    ];
+    args.extend(opts.manager_args.iter().cloned());
+    args
+}
+
+/// Runs everything, writes the results to `opts.out_dir` and returns them.
+pub async fn run(opts: &Options) -> Result<Results> {
+    let font = plot::load_font(opts.font.as_deref())?;
+    std::fs::create_dir_all(&opts.out_dir).with_context(|| format!("creating {}", opts.out_dir.display()))?;
+    let manager_bin = own_binary("capkr-manager", "CAPKR_MANAGER_BIN")?;
+    let simulator_bin = own_binary("kairon-sim", "KAIRON_SIM_BIN")?;
+    let versions = info::versions(&Binaries::locate()?, &manager_bin);
+    let mut runs = Vec::new();
+    for &n in &opts.sizes {
+        let limits_of_n: Vec<ApiLimits> = opts
+            .limits
+            .iter()
+            .copied()
+            .filter(|l| l.qps <= 0.0 || opts.limited_max.is_none_or(|max| n <= max))
+            .collect();
+        for (i, &limits) in limits_of_n.iter().enumerate() {
+            eprintln!("capkr-bench: N={n}, client limit {limits}");
+            let env = Env::start(
+                EnvOptions::new(format!("bench-{n}"))
+                    .capi_managers(CapiManagers {
+                        core: false,
+                        bootstrap: false,
+                        control_plane: false,
+                    })
+                    .audit_policy(AUDIT_POLICY_METADATA_RESPONSES),
+            )
+            .await?;
+            let result = size_run(&env, opts, n, limits, i == 0).await;
+            if result.is_err() {
+                explain_failure(&env, n);
+            }
+            runs.push(result.with_context(|| format!("N={n}, client limit {limits}"))?);
+        }
+    }
+    let mut full_capi = Vec::new();
+    for &n in &opts.capi_sizes {
+        eprintln!("capkr-bench: full CAPI path, N={n}");
+        full_capi.push(full_capi::run(n, opts.quiet).await?);
+    }
+    let results = Results {
+        generated_at: k8s_openapi::jiff::Timestamp::now().to_string(),
+        machine: info::machine(),
+        versions,
+        settings: Settings {
+            sizes: opts.sizes.clone(),
+            limits: opts.limits.clone(),
+            capi_sizes: opts.capi_sizes.clone(),
+            create_concurrency: opts.create_concurrency,
+            kaironmachine_concurrency: opts.kaironmachine_concurrency,
+            idle_s: opts.idle.as_secs_f64(),
+            quiet_s: opts.quiet.as_secs_f64(),
+            simulator_args: simulator_args(),
+            manager_bin: in_workspace(&manager_bin),
+            simulator_bin: in_workspace(&simulator_bin),
+        },
+        targets: check_targets(&runs),
+        runs,
+        full_capi,
+    };
+    write_results(&results, &opts.out_dir, &font)?;
+    Ok(results)
+}
+
+async fn size_run(env: &Env, opts: &Options, n: usize, limits: ApiLimits, first: bool) -> Result<SizeRun> {
+    let sim = env.start_simulator(simulator_args())?;
+    let args = manager_args(opts, limits);
+    let provider = provider::run(env, opts, n, &args, first).await?;
+    let floor = floor::run(env, opts, n, limits).await?;
+    sim.kill(capkr_testenv::Signal::Term).await?;
+    Ok(SizeRun {
+        n,
+        limits,
+        manager_args: args,
+        ratio: provider.run.wall_s / floor.wall_s.max(f64::EPSILON),
+        provider: provider.run,
+        floor,
+        steady: provider.steady,
+        restart: provider.restart,
+    })
+}
+
+/// `path` relative to the workspace when it is inside it.
+fn in_workspace(path: &Path) -> String {
+    let root = capkr_testenv::workspace_root();
+    path.strip_prefix(&root).unwrap_or(path).display().to_string()
+}
+
+/// Prints what the environment holds when a run failed: everything for a small N, where the
+/// objects fit on a screen; otherwise where the logs are.
+pub fn explain_failure(env: &Env, n: usize) {
+    if n <= 20 {
+        env.dump();
+    } else {
+        eprintln!(
+            "capkr-bench: process logs are in {} (kept with CAPKR_TEST_KEEP=1)",
+            env.log_dir().display()
+        );
+    }
+}
+
+/// `results.json`, `results.md`, `time-vs-n.png`, `rss-vs-n.png`.
+pub fn write_results(results: &Results, dir: &Path, font: &plot::Font) -> Result<()> {
+    let write = |name: &str, content: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, content).with_context(|| format!("writing {}", p.display()))
+    };
+    write("results.json", serde_json::to_string_pretty(results)?.as_bytes())?;
+    write("results.md", markdown::render(results).as_bytes())?;
+    plot::time_vs_n(results, &dir.join("time-vs-n.png"), font)?;
+    plot::rss_vs_n(results, &dir.join("rss-vs-n.png"), font)?;
+    eprintln!("capkr-bench: results in {}", dir.display());
+    Ok(())
+}

@@ -1,0 +1,83 @@
+//! The benchmark at a tiny size against the real control plane, so that `make test` keeps it
+//! working: 3 machines, a 2 s idle period, the full CAPI path with one worker. Its numbers must
+//! be sane; the targets are not checked (they are about large N). Output goes to a temp dir,
+//! never to docs/. Like every real-control-plane test it fails when the binaries are missing.
+
+use std::time::Duration;
+
+use capkr_bench::Options;
+use capkr_bench::results::{ApiLimits, Results};
+
+const N: usize = 3;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
+    let out = tempfile::tempdir().unwrap();
+    let opts = Options {
+        sizes: vec![N],
+        limits: vec![ApiLimits::DEFAULT],
+        capi_sizes: vec![1],
+        idle: Duration::from_secs(2),
+        quiet: Duration::from_secs(1),
+        out_dir: out.path().to_path_buf(),
+        ..Options::default()
+    };
+    let res = capkr_bench::run(&opts).await.expect("the benchmark runs");
+
+    assert_eq!(res.runs.len(), 1);
+    let r = &res.runs[0];
+    let p = &r.provider;
+    assert!(p.wall_s > 0.0 && r.floor.wall_s > 0.0 && r.ratio > 0.0, "{r:?}");
+    assert_eq!(p.created_to_provisioned.count, N, "every machine provisioned and timed");
+    assert_eq!(r.floor.created_to_provisioned.count, N);
+    assert!(p.running_to_provisioned.count == N && p.running_to_provisioned.p99 >= 0.0);
+
+    // The manager: exactly one Kairon Machine and one Secret read per machine, some writes.
+    let by = |k: &str| p.requests.by_resource.get(k).copied().unwrap_or(0);
+    assert_eq!(by("create machines.kairon.zyvor.dev"), N as u64, "{:?}", p.requests);
+    assert_eq!(by("get secrets"), N as u64, "{:?}", p.requests);
+    assert!(p.requests.writes >= 2 * N as u64, "{:?}", p.requests);
+    assert!(p.peak_rss_mib > 1.0 && p.cpu_s > 0.0, "{p:?}");
+
+    // The floor makes exactly the requests it is defined by.
+    let floor = &r.floor.requests;
+    assert_eq!(floor.writes, 3 * N as u64, "{floor:?}");
+    for k in [
+        "get secrets",
+        "create machines.kairon.zyvor.dev",
+        "patch kaironmachines.infrastructure.cluster.x-k8s.io",
+        "patch kaironmachines.infrastructure.cluster.x-k8s.io/status",
+    ] {
+        assert_eq!(floor.by_resource.get(k).copied(), Some(N as u64), "{k}: {floor:?}");
+    }
+    assert_eq!(r.floor.per_machine.writes, 3.0);
+    // Created, patched, status applied: every floor write changes its KaironMachine.
+    assert_eq!(r.floor.kaironmachine_versions, 3.0);
+    assert!(p.kaironmachine_versions >= 3.0, "{p:?}");
+
+    let steady = r.steady.as_ref().expect("steady state measured with the first limit");
+    assert!(steady.idle_s >= 2.0);
+    let restart = r.restart.as_ref().expect("restart measured with the first limit");
+    assert!(restart.ready_s > 0.0 && restart.requests.total > 0, "{restart:?}");
+    assert!(restart.peak_rss_mib > 1.0);
+
+    assert_eq!(res.full_capi.len(), 1);
+    let full = &res.full_capi[0];
+    assert_eq!(full.n, 1);
+    assert!(full.scale_s > 0.0 && full.control_plane_s > 0.0, "{full:?}");
+    assert!(full.requests.writes > 0, "{full:?}");
+
+    assert!(res.versions.kube_apiserver.starts_with("v1."), "{:?}", res.versions);
+    assert!(res.machine.nproc > 0);
+
+    // Everything is written to the output dir, and parses back.
+    let json = std::fs::read_to_string(out.path().join("results.json")).unwrap();
+    let back: Results = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.runs.len(), 1);
+    let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
+    assert!(md.contains("## Targets") && md.contains("provider / floor"), "{md}");
+    for png in ["time-vs-n.png", "rss-vs-n.png"] {
+        let bytes = std::fs::read(out.path().join(png)).unwrap();
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{png} is a PNG");
+    }
+}
