@@ -334,6 +334,45 @@ async fn readyz_is_false_until_the_caches_sync() {
         panic!("{e:#}\n{}", manager.log_tail(40));
     }
     assert!(manager.is_running());
+
+    // Event series, on the same API server: a repeat patches the series of the first event, a
+    // different note makes a new event.
+    let cm: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(env.client(), "capkr-system");
+    let obj = cm
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "regarding"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let events = capkr::events::Events::new(env.client(), "capkr-test-controller", "replica-1");
+    for _ in 0..3 {
+        events.normal(&obj, "Tested", "Test", "the same note".into()).await;
+    }
+    events.warning(&obj, "Tested", "Test", "another note".into()).await;
+    assert_eq!(events.remembered(), 2);
+    let list = Api::<Event>::namespaced(env.client(), "capkr-system")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let mut got: Vec<(String, Option<i32>)> = list
+        .iter()
+        .filter(|e| e.reporting_controller.as_deref() == Some("capkr-test-controller"))
+        .map(|e| {
+            assert_eq!(e.reporting_instance.as_deref(), Some("replica-1"));
+            assert_eq!(e.regarding.as_ref().and_then(|r| r.name.as_deref()), Some("regarding"));
+            (e.note.clone().unwrap_or_default(), e.series.as_ref().map(|s| s.count))
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("another note".to_string(), None),
+            ("the same note".to_string(), Some(3))
+        ]
+    );
 }
 
 /// Seconds since the epoch of an RFC 3339 UTC timestamp with fraction, as audit events have

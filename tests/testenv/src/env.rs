@@ -297,6 +297,9 @@ impl Env {
             args.push(format!("--audit-log-path={}", log.display()));
             args.push("--audit-log-format=json".into());
             args.push("--audit-log-mode=blocking".into());
+            // The default (0) means 100 MB to the log rotation underneath: a rotated log would
+            // lose requests from under the tests and the benchmark, so never rotate.
+            args.push("--audit-log-maxsize=1048576".into());
             self.audit_log = Some(log);
         }
         args.extend(opts.apiserver_args.iter().cloned());
