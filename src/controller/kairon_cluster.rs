@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
 use super::write::{self, has_finalizer};
-use super::{Error, Settings, Synced, strip_managed_fields};
+use super::{Error, Settings, Synced, keep_only_labels, strip_managed_fields};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
@@ -268,7 +268,8 @@ pub fn controller(
     let (members, w) = reflector::store();
     let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
         .default_backoff()
-        .modify(strip_managed_fields)
+        // Read: namespace, name and the cluster-name label.
+        .modify(|m: &mut PartialObjectMeta<KaironMachine>| keep_only_labels(m, &[capi::CLUSTER_NAME_LABEL]))
         .reflect(w)
         .touched_objects();
     let (kcs, w) = reflector::store();

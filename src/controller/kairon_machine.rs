@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::fresh::Fresher;
 use super::write::{self, has_finalizer};
-use super::{Error, Settings, Synced, is_not_found, strip_managed_fields};
+use super::{Error, Settings, Synced, is_not_found, keep_only_labels, strip_managed_fields};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, READY, Status, reason};
 use crate::api::{self, Initialization, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
@@ -648,7 +648,8 @@ pub fn controller(
     let (machines, w) = reflector::store();
     let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
         .default_backoff()
-        .modify(strip_managed_fields)
+        // Read: the spec view, the control-plane label, deletion.
+        .modify(|m: &mut capi::Machine| keep_only_labels(m, &[capi::CONTROL_PLANE_LABEL]))
         .reflect(w)
         .touched_objects()
         .predicate_filter(machine_trigger, PredicateConfig::default());
