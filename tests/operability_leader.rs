@@ -1,6 +1,7 @@
 //! Two managers with leader election against one real control plane: one leads and only its
 //! identity writes; SIGTERM hands over within seconds, SIGKILL within the lease duration; the
-//! leader's /readyz and /metrics reflect what happened.
+//! leader's /readyz and /metrics reflect what happened; a leader that loses the lease exits at
+//! once.
 
 mod common;
 
@@ -9,7 +10,8 @@ use std::time::{Duration, Instant};
 use capkr_testenv::Signal;
 use common::{Rig, RigOptions, http_get, port_of};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
 const LEASE: &str = "controller-leader-election-capkr";
@@ -155,4 +157,44 @@ async fn one_leader_writes_and_hands_over_on_sigterm_and_sigkill() {
     })
     .await;
     rig.assert_one_vm_per_kaironmachine().await;
+
+    // Losing the lease (another holder takes it over, e.g. after a network partition): the
+    // leader sees it at its next renew and exits at once, writing nothing more.
+    let writes = rig.manager_writes(0, Some("mgr-a")).len();
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now());
+    leases
+        .patch(
+            LEASE,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"spec": {"holderIdentity": "intruder", "renewTime": now, "leaseDurationSeconds": 60}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let status = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            if let Some(s) = rig.manager.try_exit_status() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the leader exits after losing the lease");
+    eprintln!("exit after losing the lease: {:?}", t.elapsed());
+    assert_eq!(status.code(), Some(1), "it exits with status 1");
+    assert!(
+        t.elapsed() <= Duration::from_secs(2 + 2),
+        "at the next renew (2 s retry period): {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        rig.manager_writes(0, Some("mgr-a")).len(),
+        writes,
+        "nothing written after the lease was lost"
+    );
+    let log = std::fs::read_to_string(rig.manager.log_path()).unwrap();
+    assert!(log.contains("leader election lost"), "it says why it stopped");
 }

@@ -22,20 +22,13 @@ const CLUSTER: &str = "capi";
 /// Simulator flags of this part: no delays, guests register Nodes, hosts in the two failure
 /// domains of the test cluster's KaironCluster.
 pub fn simulator_args() -> Vec<String> {
-    [
-        "--provision-delay",
-        "0s",
-        "--boot-delay",
-        "0s",
-        "--delete-delay",
-        "0s",
-        "--jitter",
-        "0",
-        "--hosts",
-        "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b",
-    ]
-    .map(String::from)
-    .to_vec()
+    let mut args = crate::zero_delay_simulator_args();
+    args.extend([
+        "--hosts".to_string(),
+        "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b"
+            .into(),
+    ]);
+    args
 }
 
 /// The manager's flags here: its defaults, and the identity the audit log is filtered by.

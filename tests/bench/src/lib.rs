@@ -84,8 +84,8 @@ impl Default for Options {
     }
 }
 
-/// Simulator flags of parts 1–3: no delays, no guests (no workload cluster needed).
-pub fn simulator_args() -> Vec<String> {
+/// Simulator flags for zero delays and no jitter.
+pub fn zero_delay_simulator_args() -> Vec<String> {
     [
         "--provision-delay",
         "0s",
@@ -95,10 +95,16 @@ pub fn simulator_args() -> Vec<String> {
         "0s",
         "--jitter",
         "0",
-        "--no-boot-guest",
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// Simulator flags of parts 1–3: no delays, no guests (no workload cluster needed).
+pub fn simulator_args() -> Vec<String> {
+    let mut args = zero_delay_simulator_args();
+    args.push("--no-boot-guest".into());
+    args
 }
 
 /// The manager's flags of parts 1–3 for `limits`.

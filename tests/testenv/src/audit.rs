@@ -140,6 +140,11 @@ impl AuditEvent {
         format!("{} {}", self.verb, self.request_uri)
     }
 
+    /// When the request arrived.
+    pub fn received_time(&self) -> Option<Timestamp> {
+        self.request_received_timestamp.as_deref()?.parse().ok()
+    }
+
     /// When the API server wrote this stage.
     pub fn stage_time(&self) -> Option<Timestamp> {
         self.stage_timestamp.as_deref()?.parse().ok()
