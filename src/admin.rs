@@ -18,11 +18,11 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tracing::{info, warn};
 
+use crate::controller::CacheReadiness;
 use crate::metrics::Metrics;
-use crate::telemetry::CacheReadiness;
 
 #[derive(Clone)]
-pub struct Health {
+pub(crate) struct Health {
     /// Used only for the reachability check (no rate limit).
     pub client: kube::Client,
     pub caches: CacheReadiness,
@@ -39,7 +39,7 @@ impl Health {
     }
 
     /// What `/readyz` answers, with the failing check named.
-    pub async fn ready(&self) -> Result<(), &'static str> {
+    pub(crate) async fn ready(&self) -> Result<(), &'static str> {
         if self.leading.load(Ordering::SeqCst) && !self.caches.synced() {
             return Err("caches not synced");
         }
@@ -51,7 +51,7 @@ impl Health {
 }
 
 /// `:9440` means all interfaces, as in Go.
-pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+pub(crate) fn parse_addr(s: &str) -> Result<SocketAddr, String> {
     let full = if s.starts_with(':') {
         format!("0.0.0.0{s}")
     } else {
@@ -85,7 +85,7 @@ async fn serve(listener: tokio::net::TcpListener, app: Router, what: &'static st
 }
 
 /// Binds and serves the health endpoints in the background.
-pub async fn spawn_health(addr: SocketAddr, health: Health) -> std::io::Result<()> {
+pub(crate) async fn spawn_health(addr: SocketAddr, health: Health) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     info!(addr = %listener.local_addr()?, "serving /healthz and /readyz");
     let app = Router::new()
@@ -97,7 +97,7 @@ pub async fn spawn_health(addr: SocketAddr, health: Health) -> std::io::Result<(
 }
 
 /// Binds and serves `/metrics` in the background.
-pub async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>) -> std::io::Result<()> {
+pub(crate) async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     info!(addr = %listener.local_addr()?, "serving /metrics");
     let app = Router::new().route("/metrics", get(metrics)).with_state(m);

@@ -42,7 +42,7 @@ impl TokenBucket {
     }
 
     /// How long the caller must wait for its token (the token is taken now).
-    pub fn reserve(&self, now: Instant) -> Duration {
+    pub(crate) fn reserve(&self, now: Instant) -> Duration {
         if self.qps <= 0.0 {
             return Duration::ZERO;
         }
@@ -121,7 +121,7 @@ where
 
 /// Counts requests by verb and response code into [`Metrics::api_requests`].
 #[derive(Clone)]
-pub struct RequestMetrics(pub Arc<Metrics>);
+pub(crate) struct RequestMetrics(pub Arc<Metrics>);
 
 impl<S> Layer<S> for RequestMetrics {
     type Service = Counted<S>;
@@ -134,13 +134,13 @@ impl<S> Layer<S> for RequestMetrics {
 }
 
 #[derive(Clone)]
-pub struct Counted<S> {
+pub(crate) struct Counted<S> {
     inner: S,
     metrics: Arc<Metrics>,
 }
 
 /// The Kubernetes verb of a request, from its method and query (`get` also covers `list`).
-pub fn verb<B>(req: &Request<B>) -> &'static str {
+pub(crate) fn verb<B>(req: &Request<B>) -> &'static str {
     let watch = req
         .uri()
         .query()

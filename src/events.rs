@@ -10,7 +10,6 @@
 //! Notes are built from names, phases and condition messages only, never from bootstrap data.
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -23,18 +22,20 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tracing::debug;
 
+use crate::hashing::hash_of;
+
 /// Reasons of the events we publish.
-pub mod reason {
-    pub const INSTANCE_CREATED: &str = "InstanceCreated";
-    pub const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
-    pub const INSTANCE_FAILED: &str = "InstanceFailed";
-    pub const INSTANCE_DELETED: &str = "InstanceDeleted";
-    pub const INSTANCE_ADOPTED: &str = "InstanceAdopted";
-    pub const CLUSTER_PROVISIONED: &str = "Provisioned";
+pub(crate) mod reason {
+    pub(crate) const INSTANCE_CREATED: &str = "InstanceCreated";
+    pub(crate) const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
+    pub(crate) const INSTANCE_FAILED: &str = "InstanceFailed";
+    pub(crate) const INSTANCE_DELETED: &str = "InstanceDeleted";
+    pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
+    pub(crate) const CLUSTER_PROVISIONED: &str = "Provisioned";
 }
 
 /// How long an event is remembered for folding repeats into its series (client-go: 6 min).
-pub const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+pub(crate) const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Type {
@@ -74,6 +75,69 @@ impl Recent {
         }
         self.last_sweep = Some(now);
         self.by_key.retain(|_, p| now.duration_since(p.last) < SERIES_WINDOW);
+    }
+
+    /// Whether the event `key` repeats one published within the window; if so, counts the
+    /// repeat and returns the namespace, name and new count of the event to patch.
+    fn repeat(&mut self, key: u64, now: Instant) -> Option<(String, String, i32)> {
+        self.sweep(now);
+        match self.by_key.get_mut(&key) {
+            Some(p) if now.duration_since(p.last) < SERIES_WINDOW => {
+                p.count += 1;
+                p.last = now;
+                Some((p.namespace.clone(), p.name.clone(), p.count))
+            }
+            _ => None,
+        }
+    }
+
+    /// Remembers a newly created event.
+    fn remember(&mut self, key: u64, namespace: String, name: String, now: Instant) {
+        self.by_key.insert(
+            key,
+            Published {
+                namespace,
+                name,
+                count: 1,
+                last: now,
+            },
+        );
+    }
+}
+
+/// Which events are the same: same object, type, reason, action and note.
+fn event_key(regarding: &ObjectReference, type_: Type, reason: &str, action: &str, note: &str) -> u64 {
+    hash_of(&(
+        &regarding.uid,
+        &regarding.kind,
+        &regarding.namespace,
+        &regarding.name,
+        type_ == Type::Warning,
+        reason,
+        action,
+        note,
+    ))
+}
+
+/// Where the controllers' events go: a client of their own and the reporting instance (the
+/// manager's identity).
+#[derive(Clone)]
+pub(crate) struct EventSource {
+    client: kube::Client,
+    reporting_instance: String,
+}
+
+impl EventSource {
+    pub fn new(client: kube::Client, reporting_instance: String) -> Self {
+        EventSource {
+            client,
+            reporting_instance,
+        }
+    }
+
+    /// The recorder of one controller.
+    pub(crate) fn recorder(&self, controller: &str) -> Events {
+        Events::new(self.client.clone(), controller, &self.reporting_instance)
     }
 }
 
@@ -142,34 +206,9 @@ impl Recorder {
         action: &str,
         note: String,
     ) -> Result<(), kube::Error> {
-        let key = {
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (
-                &regarding.uid,
-                &regarding.kind,
-                &regarding.namespace,
-                &regarding.name,
-                type_ == Type::Warning,
-                reason,
-                action,
-                &note,
-            )
-                .hash(&mut h);
-            h.finish()
-        };
+        let key = event_key(&regarding, type_, reason, action, &note);
         let now = Instant::now();
-        let repeat = {
-            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-            recent.sweep(now);
-            match recent.by_key.get_mut(&key) {
-                Some(p) if now.duration_since(p.last) < SERIES_WINDOW => {
-                    p.count += 1;
-                    p.last = now;
-                    Some((p.namespace.clone(), p.name.clone(), p.count))
-                }
-                _ => None,
-            }
-        };
+        let repeat = self.recent.lock().unwrap_or_else(|e| e.into_inner()).repeat(key, now);
         if let Some((namespace, name, count)) = repeat {
             let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
             let body = json!({"series": {"count": count, "lastObservedTime": MicroTime(Timestamp::now())}});
@@ -209,15 +248,89 @@ impl Recorder {
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         api.create(&PostParams::default(), &event).await?;
-        self.recent.lock().unwrap_or_else(|e| e.into_inner()).by_key.insert(
-            key,
-            Published {
-                namespace,
-                name,
-                count: 1,
-                last: now,
-            },
-        );
+        self.recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(key, namespace, name, now);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn regarding(name: &str) -> ObjectReference {
+        ObjectReference {
+            kind: Some("KaironMachine".into()),
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            uid: Some(format!("{name}-uid")),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_same_event_has_the_same_key_and_any_difference_a_new_one() {
+        let key =
+            |name: &str, t: Type, reason: &str, note: &str| event_key(&regarding(name), t, reason, "Create", note);
+        let base = key("m1", Type::Normal, "InstanceCreated", "created");
+        assert_eq!(base, key("m1", Type::Normal, "InstanceCreated", "created"));
+        for (what, other) in [
+            ("object", key("m2", Type::Normal, "InstanceCreated", "created")),
+            ("type", key("m1", Type::Warning, "InstanceCreated", "created")),
+            ("reason", key("m1", Type::Normal, "InstanceFailed", "created")),
+            ("note", key("m1", Type::Normal, "InstanceCreated", "created again")),
+        ] {
+            assert_ne!(base, other, "a different {what} is a different event");
+        }
+    }
+
+    #[test]
+    fn repeats_within_the_window_count_up_and_later_ones_start_a_new_event() {
+        let t0 = Instant::now();
+        let mut recent = Recent::default();
+        assert_eq!(recent.repeat(1, t0), None, "never published");
+        recent.remember(1, "ns".into(), "m1.abc".into(), t0);
+        assert_eq!(
+            recent.repeat(1, t0 + Duration::from_secs(1)),
+            Some(("ns".into(), "m1.abc".into(), 2))
+        );
+        assert_eq!(
+            recent.repeat(1, t0 + Duration::from_secs(2)),
+            Some(("ns".into(), "m1.abc".into(), 3))
+        );
+        assert_eq!(recent.repeat(2, t0 + Duration::from_secs(2)), None, "another event");
+        // The window counts from the last repeat.
+        let last = t0 + Duration::from_secs(2);
+        assert_eq!(
+            recent
+                .repeat(1, last + SERIES_WINDOW - Duration::from_secs(1))
+                .map(|r| r.2),
+            Some(4)
+        );
+        let after = last + SERIES_WINDOW * 3;
+        assert_eq!(recent.repeat(1, after), None, "older than the window: a new event");
+    }
+
+    #[test]
+    fn old_events_are_forgotten_at_most_once_a_minute() {
+        let t0 = Instant::now();
+        let mut recent = Recent::default();
+        recent.remember(1, "ns".into(), "a".into(), t0);
+        recent.remember(2, "ns".into(), "b".into(), t0 + Duration::from_secs(30));
+        recent.sweep(t0);
+        assert_eq!(recent.by_key.len(), 2, "young events stay");
+        let t1 = t0 + SERIES_WINDOW + Duration::from_secs(1);
+        recent.sweep(t1);
+        assert_eq!(
+            recent.by_key.keys().copied().collect::<Vec<_>>(),
+            [2],
+            "the event older than the window is dropped"
+        );
+        recent.sweep(t1 + Duration::from_secs(30));
+        assert_eq!(recent.by_key.len(), 1, "no second sweep within a minute of the last");
+        recent.sweep(t1 + Duration::from_secs(61));
+        assert!(recent.by_key.is_empty(), "a minute later the second one goes too");
     }
 }

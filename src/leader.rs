@@ -18,7 +18,7 @@ use kube::api::{Api, PostParams};
 use tracing::{debug, info, warn};
 
 #[derive(Clone, Debug)]
-pub struct LeaderElectionConfig {
+pub(crate) struct LeaderElectionConfig {
     pub namespace: String,
     pub name: String,
     pub identity: String,
@@ -27,15 +27,49 @@ pub struct LeaderElectionConfig {
     pub retry_period: Duration,
 }
 
-pub struct LeaderElector {
+pub(crate) struct LeaderElector {
     api: Api<Lease>,
     cfg: LeaderElectionConfig,
     /// The last (holder, renewTime) seen, and when it was first seen.
-    observed: Option<(Option<String>, Option<MicroTime>, Instant)>,
+    observed: Option<Observed>,
+}
+
+/// A lease record as last seen: holder, renew time, and when this record was first seen.
+type Observed = (Option<String>, Option<MicroTime>, Instant);
+
+/// Records the (holder, renewTime) just read; returns when that record was first seen here. A
+/// lease's age is measured on our clock from the moment its record last changed, so clocks
+/// need not agree.
+fn observe(last: &mut Option<Observed>, holder: Option<String>, renew: Option<MicroTime>, now: Instant) -> Instant {
+    let first_seen = match last.as_ref() {
+        Some((h, r, at)) if (h, r) == (&holder, &renew) => *at,
+        _ => now,
+    };
+    *last = Some((holder, renew, first_seen));
+    first_seen
+}
+
+/// What a candidate may do with a lease it read.
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Another replica holds it and has renewed within the lease duration: wait.
+    HeldByAnother,
+    /// Nobody holds it, or the holder let it expire: take it over.
+    Take,
+    /// We hold it: renew.
+    Renew,
+}
+
+fn verdict(holder: Option<&str>, identity: &str, unchanged_for: Duration, lease_duration: Duration) -> Verdict {
+    match holder {
+        Some(h) if h == identity => Verdict::Renew,
+        Some(_) if unchanged_for < lease_duration => Verdict::HeldByAnother,
+        _ => Verdict::Take,
+    }
 }
 
 impl LeaderElector {
-    pub fn new(client: Client, cfg: LeaderElectionConfig) -> Self {
+    pub(crate) fn new(client: Client, cfg: LeaderElectionConfig) -> Self {
         LeaderElector {
             api: Api::namespaced(client, &cfg.namespace),
             cfg,
@@ -43,12 +77,8 @@ impl LeaderElector {
         }
     }
 
-    pub fn identity(&self) -> &str {
-        &self.cfg.identity
-    }
-
     /// Waits until this replica holds the lease.
-    pub async fn acquire(&mut self) {
+    pub(crate) async fn acquire(&mut self) {
         info!(lease = %self.cfg.name, namespace = %self.cfg.namespace, identity = %self.cfg.identity, "waiting to acquire the leader lease");
         loop {
             match self.try_acquire_or_renew().await {
@@ -64,7 +94,7 @@ impl LeaderElector {
     }
 
     /// Renews the lease until it is lost; returns why it was lost.
-    pub async fn keep(&mut self) -> String {
+    pub(crate) async fn keep(&mut self) -> String {
         let mut last_renew = Instant::now();
         loop {
             tokio::time::sleep(self.cfg.retry_period).await;
@@ -82,7 +112,7 @@ impl LeaderElector {
     }
 
     /// Gives the lease up, so that a standby takes over at its next try.
-    pub async fn release(&mut self) -> Result<(), kube::Error> {
+    pub(crate) async fn release(&mut self) -> Result<(), kube::Error> {
         let Some(mut lease) = self.api.get_opt(&self.cfg.name).await? else {
             return Ok(());
         };
@@ -129,17 +159,18 @@ impl LeaderElector {
         };
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        let record = (holder.clone(), spec.renew_time.clone());
-        let observed_at = match &self.observed {
-            Some((h, r, at)) if (h, r) == (&record.0, &record.1) => *at,
-            _ => Instant::now(),
-        };
-        self.observed = Some((record.0, record.1, observed_at));
-        let ours = holder.as_deref() == Some(self.cfg.identity.as_str());
+        let observed_at = observe(
+            &mut self.observed,
+            holder.clone(),
+            spec.renew_time.clone(),
+            Instant::now(),
+        );
         let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
-        if holder.is_some() && !ours && observed_at.elapsed() < duration {
-            return Ok(false);
-        }
+        let ours = match verdict(holder.as_deref(), &self.cfg.identity, observed_at.elapsed(), duration) {
+            Verdict::HeldByAnother => return Ok(false),
+            Verdict::Take => false,
+            Verdict::Renew => true,
+        };
         let s = lease.spec.get_or_insert_with(Default::default);
         if !ours {
             s.acquire_time = Some(now.clone());
@@ -158,5 +189,59 @@ impl LeaderElector {
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn verdicts() {
+        let s = Duration::from_secs;
+        let cases = [
+            ("ours, fresh", Some("me"), s(1), Verdict::Renew),
+            ("ours, even if expired", Some("me"), s(60), Verdict::Renew),
+            ("another's, fresh", Some("other"), s(14), Verdict::HeldByAnother),
+            ("another's, expired", Some("other"), s(15), Verdict::Take),
+            ("released", None, s(0), Verdict::Take),
+        ];
+        for (name, holder, unchanged_for, want) in cases {
+            assert_eq!(verdict(holder, "me", unchanged_for, LEASE), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_lease_ages_from_when_its_record_last_changed_on_our_clock() {
+        let t0 = Instant::now();
+        let renew = |secs: i64| Some(MicroTime(Timestamp::from_second(secs).unwrap()));
+        let mut last = None;
+        assert_eq!(
+            observe(&mut last, Some("other".into()), renew(100), t0),
+            t0,
+            "first sight"
+        );
+        let t1 = t0 + Duration::from_secs(5);
+        assert_eq!(
+            observe(&mut last, Some("other".into()), renew(100), t1),
+            t0,
+            "unchanged record keeps its age"
+        );
+        assert_eq!(
+            observe(&mut last, Some("other".into()), renew(105), t1),
+            t1,
+            "a renewal restarts the clock"
+        );
+        let t2 = t1 + Duration::from_secs(1);
+        assert_eq!(
+            observe(&mut last, Some("third".into()), renew(105), t2),
+            t2,
+            "a new holder restarts the clock"
+        );
+        // The holder's own clock is irrelevant: a renew time far in the past still counts as
+        // fresh when it just changed.
+        assert_eq!(observe(&mut last, Some("third".into()), renew(1), t2), t2);
     }
 }

@@ -8,7 +8,13 @@
 //! - [`api`]: our CRD types and condition vocabulary;
 //! - [`capi`]: read-only views of CAPI core objects and the contract helpers (owners, pause);
 //! - [`kairon`]: everything we assume about Kairon's Machine API, in one place;
-//! - [`controller`]: the three reconcilers and their shared context.
+//! - [`controller`]: the three reconcilers and what runs them;
+//! - [`manager`]: the binary's wiring (flags, clients, leader election, admin endpoints), with
+//!   [`client`] (rate limit and request metrics), [`leader`], [`admin`], [`events`] and
+//!   [`metrics`] beside it.
+//!
+//! Dependencies point one way: `api` ← `capi` ← `kairon` ← `controller` ← `manager`; `events`,
+//! `metrics` and `hashing` depend on none of them.
 
 pub mod admin;
 pub mod api;
@@ -16,8 +22,8 @@ pub mod capi;
 pub mod client;
 pub mod controller;
 pub mod events;
+mod hashing;
 pub mod kairon;
 pub mod leader;
 pub mod manager;
 pub mod metrics;
-pub mod telemetry;

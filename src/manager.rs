@@ -16,9 +16,11 @@ use tracing_subscriber::EnvFilter;
 use crate::admin::{self, Health};
 use crate::client::{RequestMetrics, TokenBucket};
 use crate::controller::{self, Settings};
+use crate::controller::{CacheReadiness, Telemetry};
+use crate::events::EventSource;
+use crate::kairon::Instances;
 use crate::leader::{LeaderElectionConfig, LeaderElector};
 use crate::metrics::Metrics;
-use crate::telemetry::{CacheReadiness, Telemetry};
 
 /// Flags, named as the Go CAPI providers name theirs.
 #[derive(Parser, Debug, Clone)]
@@ -133,7 +135,7 @@ pub enum LogFormat {
 }
 
 impl Args {
-    pub fn settings(&self) -> Settings {
+    pub(crate) fn settings(&self) -> Settings {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         Settings {
             namespace: non_empty(&self.namespace),
@@ -148,7 +150,7 @@ impl Args {
 }
 
 /// Parses a Go-style duration: `90s`, `10m`, `1h30m`, `10m0s`, `500ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let err = || format!("invalid duration {s:?}: use e.g. 30s, 10m, 1h30m");
     if s.is_empty() {
         return Err(err());
@@ -195,7 +197,7 @@ fn init_logging(args: &Args) {
 
 /// The User-Agent of every request, so the manager's traffic can be told apart in API server
 /// metrics and audit logs; followed by ` (<identity>)` to tell replicas apart.
-pub const USER_AGENT: &str = concat!("capkr-manager/", env!("CARGO_PKG_VERSION"));
+pub(crate) const USER_AGENT: &str = concat!("capkr-manager/", env!("CARGO_PKG_VERSION"));
 
 /// A replica identity when none is given: `<hostname>_<random>`, like client-go's.
 fn default_identity() -> String {
@@ -289,7 +291,7 @@ pub async fn run(args: Args) -> Result<()> {
     let telemetry = Telemetry {
         metrics: metrics.clone(),
         caches: CacheReadiness::default(),
-        client_for_events: Some((events_client, identity.clone())),
+        events: Some(EventSource::new(events_client, identity.clone())),
     };
     let leading = Arc::new(AtomicBool::new(!args.leader_elect));
     let health = Health {
@@ -338,7 +340,7 @@ pub async fn run(args: Args) -> Result<()> {
 
     let (clusters, clusters_synced, machines) = controller::kairon_machine::controller(
         client.clone(),
-        kairon,
+        Instances::new(kairon),
         settings.clone(),
         telemetry.clone(),
         shutdown.clone(),

@@ -6,7 +6,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kube::runtime::reflector::Store;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -14,26 +13,24 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::kairon;
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ControllerLabels {
+pub(crate) struct ControllerLabels {
     pub controller: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
+pub(crate) struct ErrorLabels {
     pub controller: &'static str,
     pub stage: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PhaseLabels {
+pub(crate) struct PhaseLabels {
     pub phase: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RequestLabels {
+pub(crate) struct RequestLabels {
     pub verb: &'static str,
     pub code: String,
 }
@@ -48,16 +45,20 @@ fn reconcile_buckets() -> Histogram {
 /// Every metric of the manager, registered once.
 pub struct Metrics {
     registry: Registry,
-    pub reconciles: Family<ControllerLabels, Counter>,
-    pub reconcile_errors: Family<ErrorLabels, Counter>,
-    pub reconcile_duration: HistogramFamily<ControllerLabels>,
-    pub reconciles_in_flight: Family<ControllerLabels, Gauge>,
-    pub kairon_machines: Family<PhaseLabels, Gauge>,
-    pub provision_duration: Histogram,
-    pub api_requests: Family<RequestLabels, Counter>,
-    pub leader: Gauge,
-    instances: Mutex<Option<Store<kairon::Machine>>>,
+    pub(crate) reconciles: Family<ControllerLabels, Counter>,
+    pub(crate) reconcile_errors: Family<ErrorLabels, Counter>,
+    pub(crate) reconcile_duration: HistogramFamily<ControllerLabels>,
+    pub(crate) reconciles_in_flight: Family<ControllerLabels, Gauge>,
+    pub(crate) kairon_machines: Family<PhaseLabels, Gauge>,
+    pub(crate) provision_duration: Histogram,
+    pub(crate) api_requests: Family<RequestLabels, Counter>,
+    pub(crate) leader: Gauge,
+    /// Feeds `kairon_machines` at scrape time: counts of managed Kairon Machines by phase.
+    phase_counts: Mutex<Option<PhaseCounter>>,
 }
+
+/// Counts managed Kairon Machines by phase (whoever holds them knows how).
+pub(crate) type PhaseCounter = Box<dyn Fn() -> std::collections::BTreeMap<String, i64> + Send + Sync>;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -118,7 +119,7 @@ impl Default for Metrics {
             provision_duration,
             api_requests,
             leader,
-            instances: Mutex::new(None),
+            phase_counts: Mutex::new(None),
         }
     }
 }
@@ -128,13 +129,13 @@ impl Metrics {
         Arc::new(Metrics::default())
     }
 
-    /// The cache the by-phase gauge is computed from at scrape time.
-    pub fn watch_instances(&self, store: Store<kairon::Machine>) {
-        *self.instances.lock().unwrap_or_else(|e| e.into_inner()) = Some(store);
+    /// What the by-phase gauge is computed from at scrape time.
+    pub(crate) fn count_phases_with(&self, counter: PhaseCounter) {
+        *self.phase_counts.lock().unwrap_or_else(|e| e.into_inner()) = Some(counter);
     }
 
     /// Starts timing one reconcile; the guard records it when dropped.
-    pub fn reconcile_started(self: &Arc<Self>, controller: &'static str) -> ReconcileTimer {
+    pub(crate) fn reconcile_started(self: &Arc<Self>, controller: &'static str) -> ReconcileTimer {
         let labels = ControllerLabels { controller };
         self.reconciles.get_or_create(&labels).inc();
         self.reconciles_in_flight.get_or_create(&labels).inc();
@@ -146,14 +147,9 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
-    pub fn encode(&self) -> String {
-        if let Some(store) = self.instances.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
-            let mut counts = std::collections::BTreeMap::<String, i64>::new();
-            for vm in store.state() {
-                *counts
-                    .entry(kairon::observe::effective_phase(&vm).to_string())
-                    .or_default() += 1;
-            }
+    pub(crate) fn encode(&self) -> String {
+        if let Some(count) = self.phase_counts.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            let counts = count();
             self.kairon_machines.clear();
             for (phase, n) in counts {
                 self.kairon_machines.get_or_create(&PhaseLabels { phase }).set(n);
@@ -167,14 +163,14 @@ impl Metrics {
 }
 
 /// Records duration and in-flight count of one reconcile.
-pub struct ReconcileTimer {
+pub(crate) struct ReconcileTimer {
     metrics: Arc<Metrics>,
     controller: &'static str,
     start: Instant,
 }
 
 impl ReconcileTimer {
-    pub fn failed(&self, stage: &'static str) {
+    pub(crate) fn failed(&self, stage: &'static str) {
         self.metrics
             .reconcile_errors
             .get_or_create(&ErrorLabels {
@@ -210,6 +206,9 @@ mod tests {
             t.failed("write");
         }
         m.provision_duration.observe(3.0);
+        m.count_phases_with(Box::new(|| {
+            [("Running".to_string(), 2), ("Pending".to_string(), 1)].into()
+        }));
         let text = m.encode();
         for want in [
             "capkr_reconcile_total{controller=\"kaironmachine\"} 1",
@@ -217,6 +216,8 @@ mod tests {
             "capkr_reconcile_in_flight{controller=\"kaironmachine\"} 0",
             "capkr_reconcile_duration_seconds_count{controller=\"kaironmachine\"} 1",
             "capkr_kaironmachine_provision_duration_seconds_count 1",
+            "capkr_kairon_machines{phase=\"Running\"} 2",
+            "capkr_kairon_machines{phase=\"Pending\"} 1",
         ] {
             assert!(text.contains(want), "{want} missing in\n{text}");
         }

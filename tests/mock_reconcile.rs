@@ -12,7 +12,7 @@ use capkr::capi::{
     self, Bootstrap, ClusterInitialization, ClusterSpec, ClusterStatus, ContractVersionedObjectReference, MachineSpec,
 };
 use capkr::controller::Settings;
-use capkr::controller::kairon_machine::{Context, Observed, next_status, reconcile};
+use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::{self, MachineStatus, labels};
 use http::{Request, Response, StatusCode};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -137,7 +137,7 @@ where
     let (instances, _w3) = filled(world.instances);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        kairon: client,
+        kairon: kairon::Instances::new(client),
         settings: Settings::default(),
         machines,
         clusters,
@@ -207,13 +207,12 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
 
-fn with_status(mut km: KaironMachine, observed: Observed, paused: Option<&str>, deleting: bool) -> KaironMachine {
+/// `km` with the status the reconciler would have written for `observed` earlier.
+fn with_status(mut km: KaironMachine, observed: Observed) -> KaironMachine {
     let at = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
     km.status = Some(next_status(
         km.status.as_ref(),
-        Some(&observed),
-        paused,
-        deleting,
+        StatusInput::Live(&observed),
         km.metadata.generation,
         &at,
     ));
@@ -301,7 +300,7 @@ async fn steady_state_makes_no_request() {
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
-    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))), None, false);
+    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -342,7 +341,7 @@ async fn waiting_for_bootstrap_data_reads_nothing_and_writes_status_once() {
         reason::WAITING_FOR_BOOTSTRAP_DATA,
         "waiting for bootstrap data",
     ));
-    let km = with_status(km, waiting, None, false);
+    let km = with_status(km, waiting);
     let world = World {
         machines: vec![m],
         clusters: vec![cluster(false)],
@@ -416,7 +415,7 @@ async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreat
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
-    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))), None, false);
+    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -449,12 +448,7 @@ fn deleting(km: KaironMachine) -> KaironMachine {
 
 #[tokio::test]
 async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
-    let km = with_status(
-        deleting(kaironmachine()),
-        Observed::Instance(Box::new(vm("Running"))),
-        None,
-        false,
-    );
+    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))));
     let world = || World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -509,12 +503,7 @@ async fn deletion_without_cluster_or_machine_still_cleans_up() {
 
 #[tokio::test]
 async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
-    let km = with_status(
-        deleting(kaironmachine()),
-        Observed::Instance(Box::new(vm("Running"))),
-        None,
-        false,
-    );
+    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))));
     let world = || World {
         machines: vec![machine()],
         clusters: vec![cluster(true)],
@@ -539,9 +528,7 @@ async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
     let at = conditions::now();
     km.status = Some(next_status(
         km.status.as_ref(),
-        None,
-        Some("Cluster spec.paused is set to true"),
-        true,
+        StatusInput::Paused("Cluster spec.paused is set to true"),
         km.metadata.generation,
         &at,
     ));

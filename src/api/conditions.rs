@@ -31,7 +31,7 @@ pub mod reason {
     pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructureReady";
     pub const WAITING_FOR_CONTROL_PLANE_INITIALIZED: &str = "WaitingForControlPlaneInitialized";
     pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
-    pub const WAITING_FOR_FAILURE_DOMAIN: &str = "FailureDomainNotFound";
+    pub const FAILURE_DOMAIN_NOT_FOUND: &str = "FailureDomainNotFound";
 
     // KaironMachine: bootstrap data problems
     pub const BOOTSTRAP_SECRET_NOT_FOUND: &str = "BootstrapDataSecretNotFound";
@@ -48,7 +48,6 @@ pub mod reason {
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";
-    pub const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
 }
 
 /// Condition status values.
@@ -66,10 +65,6 @@ impl Status {
             Status::False => "False",
             Status::Unknown => "Unknown",
         }
-    }
-
-    pub fn from_bool(b: bool) -> Self {
-        if b { Status::True } else { Status::False }
     }
 }
 
@@ -95,7 +90,7 @@ impl Decided {
 
 /// Sets `decided` in `conditions`, keeping `lastTransitionTime` unless the status changes.
 ///
-/// Returns the resulting list sorted by type, so that two equal sets compare equal.
+/// Leaves the list sorted by type, so that two equal sets compare equal.
 pub fn set(conditions: &mut Vec<Condition>, decided: Decided, observed_generation: Option<i64>, now: &Time) {
     let status = decided.status.as_str();
     let transition = match conditions.iter().find(|c| c.type_ == decided.type_) {

@@ -51,8 +51,9 @@ pub struct KaironClusterSpec {
     pub failure_domains: Option<Vec<FailureDomainSpec>>,
 }
 
-/// Host and port of an API server.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+/// Host and port of an API server: our `spec.controlPlaneEndpoint` and, read from CAPI, the
+/// Cluster's.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[x_kube(validation = Rule::new("has(self.host) || has(self.port)").message("controlPlaneEndpoint must set host or port"))]
 pub struct APIEndpoint {
     /// DNS name or IP address.
@@ -152,4 +153,22 @@ pub struct KaironClusterTemplateResource {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<TemplateObjectMeta>,
     pub spec: KaironClusterSpec,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_validity_follows_capi() {
+        let endpoint = |host: Option<&str>, port: Option<i32>| APIEndpoint {
+            host: host.map(str::to_string),
+            port,
+        };
+        assert!(!APIEndpoint::default().is_valid());
+        assert!(!endpoint(Some("h"), Some(0)).is_valid());
+        assert!(!endpoint(Some(""), Some(6443)).is_valid());
+        assert!(!endpoint(Some("h"), None).is_valid());
+        assert!(endpoint(Some("h"), Some(6443)).is_valid());
+    }
 }

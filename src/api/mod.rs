@@ -33,6 +33,9 @@ pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 /// The one API version we serve.
 pub const VERSION: &str = "v1alpha1";
 
+/// The field manager of every write the manager makes.
+pub const FIELD_MANAGER: &str = "capkr-manager";
+
 /// Finalizer on KaironCluster objects.
 pub const CLUSTER_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io";
 /// Finalizer on KaironMachine objects.

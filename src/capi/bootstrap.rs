@@ -2,19 +2,20 @@
 //! `Machine.spec.bootstrap.dataSecretName` holds the payload in `value` and, as CABPK writes
 //! it, its `format` (`cloud-config` when absent, or `ignition`).
 //!
-//! Errors here describe the Secret, never its content: they end up in conditions.
+//! Errors here describe the Secret, never its content: they end up in conditions. The payload
+//! is returned as plain text; whoever forwards it (the Kairon client) wraps it so that it
+//! cannot be printed.
 
 use k8s_openapi::api::core::v1::Secret;
 
 use crate::api::conditions::reason;
-use crate::kairon::UserData;
 
 /// Largest payload accepted by default. Kairon forwards it inside the Kairon Machine object,
 /// and objects must stay well below the API server's 1.5 MiB storage limit.
 pub const DEFAULT_MAX_BOOTSTRAP_DATA_BYTES: usize = 512 * 1024;
 
 /// The one format Kairon can deliver (NoCloud user-data).
-pub const FORMAT_CLOUD_CONFIG: &str = "cloud-config";
+pub(crate) const FORMAT_CLOUD_CONFIG: &str = "cloud-config";
 
 /// What is wrong with a bootstrap data Secret.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,7 +49,7 @@ impl BootstrapDataError {
 }
 
 /// Extracts the user-data from a bootstrap data Secret.
-pub fn bootstrap_data(secret: &Secret, limit: usize) -> Result<UserData, BootstrapDataError> {
+pub fn bootstrap_data(secret: &Secret, limit: usize) -> Result<String, BootstrapDataError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let data = secret.data.as_ref();
     if let Some(format) = data.and_then(|d| d.get("format")) {
@@ -72,7 +73,7 @@ pub fn bootstrap_data(secret: &Secret, limit: usize) -> Result<UserData, Bootstr
         });
     }
     match String::from_utf8(value.0.clone()) {
-        Ok(text) => Ok(UserData(text)),
+        Ok(text) => Ok(text),
         Err(_) => Err(BootstrapDataError::NotText { secret: name }),
     }
 }
@@ -147,7 +148,7 @@ mod tests {
         for (name, s, want) in cases {
             let got = bootstrap_data(&s, 100);
             match (got, want) {
-                (Ok(d), Ok(w)) => assert_eq!(d.as_str(), w, "{name}"),
+                (Ok(d), Ok(w)) => assert_eq!(d, w, "{name}"),
                 (Err(e), Err(r)) => {
                     assert_eq!(e.reason(), r, "{name}");
                     assert!(!e.to_string().contains("SECRET"), "{name}: {e}");

@@ -4,7 +4,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{ApiEndpoint, ContractVersionedObjectReference};
+use super::{APIEndpoint, ContractVersionedObjectReference};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -24,7 +24,7 @@ pub struct ClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub infrastructure_ref: Option<ContractVersionedObjectReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub control_plane_endpoint: Option<ApiEndpoint>,
+    pub control_plane_endpoint: Option<APIEndpoint>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

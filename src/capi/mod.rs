@@ -8,6 +8,8 @@ pub mod bootstrap;
 mod cluster;
 mod machine;
 
+/// The control-plane endpoint type is ours and CAPI's alike (`APIEndpoint`).
+pub use crate::api::APIEndpoint;
 pub use cluster::{Cluster, ClusterInitialization, ClusterSpec, ClusterStatus};
 pub use machine::{Bootstrap, Machine, MachineSpec};
 
@@ -16,19 +18,19 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// CAPI core API group.
-pub const GROUP: &str = "cluster.x-k8s.io";
+pub(crate) const GROUP: &str = "cluster.x-k8s.io";
 
 /// Label naming the Cluster an object belongs to.
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 /// Label marking control-plane Machines.
-pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+pub(crate) const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 /// Annotation pausing reconciliation of one object.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// Annotation marking an infrastructure cluster as managed by someone else (an annotation in
 /// the code, although the contract document calls it a label).
-pub const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
+pub(crate) const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
 /// Label selecting which objects a provider instance reconciles (`--watch-filter`).
-pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+pub(crate) const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 
 /// A v1beta2 contract reference: group, kind and name, no version.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
@@ -49,22 +51,6 @@ impl ContractVersionedObjectReference {
     }
 }
 
-/// Host and port of an API endpoint, as on `Cluster.spec.controlPlaneEndpoint`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
-pub struct ApiEndpoint {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub port: Option<i32>,
-}
-
-impl ApiEndpoint {
-    /// CAPI's `APIEndpoint.IsValid`.
-    pub fn is_valid(&self) -> bool {
-        self.host.as_deref().is_some_and(|h| !h.is_empty()) && self.port.is_some_and(|p| p != 0)
-    }
-}
-
 /// Finds the owner of `kind` in CAPI's group, whatever its version and controller flag
 /// (`util.GetOwnerCluster` / `util.GetOwnerMachine`).
 pub fn owner<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a OwnerReference> {
@@ -75,16 +61,25 @@ pub fn owner<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a OwnerReference>
 }
 
 /// The group of an `apiVersion` (`""` for the core group).
-pub fn group_of(api_version: &str) -> &str {
+pub(crate) fn group_of(api_version: &str) -> &str {
     match api_version.split_once('/') {
         Some((group, _)) => group,
         None => "",
     }
 }
 
+/// The name of the Cluster an object belongs to: its owner Cluster (as CAPI sets on
+/// infrastructure clusters and templates), else its `cluster.x-k8s.io/cluster-name` label (as
+/// CAPI sets on infrastructure machines, which a Machine owns).
+pub(crate) fn cluster_name(meta: &ObjectMeta) -> Option<&str> {
+    owner(meta, "Cluster")
+        .map(|o| o.name.as_str())
+        .or_else(|| label(meta, CLUSTER_NAME_LABEL))
+}
+
 /// Why an object is paused, if it is. Checked before deletion handling: `clusterctl move`
 /// pauses, then deletes the source objects, and those deletions must not destroy VMs.
-pub fn paused_reason(cluster: Option<&Cluster>, meta: &ObjectMeta) -> Option<&'static str> {
+pub(crate) fn paused_reason(cluster: Option<&Cluster>, meta: &ObjectMeta) -> Option<&'static str> {
     if cluster.is_some_and(|c| c.spec.paused == Some(true)) {
         Some("Cluster spec.paused is set to true")
     } else if has_annotation(meta, PAUSED_ANNOTATION) {
@@ -95,17 +90,17 @@ pub fn paused_reason(cluster: Option<&Cluster>, meta: &ObjectMeta) -> Option<&'s
 }
 
 /// Whether an infrastructure cluster is managed by someone else and must be left alone.
-pub fn is_externally_managed(meta: &ObjectMeta) -> bool {
+pub(crate) fn is_externally_managed(meta: &ObjectMeta) -> bool {
     has_annotation(meta, MANAGED_BY_ANNOTATION)
 }
 
 /// Whether `meta` has the annotation `key` (any value).
-pub fn has_annotation(meta: &ObjectMeta, key: &str) -> bool {
+pub(crate) fn has_annotation(meta: &ObjectMeta, key: &str) -> bool {
     meta.annotations.as_ref().is_some_and(|a| a.contains_key(key))
 }
 
 /// The value of label `key`.
-pub fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+pub(crate) fn label<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.labels.as_ref()?.get(key).map(String::as_str)
 }
 
@@ -146,6 +141,17 @@ mod tests {
     }
 
     #[test]
+    fn cluster_name_from_owner_else_label() {
+        let mut meta = owned_by("cluster.x-k8s.io/v1beta2", "Cluster");
+        assert_eq!(cluster_name(&meta), Some("x"));
+        meta.labels = Some([(CLUSTER_NAME_LABEL.to_string(), "by-label".to_string())].into());
+        assert_eq!(cluster_name(&meta), Some("x"), "the owner wins");
+        meta.owner_references = None;
+        assert_eq!(cluster_name(&meta), Some("by-label"));
+        assert_eq!(cluster_name(&ObjectMeta::default()), None);
+    }
+
+    #[test]
     fn paused_by_cluster_or_annotation() {
         let mut cluster = Cluster::new("c", ClusterSpec::default());
         let annotated = ObjectMeta {
@@ -163,31 +169,5 @@ mod tests {
         );
         cluster.spec.paused = Some(false);
         assert_eq!(paused_reason(Some(&cluster), &ObjectMeta::default()), None);
-    }
-
-    #[test]
-    fn endpoint_validity_follows_capi() {
-        assert!(!ApiEndpoint::default().is_valid());
-        assert!(
-            !ApiEndpoint {
-                host: Some("h".into()),
-                port: Some(0)
-            }
-            .is_valid()
-        );
-        assert!(
-            !ApiEndpoint {
-                host: Some(String::new()),
-                port: Some(6443)
-            }
-            .is_valid()
-        );
-        assert!(
-            ApiEndpoint {
-                host: Some("h".into()),
-                port: Some(6443)
-            }
-            .is_valid()
-        );
     }
 }

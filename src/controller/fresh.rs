@@ -37,7 +37,7 @@ impl<K> Default for Fresher<K> {
 
 impl<K: Resource> Fresher<K> {
     /// `cached`, or what we last wrote of it if the cache has not caught up with that yet.
-    pub fn freshest(&self, cached: Arc<K>) -> Arc<K> {
+    pub(crate) fn freshest(&self, cached: Arc<K>) -> Arc<K> {
         let (Some(uid), Some(rv)) = (cached.meta().uid.as_deref(), cached.meta().resource_version.as_deref()) else {
             return cached;
         };
@@ -55,7 +55,7 @@ impl<K: Resource> Fresher<K> {
 
     /// Records that a write replaced `before` (the version it was made against, as far as we
     /// know) with `after`.
-    pub fn wrote(&self, before: &K, mut after: K) {
+    pub(crate) fn wrote(&self, before: &K, mut after: K) {
         // As in the caches: managedFields are never read.
         after.meta_mut().managed_fields = None;
         let (Some(uid), Some(rv)) = (before.meta().uid.clone(), before.meta().resource_version.clone()) else {
@@ -81,18 +81,20 @@ impl<K: Resource> Fresher<K> {
     }
 
     /// Forgets the object (it is gone, or we let go of it).
-    pub fn forget(&self, obj: &K) {
+    pub(crate) fn forget(&self, obj: &K) {
         if let Some(uid) = obj.meta().uid.as_deref() {
             self.written.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
         }
     }
 
-    /// Objects remembered (for tests).
-    pub fn len(&self) -> usize {
+    /// Objects remembered.
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.written.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -17,15 +17,19 @@ use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
-use super::write::{self, has_finalizer};
-use super::{Error, Settings, Synced, keep_only_labels, strip_managed_fields};
+use super::runtime::{
+    Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, owning_cluster, pause_step,
+    strip_managed_fields,
+};
+use super::write::{Writer, has_finalizer};
+use super::{Error, Settings, Synced};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus, KaironMachine,
 };
 use crate::capi;
 use crate::events::{Events, reason as event};
-use crate::telemetry::{Telemetry, instrumented};
+use crate::hashing::hash_of;
 
 /// How often to look again while waiting for KaironMachines to go, on top of their watch.
 const DELETE_RETRY: Duration = Duration::from_secs(30);
@@ -43,10 +47,6 @@ pub struct Context {
 }
 
 impl Context {
-    async fn wait_for_caches(&self) -> Result<(), Error> {
-        Synced::all(&self.synced).await
-    }
-
     /// KaironMachines of `cluster` in `ns`.
     fn member_count(&self, ns: &str, cluster: &str) -> usize {
         self.members
@@ -60,9 +60,11 @@ impl Context {
     }
 }
 
-/// What this reconcile decided about the KaironCluster.
+/// What this reconcile decided about the KaironCluster; the status follows from it.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Observed {
+pub enum Decision {
+    /// Paused, for this reason: only the Paused condition changes.
+    Paused(&'static str),
     /// Endpoint known: provisioned.
     Provisioned,
     /// Waiting for a control-plane endpoint.
@@ -72,20 +74,19 @@ pub enum Observed {
 }
 
 /// The status a KaironCluster should have. Pure.
-pub fn next_status(
-    kc: &KaironCluster,
-    observed: Option<&Observed>,
-    paused: Option<&str>,
-    now: &Time,
-) -> KaironClusterStatus {
+pub fn next_status(kc: &KaironCluster, decision: &Decision, now: &Time) -> KaironClusterStatus {
     let generation = kc.metadata.generation;
     let mut status = kc.status.clone().unwrap_or_default();
     let mut conds = status.conditions.take().unwrap_or_default();
+    let paused = match decision {
+        Decision::Paused(why) => Some(*why),
+        _ => None,
+    };
     conditions::set(&mut conds, conditions::paused(paused), generation, now);
 
-    let ready = match observed {
-        None => None,
-        Some(Observed::Provisioned) => {
+    let ready = match decision {
+        Decision::Paused(_) => None,
+        Decision::Provisioned => {
             // Failure domains go out together with provisioned=true, as the contract asks.
             status.failure_domains = failure_domains(kc);
             status.initialization = Some(Initialization {
@@ -93,13 +94,13 @@ pub fn next_status(
             });
             Some(Decided::new(READY, Status::True, reason::READY, ""))
         }
-        Some(Observed::WaitingForEndpoint) => Some(Decided::new(
+        Decision::WaitingForEndpoint => Some(Decided::new(
             READY,
             Status::False,
             reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT,
             "waiting for a control plane endpoint: set spec.controlPlaneEndpoint here or on the Cluster",
         )),
-        Some(Observed::Deleting { machines }) => Some(Decided::new(
+        Decision::Deleting { machines } => Some(Decided::new(
             READY,
             Status::False,
             if *machines > 0 {
@@ -118,7 +119,7 @@ pub fn next_status(
 }
 
 /// Failure domains in the v1beta2 list form, sorted by name.
-pub fn failure_domains(kc: &KaironCluster) -> Option<Vec<FailureDomainStatus>> {
+pub(crate) fn failure_domains(kc: &KaironCluster) -> Option<Vec<FailureDomainStatus>> {
     let mut fds: Vec<_> = kc
         .spec
         .failure_domains
@@ -136,56 +137,47 @@ pub fn failure_domains(kc: &KaironCluster) -> Option<Vec<FailureDomainStatus>> {
 
 /// Reconciles one KaironCluster.
 pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.wait_for_caches().await?;
+    Synced::all(&ctx.synced).await?;
     // Somebody else owns this infrastructure: neither spec nor status is ours to touch.
     if capi::is_externally_managed(&kc.metadata) {
         debug!("externally managed; skipping");
         return Ok(Action::await_change());
     }
     let ns = kc.namespace().ok_or(Error::MissingNamespace)?;
-    let api: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let owner = capi::owner(&kc.metadata, "Cluster").map(|o| o.name.clone());
-    let cluster_name = owner
-        .clone()
-        .or_else(|| capi::label(&kc.metadata, capi::CLUSTER_NAME_LABEL).map(str::to_string));
-    let cluster = cluster_name
-        .as_ref()
-        .and_then(|c| ctx.clusters.get(&ObjectRef::new(c).within(&ns)));
+    let writer = Writer::new(Api::namespaced(ctx.client.clone(), &ns), None);
+    let cluster_name = capi::cluster_name(&kc.metadata);
+    let cluster = owning_cluster(&ctx.clusters, &ns, cluster_name);
 
-    if let Some(why) = capi::paused_reason(cluster.as_deref(), &kc.metadata) {
-        // Written once; see the KaironMachine reconciler.
-        if !conditions::says(
-            kc.status.as_ref().and_then(|s| s.conditions.as_deref()),
-            &conditions::paused(Some(why)),
-        ) {
-            write_status(&api, &kc, None, Some(why)).await?;
-        }
-        return Ok(Action::await_change());
+    let why = capi::paused_reason(cluster.as_deref(), &kc.metadata);
+    let current = kc.status.as_ref().and_then(|s| s.conditions.as_deref());
+    let (w, k) = (&writer, kc.as_ref());
+    if let Some(action) = pause_step(why, current, |why| async move {
+        write_status(w, k, &Decision::Paused(why)).await.map(|_| ())
+    })
+    .await?
+    {
+        return Ok(action);
     }
     if kc.metadata.deletion_timestamp.is_some() {
         if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
             return Ok(Action::await_change());
         }
-        let machines = cluster_name.as_deref().map_or(0, |c| ctx.member_count(&ns, c));
+        let machines = cluster_name.map_or(0, |c| ctx.member_count(&ns, c));
         if machines == 0 {
             info!("no KaironMachine left; releasing the finalizer");
-            write::remove_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER)
-                .await
-                .map_err(Error::write("finalizer"))?;
+            writer.remove_finalizer(kc.as_ref(), CLUSTER_FINALIZER).await?;
             return Ok(Action::await_change());
         }
-        write_status(&api, &kc, Some(&Observed::Deleting { machines }), None).await?;
+        write_status(&writer, &kc, &Decision::Deleting { machines }).await?;
         return Ok(Action::requeue(DELETE_RETRY));
     }
     // Until CAPI sets the Cluster as owner, nothing is done.
-    let Some(cluster) = owner.and(cluster) else {
+    let Some(cluster) = capi::owner(&kc.metadata, "Cluster").and(cluster) else {
         debug!("waiting for an owner Cluster");
         return Ok(Action::await_change());
     };
     if !has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
-        write::add_finalizer(&api, kc.as_ref(), CLUSTER_FINALIZER)
-            .await
-            .map_err(Error::write("finalizer"))?;
+        writer.add_finalizer(kc.as_ref(), CLUSTER_FINALIZER).await?;
     }
     let endpoint_known = kc.spec.control_plane_endpoint.as_ref().is_some_and(|e| e.is_valid())
         || cluster
@@ -193,12 +185,12 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             .control_plane_endpoint
             .as_ref()
             .is_some_and(|e| e.is_valid());
-    let observed = if endpoint_known || kc.status.as_ref().is_some_and(|s| s.is_provisioned()) {
-        Observed::Provisioned
+    let decision = if endpoint_known || kc.status.as_ref().is_some_and(|s| s.is_provisioned()) {
+        Decision::Provisioned
     } else {
-        Observed::WaitingForEndpoint
+        Decision::WaitingForEndpoint
     };
-    if let Some(next) = write_status(&api, &kc, Some(&observed), None).await?
+    if let Some(next) = write_status(&writer, &kc, &decision).await?
         && next.is_provisioned()
         && !kc.status.as_ref().is_some_and(KaironClusterStatus::is_provisioned)
     {
@@ -214,44 +206,35 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
+/// Writes the status that follows from `decision`, if it differs; returns what it wrote.
 async fn write_status(
-    api: &Api<KaironCluster>,
+    writer: &Writer<'_, KaironCluster>,
     kc: &KaironCluster,
-    observed: Option<&Observed>,
-    paused: Option<&str>,
+    decision: &Decision,
 ) -> Result<Option<KaironClusterStatus>, Error> {
-    let next = next_status(kc, observed, paused, &conditions::now());
-    if kc.status.as_ref() == Some(&next) {
-        return Ok(None);
-    }
-    write::apply_status(api, &kc.name_any(), &next)
-        .await
-        .map_err(Error::write("status"))?;
-    Ok(Some(next))
+    let next = next_status(kc, decision, &conditions::now());
+    let wrote = writer.apply_status(kc, kc.status.as_ref(), &next).await?;
+    Ok(wrote.then_some(next))
 }
 
 /// The KaironCluster of a Cluster: its `spec.infrastructureRef`.
-pub fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCluster>> {
+pub(crate) fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCluster>> {
     let name = c.infrastructure_name(crate::api::GROUP, "KaironCluster")?;
     Some(ObjectRef::new(name).within(&c.namespace()?))
 }
 
 /// What of a Cluster a KaironCluster reacts to: pause, the endpoint, the reference, deletion.
-pub fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
-    use std::hash::{DefaultHasher, Hash, Hasher};
-    let mut h = DefaultHasher::new();
-    (
+pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
+    Some(hash_of(&(
         c.spec.paused,
         &c.spec.control_plane_endpoint,
         &c.spec.infrastructure_ref,
         c.metadata.deletion_timestamp.is_some(),
-    )
-        .hash(&mut h);
-    Some(h.finish())
+    )))
 }
 
 /// Builds the controller; it runs until `shutdown` resolves and the future is driven.
-pub fn controller(
+pub(crate) fn controller(
     client: Client,
     settings: Settings,
     telemetry: Telemetry,
@@ -283,7 +266,7 @@ pub fn controller(
     let synced = vec![Synced::of(&clusters), Synced::of(&members)];
     synced.iter().for_each(|s| telemetry.caches.register(s));
     let ctx = Arc::new(Context {
-        events: telemetry.events("capkr-kaironcluster-controller"),
+        events: telemetry.recorder("capkr-kaironcluster-controller"),
         client,
         settings: settings.clone(),
         clusters,
@@ -303,10 +286,10 @@ pub fn controller(
         .graceful_shutdown_on(shutdown)
         .run(
             instrumented("kaironcluster", telemetry.metrics, reconcile),
-            super::error_policy,
+            error_policy,
             ctx,
         )
-        .for_each(super::log_outcome)
+        .for_each(log_outcome)
 }
 
 #[cfg(test)]
@@ -351,7 +334,7 @@ mod tests {
 
     #[test]
     fn provisioned_publishes_failure_domains_with_it() {
-        let s = next_status(&kc(), Some(&Observed::Provisioned), None, &at(1));
+        let s = next_status(&kc(), &Decision::Provisioned, &at(1));
         assert!(s.is_provisioned());
         let fds = s.failure_domains.clone().unwrap();
         assert_eq!(
@@ -368,31 +351,31 @@ mod tests {
     fn cluster_status_table() {
         let cases = [
             (
-                Observed::WaitingForEndpoint,
+                Decision::WaitingForEndpoint,
                 ("False", reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT),
                 false,
             ),
-            (Observed::Provisioned, ("True", reason::READY), true),
+            (Decision::Provisioned, ("True", reason::READY), true),
             (
-                Observed::Deleting { machines: 2 },
+                Decision::Deleting { machines: 2 },
                 ("False", reason::WAITING_FOR_MACHINES_DELETION),
                 false,
             ),
-            (Observed::Deleting { machines: 0 }, ("False", reason::DELETING), false),
+            (Decision::Deleting { machines: 0 }, ("False", reason::DELETING), false),
         ];
-        for (observed, want, provisioned) in cases {
-            let s = next_status(&kc(), Some(&observed), None, &at(1));
-            assert_eq!(ready(&s), (want.0.to_string(), want.1.to_string()), "{observed:?}");
-            assert_eq!(s.is_provisioned(), provisioned, "{observed:?}");
+        for (decision, want, provisioned) in cases {
+            let s = next_status(&kc(), &decision, &at(1));
+            assert_eq!(ready(&s), (want.0.to_string(), want.1.to_string()), "{decision:?}");
+            assert_eq!(s.is_provisioned(), provisioned, "{decision:?}");
         }
     }
 
     #[test]
     fn steady_state_is_a_fixed_point() {
         let mut k = kc();
-        k.status = Some(next_status(&k, Some(&Observed::Provisioned), None, &at(1)));
+        k.status = Some(next_status(&k, &Decision::Provisioned, &at(1)));
         assert_eq!(
-            next_status(&k, Some(&Observed::Provisioned), None, &at(99)),
+            next_status(&k, &Decision::Provisioned, &at(99)),
             k.status.clone().unwrap()
         );
     }
@@ -400,8 +383,8 @@ mod tests {
     #[test]
     fn paused_sets_only_paused() {
         let mut k = kc();
-        k.status = Some(next_status(&k, Some(&Observed::Provisioned), None, &at(1)));
-        let s = next_status(&k, None, Some("Cluster spec.paused is set to true"), &at(5));
+        k.status = Some(next_status(&k, &Decision::Provisioned, &at(1)));
+        let s = next_status(&k, &Decision::Paused("Cluster spec.paused is set to true"), &at(5));
         let p = conditions::get(s.conditions.as_deref().unwrap(), PAUSED).unwrap();
         assert_eq!((p.status.as_str(), p.reason.as_str()), ("True", "Paused"));
         assert_eq!(ready(&s), ("True".into(), "Ready".into()));

@@ -9,21 +9,21 @@ use futures::{Future, StreamExt};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
-use super::write;
-use super::{Error, Settings, Synced, strip_managed_fields};
+use super::runtime::{Telemetry, error_policy, instrumented, log_outcome, owning_cluster, strip_managed_fields};
+use super::write::Writer;
+use super::{Error, Settings, Synced};
 use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
 use crate::capi;
-use crate::telemetry::{Telemetry, instrumented};
 
 /// Kairon runs x86-64 Linux guests.
-pub const ARCHITECTURE: &str = "amd64";
-pub const OPERATING_SYSTEM: &str = "linux";
+const ARCHITECTURE: &str = "amd64";
+const OPERATING_SYSTEM: &str = "linux";
 
-pub struct Context {
+pub(crate) struct Context {
     pub client: Client,
     pub settings: Settings,
     pub clusters: Store<capi::Cluster>,
@@ -32,7 +32,7 @@ pub struct Context {
 }
 
 /// Capacity and node info of a machine made from `spec`. Pure.
-pub fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus {
+pub(crate) fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus {
     let capacity = BTreeMap::from([
         ("cpu".to_string(), Quantity(spec.cpus.to_string())),
         ("memory".to_string(), spec.memory.clone()),
@@ -47,28 +47,23 @@ pub fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus 
     }
 }
 
-pub async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
-    ctx.clusters_synced.wait().await?;
+pub(crate) async fn reconcile(t: Arc<KaironMachineTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
+    Synced::all(std::slice::from_ref(&ctx.clusters_synced)).await?;
     let ns = t.namespace().ok_or(Error::MissingNamespace)?;
-    let cluster_name = capi::owner(&t.metadata, "Cluster")
-        .map(|o| o.name.clone())
-        .or_else(|| capi::label(&t.metadata, capi::CLUSTER_NAME_LABEL).map(str::to_string));
-    let cluster = cluster_name.and_then(|c| ctx.clusters.get(&ObjectRef::new(&c).within(&ns)));
+    let cluster = owning_cluster(&ctx.clusters, &ns, capi::cluster_name(&t.metadata));
+    // Templates have no conditions: paused, nothing is written at all.
     if capi::paused_reason(cluster.as_deref(), &t.metadata).is_some() {
         return Ok(Action::await_change());
     }
     let next = template_status(&t.spec.template.spec);
-    if t.status.as_ref() != Some(&next) {
-        let api: Api<KaironMachineTemplate> = Api::namespaced(ctx.client.clone(), &ns);
-        write::apply_status(&api, &t.name_any(), &next)
-            .await
-            .map_err(Error::write("status"))?;
-    }
+    Writer::new(Api::namespaced(ctx.client.clone(), &ns), None)
+        .apply_status(t.as_ref(), t.status.as_ref(), &next)
+        .await?;
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
 /// Builds the controller; it reads Clusters from the cache another controller fills.
-pub fn controller(
+pub(crate) fn controller(
     client: Client,
     settings: Settings,
     clusters: Store<capi::Cluster>,
@@ -96,10 +91,10 @@ pub fn controller(
         .graceful_shutdown_on(shutdown)
         .run(
             instrumented("kaironmachinetemplate", telemetry.metrics, reconcile),
-            super::error_policy,
+            error_policy,
             ctx,
         )
-        .for_each(super::log_outcome)
+        .for_each(log_outcome)
 }
 
 #[cfg(test)]

@@ -1,10 +1,19 @@
-//! The three reconcilers and what they share: settings, errors, and the few write helpers
-//! (finalizers with optimistic concurrency, status by server-side apply).
+//! The three reconcilers and what they share.
+//!
+//! - [`kairon_machine`] (a folder: the reconcile workflow, the status mapping, the watches),
+//!   [`kairon_cluster`], [`kairon_machine_template`]: one reconciler each;
+//! - [`runtime`]: what runs them — cache readiness, the first steps of every reconcile (caches,
+//!   owning Cluster, pause), a span and metrics per reconcile, the error policy;
+//! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
+//!   reconcile;
+//! - [`Error`]: what can fail, by stage.
 
-pub mod fresh;
+mod error;
+mod fresh;
 pub mod kairon_cluster;
 pub mod kairon_machine;
-pub mod kairon_machine_template;
+pub(crate) mod kairon_machine_template;
+pub(crate) mod runtime;
 mod write;
 
 use std::fmt::Debug;
@@ -17,7 +26,10 @@ use serde::de::DeserializeOwned;
 
 use crate::capi::WATCH_FILTER_LABEL;
 
-pub use write::FIELD_MANAGER;
+pub use error::Error;
+pub use fresh::Fresher;
+pub use runtime::Synced;
+pub(crate) use runtime::{CacheReadiness, Telemetry};
 
 /// How the manager was asked to run.
 #[derive(Clone, Debug)]
@@ -52,7 +64,7 @@ impl Default for Settings {
 
 impl Settings {
     /// An `Api` over all namespaces, or over the one we were scoped to.
-    pub fn api<K>(&self, client: &Client) -> Api<K>
+    pub(crate) fn api<K>(&self, client: &Client) -> Api<K>
     where
         K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
     {
@@ -63,176 +75,12 @@ impl Settings {
     }
 
     /// Watch configuration for CAPI objects and ours: the watch filter, if any.
-    pub fn watcher_config(&self) -> watcher::Config {
+    pub(crate) fn watcher_config(&self) -> watcher::Config {
         let wc = watcher::Config::default().any_semantic();
         match &self.watch_filter {
             Some(v) => wc.labels(&format!("{WATCH_FILTER_LABEL}={v}")),
             None => wc,
         }
-    }
-}
-
-/// Errors of one reconcile, by the stage they happened in. Messages never contain bootstrap
-/// data: API answers to requests that carried it are reduced to their code and reason.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("object has no namespace")]
-    MissingNamespace,
-    #[error("caches are not available: {0}")]
-    Cache(String),
-    #[error("reading {what}: {source}")]
-    Read {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("writing {what}: {source}")]
-    Write {
-        what: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("creating Kairon Machine {name}: {detail}")]
-    CreateInstance { name: String, detail: String },
-    #[error("deleting Kairon Machine {name}: {source}")]
-    DeleteInstance {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl Error {
-    /// A short label for metrics and logs.
-    pub fn stage(&self) -> &'static str {
-        match self {
-            Error::MissingNamespace => "validate",
-            Error::Cache(_) => "cache",
-            Error::Read { .. } => "read",
-            Error::Write { .. } => "write",
-            Error::CreateInstance { .. } => "create_instance",
-            Error::DeleteInstance { .. } => "delete_instance",
-        }
-    }
-
-    pub(crate) fn read(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-        let what = what.into();
-        move |source| Error::Read { what, source }
-    }
-
-    pub(crate) fn write(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-        let what = what.into();
-        move |source| Error::Write { what, source }
-    }
-}
-
-/// Whether an API error is a 404.
-pub(crate) fn is_not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.is_not_found())
-}
-
-/// That a cache has done its first full list, for any number of waiters.
-///
-/// kube's `Store::wait_until_ready` keeps one waker: of several tasks waiting at once, only the
-/// last one polled is woken, and the others (possibly the controller runtime itself, which
-/// waits on its main store) hang for ever. So each store gets exactly one waiter, the task
-/// started here, and everyone else waits on this watch channel. Controllers' main stores are
-/// never given to it: the runtime already waits on them.
-#[derive(Clone, Debug)]
-pub struct Synced(tokio::sync::watch::Receiver<bool>);
-
-impl Synced {
-    /// Starts the one waiter of `store`. Call once per store.
-    pub fn of<K>(store: &kube::runtime::reflector::Store<K>) -> Synced
-    where
-        K: kube::Resource + Clone + Send + Sync + 'static,
-        K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
-    {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        let store = store.clone();
-        tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                let _ = tx.send(true);
-                tracing::debug!(cache = std::any::type_name::<K>(), "cache synced");
-            }
-        });
-        Synced(rx)
-    }
-
-    /// Already synced (for tests that fill stores by hand).
-    pub fn ready() -> Synced {
-        Synced(tokio::sync::watch::channel(true).1)
-    }
-
-    pub fn is_synced(&self) -> bool {
-        *self.0.borrow()
-    }
-
-    /// Waits for the first full list.
-    pub async fn wait(&self) -> Result<(), Error> {
-        let mut rx = self.0.clone();
-        rx.wait_for(|synced| *synced)
-            .await
-            .map(|_| ())
-            .map_err(|_| Error::Cache("a cache stopped before its first list".into()))
-    }
-
-    /// Waits for all of `caches`.
-    pub async fn all(caches: &[Synced]) -> Result<(), Error> {
-        for c in caches {
-            c.wait().await?;
-        }
-        Ok(())
-    }
-}
-
-/// How long to wait after an error before trying the object again.
-pub(crate) const ERROR_REQUEUE: Duration = Duration::from_secs(15);
-
-/// Logs what the controller runtime reports after each reconcile (errors are already logged by
-/// [`error_policy`]; these are the runtime's own, e.g. an object gone before its reconcile).
-pub(crate) async fn log_outcome<K: kube::Resource, E: std::fmt::Display>(
-    res: Result<
-        (
-            kube::runtime::reflector::ObjectRef<K>,
-            kube::runtime::controller::Action,
-        ),
-        E,
-    >,
-) {
-    match res {
-        Ok((obj, _)) => tracing::debug!(%obj, "reconciled"),
-        Err(e) => tracing::debug!(error = %e, "reconcile not run"),
-    }
-}
-
-/// Every controller's error policy: log where it failed, try again a little later.
-pub fn error_policy<K: kube::ResourceExt, C>(
-    obj: std::sync::Arc<K>,
-    error: &Error,
-    _ctx: std::sync::Arc<C>,
-) -> kube::runtime::controller::Action {
-    tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, "reconcile failed");
-    kube::runtime::controller::Action::requeue(ERROR_REQUEUE)
-}
-
-/// Drops what the caches never need: managedFields are most of an object's size.
-pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
-}
-
-/// For caches of objects we only read a few labels of (CAPI Machines, the KaironMachine
-/// membership of a cluster): managedFields, annotations, owner references, finalizers and every
-/// label but `keep` go before the object is stored. At thousands of machines this is most of
-/// what such a cached object weighs.
-pub(crate) fn keep_only_labels<K: Resource>(obj: &mut K, keep: &[&str]) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|k, _| keep.contains(&k.as_str()));
     }
 }
 

@@ -28,7 +28,7 @@ pub fn provider_id(kairon_uid: &str) -> String {
 pub fn desired_kairon_machine(
     km: &KaironMachine,
     cluster_name: &str,
-    user_data: UserData,
+    user_data: impl Into<UserData>,
     failure_domain: Option<&FailureDomainSpec>,
 ) -> Machine {
     let name = km.name_any();
@@ -73,7 +73,7 @@ pub fn desired_kairon_machine(
             network: km.spec.network.as_ref().map(|n| Network { name: n.name.clone() }),
             node_selector: (!node_selector.is_empty()).then_some(node_selector),
             cloud_init: Some(CloudInit {
-                user_data: Some(user_data),
+                user_data: Some(user_data.into()),
                 network_config: None,
             }),
         },

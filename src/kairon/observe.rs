@@ -8,7 +8,7 @@ use crate::api::{InstanceRef, KaironMachine, MachineAddress};
 
 /// Whose Kairon Machine this is, from the KaironMachine's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ownership {
+pub(crate) enum Ownership {
     /// Its UID label names this KaironMachine.
     Ours,
     /// Created for an earlier incarnation of this KaironMachine (e.g. before `clusterctl move`,
@@ -20,7 +20,7 @@ pub enum Ownership {
 }
 
 /// Decides whether `vm` belongs to `km`.
-pub fn ownership(vm: &Machine, km: &KaironMachine) -> Ownership {
+pub(crate) fn ownership(vm: &Machine, km: &KaironMachine) -> Ownership {
     let uid_label = vm.labels().get(labels::KAIRONMACHINE_UID);
     if uid_label.is_some() && uid_label == km.metadata.uid.as_ref() {
         return Ownership::Ours;
@@ -32,7 +32,7 @@ pub fn ownership(vm: &Machine, km: &KaironMachine) -> Ownership {
 }
 
 /// The phase, with a missing one read as Pending and a deleted Machine as Terminating.
-pub fn effective_phase(vm: &Machine) -> &str {
+pub(crate) fn effective_phase(vm: &Machine) -> &str {
     if vm.metadata.deletion_timestamp.is_some() {
         return phase::TERMINATING;
     }
@@ -43,12 +43,12 @@ pub fn effective_phase(vm: &Machine) -> &str {
 }
 
 /// Whether the VM runs.
-pub fn is_running(vm: &Machine) -> bool {
+pub(crate) fn is_running(vm: &Machine) -> bool {
     effective_phase(vm) == phase::RUNNING
 }
 
 /// Kairon's reason and message when the VM failed (terminal for that Kairon Machine).
-pub fn failure(vm: &Machine) -> Option<(String, String)> {
+pub(crate) fn failure(vm: &Machine) -> Option<(String, String)> {
     if effective_phase(vm) != phase::FAILED {
         return None;
     }
@@ -62,7 +62,7 @@ pub fn failure(vm: &Machine) -> Option<(String, String)> {
 }
 
 /// CAPI's v1beta1 MachineStatusError for a Kairon failure reason.
-pub fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
+pub(crate) fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
     match kairon_reason {
         "Unschedulable" | "InsufficientCapacity" => "InsufficientResources",
         "ImageNotFound" | "InvalidSpec" | "NetworkNotFound" => "InvalidConfiguration",
@@ -71,7 +71,7 @@ pub fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
 }
 
 /// The `InstanceProvisioned` condition for the VM's current phase.
-pub fn instance_condition(vm: &Machine) -> Decided {
+pub(crate) fn instance_condition(vm: &Machine) -> Decided {
     let name = vm.name_any();
     let (status, r, message) = match effective_phase(vm) {
         phase::RUNNING => (
@@ -118,7 +118,7 @@ pub fn instance_condition(vm: &Machine) -> Decided {
 }
 
 /// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
-pub fn addresses(vm: &Machine) -> Vec<MachineAddress> {
+pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
     const TYPES: [&str; 5] = ["Hostname", "ExternalIP", "InternalIP", "ExternalDNS", "InternalDNS"];
     vm.status
         .as_ref()
@@ -134,7 +134,7 @@ pub fn addresses(vm: &Machine) -> Vec<MachineAddress> {
 }
 
 /// The failure domain the VM was placed in.
-pub fn failure_domain(vm: &Machine) -> Option<String> {
+pub(crate) fn failure_domain(vm: &Machine) -> Option<String> {
     vm.annotations()
         .get(FAILURE_DOMAIN_ANNOTATION)
         .filter(|f| !f.is_empty())
@@ -142,7 +142,7 @@ pub fn failure_domain(vm: &Machine) -> Option<String> {
 }
 
 /// `status.instance` of the KaironMachine.
-pub fn instance_ref(vm: &Machine) -> InstanceRef {
+pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
     InstanceRef {
         name: vm.name_any(),
         namespace: vm.namespace().unwrap_or_default(),
@@ -159,36 +159,8 @@ pub fn instance_ref(vm: &Machine) -> InstanceRef {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kairon::{Address, MachineStatus};
+    use crate::kairon::fixtures::vm;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-
-    fn vm(phase: Option<&str>) -> Machine {
-        let mut m = Machine::new("m1", Default::default());
-        m.metadata.namespace = Some("ns".into());
-        m.metadata.uid = Some("vm-uid".into());
-        m.status = Some(MachineStatus {
-            phase: phase.map(Into::into),
-            host_name: Some("kairon-node-7".into()),
-            addresses: Some(vec![
-                Address {
-                    type_: "InternalIP".into(),
-                    address: "10.42.0.17".into(),
-                },
-                Address {
-                    type_: "Hostname".into(),
-                    address: "m1".into(),
-                },
-                Address {
-                    type_: "Weird".into(),
-                    address: "x".into(),
-                },
-            ]),
-            reason: (phase == Some("Failed")).then(|| "ImageNotFound".into()),
-            message: (phase == Some("Failed")).then(|| "image foo does not exist".into()),
-            ..Default::default()
-        });
-        m
-    }
 
     #[test]
     fn instance_condition_for_every_phase() {
@@ -214,13 +186,13 @@ mod tests {
     fn failed_message_carries_kairons_reason_and_message() {
         let d = instance_condition(&vm(Some("Failed")));
         assert!(
-            d.message.contains("ImageNotFound: image foo does not exist"),
+            d.message.contains("Unschedulable: no host has 64 CPUs"),
             "{}",
             d.message
         );
         assert_eq!(
             failure(&vm(Some("Failed"))),
-            Some(("ImageNotFound".into(), "image foo does not exist".into()))
+            Some(("Unschedulable".into(), "no host has 64 CPUs".into()))
         );
         assert_eq!(failure(&vm(Some("Running"))), None);
     }
@@ -270,8 +242,7 @@ mod tests {
 
     #[test]
     fn instance_ref_and_failure_domain() {
-        let mut m = vm(Some("Running"));
-        m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
+        let m = vm(Some("Running"));
         let r = instance_ref(&m);
         assert_eq!(r.name, "m1");
         assert_eq!(r.namespace, "ns");

@@ -73,6 +73,12 @@ impl UserData {
     }
 }
 
+impl From<String> for UserData {
+    fn from(text: String) -> Self {
+        UserData(text)
+    }
+}
+
 /// What kairon-controller reports.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]

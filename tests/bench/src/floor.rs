@@ -18,7 +18,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use capkr::api::{KaironMachine, MACHINE_FINALIZER};
 use capkr::capi::{self, bootstrap};
 use capkr::client::TokenBucket;
-use capkr::controller::kairon_machine::{Observed, next_status};
+use capkr::controller::kairon_machine::{Observed, StatusInput, next_status};
 use capkr::kairon::{self, desired_kairon_machine, provider_id};
 use capkr_testenv::Env;
 use futures::StreamExt;
@@ -336,9 +336,7 @@ impl Shared {
         let _permit = self.permits.acquire().await?;
         let status = next_status(
             None,
-            Some(&Observed::Instance(Box::new(vm))),
-            None,
-            false,
+            StatusInput::Live(&Observed::Instance(Box::new(vm))),
             km.metadata.generation,
             &capkr::api::conditions::now(),
         );

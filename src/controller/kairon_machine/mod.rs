@@ -1,0 +1,26 @@
+//! The KaironMachine reconciler: one Kairon Machine per KaironMachine, its status mapped back.
+//!
+//! Order of a reconcile, as the contract asks ([`reconcile`]):
+//! 1. dereference the owner Machine and the Cluster (from caches);
+//! 2. pause (Cluster `spec.paused` or the annotation) — before deletion, so that
+//!    `clusterctl move` never destroys a VM;
+//! 3. deletion: delete the Kairon Machine, keep the finalizer until it is gone;
+//! 4. no owner Machine yet: do nothing, not even add the finalizer;
+//! 5. finalizer, then wait for cluster infrastructure and bootstrap data, create the Kairon
+//!    Machine (deterministic name; adopt only what carries our UID), write `spec.providerID`;
+//! 6. status from what Kairon reports ([`status`]), written only when it differs.
+//!
+//! The finalizer is handled by hand rather than with `kube::runtime::finalizer`, because the
+//! contract puts two steps before it that the helper cannot express: pause is checked before
+//! deletion, and nothing (not even the finalizer) is written before CAPI sets the owner.
+//!
+//! What triggers a reconcile, and the caches it reads, are in [`watches`]; every request to
+//! Kairon goes through [`crate::kairon::Instances`].
+
+mod reconcile;
+pub(crate) mod status;
+mod watches;
+
+pub use reconcile::{Context, reconcile};
+pub use status::{Observed, StatusInput, next_status};
+pub(crate) use watches::controller;

@@ -1,0 +1,245 @@
+//! What a KaironMachine reconcile is triggered by: its own changes, its Machine's (bootstrap
+//! data, references, placement), its Cluster's (pause, provisioning, deletion) and its Kairon
+//! Machine's; and the caches those watches fill for the reconciles to read.
+
+use std::sync::Arc;
+
+use futures::{Future, StreamExt};
+use kube::runtime::controller::Config as ControllerConfig;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+
+use super::reconcile::{Context, reconcile};
+use crate::api::{self, KaironMachine};
+use crate::capi;
+use crate::controller::runtime::{
+    Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields,
+};
+use crate::controller::{Fresher, Settings, Synced};
+use crate::hashing::hash_of;
+use crate::kairon::{self, Instances, labels, observe};
+
+/// The KaironMachine for a CAPI Machine: its `spec.infrastructureRef`.
+pub(crate) fn kaironmachine_for_machine(m: &capi::Machine) -> Option<ObjectRef<KaironMachine>> {
+    let r = m
+        .spec
+        .infrastructure_ref
+        .as_ref()
+        .filter(|r| r.is(api::GROUP, "KaironMachine"))?;
+    Some(ObjectRef::new(&r.name).within(&m.namespace()?))
+}
+
+/// The KaironMachine for a Kairon Machine: its link-back labels, or its own name.
+pub(crate) fn kaironmachine_for_instance(vm: &kairon::Machine) -> Option<ObjectRef<KaironMachine>> {
+    let l = vm.labels();
+    let ns = l
+        .get(labels::KAIRONMACHINE_NAMESPACE)
+        .cloned()
+        .or_else(|| vm.namespace())?;
+    let name = l
+        .get(labels::KAIRONMACHINE_NAME)
+        .cloned()
+        .unwrap_or_else(|| vm.name_any());
+    Some(ObjectRef::new(&name).within(&ns))
+}
+
+/// What of a Cluster a KaironMachine reacts to: pause, provisioning state, deletion. Cluster
+/// status changes all the time while a cluster comes up; without this every change would
+/// reconcile every machine of the cluster.
+pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
+    Some(hash_of(&(
+        c.spec.paused,
+        c.infrastructure_provisioned(),
+        c.control_plane_initialized(),
+        c.metadata.deletion_timestamp.is_some(),
+        &c.spec.infrastructure_ref,
+    )))
+}
+
+/// What of a Machine a KaironMachine reacts to: bootstrap data, references, placement, role.
+pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
+    Some(hash_of(&(
+        m.data_secret_name(),
+        &m.spec.infrastructure_ref,
+        m.failure_domain(),
+        m.is_control_plane(),
+        &m.spec.cluster_name,
+        m.metadata.deletion_timestamp.is_some(),
+    )))
+}
+
+/// Builds the controller. It runs until `shutdown` resolves and the returned future is
+/// driven; the Cluster cache is returned for the other controllers to read.
+pub(crate) fn controller(
+    client: Client,
+    kairon: Instances,
+    settings: Settings,
+    telemetry: Telemetry,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> (Store<capi::Cluster>, Synced, impl Future<Output = ()> + Send) {
+    let wc = settings.watcher_config();
+
+    let (machines, w) = reflector::store();
+    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
+        .default_backoff()
+        // Read: the spec view, the control-plane label, deletion.
+        .modify(|m: &mut capi::Machine| keep_only_labels(m, &[capi::CONTROL_PLANE_LABEL]))
+        .reflect(w)
+        .touched_objects()
+        .predicate_filter(machine_trigger, PredicateConfig::default());
+    let (clusters, w) = reflector::store();
+    let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .touched_objects()
+        .predicate_filter(cluster_trigger, PredicateConfig::default());
+    let (instances, w) = reflector::store();
+    let instance_wc = watcher::Config::default()
+        .any_semantic()
+        .labels(&labels::managed_selector());
+    let instance_events = watcher(kairon.api(settings.namespace.as_deref()), instance_wc)
+        .default_backoff()
+        .modify(|vm: &mut kairon::Machine| {
+            // Never hold bootstrap payloads in memory.
+            vm.spec.cloud_init = None;
+            strip_managed_fields(vm);
+        })
+        .reflect(w)
+        .touched_objects();
+    let (kms, w) = reflector::store();
+    let km_events = watcher(settings.api::<KaironMachine>(&client), wc)
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .applied_objects();
+
+    let synced = vec![Synced::of(&machines), Synced::of(&clusters), Synced::of(&instances)];
+    synced.iter().for_each(|s| telemetry.caches.register(s));
+    let clusters_synced = synced[1].clone();
+    let counted = instances.clone();
+    telemetry.metrics.count_phases_with(Box::new(move || {
+        let mut counts = std::collections::BTreeMap::new();
+        for vm in counted.state() {
+            *counts.entry(observe::effective_phase(&vm).to_string()).or_default() += 1;
+        }
+        counts
+    }));
+    let ctx = Arc::new(Context {
+        events: telemetry.recorder("capkr-kaironmachine-controller"),
+        metrics: telemetry.metrics.clone(),
+        client,
+        kairon,
+        settings: settings.clone(),
+        machines,
+        clusters: clusters.clone(),
+        instances,
+        synced,
+        fresh: Fresher::default(),
+    });
+    let km_store: Store<KaironMachine> = kms.clone();
+    let controller = Controller::for_stream(km_events, kms)
+        .watches_stream(machine_events, |m| kaironmachine_for_machine(&m))
+        .watches_stream(cluster_events, move |c: capi::Cluster| {
+            let (name, ns) = (c.name_any(), c.namespace());
+            km_store
+                .state()
+                .into_iter()
+                .filter(|km| {
+                    km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
+                })
+                .map(|km| ObjectRef::from_obj(km.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
+        .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
+        .graceful_shutdown_on(shutdown);
+    let task = controller
+        .run(
+            instrumented("kaironmachine", telemetry.metrics, reconcile),
+            error_policy,
+            ctx,
+        )
+        .for_each(log_outcome);
+    (clusters, clusters_synced, task)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_trigger_ignores_status_noise_but_not_pause_or_provisioning() {
+        let base = capi::Cluster::new("c", Default::default());
+        let mut noise = base.clone();
+        noise.metadata.resource_version = Some("99".into());
+        assert_eq!(cluster_trigger(&base), cluster_trigger(&noise));
+        let mut paused = base.clone();
+        paused.spec.paused = Some(true);
+        assert_ne!(cluster_trigger(&base), cluster_trigger(&paused));
+        let mut provisioned = base.clone();
+        provisioned.status = Some(capi::ClusterStatus {
+            initialization: Some(capi::ClusterInitialization {
+                infrastructure_provisioned: Some(true),
+                control_plane_initialized: None,
+            }),
+        });
+        assert_ne!(cluster_trigger(&base), cluster_trigger(&provisioned));
+        let mut cp = provisioned.clone();
+        cp.status
+            .as_mut()
+            .unwrap()
+            .initialization
+            .as_mut()
+            .unwrap()
+            .control_plane_initialized = Some(true);
+        assert_ne!(cluster_trigger(&provisioned), cluster_trigger(&cp));
+    }
+
+    #[test]
+    fn machine_trigger_fires_when_bootstrap_data_arrives() {
+        let base = capi::Machine::new("m", Default::default());
+        let mut with_data = base.clone();
+        with_data.spec.bootstrap = Some(capi::Bootstrap {
+            data_secret_name: Some("s".into()),
+        });
+        assert_ne!(machine_trigger(&base), machine_trigger(&with_data));
+        let mut noise = with_data.clone();
+        noise.metadata.resource_version = Some("7".into());
+        assert_eq!(machine_trigger(&with_data), machine_trigger(&noise));
+    }
+
+    #[test]
+    fn watch_mappers() {
+        let mut m = capi::Machine::new("m1", Default::default());
+        m.metadata.namespace = Some("ns".into());
+        assert_eq!(kaironmachine_for_machine(&m), None, "no infrastructureRef");
+        m.spec.infrastructure_ref = Some(capi::ContractVersionedObjectReference {
+            api_group: "infrastructure.cluster.x-k8s.io".into(),
+            kind: "KaironMachine".into(),
+            name: "km1".into(),
+        });
+        assert_eq!(kaironmachine_for_machine(&m), Some(ObjectRef::new("km1").within("ns")));
+        m.spec.infrastructure_ref.as_mut().unwrap().kind = "DockerMachine".into();
+        assert_eq!(kaironmachine_for_machine(&m), None, "someone else's infrastructure");
+
+        let mut v = kairon::fixtures::vm(Some("Running"));
+        assert_eq!(
+            kaironmachine_for_instance(&v),
+            Some(ObjectRef::new("m1").within("ns")),
+            "falls back to its own name"
+        );
+        v.metadata.labels = Some(
+            [
+                (labels::KAIRONMACHINE_NAME.to_string(), "km9".to_string()),
+                (labels::KAIRONMACHINE_NAMESPACE.to_string(), "other".to_string()),
+            ]
+            .into(),
+        );
+        assert_eq!(
+            kaironmachine_for_instance(&v),
+            Some(ObjectRef::new("km9").within("other"))
+        );
+    }
+}

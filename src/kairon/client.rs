@@ -1,0 +1,189 @@
+//! How Kairon is spoken to. The reconcilers say what they want (this VM, created; that VM,
+//! adopted; deleted); this client knows the requests: an authoritative read, a create that
+//! falls back to reading what already has the name, a relabel for adoption, and a delete that
+//! names the UID it means.
+//!
+//! A create carries bootstrap data, and an API error may quote the request: errors of such
+//! requests keep only the answer's code and reason.
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use super::{Machine, labels};
+use crate::api::{FIELD_MANAGER, KaironMachine};
+
+/// Kairon Machines, on the API server that serves them (the management cluster unless the
+/// manager was pointed elsewhere).
+#[derive(Clone)]
+pub struct Instances {
+    client: Client,
+}
+
+/// What a create found.
+#[derive(Debug)]
+pub enum Created {
+    /// A new Kairon Machine.
+    New(Machine),
+    /// One with that name already existed (an earlier create the cache has not shown yet, or
+    /// someone else's): whose it is is for the caller to decide.
+    Existing(Machine),
+}
+
+/// What a delete found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// Kairon accepted the delete (or was already deleting it).
+    Started,
+    /// It was gone already.
+    Gone,
+}
+
+/// A failed request to Kairon, by what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum KaironError {
+    #[error("reading Kairon Machine {ns}/{name}: {source}")]
+    Read {
+        ns: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("creating Kairon Machine {name}: {detail}")]
+    Create { name: String, detail: String },
+    #[error("writing labels of Kairon Machine {ns}/{name}: {source}")]
+    Relabel {
+        ns: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting Kairon Machine {name}: {source}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl KaironError {
+    /// A short label for metrics and logs (the same words as the controllers' own stages).
+    pub(crate) fn stage(&self) -> &'static str {
+        match self {
+            KaironError::Read { .. } => "read",
+            KaironError::Create { .. } => "create_instance",
+            KaironError::Relabel { .. } => "write",
+            KaironError::Delete { .. } => "delete_instance",
+        }
+    }
+}
+
+impl Instances {
+    pub fn new(client: Client) -> Self {
+        Instances { client }
+    }
+
+    /// The Kairon Machines of `namespace`, or of all namespaces (for watches).
+    pub(crate) fn api(&self, namespace: Option<&str>) -> Api<Machine> {
+        match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
+    fn namespaced(&self, ns: &str) -> Api<Machine> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// Reads one Kairon Machine from the API server (not from a cache).
+    pub(crate) async fn get(&self, ns: &str, name: &str) -> Result<Option<Machine>, KaironError> {
+        self.namespaced(ns)
+            .get_opt(name)
+            .await
+            .map_err(|source| KaironError::Read {
+                ns: ns.into(),
+                name: name.into(),
+                source,
+            })
+    }
+
+    /// Creates `desired`; if its name is taken, returns what has it.
+    pub(crate) async fn create(&self, desired: &Machine) -> Result<Created, KaironError> {
+        let ns = desired.namespace().unwrap_or_default();
+        let name = desired.name_any();
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match self.namespaced(&ns).create(&pp, desired).await {
+            Ok(vm) => Ok(Created::New(vm)),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => match self.get(&ns, &name).await? {
+                Some(vm) => Ok(Created::Existing(vm)),
+                None => Err(KaironError::Create {
+                    name,
+                    detail: "it exists and vanished right after".into(),
+                }),
+            },
+            // The request carried bootstrap data and an API error may quote it: keep only the
+            // code and reason.
+            Err(kube::Error::Api(s)) => Err(KaironError::Create {
+                name,
+                detail: format!("the API answered {} {}", s.code, s.reason),
+            }),
+            Err(e) => Err(KaironError::Create {
+                name,
+                detail: redacted_error_kind(&e),
+            }),
+        }
+    }
+
+    /// Moves `vm`'s link-back labels over to `km` (adoption after `clusterctl move`, which
+    /// re-creates the KaironMachine with a new UID).
+    pub(crate) async fn adopt(&self, vm: &Machine, km: &KaironMachine) -> Result<(), KaironError> {
+        let ns = vm.namespace().unwrap_or_default();
+        let name = vm.name_any();
+        let body = json!({"metadata": {"labels": {
+            labels::KAIRONMACHINE_UID: km.metadata.uid,
+            labels::KAIRONMACHINE_NAMESPACE: km.namespace(),
+        }}});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        self.namespaced(&ns)
+            .patch(&name, &pp, &Patch::Merge(&body))
+            .await
+            .map(|_| ())
+            .map_err(|source| KaironError::Relabel { ns, name, source })
+    }
+
+    /// Deletes exactly `vm`: the UID precondition makes the delete fail rather than hit a VM
+    /// that replaced it under the same name.
+    pub(crate) async fn delete(&self, vm: &Machine) -> Result<Deletion, KaironError> {
+        let name = vm.name_any();
+        let dp = DeleteParams {
+            preconditions: vm.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match self
+            .namespaced(&vm.namespace().unwrap_or_default())
+            .delete(&name, &dp)
+            .await
+        {
+            Ok(_) => Ok(Deletion::Started),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Deletion::Gone),
+            Err(source) => Err(KaironError::Delete { name, source }),
+        }
+    }
+}
+
+/// A description of a client error that cannot contain request content.
+fn redacted_error_kind(e: &kube::Error) -> String {
+    match e {
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
+        _ => "the request failed".into(),
+    }
+}
