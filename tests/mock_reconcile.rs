@@ -14,15 +14,16 @@ use capkr::capi::{
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::{self, MachineStatus, labels};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::Client;
 use kube::client::Body;
-use kube::runtime::reflector::{self, Store, store::Writer};
-use kube::runtime::watcher;
-use serde_json::{Value, json};
+use serde_json::json;
 use tower_test::mock::{self, Handle};
+
+mod mock_support;
+use mock_support::{condition, expect, expect_no_more, filled, status_error};
 
 const NS: &str = "ns";
 const KM_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m1";
@@ -105,19 +106,6 @@ fn vm(phase: &str) -> kairon::Machine {
     vm
 }
 
-fn filled<K>(objs: Vec<K>) -> (Store<K>, Writer<K>)
-where
-    K: kube::Resource<DynamicType = ()> + Clone + 'static,
-{
-    let (store, mut writer) = reflector::store();
-    writer.apply_watcher_event(&watcher::Event::Init);
-    for o in objs {
-        writer.apply_watcher_event(&watcher::Event::InitApply(o));
-    }
-    writer.apply_watcher_event(&watcher::Event::InitDone);
-    (store, writer)
-}
-
 struct World {
     machines: Vec<capi::Machine>,
     clusters: Vec<capi::Cluster>,
@@ -154,57 +142,6 @@ where
         .expect("mock server finished")
         .expect("mock server did not panic");
     result.map(|_| ())
-}
-
-/// Takes the next request, checks method and path, answers with `status` and `body`, and
-/// returns the request body.
-async fn expect(
-    handle: &mut Handle<Request<Body>, Response<Body>>,
-    method: &str,
-    path: &str,
-    status: u16,
-    body: Value,
-) -> (String, Value) {
-    let (req, send) = tokio::time::timeout(Duration::from_secs(1), handle.next_request())
-        .await
-        .unwrap_or_else(|_| panic!("expected {method} {path}, got no request"))
-        .expect("service alive");
-    assert_eq!(req.method().as_str(), method, "method of request to {}", req.uri());
-    assert_eq!(req.uri().path(), path, "path of {method} request");
-    let query = req.uri().query().unwrap_or_default().to_string();
-    let bytes = req.into_body().collect_bytes().await.expect("body");
-    let sent: Value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).expect("JSON body")
-    };
-    send.send_response(
-        Response::builder()
-            .status(StatusCode::from_u16(status).unwrap())
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap(),
-    );
-    (query, sent)
-}
-
-/// No further request arrives.
-async fn expect_no_more(handle: &mut Handle<Request<Body>, Response<Body>>) {
-    if let Ok(Some((req, _))) = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await {
-        panic!("unexpected request {} {}", req.method(), req.uri());
-    }
-}
-
-fn status_error(code: u16, reason: &str) -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason, "message": format!("{reason} (test)")})
-}
-
-fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
-    status["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
-        .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
 
 /// `km` with the status the reconciler would have written for `observed` earlier.

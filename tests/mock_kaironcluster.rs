@@ -1,0 +1,287 @@
+//! The exact API calls of the KaironCluster reconciler on its main paths, against a mock API
+//! server (tower-test): what provisioning, steady state, waiting, pause and deletion write, and
+//! that nothing at all is written where the contract says so (no owner, externally managed).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capkr::api::conditions::{PAUSED, READY, reason};
+use capkr::api::{APIEndpoint, CLUSTER_FINALIZER, FailureDomainSpec, KaironCluster, KaironClusterSpec, KaironMachine};
+use capkr::capi::{self, ClusterSpec};
+use capkr::controller::kairon_cluster::{Context, Decision, next_status, reconcile};
+use capkr::controller::{Settings, Synced};
+use http::{Request, Response};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::Client;
+use kube::api::{PartialObjectMeta, PartialObjectMetaExt};
+use kube::client::Body;
+use serde_json::json;
+use tower_test::mock::{self, Handle};
+
+mod mock_support;
+use mock_support::{condition, expect, expect_no_more, filled};
+
+const NS: &str = "ns";
+const KC_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironclusters/demo";
+
+fn kaironcluster(endpoint: bool) -> KaironCluster {
+    let mut kc = KaironCluster::new(
+        "demo",
+        KaironClusterSpec {
+            control_plane_endpoint: endpoint.then(|| APIEndpoint {
+                host: Some("127.0.10.1".into()),
+                port: Some(6443),
+            }),
+            failure_domains: Some(vec![FailureDomainSpec {
+                name: "zone-a".into(),
+                control_plane: Some(true),
+                node_selector: None,
+            }]),
+        },
+    );
+    kc.metadata.namespace = Some(NS.into());
+    kc.metadata.uid = Some("kc-uid".into());
+    kc.metadata.generation = Some(1);
+    kc.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Cluster".into(),
+        name: "demo".into(),
+        uid: "cluster-uid".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    kc
+}
+
+fn with_finalizer(mut kc: KaironCluster) -> KaironCluster {
+    kc.metadata.finalizers = Some(vec![CLUSTER_FINALIZER.into()]);
+    kc
+}
+
+fn with_status(mut kc: KaironCluster, decision: Decision) -> KaironCluster {
+    let at = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
+    kc.status = Some(next_status(&kc, &decision, &at));
+    kc
+}
+
+fn deleting(mut kc: KaironCluster) -> KaironCluster {
+    kc.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_100).unwrap()));
+    kc
+}
+
+fn cluster(paused: bool) -> capi::Cluster {
+    let mut c = capi::Cluster::new(
+        "demo",
+        ClusterSpec {
+            paused: paused.then_some(true),
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(NS.into());
+    c
+}
+
+/// A KaironMachine of cluster `demo`, as the membership cache holds it.
+fn member(name: &str) -> PartialObjectMeta<KaironMachine> {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(NS.into()),
+        labels: Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into()),
+        ..Default::default()
+    }
+    .into_response_partial()
+}
+
+/// Runs one reconcile of `kc` against a mock API server driven by `server`.
+async fn run<F, Fut>(
+    kc: KaironCluster,
+    clusters: Vec<capi::Cluster>,
+    members: Vec<PartialObjectMeta<KaironMachine>>,
+    server: F,
+) -> Result<(), capkr::controller::Error>
+where
+    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let (clusters, _w1) = filled(clusters);
+    let (members, _w2) = filled(members);
+    let ctx = Arc::new(Context {
+        client: Client::new(service, "default"),
+        settings: Settings::default(),
+        clusters,
+        members,
+        synced: vec![Synced::ready()],
+        events: capkr::events::Events::disabled(),
+    });
+    let server = tokio::spawn(server(handle));
+    let result = reconcile(Arc::new(kc), ctx).await;
+    tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .expect("mock server finished")
+        .expect("mock server did not panic");
+    result.map(|_| ())
+}
+
+#[tokio::test]
+async fn first_reconcile_adds_the_finalizer_then_publishes_endpoint_and_failure_domains() {
+    let kc_json = serde_json::to_value(kaironcluster(true)).unwrap();
+    run(
+        kaironcluster(true),
+        vec![cluster(false)],
+        vec![],
+        move |mut h| async move {
+            let (_, patch) = expect(&mut h, "PATCH", KC_PATH, 200, kc_json.clone()).await;
+            assert_eq!(
+                patch[1],
+                json!({"op": "add", "path": "/metadata/finalizers", "value": [CLUSTER_FINALIZER]})
+            );
+            let (query, body) = expect(&mut h, "PATCH", &format!("{KC_PATH}/status"), 200, kc_json).await;
+            assert!(
+                query.contains("fieldManager=capkr-manager") && query.contains("force=true"),
+                "{query}"
+            );
+            let status = &body["status"];
+            assert_eq!(status["initialization"]["provisioned"], true);
+            assert_eq!(status["failureDomains"][0]["name"], "zone-a");
+            assert_eq!(condition(status, READY)["status"], "True");
+            assert_eq!(condition(status, PAUSED)["status"], "False");
+            expect_no_more(&mut h).await;
+        },
+    )
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn steady_state_makes_no_request() {
+    let kc = with_status(with_finalizer(kaironcluster(true)), Decision::Provisioned);
+    run(kc, vec![cluster(false)], vec![member("m1")], |mut h| async move {
+        expect_no_more(&mut h).await
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn without_an_endpoint_anywhere_it_waits_and_says_so() {
+    let kc = with_finalizer(kaironcluster(false));
+    let kc_json = serde_json::to_value(&kc).unwrap();
+    run(kc, vec![cluster(false)], vec![], move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KC_PATH}/status"), 200, kc_json).await;
+        let status = &body["status"];
+        assert_eq!(
+            condition(status, READY)["reason"],
+            reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT
+        );
+        assert!(status.get("initialization").is_none(), "{status}");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+
+    // The endpoint set on the Cluster (by someone else) is enough.
+    let kc = with_finalizer(kaironcluster(false));
+    let kc_json = serde_json::to_value(&kc).unwrap();
+    let mut c = cluster(false);
+    c.spec.control_plane_endpoint = Some(APIEndpoint {
+        host: Some("lb.example".into()),
+        port: Some(443),
+    });
+    run(kc, vec![c], vec![], move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KC_PATH}/status"), 200, kc_json).await;
+        assert_eq!(body["status"]["initialization"]["provisioned"], true);
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn without_an_owner_cluster_nothing_is_written_not_even_the_finalizer() {
+    let mut kc = kaironcluster(true);
+    kc.metadata.owner_references = None;
+    run(kc, vec![cluster(false)], vec![], |mut h| async move {
+        expect_no_more(&mut h).await
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn an_externally_managed_kaironcluster_is_left_alone() {
+    let mut kc = kaironcluster(false);
+    kc.metadata.annotations = Some([("cluster.x-k8s.io/managed-by".to_string(), "someone".to_string())].into());
+    run(kc, vec![cluster(false)], vec![], |mut h| async move {
+        expect_no_more(&mut h).await
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn paused_reports_paused_once_and_then_writes_nothing() {
+    let kc = with_status(with_finalizer(kaironcluster(true)), Decision::Provisioned);
+    let kc_json = serde_json::to_value(&kc).unwrap();
+    run(kc.clone(), vec![cluster(true)], vec![], move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KC_PATH}/status"), 200, kc_json).await;
+        let paused = condition(&body["status"], PAUSED);
+        assert_eq!(
+            (paused["status"].as_str(), paused["reason"].as_str()),
+            (Some("True"), Some("Paused"))
+        );
+        assert_eq!(condition(&body["status"], READY)["status"], "True", "Ready untouched");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+
+    // Already reported, and deleted meanwhile: still nothing — a paused deletion waits.
+    let kc = deleting(with_status(kc, Decision::Paused("Cluster spec.paused is set to true")));
+    run(kc, vec![cluster(true)], vec![member("m1")], |mut h| async move {
+        expect_no_more(&mut h).await
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
+async fn deletion_waits_for_the_clusters_kaironmachines_then_releases_the_finalizer() {
+    let kc = deleting(with_status(with_finalizer(kaironcluster(true)), Decision::Provisioned));
+    let kc_json = serde_json::to_value(&kc).unwrap();
+    let mut other = member("x1");
+    other.metadata.labels = Some([(capi::CLUSTER_NAME_LABEL.to_string(), "other".to_string())].into());
+    run(
+        kc.clone(),
+        vec![cluster(false)],
+        vec![member("m1"), member("m2"), other.clone()],
+        move |mut h| async move {
+            let (_, body) = expect(&mut h, "PATCH", &format!("{KC_PATH}/status"), 200, kc_json).await;
+            let ready = condition(&body["status"], READY);
+            assert_eq!(ready["reason"], reason::WAITING_FOR_MACHINES_DELETION);
+            assert!(
+                ready["message"].as_str().unwrap().contains("2 KaironMachine(s)"),
+                "another cluster's machine is not counted: {ready}"
+            );
+            expect_no_more(&mut h).await;
+        },
+    )
+    .await
+    .expect("reconcile succeeds");
+
+    // The last one gone: the finalizer goes, with a test that it is still where we saw it.
+    let kc_json = serde_json::to_value(&kc).unwrap();
+    run(kc, vec![cluster(false)], vec![other], move |mut h| async move {
+        let (_, patch) = expect(&mut h, "PATCH", KC_PATH, 200, kc_json).await;
+        assert_eq!(
+            patch,
+            json!([
+                {"op": "test", "path": "/metadata/finalizers/0", "value": CLUSTER_FINALIZER},
+                {"op": "remove", "path": "/metadata/finalizers/0"},
+            ])
+        );
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+}
