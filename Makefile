@@ -44,7 +44,7 @@ test-tools:
 # Unit, CEL and mock-server tests only: no control plane needed.
 test-unit:
 	$(CARGO) test --workspace --lib --bins
-	$(CARGO) test --test cel_rules --test mock_reconcile
+	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_kaironcluster
 
 test: check-generate lint test-tools build
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) test --workspace -- --test-threads=$${TEST_THREADS:-2}
