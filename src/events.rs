@@ -31,6 +31,7 @@ pub(crate) mod reason {
     pub(crate) const INSTANCE_FAILED: &str = "InstanceFailed";
     pub(crate) const INSTANCE_DELETED: &str = "InstanceDeleted";
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
+    pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
     pub(crate) const CLUSTER_PROVISIONED: &str = "Provisioned";
 }
 

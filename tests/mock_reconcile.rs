@@ -63,6 +63,7 @@ fn machine() -> capi::Machine {
             cluster_name: "demo".into(),
             bootstrap: Some(Bootstrap {
                 data_secret_name: Some("m1-bootstrap".into()),
+                ..Default::default()
             }),
             infrastructure_ref: Some(ContractVersionedObjectReference {
                 api_group: "infrastructure.cluster.x-k8s.io".into(),
@@ -73,6 +74,7 @@ fn machine() -> capi::Machine {
         },
     );
     m.metadata.namespace = Some(NS.into());
+    m.metadata.uid = Some("machine-uid".into());
     m
 }
 
@@ -533,4 +535,138 @@ async fn deleted_for_move_releases_the_finalizer_and_keeps_the_vm() {
     })
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn an_owner_machine_that_does_not_name_us_gets_a_condition_and_nothing_else() {
+    // Another incarnation of the Machine (other UID), and a Machine that points elsewhere.
+    let mut other_uid = machine();
+    other_uid.metadata.uid = Some("another-machine-uid".into());
+    let mut points_elsewhere = machine();
+    points_elsewhere.spec.infrastructure_ref.as_mut().unwrap().name = "m2".into();
+    for m in [other_uid, points_elsewhere] {
+        let km = kaironmachine();
+        let km_json = serde_json::to_value(&km).unwrap();
+        let world = World {
+            machines: vec![m],
+            clusters: vec![cluster(false)],
+            instances: vec![],
+        };
+        run(km, world, move |mut h| async move {
+            // No finalizer, no Secret read, no VM: only the condition.
+            let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+            let c = condition(&body["status"], INSTANCE_PROVISIONED);
+            assert_eq!(c["reason"], reason::OWNER_MACHINE_MISMATCH);
+            assert!(c["message"].as_str().unwrap().contains("Machine m1"), "{c}");
+            expect_no_more(&mut h).await;
+        })
+        .await
+        .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_bootstrap_secret_not_made_by_the_machines_config_is_not_used() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    let mut m = machine();
+    m.spec.bootstrap.as_mut().unwrap().config_ref = Some(ContractVersionedObjectReference {
+        api_group: "bootstrap.cluster.x-k8s.io".into(),
+        kind: "KubeadmConfig".into(),
+        name: "m1-config".into(),
+    });
+    let world = World {
+        machines: vec![m],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        // A Secret someone else made (here: the cluster's kubeconfig, owned by the Cluster).
+        expect(
+            &mut h,
+            "GET",
+            SECRET_PATH,
+            200,
+            json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "m1-bootstrap", "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2",
+                "kind": "Cluster", "name": "demo", "uid": "cluster-uid"}]},
+            "data": {"value": "QURNSU4tS1VCRUNPTkZJRw=="}}),
+        )
+        .await;
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let c = condition(&body["status"], INSTANCE_PROVISIONED);
+        assert_eq!(c["reason"], reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED);
+        assert!(
+            c["message"].as_str().unwrap().contains("KubeadmConfig m1-config"),
+            "{c}"
+        );
+        assert!(!body.to_string().contains("ADMIN-KUBECONFIG"), "never the content");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_vm_replaced_under_our_name_is_gone_not_ours() {
+    // Same name and labels (a restore), but not the UID our providerID names.
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
+    let mut replaced = vm("Running");
+    replaced.metadata.uid = Some("restored-uid".into());
+    replaced.status.as_mut().unwrap().addresses = Some(vec![kairon::Address {
+        type_: "InternalIP".into(),
+        address: "10.99.0.1".into(),
+    }]);
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![replaced],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let status = &body["status"];
+        assert_eq!(condition(status, READY)["reason"], reason::INSTANCE_NOT_FOUND);
+        assert!(
+            !status.to_string().contains("10.99.0.1"),
+            "never the other VM's addresses: {status}"
+        );
+        assert!(!status.to_string().contains("restored-uid"), "{status}");
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_create_kairon_rejects_is_reported_with_code_and_reason_and_is_an_error() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    let result = run(km, world, move |mut h| async move {
+        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "I2Nsb3VkLWNvbmZpZwpUT1BTRUNSRVQ="}})).await;
+        // Kairon's answer quotes the request, as API errors can.
+        let mut answer = status_error(403, "Forbidden");
+        answer["message"] = json!("machines \"m1\" is forbidden: exceeded quota; spec.cloudInit.userData=#cloud-config TOPSECRET");
+        expect(&mut h, "POST", "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines", 403, answer).await;
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let c = condition(&body["status"], INSTANCE_PROVISIONED);
+        assert_eq!(c["reason"], reason::INSTANCE_CREATE_FAILED);
+        assert!(c["message"].as_str().unwrap().contains("403 Forbidden"), "{c}");
+        assert!(!body.to_string().contains("TOPSECRET"), "never the payload: {body}");
+        expect_no_more(&mut h).await;
+    })
+    .await;
+    let e = result.expect_err("the reconcile fails, so that the object backs off");
+    assert_eq!(e.stage(), "create_instance");
+    assert!(!e.to_string().contains("TOPSECRET"), "{e}");
 }

@@ -39,6 +39,12 @@ pub mod reason {
     pub const BOOTSTRAP_DATA_TOO_LARGE: &str = "BootstrapDataTooLarge";
     pub const BOOTSTRAP_DATA_INVALID: &str = "BootstrapDataInvalid";
     pub const UNSUPPORTED_BOOTSTRAP_FORMAT: &str = "UnsupportedBootstrapFormat";
+    /// The Secret is not the Machine's bootstrap data: not made by its bootstrap config, or
+    /// one of CAPI's own (kubeconfig, CAs, service-account keys).
+    pub const BOOTSTRAP_DATA_SECRET_NOT_TRUSTED: &str = "BootstrapDataSecretNotTrusted";
+    /// The Machine our ownerReference names is another one (other UID) or does not reference
+    /// this KaironMachine.
+    pub const OWNER_MACHINE_MISMATCH: &str = "OwnerMachineMismatch";
 
     // KaironMachine: the instance
     pub const INSTANCE_PENDING: &str = "InstancePending";
@@ -48,6 +54,8 @@ pub mod reason {
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";
+    /// Kairon rejected the create (quota, admission, ...): retried with backoff.
+    pub const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
 }
 
 /// Condition status values.

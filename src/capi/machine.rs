@@ -34,6 +34,8 @@ pub struct MachineSpec {
 #[serde(rename_all = "camelCase")]
 pub struct Bootstrap {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_ref: Option<ContractVersionedObjectReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_secret_name: Option<String>,
 }
 
@@ -46,6 +48,35 @@ impl Machine {
             .data_secret_name
             .as_deref()
             .filter(|s| !s.is_empty())
+    }
+
+    /// `spec.bootstrap.configRef`: the bootstrap config that makes the data Secret, if any.
+    pub fn bootstrap_config(&self) -> Option<&ContractVersionedObjectReference> {
+        self.spec.bootstrap.as_ref()?.config_ref.as_ref()
+    }
+
+    /// Why this Machine is not the owner that `owner` (an ownerReference of the KaironMachine
+    /// `km_name`) names, if it is not: another incarnation (UID), or its `infrastructureRef`
+    /// names another object.
+    pub fn not_owner_of(
+        &self,
+        owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+        km_name: &str,
+    ) -> Option<String> {
+        let name = self.metadata.name.as_deref().unwrap_or_default();
+        if self.metadata.uid.as_deref() != Some(owner.uid.as_str()) {
+            return Some(format!(
+                "Machine {name} is not the one the ownerReference names (uid {})",
+                owner.uid
+            ));
+        }
+        let names_us = self
+            .spec
+            .infrastructure_ref
+            .as_ref()
+            .is_some_and(|r| r.is(crate::api::GROUP, "KaironMachine") && r.name == km_name);
+        (!names_us)
+            .then(|| format!("Machine {name} does not reference KaironMachine {km_name} in spec.infrastructureRef"))
     }
 
     /// Whether the Machine belongs to the control plane.

@@ -18,7 +18,7 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
 use super::runtime::{
-    Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, owning_cluster, pause_step,
+    Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, owning_cluster, pause_step,
     strip_managed_fields,
 };
 use super::write::{Writer, has_finalizer};
@@ -273,6 +273,7 @@ pub(crate) fn controller(
         members,
         synced,
     });
+    let backoff = Backoff::default();
     Controller::for_stream(kc_events, kcs)
         .watches_stream(cluster_events, |c| kaironcluster_for_cluster(&c))
         .watches_stream(member_events, move |m: PartialObjectMeta<KaironMachine>| {
@@ -285,8 +286,8 @@ pub(crate) fn controller(
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
         .graceful_shutdown_on(shutdown)
         .run(
-            instrumented("kaironcluster", telemetry.metrics, reconcile),
-            error_policy,
+            instrumented("kaironcluster", telemetry.metrics, backoff.clone(), reconcile),
+            error_policy(backoff),
             ctx,
         )
         .for_each(log_outcome)

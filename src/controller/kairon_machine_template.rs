@@ -13,7 +13,9 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
-use super::runtime::{Telemetry, error_policy, instrumented, log_outcome, owning_cluster, strip_managed_fields};
+use super::runtime::{
+    Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, strip_managed_fields,
+};
 use super::write::Writer;
 use super::{Error, Settings, Synced};
 use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
@@ -86,12 +88,13 @@ pub(crate) fn controller(
         clusters,
         clusters_synced,
     });
+    let backoff = Backoff::default();
     Controller::for_stream(events, templates)
         .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))
         .graceful_shutdown_on(shutdown)
         .run(
-            instrumented("kaironmachinetemplate", telemetry.metrics, reconcile),
-            error_policy,
+            instrumented("kaironmachinetemplate", telemetry.metrics, backoff.clone(), reconcile),
+            error_policy(backoff),
             ctx,
         )
         .for_each(log_outcome)

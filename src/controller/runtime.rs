@@ -173,6 +173,7 @@ pub(crate) type ReconcileFuture = std::pin::Pin<Box<dyn Future<Output = Result<A
 pub(crate) fn instrumented<K, C, F, Fut>(
     controller: &'static str,
     metrics: Arc<Metrics>,
+    backoff: Backoff,
     reconcile: F,
 ) -> impl FnMut(Arc<K>, Arc<C>) -> ReconcileFuture
 where
@@ -191,12 +192,14 @@ where
             cluster = %capi::label(obj.meta(), capi::CLUSTER_NAME_LABEL).unwrap_or_default(),
         );
         let timer = metrics.reconcile_started(controller);
-        let fut = reconcile(obj, ctx);
+        let fut = reconcile(obj.clone(), ctx);
+        let backoff = backoff.clone();
         Box::pin(
             async move {
                 let res = fut.await;
-                if let Err(e) = &res {
-                    timer.failed(e.stage());
+                match &res {
+                    Err(e) => timer.failed(e.stage()),
+                    Ok(_) => backoff.succeeded(obj.as_ref()),
                 }
                 drop(timer);
                 res
@@ -206,13 +209,52 @@ where
     }
 }
 
-/// How long to wait after an error before trying the object again.
-const ERROR_REQUEUE: Duration = Duration::from_secs(15);
+/// Per-object exponential backoff after failed reconciles, as controller-runtime's default
+/// rate limiter does: an object that keeps failing (a create Kairon rejects, an API that is
+/// down) is retried ever more rarely, up to [`Backoff::CAP`], while other objects are not
+/// slowed; its first success resets it.
+#[derive(Clone, Default)]
+pub(crate) struct Backoff {
+    failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
+}
 
-/// Every controller's error policy: log where it failed, try again a little later.
-pub(crate) fn error_policy<K: ResourceExt, C>(obj: Arc<K>, error: &Error, _ctx: Arc<C>) -> Action {
-    tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, "reconcile failed");
-    Action::requeue(ERROR_REQUEUE)
+impl Backoff {
+    const BASE: Duration = Duration::from_millis(500);
+    const CAP: Duration = Duration::from_secs(300);
+
+    /// The wait after the `failures`-th failure in a row (1-based).
+    fn delay(failures: u32) -> Duration {
+        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
+        Self::BASE.saturating_mul(factor).min(Self::CAP)
+    }
+
+    fn key<K: ResourceExt>(obj: &K) -> String {
+        format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+    }
+
+    /// Counts a failure of `obj`; returns how long to wait before the next try.
+    fn failed<K: ResourceExt>(&self, obj: &K) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(Self::key(obj)).or_default();
+        *n = n.saturating_add(1);
+        Self::delay(*n)
+    }
+
+    fn succeeded<K: ResourceExt>(&self, obj: &K) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if !failures.is_empty() {
+            failures.remove(&Self::key(obj));
+        }
+    }
+}
+
+/// Every controller's error policy: log where it failed, try again after the object's backoff.
+pub(crate) fn error_policy<K: ResourceExt, C>(backoff: Backoff) -> impl Fn(Arc<K>, &Error, Arc<C>) -> Action {
+    move |obj, error, _ctx| {
+        let wait = backoff.failed(obj.as_ref());
+        tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, retry_in = ?wait, "reconcile failed");
+        Action::requeue(wait)
+    }
 }
 
 /// Logs what the controller runtime reports after each reconcile (errors are already logged by
@@ -256,6 +298,30 @@ mod tests {
             1,
             "already said: not written again"
         );
+    }
+
+    #[test]
+    fn backoff_doubles_per_failure_up_to_the_cap_and_resets_on_success() {
+        let s = Duration::from_secs_f64;
+        assert_eq!(
+            (1..=6).map(Backoff::delay).collect::<Vec<_>>(),
+            [s(0.5), s(1.0), s(2.0), s(4.0), s(8.0), s(16.0)]
+        );
+        assert_eq!(Backoff::delay(10), s(256.0));
+        assert_eq!(Backoff::delay(11), Backoff::CAP);
+        assert_eq!(Backoff::delay(u32::MAX), Backoff::CAP, "no overflow");
+
+        let backoff = Backoff::default();
+        let mut a = k8s_openapi::api::core::v1::ConfigMap::default();
+        a.metadata.name = Some("a".into());
+        a.metadata.namespace = Some("ns".into());
+        let mut b = a.clone();
+        b.metadata.name = Some("b".into());
+        assert_eq!(backoff.failed(&a), s(0.5));
+        assert_eq!(backoff.failed(&a), s(1.0));
+        assert_eq!(backoff.failed(&b), s(0.5), "per object");
+        backoff.succeeded(&a);
+        assert_eq!(backoff.failed(&a), s(0.5), "a success resets it");
     }
 
     #[test]

@@ -20,7 +20,9 @@ use crate::controller::runtime::{owning_cluster, pause_step};
 use crate::controller::write::{Writer, has_finalizer};
 use crate::controller::{Error, Fresher, Settings, Synced};
 use crate::events::{Events, reason as event};
-use crate::kairon::{self, Created, Deletion, Instances, Ownership, desired_kairon_machine, ownership, provider_id};
+use crate::kairon::{
+    self, Created, Deletion, Instances, KaironError, Ownership, desired_kairon_machine, ownership, provider_id,
+};
 use crate::metrics::Metrics;
 
 /// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
@@ -133,17 +135,53 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         debug!("waiting for an owner Machine");
         return Ok(Action::await_change());
     };
+    // An ownerReference anyone could have written is not enough: the Machine must be that
+    // very one (UID) and must name this KaironMachine. Otherwise nothing is created.
+    if let Some(why) = capi::owner(&km.metadata, "Machine").and_then(|o| machine.not_owner_of(o, &km.name_any())) {
+        let observed = Observed::Waiting(Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::OWNER_MACHINE_MISMATCH,
+            why,
+        ));
+        write_status(&ctx, km, StatusInput::Live(&observed)).await?;
+        return Ok(Action::await_change());
+    }
     if !has_finalizer(km, MACHINE_FINALIZER) {
         ctx.writer(&scope.ns).add_finalizer(km, MACHINE_FINALIZER).await?;
     }
-    let (observed, action) = match reconcile_instance(&scope, machine, &ctx).await? {
-        Step::Continue(vm) => (Observed::Instance(Box::new(vm)), ctx.resync()),
-        Step::Stop(observed, action) => (observed, action),
+    let (observed, action) = match reconcile_instance(&scope, machine, &ctx).await {
+        Ok(Step::Continue(vm)) => (Observed::Instance(Box::new(vm)), ctx.resync()),
+        Ok(Step::Stop(observed, action)) => (observed, action),
+        Err(Error::Kairon(e @ KaironError::Create { .. })) => {
+            report_create_failure(km, &e, &ctx).await?;
+            // An error, so that the object backs off and the failure is counted.
+            return Err(e.into());
+        }
+        Err(e) => return Err(e),
     };
     if let Some(next) = write_status(&ctx, km, StatusInput::Live(&observed)).await? {
         report_transitions(km, &next, &ctx).await;
     }
     Ok(action)
+}
+
+/// A create Kairon rejected: the condition says so with the answer's code and reason (the
+/// error never carries the request, which held bootstrap data), and a Warning event when it
+/// first happens.
+async fn report_create_failure(km: &KaironMachine, e: &KaironError, ctx: &Context) -> Result<(), Error> {
+    let observed = Observed::Waiting(Decided::new(
+        INSTANCE_PROVISIONED,
+        Status::False,
+        reason::INSTANCE_CREATE_FAILED,
+        e.to_string(),
+    ));
+    if write_status(ctx, km, StatusInput::Live(&observed)).await?.is_some() {
+        ctx.events
+            .warning(km, event::INSTANCE_CREATE_FAILED, "Create", e.to_string())
+            .await;
+    }
+    Ok(())
 }
 
 /// Events and the provisioning-time metric for what a status write just changed.
@@ -210,6 +248,15 @@ async fn reconcile_instance(
             Step::Stop(observed, action) => return Ok(Step::Stop(observed, action)),
         },
     };
+    // Our providerID names the VM we provisioned. A Kairon Machine under the same name with
+    // another UID (a restore, a re-create by hand) is not that VM, whatever its labels say:
+    // its addresses are not our node's. The instance is gone.
+    if let Some(pid) = km.spec.provider_id.as_deref()
+        && vm.metadata.uid.as_deref().map(provider_id).as_deref() != Some(pid)
+    {
+        warn!(instance = %name, "the Kairon Machine with this name is not the one spec.providerID names");
+        return Ok(Step::Stop(Observed::Gone, ctx.resync()));
+    }
 
     match ownership(&vm, km) {
         Ownership::Foreign => {
@@ -270,7 +317,7 @@ async fn create_instance(
         }
         return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
     };
-    let user_data = match read_bootstrap_data(scope, secret_name, ctx).await? {
+    let user_data = match read_bootstrap_data(scope, machine, secret_name, ctx).await? {
         Step::Continue(data) => data,
         Step::Stop(observed, action) => return Ok(Step::Stop(observed, action)),
     };
@@ -311,8 +358,14 @@ async fn create_instance(
     Ok(Step::Continue(vm))
 }
 
-/// Reads the bootstrap data with one GET of the one Secret (no cluster-wide Secret cache).
-async fn read_bootstrap_data(scope: &Scope, secret_name: &str, ctx: &Context) -> Result<Step<String>, Error> {
+/// Reads the bootstrap data with one GET of the one Secret (no cluster-wide Secret cache), if
+/// that Secret may be the Machine's bootstrap data.
+async fn read_bootstrap_data(
+    scope: &Scope,
+    machine: &capi::Machine,
+    secret_name: &str,
+    ctx: &Context,
+) -> Result<Step<String>, Error> {
     let ns = scope.ns.as_str();
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
     let secret = secrets
@@ -328,25 +381,25 @@ async fn read_bootstrap_data(scope: &Scope, secret_name: &str, ctx: &Context) ->
         );
         return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY)));
     };
-    Ok(
-        match bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes) {
-            Ok(data) => Step::Continue(data),
-            Err(e) if e.is_terminal() => {
-                let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
-                Step::Stop(
-                    Observed::Terminal {
-                        condition,
-                        failure_reason: "InvalidConfiguration",
-                    },
-                    Action::await_change(),
-                )
-            }
-            Err(e) => {
-                let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
-                Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY))
-            }
-        },
-    )
+    let data = bootstrap::check_source(&secret, machine.bootstrap_config())
+        .and_then(|()| bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes));
+    Ok(match data {
+        Ok(data) => Step::Continue(data),
+        Err(e) if e.is_terminal() => {
+            let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            Step::Stop(
+                Observed::Terminal {
+                    condition,
+                    failure_reason: "InvalidConfiguration",
+                },
+                Action::await_change(),
+            )
+        }
+        Err(e) => {
+            let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY))
+        }
+    })
 }
 
 /// The failure domain named by the Machine, from the KaironCluster.

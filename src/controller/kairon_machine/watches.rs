@@ -14,7 +14,7 @@ use super::reconcile::{Context, reconcile};
 use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::runtime::{
-    Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields,
+    Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields,
 };
 use crate::controller::{Fresher, Settings, Synced};
 use crate::hashing::hash_of;
@@ -155,10 +155,11 @@ pub(crate) fn controller(
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
         .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
         .graceful_shutdown_on(shutdown);
+    let backoff = Backoff::default();
     let task = controller
         .run(
-            instrumented("kaironmachine", telemetry.metrics, reconcile),
-            error_policy,
+            instrumented("kaironmachine", telemetry.metrics, backoff.clone(), reconcile),
+            error_policy(backoff),
             ctx,
         )
         .for_each(log_outcome);
@@ -203,6 +204,7 @@ mod tests {
         let mut with_data = base.clone();
         with_data.spec.bootstrap = Some(capi::Bootstrap {
             data_secret_name: Some("s".into()),
+            ..Default::default()
         });
         assert_ne!(machine_trigger(&base), machine_trigger(&with_data));
         let mut noise = with_data.clone();

@@ -1,0 +1,126 @@
+//! A create Kairon rejects (here: a ResourceQuota on Kairon Machines), against the real CAPI
+//! controllers: the KaironMachine says why (the answer's code and reason, never the payload),
+//! a Warning event is published, the create is retried with a growing interval rather than at
+//! a fixed rate, and the machine comes up once the quota allows it.
+
+mod common;
+
+use std::time::Duration;
+
+use capkr::api::KaironMachine;
+use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
+use common::{Rig, RigOptions};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+
+const UP: Duration = Duration::from_secs(180);
+
+fn instance_condition(km: &KaironMachine) -> Option<(String, String)> {
+    conditions::get(km.status.as_ref()?.conditions.as_deref()?, INSTANCE_PROVISIONED)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rejected_create_is_reported_and_retried_with_backoff() {
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        audit: true,
+        ..RigOptions::new("create_failures")
+    })
+    .await;
+    rig.wait_running(2, UP).await;
+
+    // No more Kairon Machines in this namespace than there are now.
+    let quotas: Api<ResourceQuota> = Api::namespaced(rig.env.client(), &rig.ns);
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "kairon-machines"},
+        "spec": {"hard": {"count/machines.kairon.zyvor.dev": "2"}}
+    }))
+    .unwrap();
+    quotas.create(&PostParams::default(), &quota).await.unwrap();
+    rig.wait("the quota counts the Kairon Machines", UP, || async {
+        let q = quotas.get("kairon-machines").await?;
+        let used = q.status.and_then(|s| s.used).unwrap_or_default();
+        Ok::<_, kube::Error>(used.get("count/machines.kairon.zyvor.dev").map(|q| q.0.as_str()) == Some("2"))
+    })
+    .await;
+
+    let from = rig.audit_len();
+    let before: Vec<String> = rig
+        .kms()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|k| k.name_any())
+        .collect();
+    rig.scale(2).await;
+    let km = rig
+        .wait("the new KaironMachine reports InstanceCreateFailed", UP, || async {
+            let kms = rig.kms().list(&ListParams::default()).await?.items;
+            Ok::<_, kube::Error>(kms.into_iter().find(|k| {
+                !before.contains(&k.name_any())
+                    && instance_condition(k).is_some_and(|(r, _)| r == reason::INSTANCE_CREATE_FAILED)
+            }))
+        })
+        .await;
+    let name = km.name_any();
+    let (_, message) = instance_condition(&km).unwrap();
+    assert!(
+        message.contains("403 Forbidden"),
+        "the API's code and reason: {message}"
+    );
+    assert!(!message.contains("cloud-config"), "never the payload: {message}");
+
+    let events: Api<Event> = Api::namespaced(rig.env.client(), &rig.ns);
+    rig.wait("a Warning event InstanceCreateFailed", UP, || async {
+        let list = events.list(&ListParams::default()).await?.items;
+        Ok::<_, kube::Error>(list.iter().any(|e| {
+            e.reason.as_deref() == Some("InstanceCreateFailed")
+                && e.type_.as_deref() == Some("Warning")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+        }))
+    })
+    .await;
+
+    // Let it retry for a while, then read when each create arrived.
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let creates: Vec<f64> = rig
+        .manager_requests(from)
+        .iter()
+        .filter(|e| {
+            e.verb == "create"
+                && e.resource().as_deref() == Some("machines.kairon.zyvor.dev")
+                && e.object_ref
+                    .as_ref()
+                    .and_then(|o| o.name.as_deref())
+                    .is_none_or(|n| n == name)
+        })
+        .filter_map(|e| e.received_time())
+        .map(|t| t.as_millisecond() as f64 / 1000.0)
+        .collect();
+    let intervals: Vec<f64> = creates.windows(2).map(|w| w[1] - w[0]).collect();
+    eprintln!("create attempts: {}; intervals (s): {intervals:.2?}", creates.len());
+    assert!(creates.len() >= 5, "retried, not given up: {intervals:?}");
+    assert!(
+        creates.len() <= 12,
+        "not a hot loop: {} creates in ~45 s",
+        creates.len()
+    );
+    // The last intervals are the backoff's alone (the first retries may also be caused by the
+    // watch seeing our own status write): each clearly longer than the one before.
+    let tail = &intervals[intervals.len() - 3..];
+    assert!(
+        tail[1] > tail[0] * 1.5 && tail[2] > tail[1] * 1.5,
+        "the interval grows: {intervals:?}"
+    );
+
+    // The quota lifted, the machine comes up.
+    quotas.delete("kairon-machines", &Default::default()).await.unwrap();
+    rig.wait_running(3, Duration::from_secs(400)).await;
+    rig.assert_one_vm_per_kaironmachine().await;
+}

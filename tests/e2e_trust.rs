@@ -1,0 +1,277 @@
+//! What the provider refuses to take on trust, against the real CAPI controllers: a bootstrap
+//! Secret that is not the Machine's bootstrap data (the cluster's own kubeconfig, a Secret its
+//! bootstrap config did not make), an owner Machine that does not name the KaironMachine, and a
+//! Kairon Machine replaced under the same name (new UID) after provisioning.
+
+mod common;
+
+use std::time::Duration;
+
+use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
+use capkr::api::{KaironMachine, KaironMachineSpec};
+use common::{Rig, RigOptions};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::ResourceExt;
+use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const UP: Duration = Duration::from_secs(180);
+
+fn instance_condition(km: &KaironMachine) -> Option<(String, String)> {
+    conditions::get(km.status.as_ref()?.conditions.as_deref()?, INSTANCE_PROVISIONED)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+fn km_spec() -> KaironMachineSpec {
+    KaironMachineSpec {
+        cpus: 1,
+        memory: Quantity("1Gi".into()),
+        image: "img".into(),
+        disk_size: Quantity("10Gi".into()),
+        ..Default::default()
+    }
+}
+
+/// Creates a Machine `name` of the rig's cluster with `bootstrap`, pointing at KaironMachine
+/// `infra`; returns its UID.
+async fn create_machine(rig: &Rig, name: &str, bootstrap: Value, infra: &str) -> String {
+    let m: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": name, "namespace": rig.ns, "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster}},
+        "spec": {"clusterName": rig.cluster, "version": common::KUBERNETES_VERSION, "bootstrap": bootstrap,
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": infra}}
+    }))
+    .unwrap();
+    let m = rig.machines().create(&PostParams::default(), &m).await.unwrap();
+    m.uid().unwrap()
+}
+
+/// Creates KaironMachine `name` owned by Machine `owner` (UID `uid`), as CAPI would set it.
+async fn create_km(rig: &Rig, name: &str, owner: &str, uid: &str) {
+    let mut km = KaironMachine::new(name, km_spec());
+    km.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
+    km.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: owner.into(),
+        uid: uid.into(),
+        ..Default::default()
+    }]);
+    rig.kms().create(&PostParams::default(), &km).await.unwrap();
+}
+
+async fn create_secret(rig: &Rig, name: &str, value: &str) {
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    let mut s = Secret::default();
+    s.metadata.name = Some(name.into());
+    s.string_data = Some([("value".to_string(), value.to_string())].into());
+    secrets.create(&PostParams::default(), &s).await.unwrap();
+}
+
+/// Without these checks each of the three got a VM (the first with the cluster's admin
+/// kubeconfig as its user-data, readable by anyone who may read Kairon Machines) and reported
+/// Ready.
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_and_owners_that_do_not_belong_to_the_machine_get_no_vm() {
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        ..RigOptions::new("trust_bootstrap")
+    })
+    .await;
+    rig.wait_running(2, UP).await;
+    let kubeconfig = format!("{}-kubeconfig", rig.cluster);
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    let admin = secrets
+        .get(&kubeconfig)
+        .await
+        .expect("CAPI wrote the cluster's kubeconfig");
+    assert!(
+        admin
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "Cluster" && o.name == rig.cluster),
+        "the kubeconfig belongs to the Cluster: {:?}",
+        admin.owner_references()
+    );
+
+    // 1. Data given directly (no bootstrap config): the cluster's kubeconfig.
+    let uid = create_machine(
+        &rig,
+        "steal-kubeconfig",
+        json!({"dataSecretName": kubeconfig}),
+        "steal-kubeconfig",
+    )
+    .await;
+    create_km(&rig, "steal-kubeconfig", "steal-kubeconfig", &uid).await;
+
+    // 2. A bootstrap config is named, but the Secret is not one it made.
+    let marker = "UNTRUSTED-MARKER-51c2";
+    create_secret(&rig, "planted", &format!("#cloud-config\n# {marker}\n")).await;
+    let bootstrap = json!({"dataSecretName": "planted",
+        "configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "planted-config"}});
+    let uid = create_machine(&rig, "foreign-config", bootstrap, "foreign-config").await;
+    create_km(&rig, "foreign-config", "foreign-config", &uid).await;
+
+    // 3. Good data, but the owner Machine names another KaironMachine.
+    create_secret(&rig, "decoy-data", "#cloud-config\n").await;
+    let uid = create_machine(&rig, "decoy", json!({"dataSecretName": "decoy-data"}), "not-the-victim").await;
+    create_km(&rig, "victim", "decoy", &uid).await;
+
+    let cases = [
+        (
+            "steal-kubeconfig",
+            reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED,
+            kubeconfig.as_str(),
+        ),
+        (
+            "foreign-config",
+            reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED,
+            "KubeadmConfig planted-config",
+        ),
+        ("victim", reason::OWNER_MACHINE_MISMATCH, "not-the-victim"),
+    ];
+    for (name, want, in_message) in cases {
+        let (_, message) = rig
+            .wait(&format!("{name}: InstanceProvisioned {want}"), UP, || async {
+                let km = rig.kms().get(name).await?;
+                Ok::<_, kube::Error>(instance_condition(&km).filter(|(r, _)| r == want))
+            })
+            .await;
+        assert!(message.contains(in_message), "{name}: the message says why: {message}");
+    }
+    // Give the manager time to do anything more it would do, then look: no VM, no finalizer on
+    // the KaironMachine whose owner does not name it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let vms = rig.vm_map().await;
+    for (name, _, _) in cases {
+        assert!(!vms.contains_key(name), "{name}: no Kairon Machine created");
+    }
+    let victim = rig.kms().get("victim").await.unwrap();
+    assert!(
+        victim.finalizers().is_empty(),
+        "nothing written to a KaironMachine we do not own"
+    );
+    for vm in vms.values() {
+        let user_data = serde_json::to_string(&vm.spec.cloud_init).unwrap();
+        assert!(
+            !user_data.contains("client-key-data"),
+            "no kubeconfig in any VM's user-data"
+        );
+        assert!(!user_data.contains(marker));
+    }
+    assert!(rig.manager.is_running());
+}
+
+/// A Kairon Machine replaced under our name (a restore: same name and labels, new UID) is not
+/// the VM our providerID names. Without the check the KaironMachine reported the newcomer's
+/// UID and addresses as its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        ..RigOptions::new("trust_replaced")
+    })
+    .await;
+    rig.wait_running(2, UP).await;
+    let km = rig
+        .kms()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|k| k.name_any().contains("md-0"))
+        .expect("the worker's KaironMachine");
+    let name = km.name_any();
+    let old = rig.vms().get(&name).await.unwrap();
+    let old_uid = old.uid().unwrap();
+    assert_eq!(
+        km.spec.provider_id.as_deref(),
+        Some(format!("kairon://{old_uid}").as_str())
+    );
+
+    // Paused, the manager does not look while the VM is swapped.
+    rig.set_paused(true).await;
+    rig.vms().delete(&name, &Default::default()).await.unwrap();
+    rig.wait("the old Kairon Machine gone", UP, || async {
+        Ok::<_, kube::Error>(rig.vms().get_opt(&name).await?.is_none())
+    })
+    .await;
+    let mut restored = old.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: old.metadata.name.clone(),
+        namespace: old.metadata.namespace.clone(),
+        labels: old.metadata.labels.clone(),
+        annotations: old.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    restored.status = None;
+    let restored = rig.vms().create(&PostParams::default(), &restored).await.unwrap();
+    let new_uid = restored.uid().unwrap();
+    let new_addresses = rig
+        .wait("the restored Kairon Machine running", UP, || async {
+            let vm = rig.vms().get(&name).await?;
+            let status = vm.status.unwrap_or_default();
+            Ok::<_, kube::Error>(
+                (status.phase.as_deref() == Some("Running"))
+                    .then(|| status.addresses.unwrap_or_default())
+                    .filter(|a| !a.is_empty()),
+            )
+        })
+        .await;
+    rig.set_paused(false).await;
+    // Poke the KaironMachine so it is reconciled now rather than at the next resync.
+    rig.kms()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test.kairon/poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+
+    let km = rig
+        .wait("the KaironMachine reports its instance gone", UP, || async {
+            let km = rig.kms().get(&name).await?;
+            let status = km.status.clone().unwrap_or_default();
+            let about_newcomer = status.instance.as_ref().and_then(|i| i.uid.clone()) == Some(new_uid.clone());
+            if about_newcomer {
+                rig.fail(format!(
+                    "the KaironMachine reports the replacement VM as its own: {status:?}"
+                ));
+            }
+            Ok::<_, kube::Error>(
+                (instance_condition(&km).map(|c| c.0).as_deref() == Some(reason::INSTANCE_NOT_FOUND)).then_some(km),
+            )
+        })
+        .await;
+    let status = km.status.unwrap();
+    let reported: Vec<String> = status
+        .addresses
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| a.address)
+        .collect();
+    for a in new_addresses {
+        if !old
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .is_some_and(|o| o.iter().any(|x| x.address == a.address))
+        {
+            assert!(
+                !reported.contains(&a.address),
+                "the replacement's address {} is not reported",
+                a.address
+            );
+        }
+    }
+    assert_eq!(
+        km.spec.provider_id,
+        Some(format!("kairon://{old_uid}")),
+        "providerID is write-once"
+    );
+    assert!(rig.manager.is_running());
+}
