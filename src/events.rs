@@ -23,6 +23,23 @@ use serde_json::json;
 use tracing::debug;
 
 use crate::hashing::hash_of;
+use crate::text::bounded;
+
+/// events.k8s.io rejects a note over 1 KiB, and the event is then lost.
+const MAX_NOTE: usize = 1024;
+/// Object names (and so event names) are at most 253 characters.
+const MAX_NAME: usize = 253;
+
+/// The name of a new event: the object's name (shortened so the whole fits) and a timestamp.
+fn event_name(regarding: &str, nanos: i128) -> String {
+    let suffix = format!(".{nanos:x}");
+    let keep = MAX_NAME.saturating_sub(suffix.len());
+    let mut end = regarding.len().min(keep);
+    while !regarding.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{suffix}", regarding[..end].trim_end_matches(['.', '-']))
+}
 
 /// Reasons of the events we publish.
 pub(crate) mod reason {
@@ -191,6 +208,7 @@ impl Events {
     ) {
         let Some(r) = &self.recorder else { return };
         let regarding = obj.object_ref(&());
+        let note = bounded(&note, MAX_NOTE);
         // An event is best effort: failing to record one must not fail the reconcile.
         if let Err(e) = r.publish(regarding, type_, reason, action, note).await {
             debug!(reason, error = %e, "could not publish event");
@@ -219,10 +237,9 @@ impl Recorder {
 
         let namespace = regarding.namespace.clone().unwrap_or_else(|| "default".into());
         let stamp = Timestamp::now();
-        let name = format!(
-            "{}.{:x}",
+        let name = event_name(
             regarding.name.as_deref().unwrap_or(&self.controller),
-            stamp.as_nanosecond()
+            stamp.as_nanosecond(),
         );
         let event = Event {
             metadata: ObjectMeta {
@@ -269,6 +286,20 @@ mod tests {
             uid: Some(format!("{name}-uid")),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn event_names_fit_whatever_the_object_name() {
+        let nanos = 1_700_000_000_123_456_789i128;
+        assert_eq!(event_name("m1", nanos), format!("m1.{nanos:x}"));
+        let long = "a".repeat(253);
+        let name = event_name(&long, nanos);
+        assert!(name.len() <= MAX_NAME, "{}", name.len());
+        assert!(name.ends_with(&format!(".{nanos:x}")));
+        // A cut that would end on a separator drops it: names must end alphanumeric.
+        let dotted = format!("{}.{}", "b".repeat(233), "c".repeat(19));
+        let name = event_name(&dotted, nanos);
+        assert!(name.len() <= MAX_NAME && !name.contains(".."), "{name}");
     }
 
     #[test]

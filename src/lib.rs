@@ -14,7 +14,7 @@
 //!   [`metrics`] beside it.
 //!
 //! Dependencies point one way: `api` ← `capi` ← `kairon` ← `controller` ← `manager`; `events`,
-//! `metrics` and `hashing` depend on none of them.
+//! `metrics`, `hashing` and `text` depend on none of them.
 
 pub mod admin;
 pub mod api;
@@ -27,3 +27,4 @@ pub mod kairon;
 pub mod leader;
 pub mod manager;
 pub mod metrics;
+mod text;

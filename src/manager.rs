@@ -135,6 +135,44 @@ pub enum LogFormat {
 }
 
 impl Args {
+    /// Rejects values that would make the manager spin or never act, as client-go and
+    /// controller-runtime do: a zero resync period would hot-loop every object, a zero retry
+    /// period would spin on the Lease, and a lease that expires before the leader's renew
+    /// deadline would let two replicas lead at once.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.sync_period.is_zero() {
+            return Err("--sync-period must be greater than 0".into());
+        }
+        if self.kaironmachine_concurrency == 0
+            || self.kaironcluster_concurrency == 0
+            || self.kaironmachinetemplate_concurrency == 0
+        {
+            return Err("the --*-concurrency flags must be at least 1".into());
+        }
+        if self.leader_elect {
+            let (lease, renew, retry) = (
+                self.leader_elect_lease_duration,
+                self.leader_elect_renew_deadline,
+                self.leader_elect_retry_period,
+            );
+            if retry.is_zero() {
+                return Err("--leader-elect-retry-period must be greater than 0".into());
+            }
+            if lease <= renew {
+                return Err(format!(
+                    "--leader-elect-lease-duration ({lease:?}) must be greater than --leader-elect-renew-deadline ({renew:?})"
+                ));
+            }
+            // client-go's rule, with its jitter factor of 1.2.
+            if renew.as_secs_f64() <= 1.2 * retry.as_secs_f64() {
+                return Err(format!(
+                    "--leader-elect-renew-deadline ({renew:?}) must be greater than 1.2 x --leader-elect-retry-period ({retry:?})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn settings(&self) -> Settings {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         Settings {
@@ -261,6 +299,7 @@ async fn shutdown_signal() {
 /// lost: then the process exits with status 1 at once, so nothing more is written, and the
 /// Deployment restarts it as a standby).
 pub async fn run(args: Args) -> Result<()> {
+    args.validate().map_err(anyhow::Error::msg)?;
     init_logging(&args);
     let settings = args.settings();
     let identity = if args.leader_elect_identity.is_empty() {
@@ -433,6 +472,39 @@ mod tests {
         assert_eq!(a.metrics_bind_address, ":8443");
         assert_eq!(a.kube_api_qps, 20.0);
         assert_eq!(a.kube_api_burst, 30);
+    }
+
+    #[test]
+    fn flags_that_would_spin_or_split_leadership_are_rejected() {
+        let check = |extra: &[&str]| {
+            Args::try_parse_from(["capkr-manager"].iter().chain(extra))
+                .unwrap()
+                .validate()
+        };
+        assert_eq!(check(&[]), Ok(()), "the defaults");
+        assert_eq!(check(&["--leader-elect"]), Ok(()), "the leader-election defaults");
+        for (bad, names) in [
+            (vec!["--sync-period=0s"], "--sync-period"),
+            (vec!["--kaironmachine-concurrency=0"], "concurrency"),
+            (
+                vec!["--leader-elect", "--leader-elect-retry-period=0s"],
+                "--leader-elect-retry-period",
+            ),
+            (
+                vec!["--leader-elect", "--leader-elect-lease-duration=10s"],
+                "--leader-elect-lease-duration",
+            ),
+            (
+                vec!["--leader-elect", "--leader-elect-retry-period=9s"],
+                "--leader-elect-renew-deadline",
+            ),
+        ] {
+            let err = check(&bad).expect_err(&format!("{bad:?} is rejected"));
+            assert!(err.contains(names), "{bad:?}: {err}");
+        }
+        // Without leader election the lease flags do not matter; qps 0 means no client limit.
+        assert_eq!(check(&["--leader-elect-retry-period=0s"]), Ok(()));
+        assert_eq!(check(&["--kube-api-qps=0", "--kube-api-burst=0"]), Ok(()));
     }
 
     #[test]

@@ -81,8 +81,21 @@ fn cluster(paused: bool) -> capi::Cluster {
     c
 }
 
-/// A KaironMachine of cluster `demo`, as the membership cache holds it.
+/// A KaironMachine of cluster `demo` owned by a Machine, as the membership cache holds it.
 fn member(name: &str) -> PartialObjectMeta<KaironMachine> {
+    let mut m = orphan(name);
+    m.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: name.into(),
+        uid: format!("{name}-uid"),
+        ..Default::default()
+    }]);
+    m
+}
+
+/// A KaironMachine of cluster `demo` that no Machine owns (CAPI will never delete it).
+fn orphan(name: &str) -> PartialObjectMeta<KaironMachine> {
     ObjectMeta {
         name: Some(name.into()),
         namespace: Some(NS.into()),
@@ -220,6 +233,20 @@ async fn an_externally_managed_kaironcluster_is_left_alone() {
 }
 
 #[tokio::test]
+async fn marked_externally_managed_after_our_finalizer_it_releases_the_finalizer_and_nothing_else() {
+    let mut kc = with_finalizer(kaironcluster(false));
+    kc.metadata.annotations = Some([("cluster.x-k8s.io/managed-by".to_string(), "someone".to_string())].into());
+    let kc_json = serde_json::to_value(&kc).unwrap();
+    run(kc, vec![cluster(false)], vec![member("m1")], move |mut h| async move {
+        let (_, patch) = expect(&mut h, "PATCH", KC_PATH, 200, kc_json).await;
+        assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+}
+
+#[tokio::test]
 async fn paused_reports_paused_once_and_then_writes_nothing() {
     let kc = with_status(with_finalizer(kaironcluster(true)), Decision::Provisioned);
     let kc_json = serde_json::to_value(&kc).unwrap();
@@ -269,19 +296,25 @@ async fn deletion_waits_for_the_clusters_kaironmachines_then_releases_the_finali
     .await
     .expect("reconcile succeeds");
 
-    // The last one gone: the finalizer goes, with a test that it is still where we saw it.
+    // The last one gone (one no Machine owns does not count): the finalizer goes, with a test
+    // that it is still where we saw it.
     let kc_json = serde_json::to_value(&kc).unwrap();
-    run(kc, vec![cluster(false)], vec![other], move |mut h| async move {
-        let (_, patch) = expect(&mut h, "PATCH", KC_PATH, 200, kc_json).await;
-        assert_eq!(
-            patch,
-            json!([
-                {"op": "test", "path": "/metadata/finalizers/0", "value": CLUSTER_FINALIZER},
-                {"op": "remove", "path": "/metadata/finalizers/0"},
-            ])
-        );
-        expect_no_more(&mut h).await;
-    })
+    run(
+        kc,
+        vec![cluster(false)],
+        vec![other, orphan("o1")],
+        move |mut h| async move {
+            let (_, patch) = expect(&mut h, "PATCH", KC_PATH, 200, kc_json).await;
+            assert_eq!(
+                patch,
+                json!([
+                    {"op": "test", "path": "/metadata/finalizers/0", "value": CLUSTER_FINALIZER},
+                    {"op": "remove", "path": "/metadata/finalizers/0"},
+                ])
+            );
+            expect_no_more(&mut h).await;
+        },
+    )
     .await
     .expect("reconcile succeeds");
 }

@@ -22,15 +22,23 @@ struct Written<K> {
     object: Arc<K>,
 }
 
-/// Per-object record of our last write, keyed by UID.
+/// Per-object record of our last write, keyed by UID. Clones share the record.
 pub struct Fresher<K> {
-    written: Mutex<HashMap<String, Written<K>>>,
+    written: Arc<Mutex<HashMap<String, Written<K>>>>,
 }
 
 impl<K> Default for Fresher<K> {
     fn default() -> Self {
         Fresher {
-            written: Mutex::new(HashMap::new()),
+            written: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+impl<K> Clone for Fresher<K> {
+    fn clone(&self) -> Self {
+        Fresher {
+            written: self.written.clone(),
         }
     }
 }
@@ -78,6 +86,18 @@ impl<K: Resource> Fresher<K> {
                 object: Arc::new(after),
             },
         );
+    }
+
+    /// Follows the object's watch: an object deleted is forgotten (a record would otherwise
+    /// stay for ever when the object goes without another reconcile), and a relist starts
+    /// afresh (objects gone meanwhile send no delete).
+    pub(crate) fn observe(&self, event: &kube::runtime::watcher::Event<K>) {
+        use kube::runtime::watcher::Event;
+        match event {
+            Event::Delete(obj) => self.forget(obj),
+            Event::Init => self.written.lock().unwrap_or_else(|e| e.into_inner()).clear(),
+            _ => {}
+        }
     }
 
     /// Forgets the object (it is gone, or we let go of it).
@@ -146,6 +166,22 @@ mod tests {
         f.wrote(&*cached, cm("2", "ours"));
         assert_eq!(data(&f.freshest(Arc::new(cm("7", "theirs")))), "theirs");
         assert!(f.is_empty());
+    }
+
+    #[test]
+    fn records_go_with_the_object_and_with_a_relist() {
+        use kube::runtime::watcher::Event;
+        let f = Fresher::<ConfigMap>::default();
+        let watch = f.clone();
+        let cached = Arc::new(cm("1", "old"));
+        f.wrote(&*cached, cm("2", "ours"));
+        watch.observe(&Event::Apply(cm("1", "old")));
+        assert_eq!(f.len(), 1, "an update keeps it");
+        watch.observe(&Event::Delete(cm("1", "old")));
+        assert!(f.is_empty(), "deleted: forgotten, by any clone");
+        f.wrote(&*cached, cm("2", "ours"));
+        watch.observe(&Event::Init);
+        assert!(f.is_empty(), "relist: forgotten");
     }
 
     #[test]

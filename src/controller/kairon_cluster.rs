@@ -47,7 +47,9 @@ pub struct Context {
 }
 
 impl Context {
-    /// KaironMachines of `cluster` in `ns`.
+    /// KaironMachines of `cluster` in `ns` that CAPI will delete: those a Machine owns. One
+    /// without an owner Machine is never deleted by CAPI, and must not hold the cluster's
+    /// deletion up for ever (it has no VM: nothing is created before the owner is set).
     fn member_count(&self, ns: &str, cluster: &str) -> usize {
         self.members
             .state()
@@ -55,6 +57,7 @@ impl Context {
             .filter(|m| {
                 m.namespace().as_deref() == Some(ns)
                     && capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(cluster)
+                    && capi::owner(&m.metadata, "Machine").is_some()
             })
             .count()
     }
@@ -138,13 +141,18 @@ pub(crate) fn failure_domains(kc: &KaironCluster) -> Option<Vec<FailureDomainSta
 /// Reconciles one KaironCluster.
 pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     Synced::all(&ctx.synced).await?;
-    // Somebody else owns this infrastructure: neither spec nor status is ours to touch.
+    let ns = kc.namespace().ok_or(Error::MissingNamespace)?;
+    let writer = Writer::new(Api::namespaced(ctx.client.clone(), &ns), None);
+    // Somebody else owns this infrastructure: neither spec nor status is ours to touch. A
+    // finalizer we added before it was marked so would block its deletion for ever: let go.
     if capi::is_externally_managed(&kc.metadata) {
+        if has_finalizer(kc.as_ref(), CLUSTER_FINALIZER) {
+            info!("externally managed now; releasing our finalizer");
+            writer.remove_finalizer(kc.as_ref(), CLUSTER_FINALIZER).await?;
+        }
         debug!("externally managed; skipping");
         return Ok(Action::await_change());
     }
-    let ns = kc.namespace().ok_or(Error::MissingNamespace)?;
-    let writer = Writer::new(Api::namespaced(ctx.client.clone(), &ns), None);
     let cluster_name = capi::cluster_name(&kc.metadata);
     let cluster = owning_cluster(&ctx.clusters, &ns, cluster_name);
 
@@ -251,8 +259,12 @@ pub(crate) fn controller(
     let (members, w) = reflector::store();
     let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
         .default_backoff()
-        // Read: namespace, name and the cluster-name label.
-        .modify(|m: &mut PartialObjectMeta<KaironMachine>| keep_only_labels(m, &[capi::CLUSTER_NAME_LABEL]))
+        // Read: namespace, name, the cluster-name label and whether a Machine owns it.
+        .modify(|m: &mut PartialObjectMeta<KaironMachine>| {
+            let machine_owner = capi::owner(&m.metadata, "Machine").cloned();
+            keep_only_labels(m, &[capi::CLUSTER_NAME_LABEL]);
+            m.metadata.owner_references = machine_owner.map(|o| vec![o]);
+        })
         .reflect(w)
         .touched_objects();
     let (kcs, w) = reflector::store();

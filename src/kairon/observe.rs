@@ -5,6 +5,18 @@ use kube::ResourceExt;
 use super::{FAILURE_DOMAIN_ANNOTATION, Machine, labels, phase, provider_id};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{InstanceRef, KaironMachine, MachineAddress};
+use crate::text::bounded;
+
+/// Bounds for what Kairon reports in free text, before it reaches our status (whose CRD limits
+/// a write must respect, or every status write fails) and our events (events.k8s.io rejects
+/// notes over 1 KiB, and the event is then lost).
+const MAX_KAIRON_REASON: usize = 64;
+const MAX_KAIRON_MESSAGE: usize = 512;
+/// `status.addresses` holds at most this many (CRD `maxItems`), each at most 256 characters.
+const MAX_ADDRESSES: usize = 256;
+const MAX_ADDRESS: usize = 256;
+/// `status.failureDomain` is at most this long (CRD `maxLength`).
+const MAX_FAILURE_DOMAIN: usize = 256;
 
 /// Whose Kairon Machine this is, from the KaironMachine's point of view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,10 +66,13 @@ pub(crate) fn failure(vm: &Machine) -> Option<(String, String)> {
     }
     let status = vm.status.as_ref();
     let reason = status
-        .and_then(|s| s.reason.clone())
+        .and_then(|s| s.reason.as_deref())
         .filter(|r| !r.is_empty())
-        .unwrap_or_else(|| "Unknown".into());
-    let message = status.and_then(|s| s.message.clone()).unwrap_or_default();
+        .map_or_else(|| "Unknown".into(), |r| bounded(r, MAX_KAIRON_REASON));
+    let message = status
+        .and_then(|s| s.message.as_deref())
+        .map(|m| bounded(m, MAX_KAIRON_MESSAGE))
+        .unwrap_or_default();
     Some((reason, message))
 }
 
@@ -111,7 +126,10 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         other => (
             Status::Unknown,
             reason::INSTANCE_PENDING,
-            format!("Kairon Machine {name} is in unknown phase {other}"),
+            format!(
+                "Kairon Machine {name} is in unknown phase {}",
+                bounded(other, MAX_KAIRON_REASON)
+            ),
         ),
     };
     Decided::new(INSTANCE_PROVISIONED, status, r, message)
@@ -125,7 +143,8 @@ pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
-        .filter(|a| TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= 256)
+        .filter(|a| TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= MAX_ADDRESS)
+        .take(MAX_ADDRESSES)
         .map(|a| MachineAddress {
             type_: a.type_.clone(),
             address: a.address.clone(),
@@ -137,7 +156,7 @@ pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
 pub(crate) fn failure_domain(vm: &Machine) -> Option<String> {
     vm.annotations()
         .get(FAILURE_DOMAIN_ANNOTATION)
-        .filter(|f| !f.is_empty())
+        .filter(|f| !f.is_empty() && f.len() <= MAX_FAILURE_DOMAIN)
         .cloned()
 }
 
@@ -159,6 +178,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kairon::Address;
     use crate::kairon::fixtures::vm;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -211,6 +231,32 @@ mod tests {
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].type_, "InternalIP");
         assert_eq!(a[1].type_, "Hostname");
+    }
+
+    #[test]
+    fn kairons_free_text_is_bounded_and_cleaned_before_it_reaches_status_or_events() {
+        let mut m = vm(Some("Failed"));
+        let st = m.status.as_mut().unwrap();
+        st.reason = Some(format!("Disk\nError{}", "R".repeat(500)));
+        st.message = Some(format!("cloud-init: \u{1b}[31m{}", "user-data line\n".repeat(1000)));
+        let (r, msg) = failure(&m).unwrap();
+        assert!(r.len() <= MAX_KAIRON_REASON && !r.contains('\n'), "{r}");
+        assert!(msg.len() <= MAX_KAIRON_MESSAGE && !msg.contains('\n') && !msg.contains('\u{1b}'));
+        let d = instance_condition(&m);
+        assert!(d.message.len() < 1024, "fits an event note: {}", d.message.len());
+
+        let many: Vec<Address> = (0..300)
+            .map(|i| Address {
+                type_: "InternalIP".into(),
+                address: format!("10.0.{}.{}", i / 256, i % 256),
+            })
+            .collect();
+        let mut m = vm(Some("Running"));
+        m.status.as_mut().unwrap().addresses = Some(many);
+        assert_eq!(addresses(&m).len(), MAX_ADDRESSES, "the CRD's maxItems");
+
+        m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "z".repeat(300))].into());
+        assert_eq!(failure_domain(&m), None, "longer than the CRD allows: not reported");
     }
 
     #[test]

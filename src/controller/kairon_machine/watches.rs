@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use futures::{Future, StreamExt};
+use futures::{Future, StreamExt, TryStreamExt};
 use kube::runtime::controller::Config as ControllerConfig;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
@@ -109,10 +109,13 @@ pub(crate) fn controller(
         .reflect(w)
         .touched_objects();
     let (kms, w) = reflector::store();
+    let fresh = Fresher::default();
+    let forgetter = fresh.clone();
     let km_events = watcher(settings.api::<KaironMachine>(&client), wc)
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
+        .inspect_ok(move |event| forgetter.observe(event))
         .applied_objects();
 
     let synced = vec![Synced::of(&machines), Synced::of(&clusters), Synced::of(&instances)];
@@ -136,7 +139,7 @@ pub(crate) fn controller(
         clusters: clusters.clone(),
         instances,
         synced,
-        fresh: Fresher::default(),
+        fresh,
     });
     let km_store: Store<KaironMachine> = kms.clone();
     let controller = Controller::for_stream(km_events, kms)
