@@ -30,6 +30,11 @@ pub(crate) struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct WatchLabels {
+    pub resource: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
     pub verb: &'static str,
     pub code: String,
@@ -53,6 +58,7 @@ pub struct Metrics {
     pub(crate) provision_duration: Histogram,
     pub(crate) api_requests: Family<RequestLabels, Counter>,
     pub(crate) leader: Gauge,
+    pub(crate) watch_errors: Family<WatchLabels, Counter>,
     /// Feeds `kairon_machines` at scrape time: counts of managed Kairon Machines by phase.
     phase_counts: Mutex<Option<PhaseCounter>>,
 }
@@ -71,6 +77,7 @@ impl Default for Metrics {
         let provision_duration = Histogram::new(exponential_buckets(1.0, 2.0, 13));
         let api_requests = Family::<RequestLabels, Counter>::default();
         let leader = Gauge::default();
+        let watch_errors = Family::<WatchLabels, Counter>::default();
 
         let mut registry = Registry::with_prefix("capkr");
         registry.register("reconcile", "Reconciles run, per controller", reconciles.clone());
@@ -109,8 +116,14 @@ impl Default for Metrics {
             "1 while this replica holds the leader lease (or runs without leader election)",
             leader.clone(),
         );
+        registry.register(
+            "watch_errors",
+            "Errors of the watches feeding the caches, by resource (each is retried with backoff)",
+            watch_errors.clone(),
+        );
         Metrics {
             registry,
+            watch_errors,
             reconciles,
             reconcile_errors,
             reconcile_duration,

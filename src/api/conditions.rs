@@ -54,6 +54,8 @@ pub mod reason {
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";
+    /// The Kairon Machine could not be read (its schema is not what we know).
+    pub const INSTANCE_UNREADABLE: &str = "InstanceUnreadable";
     /// Kairon rejected the create (quota, admission, ...): retried with backoff.
     pub const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
 }

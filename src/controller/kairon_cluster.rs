@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Future, StreamExt};
+use futures::{Future, StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use super::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, owning_cluster, pause_step,
-    strip_managed_fields,
+    strip_managed_fields, watch_error,
 };
 use super::write::{Writer, has_finalizer};
 use super::{Error, Settings, Synced};
@@ -251,6 +251,7 @@ pub(crate) fn controller(
     let wc = settings.watcher_config();
     let (clusters, w) = reflector::store();
     let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
+        .inspect_err(watch_error("clusters.cluster.x-k8s.io", &telemetry))
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
@@ -258,6 +259,10 @@ pub(crate) fn controller(
         .predicate_filter(cluster_trigger, PredicateConfig::default());
     let (members, w) = reflector::store();
     let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
+        .inspect_err(watch_error(
+            "kaironmachines.infrastructure.cluster.x-k8s.io",
+            &telemetry,
+        ))
         .default_backoff()
         // Read: namespace, name, the cluster-name label and whether a Machine owns it.
         .modify(|m: &mut PartialObjectMeta<KaironMachine>| {
@@ -269,6 +274,10 @@ pub(crate) fn controller(
         .touched_objects();
     let (kcs, w) = reflector::store();
     let kc_events = watcher(settings.api::<KaironCluster>(&client), wc)
+        .inspect_err(watch_error(
+            "kaironclusters.infrastructure.cluster.x-k8s.io",
+            &telemetry,
+        ))
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::{Future, StreamExt};
+use futures::{Future, StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
@@ -14,7 +14,7 @@ use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
 use super::runtime::{
-    Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, strip_managed_fields,
+    Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, strip_managed_fields, watch_error,
 };
 use super::write::Writer;
 use super::{Error, Settings, Synced};
@@ -78,6 +78,10 @@ pub(crate) fn controller(
         settings.api::<KaironMachineTemplate>(&client),
         settings.watcher_config(),
     )
+    .inspect_err(watch_error(
+        "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+        &telemetry,
+    ))
     .default_backoff()
     .modify(strip_managed_fields)
     .reflect(w)

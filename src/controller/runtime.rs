@@ -146,6 +146,23 @@ where
     Ok(Some(Action::await_change()))
 }
 
+/// Logs a watch error at warn and counts it (`capkr_watch_errors_total`): a watch that keeps
+/// failing (RBAC, an object that does not parse) leaves its cache stale or never synced, and
+/// must be seen rather than hidden at debug.
+pub(crate) fn watch_error(
+    resource: &'static str,
+    telemetry: &Telemetry,
+) -> impl FnMut(&kube::runtime::watcher::Error) + Send + 'static {
+    let metrics = telemetry.metrics.clone();
+    move |e| {
+        tracing::warn!(resource, error = %e, "watch failed; retrying with backoff");
+        metrics
+            .watch_errors
+            .get_or_create(&crate::metrics::WatchLabels { resource })
+            .inc();
+    }
+}
+
 /// Drops what the caches never need: managedFields are most of an object's size.
 pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;

@@ -4,13 +4,14 @@
 //! names the UID it means.
 //!
 //! A create carries bootstrap data, and an API error may quote the request: errors of such
-//! requests keep only the answer's code and reason.
+//! requests keep only the answer's code and reason. Answers are read leniently
+//! ([`machine_from_value`]): an odd Kairon Machine is that machine's problem alone.
 
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use super::{Machine, labels};
+use super::{Machine, labels, machine_from_value};
 use crate::api::{FIELD_MANAGER, KaironMachine};
 
 /// Kairon Machines, on the API server that serves them (the management cluster unless the
@@ -83,16 +84,18 @@ impl Instances {
         Instances { client }
     }
 
-    /// The Kairon Machines of `namespace`, or of all namespaces (for watches).
-    pub(crate) fn api(&self, namespace: Option<&str>) -> Api<Machine> {
+    /// The Kairon Machines of `namespace`, or of all namespaces (for watches), untyped: read
+    /// them with [`read`].
+    pub(crate) fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        let ar = ApiResource::erase::<Machine>(&());
         match namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
         }
     }
 
-    fn namespaced(&self, ns: &str) -> Api<Machine> {
-        Api::namespaced(self.client.clone(), ns)
+    fn namespaced(&self, ns: &str) -> Api<DynamicObject> {
+        self.api(Some(ns))
     }
 
     /// Reads one Kairon Machine from the API server (not from a cache).
@@ -100,6 +103,7 @@ impl Instances {
         self.namespaced(ns)
             .get_opt(name)
             .await
+            .map(|o| o.map(read))
             .map_err(|source| KaironError::Read {
                 ns: ns.into(),
                 name: name.into(),
@@ -115,8 +119,14 @@ impl Instances {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        match self.namespaced(&ns).create(&pp, desired).await {
-            Ok(vm) => Ok(Created::New(vm)),
+        let body: DynamicObject = serde_json::to_value(desired)
+            .and_then(serde_json::from_value)
+            .map_err(|_| KaironError::Create {
+                name: name.clone(),
+                detail: "the Kairon Machine could not be encoded".into(),
+            })?;
+        match self.namespaced(&ns).create(&pp, &body).await {
+            Ok(vm) => Ok(Created::New(read(vm))),
             Err(kube::Error::Api(s)) if s.is_already_exists() => match self.get(&ns, &name).await? {
                 Some(vm) => Ok(Created::Existing(vm)),
                 None => Err(KaironError::Create {
@@ -177,6 +187,25 @@ impl Instances {
             Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Deletion::Gone),
             Err(source) => Err(KaironError::Delete { name, source }),
         }
+    }
+}
+
+/// A Kairon Machine from an untyped answer.
+pub fn read(obj: DynamicObject) -> Machine {
+    machine_from_value(serde_json::to_value(obj).unwrap_or_default())
+}
+
+/// A watch event of untyped Kairon Machines, read as [`read`] does.
+pub(crate) fn read_event(
+    event: kube::runtime::watcher::Event<DynamicObject>,
+) -> kube::runtime::watcher::Event<Machine> {
+    use kube::runtime::watcher::Event;
+    match event {
+        Event::Apply(o) => Event::Apply(read(o)),
+        Event::Delete(o) => Event::Delete(read(o)),
+        Event::Init => Event::Init,
+        Event::InitApply(o) => Event::InitApply(read(o)),
+        Event::InitDone => Event::InitDone,
     }
 }
 

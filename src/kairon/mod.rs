@@ -15,10 +15,104 @@ pub(crate) mod fixtures;
 pub mod observe;
 mod types;
 
-pub use client::{Created, Deletion, Instances, KaironError};
+pub(crate) use client::read_event;
+pub use client::{Created, Deletion, Instances, KaironError, read};
 pub use desired::{desired_kairon_machine, provider_id};
 pub(crate) use observe::{Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
+
+/// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's real schema
+/// adds is ignored, its conditions and user-data (which we never read back; bootstrap data is
+/// never held in memory) are dropped before parsing, missing
+/// spec fields take their defaults, and an object that still cannot be read becomes a Machine
+/// with its metadata in phase [`phase::UNREADABLE`], `status.message` saying why — so that one odd object affects its
+/// own KaironMachine alone, never a whole list (a typed list fails whole).
+pub fn machine_from_value(mut value: serde_json::Value) -> Machine {
+    if let Some(status) = value.get_mut("status").and_then(serde_json::Value::as_object_mut) {
+        status.remove("conditions");
+    }
+    if let Some(spec) = value.get_mut("spec").and_then(serde_json::Value::as_object_mut) {
+        spec.remove("cloudInit");
+    }
+    let first = match serde_json::from_value::<Machine>(value.clone()) {
+        Ok(m) => return m,
+        Err(e) => e,
+    };
+    if let Ok(serde_json::Value::Object(mut spec)) = serde_json::to_value(MachineSpec::default())
+        && let Some(obj) = value.as_object_mut()
+    {
+        if let Some(serde_json::Value::Object(given)) = obj.get("spec") {
+            spec.extend(given.clone());
+        }
+        obj.insert("spec".into(), serde_json::Value::Object(spec));
+        if let Ok(m) = serde_json::from_value::<Machine>(value.clone()) {
+            return m;
+        }
+    }
+    let metadata = value
+        .get("metadata")
+        .cloned()
+        .and_then(|m| serde_json::from_value(m).ok())
+        .unwrap_or_default();
+    Machine {
+        metadata,
+        spec: MachineSpec::default(),
+        status: Some(MachineStatus {
+            phase: Some(phase::UNREADABLE.into()),
+            message: Some(crate::text::bounded(&first.to_string(), 256)),
+            ..Default::default()
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn odd_kairon_machines_are_read_each_on_its_own() {
+        let base = json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "m1", "namespace": "ns", "uid": "u1"},
+            "spec": {"cpus": 2, "memory": "4Gi", "image": "img", "diskSize": "20Gi",
+                     "cloudInit": {"userData": "#cloud-config SECRET"}},
+            "status": {"phase": "Running", "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}});
+        let m = machine_from_value(base.clone());
+        assert_eq!(m.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
+        assert!(m.spec.cloud_init.is_none(), "user-data is never held");
+
+        let mut extra = base.clone();
+        extra["spec"]["gpu"] = json!({"model": "x"});
+        extra["status"]["conditions"] = json!([{"type": "Booted", "status": "True"}]);
+        extra["status"]["phase"] = json!("Hibernating");
+        let m = machine_from_value(extra);
+        assert_eq!(
+            m.status.as_ref().unwrap().phase.as_deref(),
+            Some("Hibernating"),
+            "added fields and a condition without message are fine"
+        );
+        assert_eq!(m.status.as_ref().unwrap().phase.as_deref(), Some("Hibernating"));
+
+        let mut missing = base.clone();
+        missing["spec"].as_object_mut().unwrap().remove("image");
+        let m = machine_from_value(missing);
+        assert_eq!(
+            m.status.as_ref().unwrap().phase.as_deref(),
+            Some("Running"),
+            "a missing spec field takes its default"
+        );
+
+        let mut wrong = base.clone();
+        wrong["spec"]["cpus"] = json!("two");
+        wrong["spec"]["cloudInit"] = json!({"userData": ["#cloud-config SECRET"]});
+        let m = machine_from_value(wrong);
+        assert_eq!(m.metadata.uid.as_deref(), Some("u1"), "metadata is kept");
+        assert_eq!(m.status.as_ref().unwrap().phase.as_deref(), Some(phase::UNREADABLE));
+        let why = m.status.as_ref().unwrap().message.clone().expect("why");
+        assert!(why.contains("two"), "{why}");
+        assert!(!why.contains("SECRET"), "{why}");
+    }
+}
 
 /// Scheme of provider IDs: `kairon://<uid of the Kairon Machine>`. The guest sees the uid as
 /// its NoCloud `instance-id`, so kubelet can be given the same provider ID.

@@ -88,6 +88,19 @@ pub(crate) fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
 /// The `InstanceProvisioned` condition for the VM's current phase.
 pub(crate) fn instance_condition(vm: &Machine) -> Decided {
     let name = vm.name_any();
+    if effective_phase(vm) == phase::UNREADABLE {
+        let why = vm
+            .status
+            .as_ref()
+            .and_then(|s| s.message.as_deref())
+            .unwrap_or_default();
+        return Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::Unknown,
+            reason::INSTANCE_UNREADABLE,
+            format!("Kairon Machine {name} could not be read: {why}"),
+        );
+    }
     let (status, r, message) = match effective_phase(vm) {
         phase::RUNNING => (
             Status::True,

@@ -14,7 +14,7 @@ use super::reconcile::{Context, reconcile};
 use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::runtime::{
-    Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields,
+    Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields, watch_error,
 };
 use crate::controller::{Fresher, Settings, Synced};
 use crate::hashing::hash_of;
@@ -82,6 +82,7 @@ pub(crate) fn controller(
 
     let (machines, w) = reflector::store();
     let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
+        .inspect_err(watch_error("machines.cluster.x-k8s.io", &telemetry))
         .default_backoff()
         // Read: the spec view, the control-plane label, deletion.
         .modify(|m: &mut capi::Machine| keep_only_labels(m, &[capi::CONTROL_PLANE_LABEL]))
@@ -90,6 +91,7 @@ pub(crate) fn controller(
         .predicate_filter(machine_trigger, PredicateConfig::default());
     let (clusters, w) = reflector::store();
     let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
+        .inspect_err(watch_error("clusters.cluster.x-k8s.io", &telemetry))
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
@@ -99,8 +101,12 @@ pub(crate) fn controller(
     let instance_wc = watcher::Config::default()
         .any_semantic()
         .labels(&labels::managed_selector());
+    // Untyped, and read one by one: a Kairon Machine we cannot parse is its KaironMachine's
+    // problem alone, never the whole list's.
     let instance_events = watcher(kairon.api(settings.namespace.as_deref()), instance_wc)
+        .inspect_err(watch_error("machines.kairon.zyvor.dev", &telemetry))
         .default_backoff()
+        .map_ok(kairon::read_event)
         .modify(|vm: &mut kairon::Machine| {
             // Never hold bootstrap payloads in memory.
             vm.spec.cloud_init = None;
@@ -112,6 +118,10 @@ pub(crate) fn controller(
     let fresh = Fresher::default();
     let forgetter = fresh.clone();
     let km_events = watcher(settings.api::<KaironMachine>(&client), wc)
+        .inspect_err(watch_error(
+            "kaironmachines.infrastructure.cluster.x-k8s.io",
+            &telemetry,
+        ))
         .default_backoff()
         .modify(strip_managed_fields)
         .reflect(w)
