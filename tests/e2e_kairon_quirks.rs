@@ -1,7 +1,9 @@
-//! Kairon's free text (a failure's reason and message, which cloud-init errors can fill with
-//! many lines quoted from the user-data) reaches our status and events bounded and cleaned,
-//! against the real API server: events.k8s.io rejects a note over 1 KiB, so an unbounded
-//! message meant a lost Warning event.
+//! What Kairon may send that we do not expect, against the real API server and CAPI:
+//! - free text (a failure's reason and message, which cloud-init errors can fill with many
+//!   lines quoted from the user-data) reaches our status and events bounded and cleaned
+//!   (events.k8s.io rejects a note over 1 KiB, so an unbounded message meant a lost event);
+//! - a Kairon Machine whose schema is not what we know affects its own KaironMachine alone
+//!   (a typed list failed whole: the Kairon Machine cache went stale for every cluster).
 
 mod common;
 
@@ -11,8 +13,9 @@ use capkr::api::KaironMachine;
 use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
 use common::{Rig, RigOptions};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, JSONSchemaProps};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
@@ -98,5 +101,99 @@ async fn a_huge_multiline_failure_message_gives_a_bounded_condition_and_an_event
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert!(note.contains("CloudInitFailed"), "{note}");
     assert!(note.len() <= 1024, "{} bytes", note.len());
+    assert!(rig.manager.is_running());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone() {
+    // The simulator watches the rig's namespace only: the odd objects live elsewhere.
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        sim_args: vec!["--namespace".into(), "kairon-odd".into()],
+        ..RigOptions::new("kairon_odd")
+    })
+    .await;
+    rig.wait_running(2, UP).await;
+
+    // Kairon's real schema may differ from ours: let the API server accept anything.
+    let crds: Api<CustomResourceDefinition> = Api::all(rig.env.client());
+    let mut crd = crds.get("machines.kairon.zyvor.dev").await.unwrap();
+    for v in &mut crd.spec.versions {
+        v.schema.as_mut().unwrap().open_api_v3_schema = Some(JSONSchemaProps {
+            type_: Some("object".into()),
+            x_kubernetes_preserve_unknown_fields: Some(true),
+            ..Default::default()
+        });
+    }
+    crds.replace("machines.kairon.zyvor.dev", &PostParams::default(), &crd)
+        .await
+        .unwrap();
+
+    let odd_ns = "kairon-odd-elsewhere";
+    rig.env.create_namespace(odd_ns).await.unwrap();
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(rig.env.client(), odd_ns, &common::capi("Machine", "machines"));
+    let machine: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "oddling", "namespace": odd_ns},
+        "spec": {"clusterName": "ghost", "bootstrap": {"dataSecretName": "none"},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": "oddling"}}
+    }))
+    .unwrap();
+    let machine = machines.create(&PostParams::default(), &machine).await.unwrap();
+    let kms: Api<KaironMachine> = Api::namespaced(rig.env.client(), odd_ns);
+    let km: KaironMachine = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachine",
+        "metadata": {"name": "oddling", "namespace": odd_ns, "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine", "name": "oddling", "uid": machine.uid().unwrap()}]},
+        "spec": {"cpus": 1, "memory": "1Gi", "image": "img", "diskSize": "10Gi"}
+    }))
+    .unwrap();
+    let km = kms.create(&PostParams::default(), &km).await.unwrap();
+    // Its Kairon Machine, in a shape we do not know (cpus as text).
+    let vms: Api<DynamicObject> = Api::namespaced_with(
+        rig.env.client(),
+        odd_ns,
+        &common::gvk("kairon.zyvor.dev", "v1alpha1", "Machine", "machines"),
+    );
+    let odd: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": "oddling", "namespace": odd_ns, "labels": {
+            "app.kubernetes.io/managed-by": "cluster-api-provider-kairon",
+            "infrastructure.cluster.x-k8s.io/kaironmachine-uid": km.uid().unwrap()}},
+        "spec": {"cpus": "two", "memory": "1Gi", "image": "img", "diskSize": "10Gi", "gpu": {"model": "x"}}
+    }))
+    .unwrap();
+    vms.create(&PostParams::default(), &odd).await.unwrap();
+
+    let km = rig
+        .wait("the odd one's KaironMachine reports InstanceUnreadable", UP, || async {
+            let km = kms.get("oddling").await?;
+            let unreadable = conditions::get(
+                km.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_deref())
+                    .unwrap_or_default(),
+                INSTANCE_PROVISIONED,
+            )
+            .is_some_and(|c| c.reason == reason::INSTANCE_UNREADABLE);
+            Ok::<_, kube::Error>(unreadable.then_some(km))
+        })
+        .await;
+    let c = conditions::get(km.status.unwrap().conditions.as_deref().unwrap(), INSTANCE_PROVISIONED)
+        .unwrap()
+        .clone();
+    assert!(
+        c.message.contains("oddling") && c.message.contains("two"),
+        "says which and why: {}",
+        c.message
+    );
+
+    // Everyone else is served as before: a new worker comes up, and its status follows its VM.
+    rig.scale(2).await;
+    rig.wait_running(3, UP).await;
+    rig.assert_one_vm_per_kaironmachine().await;
+    let log = std::fs::read_to_string(rig.manager.log_path()).unwrap();
+    assert!(!log.contains("panicked"), "no panic");
     assert!(rig.manager.is_running());
 }
