@@ -56,9 +56,9 @@ rm -f "$manager.1" "$manager.2"
   cat "$manager"
   for f in "$ROOT"/config/crd/bases/*.yaml; do
     echo "---"
-    # The generated CRDs carry only the contract label; add the provider label after it.
-    rewrite "$f" "s#^\( *\)cluster.x-k8s.io/v1beta2: \(.*\)#\1cluster.x-k8s.io/v1beta2: \2\n\1$PROVIDER_LABEL#" \
-      '^ *cluster.x-k8s.io/v1beta2: ' | sed '/^---$/d'
+    # The generated CRDs carry the contract, provider and clusterctl labels already.
+    grep -q "^ *$PROVIDER_LABEL\$" "$f" || die "$f: no '$PROVIDER_LABEL' label"
+    sed '/^---$/d' "$f"
   done
   for f in "$ROOT"/config/rbac/service_account.yaml "$ROOT"/config/rbac/role.yaml "$ROOT"/config/rbac/role_binding.yaml \
            "$ROOT"/config/rbac/leader_election_role.yaml "$ROOT"/config/rbac/leader_election_role_binding.yaml \

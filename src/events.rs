@@ -49,6 +49,7 @@ pub(crate) mod reason {
     pub(crate) const INSTANCE_DELETED: &str = "InstanceDeleted";
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
     pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
+    pub(crate) const INSTANCE_KEPT: &str = "InstanceKept";
     pub(crate) const CLUSTER_PROVISIONED: &str = "Provisioned";
 }
 

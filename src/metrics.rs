@@ -59,6 +59,7 @@ pub struct Metrics {
     pub(crate) api_requests: Family<RequestLabels, Counter>,
     pub(crate) leader: Gauge,
     pub(crate) watch_errors: Family<WatchLabels, Counter>,
+    pub(crate) instances_kept: Counter,
     /// Feeds `kairon_machines` at scrape time: counts of managed Kairon Machines by phase.
     phase_counts: Mutex<Option<PhaseCounter>>,
 }
@@ -78,6 +79,7 @@ impl Default for Metrics {
         let api_requests = Family::<RequestLabels, Counter>::default();
         let leader = Gauge::default();
         let watch_errors = Family::<WatchLabels, Counter>::default();
+        let instances_kept = Counter::default();
 
         let mut registry = Registry::with_prefix("capkr");
         registry.register("reconcile", "Reconciles run, per controller", reconciles.clone());
@@ -121,9 +123,15 @@ impl Default for Metrics {
             "Errors of the watches feeding the caches, by resource (each is retried with backoff)",
             watch_errors.clone(),
         );
+        registry.register(
+            "kairon_machines_kept",
+            "Kairon Machines kept when their KaironMachine was deleted after its Cluster was gone",
+            instances_kept.clone(),
+        );
         Metrics {
             registry,
             watch_errors,
+            instances_kept,
             reconciles,
             reconcile_errors,
             reconcile_duration,

@@ -423,17 +423,45 @@ async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
 }
 
 #[tokio::test]
-async fn deletion_without_cluster_or_machine_still_cleans_up() {
+async fn deletion_without_machine_but_with_its_cluster_still_cleans_up() {
     let km = deleting(kaironmachine());
     let world = World {
         machines: vec![],
-        clusters: vec![],
+        clusters: vec![cluster(false)],
         instances: vec![],
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
         expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn deletion_after_the_cluster_is_gone_keeps_the_vm_and_releases_the_finalizer() {
+    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))));
+    let world = World {
+        machines: vec![],
+        clusters: vec![],
+        instances: vec![vm("Running")],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        // Not in the cache: the API server is asked before anything is concluded.
+        expect(
+            &mut h,
+            "GET",
+            "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/clusters/demo",
+            404,
+            status_error(404, "NotFound"),
+        )
+        .await;
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+        // No DELETE of the Kairon Machine.
         expect_no_more(&mut h).await;
     })
     .await

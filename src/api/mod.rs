@@ -53,7 +53,18 @@ pub struct TemplateObjectMeta {
     pub annotations: Option<BTreeMap<String, String>>,
 }
 
-/// Our four CRDs as they are installed: derived from the types, with `nullable` removed.
+/// The labels every CRD we ship carries besides the contract label: clusterctl finds the kinds
+/// it moves (`clusterctl move`) and the provider's objects only through them. `clusterctl init`
+/// adds them, but a CRD installed by the Helm chart or from `config/` would lack them, and
+/// `clusterctl move` would then leave our objects behind (and the source cluster, once its
+/// Machines are gone, would garbage-collect them).
+pub const CRD_LABELS: [(&str, &str); 2] = [
+    ("clusterctl.cluster.x-k8s.io", ""),
+    ("cluster.x-k8s.io/provider", "infrastructure-kairon"),
+];
+
+/// Our four CRDs as they are installed: derived from the types, with `nullable` removed and
+/// [`CRD_LABELS`] added.
 ///
 /// Optional fields are omitted, never `null` (v1beta2 serialization hygiene); without
 /// `nullable` the API server drops a `null` a client sends instead of storing it.
@@ -67,6 +78,11 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
     ]
     .into_iter()
     .map(without_nullable)
+    .map(|mut crd| {
+        let labels = crd.metadata.labels.get_or_insert_with(BTreeMap::new);
+        labels.extend(CRD_LABELS.map(|(k, v)| (k.to_string(), v.to_string())));
+        crd
+    })
     .collect()
 }
 
@@ -89,4 +105,32 @@ pub fn without_nullable(
         strip(&mut version["schema"]);
     }
     serde_json::from_value(value).expect("a CRD without nullable deserializes")
+}
+
+#[cfg(test)]
+mod crd_label_tests {
+    use super::*;
+
+    #[test]
+    fn every_crd_carries_the_contract_clusterctl_and_provider_labels() {
+        for crd in crds() {
+            let labels = crd.metadata.labels.clone().unwrap_or_default();
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            assert_eq!(
+                labels.get("cluster.x-k8s.io/v1beta2").map(String::as_str),
+                Some("v1alpha1"),
+                "{name}"
+            );
+            assert_eq!(
+                labels.get("clusterctl.cluster.x-k8s.io").map(String::as_str),
+                Some(""),
+                "{name}"
+            );
+            assert_eq!(
+                labels.get("cluster.x-k8s.io/provider").map(String::as_str),
+                Some("infrastructure-kairon"),
+                "{name}"
+            );
+        }
+    }
 }

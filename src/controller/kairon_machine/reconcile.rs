@@ -445,6 +445,25 @@ async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error>
         return release().await;
     }
     let name = km.name_any();
+    if cluster_is_gone(scope, ctx).await? {
+        // In CAPI's own flow the Cluster outlives its machines. A KaironMachine deleted after
+        // its Cluster is gone was left behind (by a `clusterctl move` that did not know our
+        // kinds, say) while the cluster lives on elsewhere: its VM is not ours to destroy.
+        warn!(instance = %name, cluster = %scope.cluster_name, "the Cluster is gone; the Kairon Machine is kept");
+        ctx.metrics.instances_kept.inc();
+        ctx.events
+            .warning(
+                km,
+                event::INSTANCE_KEPT,
+                "Delete",
+                format!(
+                    "Cluster {} no longer exists: Kairon Machine {ns}/{name} is kept, not deleted",
+                    scope.cluster_name
+                ),
+            )
+            .await;
+        return release().await;
+    }
     // Authoritative read: the finalizer must not go while the VM exists.
     let Some(vm) = ctx.kairon.get(ns, &name).await? else {
         info!("Kairon Machine is gone; releasing the finalizer");
@@ -470,6 +489,23 @@ async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error>
     }
     write_status(ctx, km, StatusInput::Deleting(&Observed::Instance(Box::new(vm)))).await?;
     Ok(Action::requeue(DELETE_RETRY))
+}
+
+/// Whether the KaironMachine's Cluster no longer exists, asked of the API server when the cache
+/// does not have it (it may lag behind a Cluster just created).
+async fn cluster_is_gone(scope: &Scope, ctx: &Context) -> Result<bool, Error> {
+    if scope.cluster.is_some() {
+        return Ok(false);
+    }
+    if scope.cluster_name.is_empty() {
+        return Ok(true);
+    }
+    let clusters: Api<capi::Cluster> = Api::namespaced(ctx.client.clone(), &scope.ns);
+    let cluster = clusters
+        .get_opt(&scope.cluster_name)
+        .await
+        .map_err(Error::read(format!("Cluster {}/{}", scope.ns, scope.cluster_name)))?;
+    Ok(cluster.is_none())
 }
 
 /// Writes the status that follows from `input`, if it differs; returns what it wrote.
