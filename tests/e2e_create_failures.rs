@@ -1,4 +1,5 @@
-//! A create Kairon rejects (here: a ResourceQuota on Kairon Machines), against the real CAPI
+//! A create Kairon rejects (here: an admission policy refusing new Kairon Machines, as a quota
+//! or Kairon's own admission would), against the real CAPI
 //! controllers: the KaironMachine says why (the answer's code and reason, never the payload),
 //! a Warning event is published, the create is retried with a growing interval rather than at
 //! a fixed rate, and the machine comes up once the quota allows it.
@@ -10,10 +11,9 @@ use std::time::Duration;
 use capkr::api::KaironMachine;
 use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
 use common::{Rig, RigOptions};
-use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
@@ -33,18 +33,57 @@ async fn a_rejected_create_is_reported_and_retried_with_backoff() {
     .await;
     rig.wait_running(2, UP).await;
 
-    // No more Kairon Machines in this namespace than there are now.
-    let quotas: Api<ResourceQuota> = Api::namespaced(rig.env.client(), &rig.ns);
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "kairon-machines"},
-        "spec": {"hard": {"count/machines.kairon.zyvor.dev": "2"}}
+    // From now on, no more Kairon Machines in this namespace.
+    let policy = format!(
+        r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: no-more-kairon-machines
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: ["kairon.zyvor.dev"]
+      apiVersions: ["*"]
+      operations: ["CREATE"]
+      resources: ["machines"]
+  validations:
+  - expression: "false"
+    reason: Forbidden
+    message: "exceeded quota: kairon-machines"
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: no-more-kairon-machines
+spec:
+  policyName: no-more-kairon-machines
+  validationActions: [Deny]
+  matchResources:
+    namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: {ns}
+"#,
+        ns = rig.ns
+    );
+    rig.env.apply(&policy, None).await.expect("the policy applies");
+    // The policy takes effect once the API server has loaded it: probe with a create of ours.
+    let probe: capkr::kairon::Machine = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": "probe", "namespace": rig.ns},
+        "spec": {"cpus": 1, "memory": "1Gi", "image": "img", "diskSize": "1Gi"}
     }))
     .unwrap();
-    quotas.create(&PostParams::default(), &quota).await.unwrap();
-    rig.wait("the quota counts the Kairon Machines", UP, || async {
-        let q = quotas.get("kairon-machines").await?;
-        let used = q.status.and_then(|s| s.used).unwrap_or_default();
-        Ok::<_, kube::Error>(used.get("count/machines.kairon.zyvor.dev").map(|q| q.0.as_str()) == Some("2"))
+    rig.wait("the policy refuses Kairon Machines", UP, || async {
+        Ok::<_, kube::Error>(match rig.vms().create(&PostParams::default(), &probe).await {
+            Err(kube::Error::Api(s)) => s.code == 403,
+            Ok(_) => {
+                rig.vms().delete("probe", &Default::default()).await?;
+                false
+            }
+            Err(e) => return Err(e),
+        })
     })
     .await;
 
@@ -94,7 +133,7 @@ async fn a_rejected_create_is_reported_and_retried_with_backoff() {
         .iter()
         .filter(|e| {
             e.verb == "create"
-                && e.resource().as_deref() == Some("machines.kairon.zyvor.dev")
+                && e.resource_path() == "machines.kairon.zyvor.dev"
                 && e.object_ref
                     .as_ref()
                     .and_then(|o| o.name.as_deref())
@@ -119,8 +158,20 @@ async fn a_rejected_create_is_reported_and_retried_with_backoff() {
         "the interval grows: {intervals:?}"
     );
 
-    // The quota lifted, the machine comes up.
-    quotas.delete("kairon-machines", &Default::default()).await.unwrap();
+    // The policy lifted, the machine comes up.
+    let bindings: Api<DynamicObject> = Api::all_with(
+        rig.env.client(),
+        &common::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+    );
+    bindings
+        .delete("no-more-kairon-machines", &Default::default())
+        .await
+        .unwrap();
     rig.wait_running(3, Duration::from_secs(400)).await;
     rig.assert_one_vm_per_kaironmachine().await;
 }

@@ -130,7 +130,11 @@ async fn secrets_and_owners_that_do_not_belong_to_the_machine_get_no_vm() {
             reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED,
             "KubeadmConfig planted-config",
         ),
-        ("victim", reason::OWNER_MACHINE_MISMATCH, "not-the-victim"),
+        (
+            "victim",
+            reason::OWNER_MACHINE_MISMATCH,
+            "Machine decoy does not reference KaironMachine victim",
+        ),
     ];
     for (name, want, in_message) in cases {
         let (_, message) = rig
