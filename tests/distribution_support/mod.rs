@@ -50,9 +50,10 @@ pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// A clusterctl local file repository in a temp dir (kept with `CAPKR_TEST_KEEP=1`), holding `make release-manifests`'s output
-/// as `infrastructure-kairon/v0.1.0/`, with its own `clusterctl.yaml` and XDG config dir so
-/// clusterctl never reads the user's config or reaches GitHub.
+/// A clusterctl local file repository in a temp dir (kept with `CAPKR_TEST_KEEP=1`), holding
+/// `make release-manifests`'s output as `infrastructure-kairon/v0.1.0/`, with its own
+/// `clusterctl.yaml` and XDG config dir so clusterctl never reads the user's config or reaches
+/// GitHub.
 pub struct LocalRepo {
     pub dir: ScratchDir,
     pub bins: Binaries,
