@@ -8,20 +8,16 @@ mod distribution_support;
 
 use std::time::Duration;
 
-use capkr_testenv::{CapiManagers, Env, EnvOptions, wait_for};
+use capkr_testenv::{CapiManagers, Env, EnvOptions, infrastructure_resource, machine_image, wait_for};
 use distribution_support::*;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NS: &str = "templates";
 const MESSAGE: &str = "spec.template.spec is immutable; create a new template and point the references at it";
 
 fn api(env: &Env, kind: &str, plural: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("infrastructure.cluster.x-k8s.io", "v1alpha1", kind),
-        plural,
-    );
-    Api::namespaced_with(env.client(), NS, &ar)
+    Api::namespaced_with(env.client(), NS, &infrastructure_resource(kind, plural))
 }
 
 fn object(v: Value) -> DynamicObject {
@@ -33,7 +29,7 @@ fn machine_template(cpus: i64, annotations: Value) -> DynamicObject {
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "KaironMachineTemplate",
         "metadata": {"name": "workers", "namespace": NS, "annotations": annotations},
-        "spec": {"template": {"spec": {"image": "ubuntu-2404-kube-v1.36.3", "cpus": cpus, "memory": "4Gi", "diskSize": "20Gi"}}},
+        "spec": {"template": {"spec": {"image": machine_image(), "cpus": cpus, "memory": "4Gi", "diskSize": "20Gi"}}},
     }))
 }
 
@@ -56,12 +52,7 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
         })
         .map(|d| serde_json::to_string(&d).unwrap() + "\n---\n")
         .collect();
-    let none = CapiManagers {
-        core: false,
-        bootstrap: false,
-        control_plane: false,
-    };
-    let env = Env::start(EnvOptions::new("distribution-admission").capi_managers(none))
+    let env = Env::start(EnvOptions::new("distribution-admission").capi_managers(CapiManagers::NONE))
         .await
         .expect("test environment");
     env.create_namespace(NS).await.unwrap();

@@ -10,9 +10,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use capkr_testenv::{CapiManagers, Env, EnvOptions, wait_for};
+use capkr_testenv::{CapiManagers, Env, EnvOptions, KUBERNETES_VERSION, api_resource, wait_for};
 use distribution_support::*;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
 
 const PROVIDER_LABEL: &str = "cluster.x-k8s.io/provider";
@@ -430,12 +430,7 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
     // clusterctl installs CAPI's managers itself (as Deployments that never run here), so
     // none run as processes; CAPI's CRDs are pre-installed by the environment, which
     // clusterctl updates in place.
-    let none = CapiManagers {
-        core: false,
-        bootstrap: false,
-        control_plane: false,
-    };
-    let env = Env::start(EnvOptions::new("distribution-init").capi_managers(none))
+    let env = Env::start(EnvOptions::new("distribution-init").capi_managers(CapiManagers::NONE))
         .await
         .expect("test environment");
     env.apply(CERT_MANAGER_STUB_CRDS, None).await.unwrap();
@@ -459,10 +454,7 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
     let client = env.client();
     let providers: Api<DynamicObject> = Api::all_with(
         client.clone(),
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider"),
-            "providers",
-        ),
+        &api_resource("clusterctl.cluster.x-k8s.io", "v1alpha3", "Provider", "providers"),
     );
     let inventory = providers.list(&ListParams::default()).await.unwrap();
     let kairon = inventory
@@ -482,27 +474,27 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
     assert_eq!(inventory.items.len(), 4, "core, bootstrap, control plane and kairon");
 
     // Our objects, labelled by clusterctl (that is how `clusterctl delete/move` finds them).
-    let by = |group: &str, version: &str, kind: &str, plural: &str| {
-        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-    };
     let selector =
         ListParams::default().labels("cluster.x-k8s.io/provider=infrastructure-kairon,clusterctl.cluster.x-k8s.io");
     for (ar, expected) in [
         (
-            by("apps", "v1", "Deployment", "deployments"),
+            api_resource("apps", "v1", "Deployment", "deployments"),
             vec!["capkr-controller-manager"],
         ),
-        (by("", "v1", "ServiceAccount", "serviceaccounts"), vec!["capkr-manager"]),
         (
-            by("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles"),
+            api_resource("", "v1", "ServiceAccount", "serviceaccounts"),
+            vec!["capkr-manager"],
+        ),
+        (
+            api_resource("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles"),
             vec!["capkr-manager-role"],
         ),
         (
-            by("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+            api_resource("rbac.authorization.k8s.io", "v1", "Role", "roles"),
             vec!["capkr-leader-election-role"],
         ),
         (
-            by(
+            api_resource(
                 "admissionregistration.k8s.io",
                 "v1",
                 "ValidatingAdmissionPolicy",
@@ -511,7 +503,7 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
             vec!["capkr-template-spec-immutable"],
         ),
         (
-            by(
+            api_resource(
                 "apiextensions.k8s.io",
                 "v1",
                 "CustomResourceDefinition",

@@ -12,11 +12,11 @@ use std::time::Duration;
 
 use capkr::api::KaironMachine;
 use capkr::kairon;
-use capkr_testenv::{Env, EnvOptions, Process, ProcessSpec, own_binary, wait_for};
+use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, Process, ProcessSpec, capi_resource, own_binary, wait_for};
 use distribution_support::*;
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 
 const SA: &str = "system:serviceaccount:capkr-system:capkr-manager";
@@ -361,11 +361,7 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
 
     // The manager, with the chart's flags, authenticated as the admin but acting as the
     // ServiceAccount (kubeconfig `as:` impersonation).
-    let admin = read(env.kubeconfig_path());
-    let impersonating = admin.replace("    client-key-data:", &format!("    as: {SA}\n    client-key-data:"));
-    assert_ne!(admin, impersonating, "the admin kubeconfig has a client key");
-    let kubeconfig = env.dir().join("capkr-manager-sa.kubeconfig");
-    std::fs::write(&kubeconfig, impersonating).unwrap();
+    let kubeconfig = env.impersonating_kubeconfig(SA, "capkr-manager-sa.kubeconfig").unwrap();
     env.create_namespace(NS).await.unwrap();
     // The kubeconfig really acts as the ServiceAccount.
     let as_sa = capkr_testenv::client_from_kubeconfig_file(&kubeconfig).await.unwrap();
@@ -401,14 +397,7 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
         .unwrap();
 
     let client = env.client();
-    let machines: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        NS,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "Machine"),
-            "machines",
-        ),
-    );
+    let machines: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &capi_resource("Machine", "machines"));
     let up = wait_for(
         "the Machine Running with a nodeRef",
         Duration::from_secs(120),

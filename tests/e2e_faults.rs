@@ -20,7 +20,7 @@ fn instance_reason(km: &KaironMachine) -> Option<String> {
     conditions::get(km.status.as_ref()?.conditions.as_deref()?, INSTANCE_PROVISIONED).map(|c| c.reason.clone())
 }
 
-/// Scenario 8a: the simulator rewrites Kairon Machines with full updates that drop
+/// Full updates from Kairon: the simulator rewrites Kairon Machines with full updates that drop
 /// ownerReferences (as Kairon's controller can); links back are labels, so scaling down and
 /// deleting the cluster still clean up every VM.
 #[tokio::test(flavor = "multi_thread")]
@@ -39,13 +39,7 @@ async fn full_update_mode_keeps_cleanup_working() {
             "{name}: labels survive full updates"
         );
     }
-    rig.scale(1).await;
-    rig.wait_running(2, UP).await;
-    rig.wait("one worker VM left", UP, || async {
-        Ok::<_, kube::Error>(rig.vms().list(&ListParams::default()).await?.items.len() == 2)
-    })
-    .await;
-    rig.assert_one_vm_per_kaironmachine().await;
+    rig.scale_and_settle(1, UP).await;
     rig.clusters()
         .delete(&rig.cluster, &DeleteParams::background())
         .await
@@ -59,7 +53,7 @@ async fn full_update_mode_keeps_cleanup_working() {
     .await;
 }
 
-/// Scenario 8b and 8c: a Kairon Machine that goes `Failed` makes its KaironMachine report a
+/// Failed and vanished VMs: a Kairon Machine that goes `Failed` makes its KaironMachine report a
 /// terminal failure with Kairon's reason; one deleted out of band makes it `Ready=False,
 /// InstanceNotFound` and is not re-created. A MachineHealthCheck remediates both and the
 /// MachineDeployment replaces them.
@@ -83,7 +77,7 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
     let mhcs: kube::Api<DynamicObject> = kube::Api::namespaced_with(
         rig.env.client(),
         &rig.ns,
-        &common::capi("MachineHealthCheck", "machinehealthchecks"),
+        &capkr_testenv::capi_resource("MachineHealthCheck", "machinehealthchecks"),
     );
     let mhc_name = format!("{}-md-0", rig.cluster);
     mhcs.patch(
@@ -179,8 +173,8 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
     rig.assert_one_vm_per_kaironmachine().await;
 }
 
-/// Scenario 9: bad bootstrap data — ignition, no `value`, an oversized value, a missing Secret
-/// — gives a clear condition each, creates nothing, never leaks the payload into logs, and the
+/// Bad bootstrap data (ignition, no `value`, an oversized value, a missing Secret) gives a
+/// clear condition each, creates nothing, never leaks the payload into logs, and the
 /// manager keeps serving the healthy cluster next to it.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
@@ -240,7 +234,7 @@ async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
         let m: DynamicObject = serde_json::from_value(json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
             "metadata": {"name": name, "namespace": rig.ns, "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster}},
-            "spec": {"clusterName": rig.cluster, "version": common::KUBERNETES_VERSION,
+            "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
                      "bootstrap": {"dataSecretName": secret_name},
                      "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": name}}
         }))

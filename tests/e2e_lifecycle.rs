@@ -11,7 +11,7 @@ use kube::api::{DeleteParams, ListParams};
 
 const UP: Duration = Duration::from_secs(180);
 
-/// Scenarios 1 and 2: a control plane of one Machine in zone-a and a MachineDeployment of 3
+/// Create, then steady state: a control plane of one Machine in zone-a and a MachineDeployment of 3
 /// workers in zone-b come up with every contract field in place; then, for a minute, no object
 /// of ours changes and the manager issues no write.
 #[tokio::test(flavor = "multi_thread")]
@@ -138,7 +138,7 @@ async fn our_resource_versions(rig: &Rig) -> BTreeMap<String, String> {
     rv
 }
 
-/// Scenarios 3 and 4: MachineDeployment 3 → 5 → 1 creates and deletes exactly the right Kairon
+/// Scale, then delete: MachineDeployment 3 → 5 → 1 creates and deletes exactly the right Kairon
 /// Machines, each worker is drained before its VM goes; then deleting the Cluster removes
 /// everything, each KaironMachine only after its VM is gone and the KaironCluster last.
 #[tokio::test(flavor = "multi_thread")]
@@ -271,7 +271,7 @@ async fn scale_then_delete_the_cluster() {
     }
     rig.assert_one_vm_per_kaironmachine().await;
 
-    // Scenario 4: delete the Cluster.
+    // Delete the Cluster.
     rig.clusters()
         .delete(&rig.cluster, &DeleteParams::background())
         .await

@@ -21,7 +21,7 @@ fn paused_status(status: Option<&[k8s_openapi::apimachinery::pkg::apis::meta::v1
     conditions::get(status?, PAUSED).map(|c| c.status.clone())
 }
 
-/// Scenario 5: with `Cluster.spec.paused`, the Paused conditions say so, then nothing of ours
+/// Pause: with `Cluster.spec.paused`, the Paused conditions say so, then nothing of ours
 /// is written, and deleting a KaironMachine does not delete its Kairon Machine; unpausing
 /// resumes and the deletion completes.
 #[tokio::test(flavor = "multi_thread")]
@@ -93,7 +93,7 @@ async fn pause_stops_all_writes_and_deletion_until_unpaused() {
     .await;
 }
 
-/// Scenario 6: emulate `clusterctl move` of the infrastructure objects — pause, annotate with
+/// Move: emulate `clusterctl move` of the infrastructure objects — pause, annotate with
 /// delete-for-move, strip finalizers, delete, re-create from spec only (new UIDs, no status).
 /// The Kairon Machines survive, are adopted (UID label and providerID), and none is duplicated.
 #[tokio::test(flavor = "multi_thread")]
@@ -186,7 +186,7 @@ async fn move_keeps_vms_and_the_recreated_objects_adopt_them() {
     rig.assert_one_vm_per_kaironmachine().await;
 }
 
-/// Scenario 7a: CAPI's `ValidateFinalizersResilience` and `ValidateOwnerReferencesResilience`:
+/// Finalizer and owner-reference resilience: CAPI's `ValidateFinalizersResilience` and `ValidateOwnerReferencesResilience`:
 /// finalizers and owner references removed from live objects come back.
 #[tokio::test(flavor = "multi_thread")]
 async fn finalizers_and_owner_references_come_back() {
@@ -240,7 +240,7 @@ async fn finalizers_and_owner_references_come_back() {
     rig.assert_one_vm_per_kaironmachine().await;
 }
 
-/// Scenario 7b: the manager is SIGKILLed at random points while 10 workers provision and
+/// A crash during provisioning: the manager is SIGKILLed at random points while 10 workers provision and
 /// restarted each time: in the end every Machine runs, with exactly one Kairon Machine each,
 /// and no Kairon Machine is leaked.
 #[tokio::test(flavor = "multi_thread")]

@@ -4,74 +4,46 @@
 //! KaironMachine provisioned and Ready with the Node's providerID, its Kairon Machine Running —
 //! and deleting the Cluster leaves no Kairon Machine behind.
 
+mod common;
+
 use std::time::Duration;
 
 use capkr::api::conditions::{self, READY};
-use capkr::api::{KaironCluster, KaironMachine};
-use capkr::kairon;
-use capkr_testenv::demo::cluster_manifests;
-use capkr_testenv::{Env, EnvOptions, wait_for};
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams};
-
-const NS: &str = "smoke";
-const CLUSTER: &str = "smoke";
-
-fn capi(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind), plural)
-}
+use common::{Rig, RigOptions, condition};
+use kube::api::{DeleteParams, ListParams};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cluster_comes_up_with_real_capi_and_deleting_it_leaves_no_kairon_machine() {
-    let env = Env::start(EnvOptions::new("e2e-smoke"))
-        .await
-        .expect("test environment");
-    env.create_namespace(NS).await.unwrap();
-    let workload = env.workload_cluster(NS, CLUSTER).await.unwrap();
-    let _sim = env
-        .start_simulator([
-            "--provision-delay",
-            "300ms",
-            "--boot-delay",
-            "700ms",
-            "--delete-delay",
-            "1s",
-            "--hosts",
-            "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b",
-        ])
-        .unwrap();
-    let _manager = env.start_manager(["-v", "1"]).unwrap();
-    env.apply(&cluster_manifests(NS, CLUSTER, &workload.host, workload.port), Some(NS))
-        .await
-        .unwrap();
-
-    let client = env.client();
-    let machines: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &capi("Machine", "machines"));
-    let kms: Api<KaironMachine> = Api::namespaced(client.clone(), NS);
-    let vms: Api<kairon::Machine> = Api::namespaced(client.clone(), NS);
-    let nodes: Api<Node> = Api::all(workload.client());
-
-    let up = wait_for(
-        "every Machine Running with a nodeRef",
-        Duration::from_secs(180),
-        || async {
-            let list = machines.list(&ListParams::default()).await?;
-            let running = list
-                .items
-                .iter()
-                .filter(|m| m.data["status"]["phase"] == "Running" && m.data["status"]["nodeRef"]["name"].is_string())
-                .count();
-            Ok::<_, kube::Error>((list.items.len() == 3 && running == 3).then_some(list.items))
-        },
-    )
+    let rig = Rig::start(RigOptions {
+        workers: 2,
+        sim_args: ["--provision-delay", "300ms", "--boot-delay", "700ms"]
+            .map(String::from)
+            .to_vec(),
+        ..RigOptions::new("e2e_smoke")
+    })
     .await;
-    let up = match up {
-        Ok(up) => up,
-        Err(e) => {
-            env.dump();
-            panic!("{e:#}");
-        }
-    };
+    let machines = rig.machines();
+    let kms = rig.kms();
+    let vms = rig.vms();
+    let nodes = rig.nodes();
+
+    let up = rig
+        .wait(
+            "every Machine Running with a nodeRef",
+            Duration::from_secs(180),
+            || async {
+                let list = machines.list(&ListParams::default()).await?;
+                let running = list
+                    .items
+                    .iter()
+                    .filter(|m| {
+                        m.data["status"]["phase"] == "Running" && m.data["status"]["nodeRef"]["name"].is_string()
+                    })
+                    .count();
+                Ok::<_, kube::Error>((list.items.len() == 3 && running == 3).then_some(list.items))
+            },
+        )
+        .await;
 
     let node_list = nodes.list(&ListParams::default()).await.unwrap();
     for m in &up {
@@ -118,12 +90,7 @@ async fn cluster_comes_up_with_real_capi_and_deleting_it_leaves_no_kairon_machin
             "{name}: Node agrees"
         );
         // CAPI mirrors our Ready into the Machine's InfrastructureReady.
-        let infra_ready = m.data["status"]["conditions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["type"] == "InfrastructureReady")
-            .cloned();
+        let infra_ready = condition(m, "InfrastructureReady");
         assert_eq!(infra_ready.map(|c| c["status"].clone()), Some("True".into()), "{name}");
     }
     assert_eq!(
@@ -132,10 +99,13 @@ async fn cluster_comes_up_with_real_capi_and_deleting_it_leaves_no_kairon_machin
         "exactly one Kairon Machine per Machine"
     );
 
-    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &capi("Cluster", "clusters"));
-    clusters.delete(CLUSTER, &DeleteParams::background()).await.unwrap();
-    let kcs: Api<KaironCluster> = Api::namespaced(client.clone(), NS);
-    let gone = wait_for(
+    let clusters = rig.clusters();
+    clusters
+        .delete(&rig.cluster, &DeleteParams::background())
+        .await
+        .unwrap();
+    let kcs = rig.kcs();
+    rig.wait(
         "the Cluster and everything of it gone",
         Duration::from_secs(180),
         || async {
@@ -149,8 +119,4 @@ async fn cluster_comes_up_with_real_capi_and_deleting_it_leaves_no_kairon_machin
         },
     )
     .await;
-    if let Err(e) = gone {
-        env.dump();
-        panic!("{e:#}");
-    }
 }

@@ -1,6 +1,8 @@
-//! A cluster rig for the end-to-end tests: the real control plane (`capkr_testenv::Env`), one
-//! workload cluster, the Kairon simulator, capkr-manager, and a CAPI cluster made of one
-//! control-plane Machine (kubeadm init data) and a MachineDeployment (kubeadm join data).
+//! The rig of the end-to-end tests (`e2e_*.rs`, and the operability tests that need CAPI): the
+//! real control plane (`capkr_testenv::Env`), one workload cluster, the Kairon simulator,
+//! capkr-manager, and a CAPI cluster made of one control-plane Machine (kubeadm init data) and
+//! a MachineDeployment (kubeadm join data). An end-to-end test starts with [`Rig::start`];
+//! everything else it needs (versions, API resources, ports, HTTP) comes from `capkr_testenv`.
 
 #![allow(dead_code)] // each test binary uses part of it
 
@@ -13,17 +15,10 @@ use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
-use capkr_testenv::{Env, EnvOptions, Process, WorkloadCluster, wait_for};
+use capkr_testenv::{Env, EnvOptions, Process, SIMULATOR_HOSTS, WorkloadCluster, capi_resource, merged_args, wait_for};
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-
-#[allow(unused_imports)] // not every test binary uses it
-pub use capkr_testenv::cluster::KUBERNETES_VERSION;
-
-/// The simulator's hosts: two failure domains.
-pub const HOSTS: &str = "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
-kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b,kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b";
 
 #[derive(Clone)]
 pub struct RigOptions {
@@ -66,14 +61,6 @@ pub struct Rig {
     pub manager: Process,
 }
 
-pub fn gvk(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
-}
-
-pub fn capi(kind: &str, plural: &str) -> ApiResource {
-    gvk("cluster.x-k8s.io", "v1beta2", kind, plural)
-}
-
 /// Fast simulator delays, hosts in two zones.
 pub fn default_sim_args() -> Vec<String> {
     [
@@ -84,29 +71,10 @@ pub fn default_sim_args() -> Vec<String> {
         "--delete-delay",
         "1s",
         "--hosts",
-        HOSTS,
+        SIMULATOR_HOSTS,
     ]
     .map(String::from)
     .to_vec()
-}
-
-/// `defaults` with every `--flag value` pair that `extra` also gives dropped, then `extra`:
-/// the simulator, like most CLIs, rejects a flag given twice.
-pub fn merged_args(defaults: Vec<String>, extra: &[String]) -> Vec<String> {
-    let mut out = vec![];
-    let mut it = defaults.into_iter().peekable();
-    while let Some(a) = it.next() {
-        let takes_value = it.peek().is_some_and(|v| !v.starts_with('-'));
-        if a.starts_with('-') && extra.contains(&a) {
-            if takes_value {
-                it.next();
-            }
-            continue;
-        }
-        out.push(a);
-    }
-    out.extend(extra.iter().cloned());
-    out
 }
 
 impl Rig {
@@ -160,19 +128,19 @@ impl Rig {
     }
 
     pub fn machines(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.env.client(), &self.ns, &capi("Machine", "machines"))
+        Api::namespaced_with(self.env.client(), &self.ns, &capi_resource("Machine", "machines"))
     }
 
     pub fn machine_deployments(&self) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.env.client(),
             &self.ns,
-            &capi("MachineDeployment", "machinedeployments"),
+            &capi_resource("MachineDeployment", "machinedeployments"),
         )
     }
 
     pub fn clusters(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.env.client(), &self.ns, &capi("Cluster", "clusters"))
+        Api::namespaced_with(self.env.client(), &self.ns, &capi_resource("Cluster", "clusters"))
     }
 
     pub fn kms(&self) -> Api<KaironMachine> {
@@ -275,6 +243,20 @@ impl Rig {
             .expect("scale MachineDeployment");
     }
 
+    /// Scales the MachineDeployment to `workers` and waits until the control plane and
+    /// `workers` Machines run and exactly as many Kairon Machines are left, one per
+    /// KaironMachine (scaling down removes the VMs of the deleted Machines, none leaks).
+    pub async fn scale_and_settle(&self, workers: usize, timeout: Duration) {
+        self.scale(workers).await;
+        self.wait_running(workers + 1, timeout).await;
+        let vms = self.vms();
+        self.wait(&format!("{workers} worker VMs left"), timeout, || async {
+            Ok::<_, kube::Error>(vms.list(&ListParams::default()).await?.items.len() == workers + 1)
+        })
+        .await;
+        self.assert_one_vm_per_kaironmachine().await;
+    }
+
     pub async fn set_paused(&self, paused: bool) {
         self.clusters()
             .patch(
@@ -338,34 +320,15 @@ impl Rig {
     }
 }
 
-/// Status of the Ready condition of a KaironMachine.
-/// The port a started manager serves `flag` on (the test environment picks free ones).
+/// The port a process started by the environment serves `flag` on (`--health-addr`,
+/// `--metrics-bind-address`: the environment picks free ones).
 pub fn port_of(p: &Process, flag: &str) -> u16 {
-    let line = p.spec().command_line();
-    let prefix = format!("{flag}=127.0.0.1:");
-    line.split_whitespace()
-        .find_map(|a| a.trim_matches('\'').strip_prefix(&prefix).and_then(|v| v.parse().ok()))
-        .unwrap_or_else(|| panic!("no {flag} in {line}"))
+    p.spec()
+        .loopback_port(flag)
+        .unwrap_or_else(|| panic!("no {flag}=127.0.0.1:<port> in {}", p.spec().command_line()))
 }
 
-/// `GET http://127.0.0.1:<port><path>`: status code and body.
-pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.ok()?;
-    let code = buf.split_whitespace().nth(1)?.parse().ok()?;
-    Some((
-        code,
-        buf.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
-}
-
+/// Status and reason of the Ready condition of a KaironMachine.
 pub fn km_ready(km: &KaironMachine) -> Option<(String, String)> {
     let c = conditions::get(km.status.as_ref()?.conditions.as_deref()?, READY)?;
     Some((c.status.clone(), c.reason.clone()))
@@ -377,13 +340,4 @@ pub fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
         .as_array()?
         .iter()
         .find(|c| c["type"] == type_)
-}
-
-#[test]
-fn merged_args_let_extra_flags_win() {
-    let d = ["--a", "1", "--b", "2", "--flag", "--c", "3"]
-        .map(String::from)
-        .to_vec();
-    let e = ["--b".to_string(), "9".to_string(), "--flag".to_string()];
-    assert_eq!(merged_args(d, &e), ["--a", "1", "--c", "3", "--b", "9", "--flag"]);
 }

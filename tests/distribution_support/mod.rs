@@ -6,11 +6,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use capkr_testenv::{Binaries, parse_yaml_documents, workspace_root};
+use capkr_testenv::{Binaries, KUBERNETES_VERSION, ScratchDir, machine_image, parse_yaml_documents, workspace_root};
 use serde_json::Value;
 
 pub const VERSION: &str = "v0.1.0";
-pub const KUBERNETES_VERSION: &str = "v1.36.3";
 /// The flavors in templates/ ("" is the default `cluster-template.yaml`).
 pub const FLAVORS: [&str; 3] = ["", "md-remediation", "topology"];
 
@@ -51,45 +50,18 @@ pub fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-/// A clusterctl local file repository in a temp dir, holding `make release-manifests`'s output
-/// as `infrastructure-kairon/v0.1.0/`, with its own `clusterctl.yaml` and XDG config dir so
-/// clusterctl never reads the user's config or reaches GitHub.
+/// A clusterctl local file repository in a temp dir (kept with `CAPKR_TEST_KEEP=1`), holding
+/// `make release-manifests`'s output as `infrastructure-kairon/v0.1.0/`, with its own
+/// `clusterctl.yaml` and XDG config dir so clusterctl never reads the user's config or reaches
+/// GitHub.
 pub struct LocalRepo {
-    pub dir: TempDir,
+    pub dir: ScratchDir,
     pub bins: Binaries,
-}
-
-/// A directory under the system temp dir, removed on drop (kept with `CAPKR_TEST_KEEP=1`).
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(prefix: &str) -> TempDir {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let d = std::env::temp_dir().join(format!("{prefix}{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("creating {}: {e}", d.display()));
-        TempDir(d)
-    }
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var("CAPKR_TEST_KEEP").is_ok_and(|v| v == "1") {
-            eprintln!("kept {}", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 impl LocalRepo {
     pub fn new() -> LocalRepo {
-        let dir = TempDir::new("capkr-clusterctl-repo-");
+        let dir = ScratchDir::new("capkr-clusterctl-repo-").expect("a temp dir");
         let repo = LocalRepo { dir, bins: bins() };
         let out = repo.version_dir("infrastructure-kairon", VERSION);
         run_ok(Command::new(root().join("hack/release-manifests.sh")).arg(&out));
@@ -158,7 +130,7 @@ impl LocalRepo {
             ])
             .args(["--control-plane-machine-count", "3", "--worker-machine-count", "2"])
             .env("CONTROL_PLANE_ENDPOINT_IP", "10.20.0.100")
-            .env("KAIRON_MACHINE_IMAGE", "ubuntu-2404-kube-v1.36.3");
+            .env("KAIRON_MACHINE_IMAGE", machine_image());
         if !flavor.is_empty() {
             cmd.args(["--flavor", flavor]);
         }

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, RequestCounts};
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
-use capkr_testenv::{Env, EnvOptions, Signal};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, capi_resource};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::procstat::peak_rss_kib;
@@ -23,21 +23,13 @@ const CLUSTER: &str = "capi";
 /// domains of the test cluster's KaironCluster.
 pub fn simulator_args() -> Vec<String> {
     let mut args = crate::zero_delay_simulator_args();
-    args.extend([
-        "--hosts".to_string(),
-        "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b"
-            .into(),
-    ]);
+    args.extend(["--hosts".to_string(), SIMULATOR_HOSTS.to_string()]);
     args
 }
 
 /// The manager's flags here: its defaults, and the identity the audit log is filtered by.
 pub fn manager_args() -> Vec<String> {
     ["--leader-elect-identity", MANAGER_IDENTITY].map(String::from).to_vec()
-}
-
-fn capi(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind), plural)
 }
 
 pub async fn run(n: usize, quiet: Duration) -> Result<FullCapiRun> {
@@ -69,7 +61,8 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     )
     .await
     .context("creating the cluster")?;
-    let machines: Api<DynamicObject> = Api::namespaced_with(env.client(), NAMESPACE, &capi("Machine", "machines"));
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(env.client(), NAMESPACE, &capi_resource("Machine", "machines"));
     wait_running(&machines, 1, Duration::from_secs(180)).await?;
     let control_plane = t_cp.elapsed();
 
@@ -81,7 +74,7 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     let mds: Api<DynamicObject> = Api::namespaced_with(
         env.client(),
         NAMESPACE,
-        &capi("MachineDeployment", "machinedeployments"),
+        &capi_resource("MachineDeployment", "machinedeployments"),
     );
     mds.patch(
         &format!("{CLUSTER}-md-0"),

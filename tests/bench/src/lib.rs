@@ -139,11 +139,7 @@ pub async fn run(opts: &Options) -> Result<Results> {
             eprintln!("capkr-bench: N={n}, client limit {limits}");
             let env = Env::start(
                 EnvOptions::new(format!("bench-{n}"))
-                    .capi_managers(CapiManagers {
-                        core: false,
-                        bootstrap: false,
-                        control_plane: false,
-                    })
+                    .capi_managers(CapiManagers::NONE)
                     .audit_policy(AUDIT_POLICY_METADATA_RESPONSES),
             )
             .await?;

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use capkr::api::KaironMachine;
+use capkr_testenv::{api_resource, capi_resource};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -21,10 +22,6 @@ pub const CLUSTER: &str = "bench";
 
 /// Kubernetes version written on the Machines (nothing runs it).
 const VERSION: &str = capkr_testenv::cluster::KUBERNETES_VERSION;
-
-fn capi(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", kind), plural)
-}
 
 /// Name of the `i`th machine: sorts in creation order.
 pub fn machine_name(i: usize) -> String {
@@ -40,7 +37,7 @@ pub async fn create_cluster(client: &Client, ns: &str) -> Result<()> {
         .await
         .with_context(|| format!("creating namespace {ns}"))?;
 
-    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &capi("Cluster", "clusters"));
+    let clusters: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &capi_resource("Cluster", "clusters"));
     let cluster: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "Cluster",
@@ -71,8 +68,10 @@ pub async fn create_cluster(client: &Client, ns: &str) -> Result<()> {
     let kcs: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         ns,
-        &ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk(capkr::api::GROUP, capkr::api::VERSION, "KaironCluster"),
+        &api_resource(
+            capkr::api::GROUP,
+            capkr::api::VERSION,
+            "KaironCluster",
             "kaironclusters",
         ),
     );
@@ -146,7 +145,7 @@ async fn create_machine(client: &Client, ns: &str, i: usize) -> Result<(String, 
         .await
         .with_context(|| format!("creating Secret {secret_name}"))?;
 
-    let machines: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &capi("Machine", "machines"));
+    let machines: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &capi_resource("Machine", "machines"));
     let machine: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "Machine",

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use capkr_testenv::audit::{AuditEvent, RequestCounts};
-use capkr_testenv::{Env, Process, Signal};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use capkr_testenv::{Env, Process, Signal, http_get};
 
 use crate::Options;
 use crate::objects;
@@ -183,10 +182,7 @@ pub fn mib(kib: u64) -> f64 {
 /// The port of `--health-addr=127.0.0.1:<port>` (the test environment picks a free one).
 pub fn health_port(p: &Process) -> Result<u16> {
     p.spec()
-        .args
-        .iter()
-        .filter_map(|a| a.to_str())
-        .find_map(|a| a.strip_prefix("--health-addr=127.0.0.1:").and_then(|v| v.parse().ok()))
+        .loopback_port("--health-addr")
         .ok_or_else(|| anyhow!("no --health-addr=127.0.0.1:<port> in {}", p.spec().command_line()))
 }
 
@@ -197,7 +193,7 @@ pub async fn wait_ready(p: &Process, port: u16, timeout: Duration) -> Result<()>
         if let Some(status) = p.try_exit_status() {
             bail!("{} exited ({status}); last log lines:\n{}", p.name(), p.log_tail(30));
         }
-        if http_status(port, "/readyz").await == Some(200) {
+        if http_get(port, "/readyz").await.is_ok_and(|r| r.status == 200) {
             return Ok(());
         }
         if start.elapsed() > timeout {
@@ -205,17 +201,4 @@ pub async fn wait_ready(p: &Process, port: u16, timeout: Duration) -> Result<()>
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-async fn http_status(port: u16, path: &str) -> Option<u16> {
-    let get = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        String::from_utf8_lossy(&buf).split_whitespace().nth(1)?.parse().ok()
-    };
-    tokio::time::timeout(Duration::from_secs(5), get).await.ok().flatten()
 }

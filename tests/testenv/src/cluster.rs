@@ -3,8 +3,19 @@
 //! a MachineDeployment (`<cluster>-md-0`) of workers with join data, optionally under a
 //! MachineHealthCheck. Used by the demo and by the end-to-end tests.
 
-/// The Kubernetes version of the test clusters' Machines.
+/// The Kubernetes version of the test environment: the kube-apiserver that `hack/test-tools.sh`
+/// builds (`tests/tools/k8s`), and the version the test clusters' Machines ask for.
 pub const KUBERNETES_VERSION: &str = "v1.36.3";
+
+/// The Kairon image of the test clusters' machines.
+pub fn machine_image() -> String {
+    format!("ubuntu-2404-kube-{KUBERNETES_VERSION}")
+}
+
+/// The simulator's `--hosts` for the test clusters: three hosts, labelled into the two failure
+/// domains of their KaironCluster (zone-a: one host, zone-b: two).
+pub const SIMULATOR_HOSTS: &str = "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
+kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b,kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b";
 
 /// The shape of a test cluster.
 #[derive(Clone, Debug)]
@@ -38,6 +49,7 @@ pub fn cluster_yaml(namespace: &str, cluster: &str, host: &str, port: u16, opts:
         .unwrap_or_default();
     let cp_fd = fd(opts.cp_failure_domain.as_ref());
     let workers = opts.workers;
+    let image = machine_image();
     let mhc = if opts.health_check {
         format!(
             r#"
@@ -126,7 +138,7 @@ metadata:
 spec:
   cpus: 2
   memory: 4Gi
-  image: ubuntu-2404-kube-{KUBERNETES_VERSION}
+  image: {image}
   diskSize: 20Gi
 ---
 apiVersion: cluster.x-k8s.io/v1beta2
@@ -175,7 +187,7 @@ spec:
     spec:
       cpus: 2
       memory: 4Gi
-      image: ubuntu-2404-kube-{KUBERNETES_VERSION}
+      image: {image}
       diskSize: 20Gi
 ---
 apiVersion: cluster.x-k8s.io/v1beta2

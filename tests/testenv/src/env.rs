@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -17,13 +17,13 @@ use serde_json::{Value, json};
 
 use crate::bins::{Binaries, own_binary, workspace_root};
 use crate::certs::{Ca, CertPair, service_account_keys};
-use crate::kube_util::{
-    apply_yaml, client_from_kubeconfig, get_text, http_get_status, render_kubeconfig, resolve_kind,
-};
+use crate::kube_util::{apply_yaml, client_from_kubeconfig, get_text, render_kubeconfig, resolve_kind};
 use crate::manifests::{
     WebhookTarget, prepare_capi_crd, prepare_webhook_configuration, read_yaml_dir, read_yaml_documents,
 };
+use crate::net::{free_port, http_get};
 use crate::process::{Process, ProcessSpec, stop_all};
+use crate::scratch::{ScratchDir, keep_requested};
 use crate::wait::wait_for;
 
 /// Which of CAPI's managers to run.
@@ -32,6 +32,16 @@ pub struct CapiManagers {
     pub core: bool,
     pub bootstrap: bool,
     pub control_plane: bool,
+}
+
+impl CapiManagers {
+    /// None of CAPI's managers: an API server with the CRDs only (no webhooks are configured
+    /// without their manager).
+    pub const NONE: CapiManagers = CapiManagers {
+        core: false,
+        bootstrap: false,
+        control_plane: false,
+    };
 }
 
 impl Default for CapiManagers {
@@ -104,25 +114,6 @@ impl Default for EnvOptions {
 /// An audit policy that logs every request at Metadata level.
 pub const AUDIT_POLICY_METADATA: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n";
 
-/// Free loopback ports; never hands out the same one twice in a test process.
-pub(crate) fn free_port() -> Result<u16> {
-    static USED: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
-    let used = USED.get_or_init(|| Mutex::new(HashSet::new()));
-    for _ in 0..100 {
-        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
-        let port = l.local_addr().context("local addr")?.port();
-        // Webhook servers bind all interfaces: make sure that is free too.
-        drop(l);
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_err() {
-            continue;
-        }
-        if used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
-            return Ok(port);
-        }
-    }
-    bail!("no free port found")
-}
-
 pub(crate) fn write_file(path: &Path, content: &str) -> Result<()> {
     std::fs::write(path, content).with_context(|| format!("writing {}", path.display()))
 }
@@ -149,7 +140,7 @@ struct CapiManager {
 pub struct Env {
     pub(crate) name: String,
     pub(crate) dir: PathBuf,
-    tempdir: Option<tempfile::TempDir>,
+    tempdir: Option<ScratchDir>,
     pub(crate) bins: Binaries,
     pub(crate) ca: Ca,
     pub(crate) server_url: String,
@@ -178,10 +169,7 @@ impl Env {
             .take(40)
             .collect();
         sweep_abandoned_dirs();
-        let tempdir = tempfile::Builder::new()
-            .prefix(&format!("capkr-testenv-{safe}-"))
-            .tempdir()
-            .context("creating the temp dir")?;
+        let tempdir = ScratchDir::new(&format!("capkr-testenv-{safe}-"))?;
         let dir = tempdir.path().to_path_buf();
         for d in ["logs", "pki", "etcd", "webhook-certs"] {
             std::fs::create_dir_all(dir.join(d)).with_context(|| format!("creating {d}"))?;
@@ -491,7 +479,7 @@ impl Env {
         let start = Instant::now();
         loop {
             self.ensure_running(name)?;
-            match http_get_status(port, path).await {
+            match http_get(port, path).await.map(|r| r.status) {
                 Ok(200) => return Ok(()),
                 Ok(_) | Err(_) if start.elapsed() < timeout => {}
                 Ok(code) => bail!("{name}: GET {path} answered {code} after {timeout:?}"),
@@ -571,6 +559,20 @@ impl Env {
     }
     pub fn binaries(&self) -> &Binaries {
         &self.bins
+    }
+    /// Writes `<dir>/<file>`: the admin kubeconfig acting as `user` (`as:` impersonation), e.g.
+    /// `system:serviceaccount:capkr-system:capkr-manager`, so that a process run with it has
+    /// exactly that user's RBAC.
+    pub fn impersonating_kubeconfig(&self, user: &str, file: &str) -> Result<PathBuf> {
+        let admin = std::fs::read_to_string(&self.kubeconfig_path)
+            .with_context(|| format!("reading {}", self.kubeconfig_path.display()))?;
+        let impersonating = admin.replace("    client-key-data:", &format!("    as: {user}\n    client-key-data:"));
+        if impersonating == admin {
+            bail!("the admin kubeconfig has no client key to add `as: {user}` next to");
+        }
+        let path = self.dir.join(file);
+        write_file(&path, &impersonating)?;
+        Ok(path)
     }
     /// The audit log, when [`EnvOptions::audit_policy`] was set.
     pub fn audit_log_path(&self) -> Option<&Path> {
@@ -678,18 +680,19 @@ impl Env {
         if let Some(etcd) = self.etcd.lock().unwrap_or_else(|e| e.into_inner()).take() {
             etcd.stop(Duration::from_secs(3));
         }
-        if let Some(td) = self.tempdir.take() {
+        if let Some(mut dir) = self.tempdir.take() {
             if keep_requested() {
-                let path = td.keep();
                 // A kept dir is the user's: never swept.
-                let _ = std::fs::remove_file(path.join(OWNER_FILE));
-                eprintln!(
-                    "capkr-testenv[{}]: CAPKR_TEST_KEEP=1, kept {}",
+                let _ = std::fs::remove_file(self.dir.join(OWNER_FILE));
+            }
+            match dir.close() {
+                Ok(Some(kept)) => eprintln!(
+                    "capkr-testenv[{}]: CAPKR_TEST_KEEP is set, kept {}",
                     self.name,
-                    path.display()
-                );
-            } else if let Err(e) = td.close() {
-                eprintln!("capkr-testenv[{}]: removing {}: {e}", self.name, self.dir.display());
+                    kept.display()
+                ),
+                Ok(None) => {}
+                Err(e) => eprintln!("capkr-testenv[{}]: {e:#}", self.name),
             }
         }
     }
@@ -722,10 +725,6 @@ fn sweep_abandoned_dirs() {
             let _ = std::fs::remove_dir_all(&path);
         }
     }
-}
-
-fn keep_requested() -> bool {
-    std::env::var("CAPKR_TEST_KEEP").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
 }
 
 impl Drop for Env {
@@ -815,7 +814,7 @@ pub(crate) fn machine_deployment_probe(namespace: &str) -> DynamicObject {
             "clusterName": "probe",
             "template": {"spec": {
                 "clusterName": "probe",
-                "version": "v1.36.3",
+                "version": crate::cluster::KUBERNETES_VERSION,
                 "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfigTemplate", "name": "probe"}},
                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachineTemplate", "name": "probe"},
             }},

@@ -1,4 +1,5 @@
-//! Small Kubernetes helpers: kubeconfigs, clients, server-side apply of YAML, HTTP probes.
+//! Small Kubernetes helpers: API resources by name, kubeconfigs, clients, server-side apply of
+//! YAML.
 
 use std::path::Path;
 use std::time::Duration;
@@ -9,13 +10,28 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::GroupVersionKind;
 use kube::discovery::{ApiCapabilities, ApiResource, Scope};
 use kube::{Api, Client};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::certs::CertPair;
 use crate::manifests::{b64, parse_yaml_documents};
 
 /// The field manager of everything the test environment applies.
 pub const FIELD_MANAGER: &str = "capkr-testenv";
+
+/// The API resource of `group`/`version` `kind` ("" is the core group), for `Api<DynamicObject>`.
+pub fn api_resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+}
+
+/// A Cluster API core kind (`cluster.x-k8s.io/v1beta2`), e.g. `capi_resource("Machine", "machines")`.
+pub fn capi_resource(kind: &str, plural: &str) -> ApiResource {
+    api_resource("cluster.x-k8s.io", "v1beta2", kind, plural)
+}
+
+/// One of this provider's kinds (`infrastructure.cluster.x-k8s.io/v1alpha1`) as a dynamic
+/// object, for writing what the typed API would not let through.
+pub fn infrastructure_resource(kind: &str, plural: &str) -> ApiResource {
+    api_resource("infrastructure.cluster.x-k8s.io", "v1alpha1", kind, plural)
+}
 
 /// A kubeconfig with embedded CA and client certificate.
 pub fn render_kubeconfig(name: &str, server: &str, ca_pem: &str, user: &CertPair) -> String {
@@ -116,28 +132,6 @@ pub async fn apply_value(
             namespace.map(|n| format!("{n}/")).unwrap_or_default()
         )
     })
-}
-
-/// `GET http://127.0.0.1:<port><path>`: the status code, or an error if nothing answers.
-pub async fn http_get_status(port: u16, path: &str) -> Result<u16> {
-    let fut = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
-            .await?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await?;
-        Ok::<_, std::io::Error>(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(5), fut)
-        .await
-        .map_err(|_| anyhow!("timeout"))??;
-    let head = String::from_utf8_lossy(&buf[..buf.len().min(64)]).to_string();
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| anyhow!("not an HTTP response: {head:?}"))?;
-    Ok(code)
 }
 
 /// `GET <path>` on the API server through `client` (e.g. `/readyz`, `/version`).

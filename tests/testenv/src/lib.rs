@@ -13,6 +13,11 @@
 //! Binaries: `CAPKR_TEST_BIN` (dir) or `hack/test-tools.sh`; `capkr-manager` and `kairon-sim`
 //! from `target/debug` or `CAPKR_MANAGER_BIN` / `KAIRON_SIM_BIN`. `CAPKR_TEST_KEEP=1` keeps
 //! the temp dir (logs, kubeconfigs, certificates). [`audit`] reads the API server's audit log.
+//!
+//! It is also the one support library of every test and of the benchmark: the test cluster
+//! and what it runs on ([`cluster`]: [`KUBERNETES_VERSION`], [`SIMULATOR_HOSTS`]), API
+//! resources by name ([`capi_resource`]), free ports and a plain-HTTP GET ([`free_port`],
+//! [`http_get`]), temp dirs that honour `CAPKR_TEST_KEEP` ([`ScratchDir`]).
 
 pub mod audit;
 mod bins;
@@ -23,14 +28,22 @@ mod dump;
 mod env;
 mod kube_util;
 mod manifests;
+mod net;
 mod process;
+mod scratch;
 mod wait;
 mod workload;
 
 pub use bins::{Binaries, own_binary, workspace_root};
+pub use cluster::{KUBERNETES_VERSION, SIMULATOR_HOSTS, machine_image};
 pub use env::{AUDIT_POLICY_METADATA, CapiManagers, Env, EnvOptions};
-pub use kube_util::{FIELD_MANAGER, apply_value, apply_yaml, client_from_kubeconfig_file, get_text, resolve_kind};
+pub use kube_util::{
+    FIELD_MANAGER, api_resource, apply_value, apply_yaml, capi_resource, client_from_kubeconfig_file, get_text,
+    infrastructure_resource, resolve_kind,
+};
 pub use manifests::{parse_yaml_documents, redact_user_data};
-pub use process::{Process, ProcessSpec, Signal, pid_alive};
+pub use net::{HttpResponse, free_port, http_get};
+pub use process::{Process, ProcessSpec, Signal, merged_args, pid_alive};
+pub use scratch::{ScratchDir, keep_requested};
 pub use wait::{Outcome, wait_for};
 pub use workload::{WorkloadCluster, cluster_ca_secret};

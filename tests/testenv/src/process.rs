@@ -76,6 +76,16 @@ impl ProcessSpec {
         self
     }
 
+    /// The port of a `<flag>=127.0.0.1:<port>` argument (the test environment picks free ones
+    /// for `--health-addr` and `--metrics-bind-address`).
+    pub fn loopback_port(&self, flag: &str) -> Option<u16> {
+        let prefix = format!("{flag}=127.0.0.1:");
+        self.args
+            .iter()
+            .filter_map(|a| a.to_str())
+            .find_map(|a| a.strip_prefix(&prefix).and_then(|v| v.parse().ok()))
+    }
+
     pub fn command_line(&self) -> String {
         let mut s = self.program.display().to_string();
         for a in &self.args {
@@ -84,6 +94,25 @@ impl ProcessSpec {
         }
         s
     }
+}
+
+/// `defaults` with every `--flag value` pair that `extra` also gives dropped, then `extra`:
+/// the simulator, like most CLIs, rejects a flag given twice.
+pub fn merged_args(defaults: Vec<String>, extra: &[String]) -> Vec<String> {
+    let mut out = vec![];
+    let mut it = defaults.into_iter().peekable();
+    while let Some(a) = it.next() {
+        let takes_value = it.peek().is_some_and(|v| !v.starts_with('-'));
+        if a.starts_with('-') && extra.contains(&a) {
+            if takes_value {
+                it.next();
+            }
+            continue;
+        }
+        out.push(a);
+    }
+    out.extend(extra.iter().cloned());
+    out
 }
 
 /// A running (or stopped) child process. Dropping it stops it.
@@ -345,5 +374,32 @@ pub fn pid_alive(pid: u32) -> bool {
             .map(|(_, rest)| rest.trim_start().starts_with('Z'))
             .unwrap_or(false),
         Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_args_let_extra_flags_win() {
+        let d = ["--a", "1", "--b", "2", "--flag", "--c", "3"]
+            .map(String::from)
+            .to_vec();
+        let e = ["--b".to_string(), "9".to_string(), "--flag".to_string()];
+        assert_eq!(merged_args(d, &e), ["--a", "1", "--c", "3", "--b", "9", "--flag"]);
+    }
+
+    #[test]
+    fn loopback_port_reads_the_port_of_the_named_flag_only() {
+        let spec = ProcessSpec::new("m", "/bin/true", Path::new("/tmp")).args([
+            "--metrics-bind-address=127.0.0.1:8443",
+            "--health-addr=127.0.0.1:9440",
+            "--other=0.0.0.0:1",
+        ]);
+        assert_eq!(spec.loopback_port("--health-addr"), Some(9440));
+        assert_eq!(spec.loopback_port("--metrics-bind-address"), Some(8443));
+        assert_eq!(spec.loopback_port("--other"), None, "not on loopback");
+        assert_eq!(spec.loopback_port("--missing"), None);
     }
 }

@@ -12,8 +12,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use crate::certs::{Ca, CertPair};
-use crate::env::{Env, WorkloadRecord, apiserver_args, free_port, write_file};
+use crate::env::{Env, WorkloadRecord, apiserver_args, write_file};
 use crate::kube_util::{client_from_kubeconfig, render_kubeconfig};
+use crate::net::free_port;
 use crate::process::{Process, ProcessSpec};
 use crate::wait::wait_for;
 

@@ -4,7 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use capkr_testenv::{AUDIT_POLICY_METADATA, Env, EnvOptions, Signal, pid_alive, resolve_kind, wait_for};
+use capkr_testenv::{
+    AUDIT_POLICY_METADATA, Env, EnvOptions, KUBERNETES_VERSION, Signal, keep_requested, pid_alive, resolve_kind,
+    wait_for,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, DynamicObject, ListParams, PostParams};
@@ -94,10 +97,11 @@ async fn crds_are_established_with_contract_labels_and_capi_webhooks_default_and
         dry_run: true,
         field_manager: None,
     };
-    let got = mds.create(&dry, &machine_deployment("md", "1.36.3")).await.unwrap();
+    let unprefixed = KUBERNETES_VERSION.trim_start_matches('v');
+    let got = mds.create(&dry, &machine_deployment("md", unprefixed)).await.unwrap();
     assert_eq!(got.data["spec"]["replicas"], 1, "replicas defaulted: {}", got.data);
     assert_eq!(
-        got.data["spec"]["template"]["spec"]["version"], "v1.36.3",
+        got.data["spec"]["template"]["spec"]["version"], KUBERNETES_VERSION,
         "version prefix normalised"
     );
     assert_eq!(
@@ -119,7 +123,10 @@ async fn crds_are_established_with_contract_labels_and_capi_webhooks_default_and
 
     // Conversion: reading the same object as v1beta1 goes through the conversion webhook.
     let created = mds
-        .create(&PostParams::default(), &machine_deployment("md-conv", "v1.36.3"))
+        .create(
+            &PostParams::default(),
+            &machine_deployment("md-conv", KUBERNETES_VERSION),
+        )
         .await
         .unwrap();
     assert_eq!(created.data["spec"]["replicas"], 1);
@@ -155,7 +162,7 @@ async fn workload_cluster_serves_version_and_garbage_collection_works() {
     assert_eq!(wc.host, "127.0.0.1");
     let version = capkr_testenv::get_text(&wc.client(), "/version").await.unwrap();
     let v: serde_json::Value = serde_json::from_str(&version).unwrap();
-    assert_eq!(v["gitVersion"], "v1.36.3", "{version}");
+    assert_eq!(v["gitVersion"], KUBERNETES_VERSION, "{version}");
     let ca: Secret = Api::namespaced(client.clone(), "wl").get("c1-ca").await.unwrap();
     assert_eq!(ca.type_.as_deref(), Some("cluster.x-k8s.io/secret"));
     assert_eq!(ca.labels()["cluster.x-k8s.io/cluster-name"], "c1");
@@ -256,9 +263,5 @@ async fn teardown_leaves_no_process() {
     drop(env);
     let still: Vec<_> = pids.iter().filter(|(_, pid)| pid_alive(*pid)).collect();
     assert!(still.is_empty(), "processes left after teardown: {still:?}");
-    assert!(
-        !dir.exists() || std::env::var_os("CAPKR_TEST_KEEP").is_some(),
-        "{} not removed",
-        dir.display()
-    );
+    assert!(!dir.exists() || keep_requested(), "{} not removed", dir.display());
 }

@@ -1,17 +1,13 @@
-//! Scenario 10: invalid specs are rejected by the real kube-apiserver with messages that name
-//! the field, and updates of immutable fields are rejected. No webhook server is involved:
-//! this is the CRD schema (OpenAPI and CEL) doing the work.
+//! Admission by the CRD schema on a real kube-apiserver (no CAPI managers, no webhook server):
+//! invalid specs are rejected with messages that name the field, and updates of immutable
+//! fields are rejected — the CRDs' OpenAPI schema and CEL rules doing the work.
 
-use capkr_testenv::{CapiManagers, Env, EnvOptions};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use capkr_testenv::{CapiManagers, Env, EnvOptions, infrastructure_resource, machine_image};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 fn api(env: &Env, kind: &str, plural: &str) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("infrastructure.cluster.x-k8s.io", "v1alpha1", kind),
-        plural,
-    );
-    Api::namespaced_with(env.client(), "admission", &ar)
+    Api::namespaced_with(env.client(), "admission", &infrastructure_resource(kind, plural))
 }
 
 fn obj(kind: &str, name: &str, spec: Value) -> DynamicObject {
@@ -23,7 +19,7 @@ fn obj(kind: &str, name: &str, spec: Value) -> DynamicObject {
 }
 
 fn machine_spec() -> Value {
-    json!({"cpus": 2, "memory": "4Gi", "image": "ubuntu-2404-kube-v1.36.3", "diskSize": "20Gi"})
+    json!({"cpus": 2, "memory": "4Gi", "image": machine_image(), "diskSize": "20Gi"})
 }
 
 fn with(mut v: Value, path: &[&str], value: Value) -> Value {
@@ -61,11 +57,7 @@ async fn rejection(env: &Env, o: &DynamicObject) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
-    let opts = EnvOptions::new("admission").capi_managers(CapiManagers {
-        core: false,
-        bootstrap: false,
-        control_plane: false,
-    });
+    let opts = EnvOptions::new("admission").capi_managers(CapiManagers::NONE);
     let env = Env::start(opts).await.expect("test environment");
     env.create_namespace("admission").await.unwrap();
 

@@ -1,0 +1,101 @@
+//! Readiness against the real control plane: `/readyz` answers 503 until every cache has done
+//! its first list, with `/healthz` 200 all along (the manager runs with its shipped RBAC and
+//! leader election, impersonating its ServiceAccount).
+
+use std::time::Duration;
+
+use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, ProcessSpec, free_port, http_get, own_binary};
+
+/// `/readyz` answers 503 "caches not synced" while a cache cannot do its first list (here: the
+/// manager's ServiceAccount may not list Kairon Machines yet), with `/healthz` 200 all along,
+/// and turns 200 once the permission is granted and the cache syncs.
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_is_false_until_the_caches_sync() {
+    let env = Env::start(EnvOptions::new("operability-readyz").capi_managers(CapiManagers::NONE))
+        .await
+        .expect("test environment");
+    env.create_namespace("capkr-system").await.unwrap();
+    let root = capkr_testenv::workspace_root();
+    let rbac = |file: &str| std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap();
+    // The shipped RBAC without the rule for Kairon Machines.
+    let role = rbac("role.yaml");
+    let (head, tail) = role
+        .split_once("  - apiGroups: [kairon.zyvor.dev]")
+        .expect("config/rbac/role.yaml has a kairon.zyvor.dev rule");
+    let (_, after) = tail
+        .split_once("  # Events")
+        .expect("the rule after it is about events");
+    let without_kairon = format!("{head}  # Events{after}");
+    for yaml in [
+        rbac("service_account.yaml"),
+        without_kairon,
+        rbac("role_binding.yaml"),
+        rbac("leader_election_role.yaml"),
+        rbac("leader_election_role_binding.yaml"),
+    ] {
+        env.apply(&yaml, None).await.unwrap();
+    }
+    // The manager authenticates as the admin but acts as the ServiceAccount.
+    let kubeconfig = env
+        .impersonating_kubeconfig(
+            "system:serviceaccount:capkr-system:capkr-manager",
+            "capkr-manager-sa.kubeconfig",
+        )
+        .unwrap();
+    let (health, metrics) = (free_port().unwrap(), free_port().unwrap());
+    let manager = Process::spawn(
+        ProcessSpec::new(
+            "capkr-manager-sa",
+            own_binary("capkr-manager", "CAPKR_MANAGER_BIN").unwrap(),
+            &env.log_dir(),
+        )
+        .env("NO_COLOR", "1")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--leader-elect")
+        .arg(format!("--health-addr=127.0.0.1:{health}"))
+        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}")),
+    )
+    .unwrap();
+
+    // Alive at once; leading (it is alone) but not ready for as long as the list is refused.
+    let alive = capkr_testenv::wait_for("/healthz 200", Duration::from_secs(30), || async {
+        Ok::<_, std::io::Error>((http_get(health, "/healthz").await.is_ok_and(|r| r.status == 200)).then_some(()))
+    })
+    .await;
+    if let Err(e) = alive {
+        panic!("{e:#}\n{}", manager.log_tail(40));
+    }
+    let leads = capkr_testenv::wait_for("the manager leads", Duration::from_secs(30), || async {
+        let body = http_get(metrics, "/metrics").await.map(|r| r.body).unwrap_or_default();
+        Ok::<_, std::io::Error>(
+            body.lines()
+                .any(|l| l.starts_with("capkr_leader") && l.ends_with(" 1"))
+                .then_some(()),
+        )
+    })
+    .await;
+    if let Err(e) = leads {
+        panic!("{e:#}\n{}", manager.log_tail(40));
+    }
+    for _ in 0..10 {
+        let r = http_get(health, "/readyz").await.expect("/readyz answers");
+        let (code, body) = (r.status, r.body);
+        assert_eq!(code, 503, "/readyz before the Kairon Machine cache synced: {body}");
+        assert!(body.contains("caches not synced"), "{body}");
+        assert_eq!(http_get(health, "/healthz").await.map(|r| r.status).ok(), Some(200));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let log = std::fs::read_to_string(manager.log_path()).unwrap();
+    assert!(log.contains("forbidden"), "the list was refused:\n{log}");
+
+    // Grant it: the watcher's retry lists, the cache syncs, /readyz turns 200.
+    env.apply(&rbac("role.yaml"), None).await.unwrap();
+    let ready = capkr_testenv::wait_for("/readyz 200", Duration::from_secs(90), || async {
+        Ok::<_, std::io::Error>((http_get(health, "/readyz").await.is_ok_and(|r| r.status == 200)).then_some(()))
+    })
+    .await;
+    if let Err(e) = ready {
+        panic!("{e:#}\n{}", manager.log_tail(40));
+    }
+    assert!(manager.is_running());
+}

@@ -1,0 +1,113 @@
+//! Loopback networking for tests: free ports, and a plain-HTTP GET for health, readiness and
+//! metrics endpoints (etcd, CAPI's managers, capkr-manager).
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A free loopback port; never hands out the same one twice in a test process.
+pub fn free_port() -> Result<u16> {
+    static USED: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let used = USED.get_or_init(|| Mutex::new(HashSet::new()));
+    for _ in 0..100 {
+        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
+        let port = l.local_addr().context("local addr")?.port();
+        // Webhook servers bind all interfaces: make sure that is free too.
+        drop(l);
+        if std::net::TcpListener::bind(("0.0.0.0", port)).is_err() {
+            continue;
+        }
+        if used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return Ok(port);
+        }
+    }
+    bail!("no free port found")
+}
+
+/// What [`http_get`] got back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpResponse {
+    pub status: u16,
+    /// Everything after the headers (bodies served with a length, as the endpoints probed here do).
+    pub body: String,
+}
+
+/// How long [`http_get`] waits for the whole answer.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `GET http://127.0.0.1:<port><path>`: the status and body, or an error if nothing answers
+/// within 5 s or the answer is not HTTP.
+pub async fn http_get(port: u16, path: &str) -> Result<HttpResponse> {
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await?;
+        Ok::<_, std::io::Error>(buf)
+    };
+    let buf = tokio::time::timeout(HTTP_TIMEOUT, get)
+        .await
+        .map_err(|_| anyhow!("GET {path} on port {port}: no answer within {HTTP_TIMEOUT:?}"))?
+        .with_context(|| format!("GET {path} on port {port}"))?;
+    let text = String::from_utf8_lossy(&buf);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| {
+            let head: String = text.chars().take(64).collect();
+            anyhow!("GET {path} on port {port}: not an HTTP response: {head:?}")
+        })?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok(HttpResponse { status, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_port_never_hands_out_a_port_twice() {
+        let ports: Vec<u16> = (0..20).map(|_| free_port().unwrap()).collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+    }
+
+    #[tokio::test]
+    async fn http_get_returns_status_and_body() {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = vec![0u8; 1024];
+            let n = s.read(&mut req).await.unwrap();
+            s.write_all(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 18\r\n\r\ncaches not synced\n")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&req[..n]).into_owned()
+        });
+        let got = http_get(port, "/readyz").await.unwrap();
+        assert_eq!(
+            got,
+            HttpResponse {
+                status: 503,
+                body: "caches not synced\n".into()
+            }
+        );
+        let request = server.await.unwrap();
+        assert!(request.starts_with("GET /readyz HTTP/1.1\r\n"), "{request:?}");
+    }
+
+    #[tokio::test]
+    async fn http_get_is_an_error_when_nothing_listens() {
+        let port = free_port().unwrap();
+        assert!(http_get(port, "/healthz").await.is_err());
+    }
+}
