@@ -161,7 +161,7 @@ spec:
     // The policy lifted, the machine comes up.
     let bindings: Api<DynamicObject> = Api::all_with(
         rig.env.client(),
-        &common::gvk(
+        &capkr_testenv::api_resource(
             "admissionregistration.k8s.io",
             "v1",
             "ValidatingAdmissionPolicyBinding",

@@ -131,8 +131,11 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
 
     let odd_ns = "kairon-odd-elsewhere";
     rig.env.create_namespace(odd_ns).await.unwrap();
-    let machines: Api<DynamicObject> =
-        Api::namespaced_with(rig.env.client(), odd_ns, &common::capi("Machine", "machines"));
+    let machines: Api<DynamicObject> = Api::namespaced_with(
+        rig.env.client(),
+        odd_ns,
+        &capkr_testenv::capi_resource("Machine", "machines"),
+    );
     let machine: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
         "metadata": {"name": "oddling", "namespace": odd_ns},
@@ -154,7 +157,7 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
     let vms: Api<DynamicObject> = Api::namespaced_with(
         rig.env.client(),
         odd_ns,
-        &common::gvk("kairon.zyvor.dev", "v1alpha1", "Machine", "machines"),
+        &capkr_testenv::api_resource("kairon.zyvor.dev", "v1alpha1", "Machine", "machines"),
     );
     let odd: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",

@@ -71,7 +71,10 @@ async fn kaironmachines_deleted_after_their_cluster_is_gone_keep_their_vms() {
         .count();
     assert_eq!(kept, 2, "one Warning event per KaironMachine");
     let port = common::port_of(&rig.manager, "--metrics-bind-address");
-    let (_, metrics) = common::http_get(port, "/metrics").await.expect("metrics served");
+    let metrics = capkr_testenv::http_get(port, "/metrics")
+        .await
+        .expect("metrics served")
+        .body;
     assert!(
         metrics.contains("capkr_kairon_machines_kept_total 2"),
         "the metric counts them: {}",

@@ -40,7 +40,7 @@ async fn create_machine(rig: &Rig, name: &str, bootstrap: Value, infra: &str) ->
     let m: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
         "metadata": {"name": name, "namespace": rig.ns, "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster}},
-        "spec": {"clusterName": rig.cluster, "version": common::KUBERNETES_VERSION, "bootstrap": bootstrap,
+        "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION, "bootstrap": bootstrap,
                  "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": infra}}
     }))
     .unwrap();
