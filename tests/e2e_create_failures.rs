@@ -8,20 +8,14 @@ mod common;
 
 use std::time::Duration;
 
-use capkr::api::KaironMachine;
-use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
-use common::{Rig, RigOptions};
+use capkr::api::conditions::reason;
+use common::{Rig, RigOptions, km_instance};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
-
-fn instance_condition(km: &KaironMachine) -> Option<(String, String)> {
-    conditions::get(km.status.as_ref()?.conditions.as_deref()?, INSTANCE_PROVISIONED)
-        .map(|c| (c.reason.clone(), c.message.clone()))
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rejected_create_is_reported_and_retried_with_backoff() {
@@ -103,12 +97,12 @@ spec:
             let kms = rig.kms().list(&ListParams::default()).await?.items;
             Ok::<_, kube::Error>(kms.into_iter().find(|k| {
                 !before.contains(&k.name_any())
-                    && instance_condition(k).is_some_and(|(r, _)| r == reason::INSTANCE_CREATE_FAILED)
+                    && km_instance(k).is_some_and(|(r, _)| r == reason::INSTANCE_CREATE_FAILED)
             }))
         })
         .await;
     let name = km.name_any();
-    let (_, message) = instance_condition(&km).unwrap();
+    let (_, message) = km_instance(&km).unwrap();
     assert!(
         message.contains("403 Forbidden"),
         "the API's code and reason: {message}"

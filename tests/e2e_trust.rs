@@ -7,9 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
+use capkr::api::conditions::reason;
 use capkr::api::{KaironMachine, KaironMachineSpec};
-use common::{Rig, RigOptions};
+use common::{Rig, RigOptions, km_instance};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -18,11 +18,6 @@ use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const UP: Duration = Duration::from_secs(180);
-
-fn instance_condition(km: &KaironMachine) -> Option<(String, String)> {
-    conditions::get(km.status.as_ref()?.conditions.as_deref()?, INSTANCE_PROVISIONED)
-        .map(|c| (c.reason.clone(), c.message.clone()))
-}
 
 fn km_spec() -> KaironMachineSpec {
     KaironMachineSpec {
@@ -140,7 +135,7 @@ async fn secrets_and_owners_that_do_not_belong_to_the_machine_get_no_vm() {
         let (_, message) = rig
             .wait(&format!("{name}: InstanceProvisioned {want}"), UP, || async {
                 let km = rig.kms().get(name).await?;
-                Ok::<_, kube::Error>(instance_condition(&km).filter(|(r, _)| r == want))
+                Ok::<_, kube::Error>(km_instance(&km).filter(|(r, _)| r == want))
             })
             .await;
         assert!(message.contains(in_message), "{name}: the message says why: {message}");
@@ -247,7 +242,7 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
                 ));
             }
             Ok::<_, kube::Error>(
-                (instance_condition(&km).map(|c| c.0).as_deref() == Some(reason::INSTANCE_NOT_FOUND)).then_some(km),
+                (km_instance(&km).map(|c| c.0).as_deref() == Some(reason::INSTANCE_NOT_FOUND)).then_some(km),
             )
         })
         .await;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use capkr::api::conditions::{self, READY};
+use capkr::api::conditions::{self, INSTANCE_PROVISIONED, READY};
 use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
@@ -332,6 +332,12 @@ pub fn port_of(p: &Process, flag: &str) -> u16 {
 pub fn km_ready(km: &KaironMachine) -> Option<(String, String)> {
     let c = conditions::get(km.status.as_ref()?.conditions.as_deref()?, READY)?;
     Some((c.status.clone(), c.reason.clone()))
+}
+
+/// Reason and message of the InstanceProvisioned condition of a KaironMachine.
+pub fn km_instance(km: &KaironMachine) -> Option<(String, String)> {
+    let c = conditions::get(km.status.as_ref()?.conditions.as_deref()?, INSTANCE_PROVISIONED)?;
+    Some((c.reason.clone(), c.message.clone()))
 }
 
 /// A condition of a dynamic object.
