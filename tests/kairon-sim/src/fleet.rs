@@ -69,9 +69,14 @@ pub enum FleetError {
 struct Vm {
     cluster: ClusterRef,
     node: String,
+    ip: Ipv4Addr,
     etcd_url: String,
     dir: PathBuf,
     children: Vec<(&'static str, Child)>,
+    /// kubeadm's admin.conf identity against this VM's own API server.
+    client: Option<Client>,
+    /// What kubeadm leaves in the cluster has been written (retried until it is).
+    settled: bool,
 }
 
 impl Vm {
@@ -135,6 +140,9 @@ impl Fleet {
             let mut vms = self.vms.lock().await;
             match vms.get_mut(uid).map(Vm::alive) {
                 Some(true) => {
+                    if let Some(vm) = vms.get_mut(uid) {
+                        settle(vm, facts, plan).await?;
+                    }
                     drop(vms);
                     return self.serve_endpoint(uid, cluster, plan, api).await;
                 }
@@ -156,8 +164,11 @@ impl Fleet {
             return Err(FleetError::NoPeer);
         }
         let started = Instant::now();
-        let vm = self.boot_vm(uid, vm_name, cluster, facts, plan, ip, &peers).await?;
+        let mut vm = self.boot_vm(uid, vm_name, cluster, facts, plan, ip, &peers).await?;
+        // The processes run from here on, whatever happens to the objects: keep the VM.
+        let settled = settle(&mut vm, facts, plan).await;
         self.vms.lock().await.insert(uid.to_string(), vm);
+        settled?;
         tracing::info!(
             vm = vm_name, node = %facts.identity.node_name, address = %ip, init = plan.init,
             took = ?started.elapsed(), "control plane up (etcd, kube-apiserver, kubelet endpoint)"
@@ -187,6 +198,9 @@ impl Fleet {
         let mut vm = Vm {
             cluster: cluster.clone(),
             node: node.clone(),
+            ip,
+            client: None,
+            settled: false,
             etcd_url: format!("https://{ip}:{ETCD_CLIENT_PORT}"),
             dir: dir.clone(),
             children: Vec::new(),
@@ -272,19 +286,7 @@ impl Fleet {
         vm.children.push(("kubelet", spawn(&guest_bin, &kubelet_args, &kubelet_log)?));
         wait_tcp(&mut vm, SocketAddr::from((ip, KUBELET_PORT)), "kubelet", &kubelet_log).await?;
 
-        let version = facts
-            .identity
-            .kubernetes_version
-            .clone()
-            .unwrap_or_else(|| crate::workload::DEFAULT_KUBELET_VERSION.to_string());
-        if plan.init {
-            kubeadm_objects::write_init_objects(&client, plan, &pki)
-                .await
-                .map_err(FleetError::Objects)?;
-        }
-        kubeadm_objects::write_mirror_pods(&client, &node, &ip.to_string(), plan.api_port, &version)
-            .await
-            .map_err(FleetError::Objects)?;
+        vm.client = Some(client);
         Ok(vm)
     }
 
@@ -338,6 +340,28 @@ impl Fleet {
         tracing::info!(node = %stopped.node, "control-plane VM stopped: etcd, kube-apiserver and kubelet killed");
         Some(stopped)
     }
+}
+
+/// Writes what `kubeadm init` leaves (init only) and the VM's mirror Pods, once.
+async fn settle(vm: &mut Vm, facts: &NodeFacts, plan: &ControlPlanePlan) -> Result<(), FleetError> {
+    let Some(client) = vm.client.clone().filter(|_| !vm.settled) else {
+        return Ok(());
+    };
+    let version = facts
+        .identity
+        .kubernetes_version
+        .clone()
+        .unwrap_or_else(|| crate::workload::DEFAULT_KUBELET_VERSION.to_string());
+    if plan.init {
+        kubeadm_objects::write_init_objects(&client, plan, &vm.dir.join("pki"))
+            .await
+            .map_err(FleetError::Objects)?;
+    }
+    kubeadm_objects::write_mirror_pods(&client, &vm.node, &vm.ip.to_string(), plan.api_port, &version)
+        .await
+        .map_err(FleetError::Objects)?;
+    vm.settled = true;
+    Ok(())
 }
 
 fn write_pki(pki: &Path, files: &[(String, String)]) -> std::io::Result<()> {
