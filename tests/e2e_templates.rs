@@ -12,37 +12,89 @@ use std::time::{Duration, Instant};
 
 use templates_support::*;
 
+fn assert_describe_ready(describe: &str, cluster: &str) {
+    let line = |needle: &str| {
+        describe
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle} line in:\n{describe}"))
+    };
+    let cluster_line = line(&format!("Cluster/{cluster}"));
+    assert!(cluster_line.contains("True"), "Cluster not ready: {cluster_line}\n{describe}");
+    let cp_line = line("KubeadmControlPlane/");
+    assert!(cp_line.contains("True"), "control plane not ready: {cp_line}\n{describe}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn default_flavor_three_control_planes_and_two_workers_come_up_from_clusterctl() {
+async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
     let rig = GuestRig::start("templates_default").await;
     let yaml = rig.generate("", 3, 2);
     let started = Instant::now();
     rig.kubectl_apply(&yaml);
-
-    let took = rig
-        .wait("3 control planes + 2 workers ready", Duration::from_secs(600), || async {
-            let machines = rig.machines().await;
-            let kcp = rig.kcp().await;
-            cluster_ready(&machines, kcp.as_ref(), 3, 2)
-        })
-        .await;
-    eprintln!("cluster 3+2 ready {:.1}s after kubectl apply", took.as_secs_f64());
-    let _ = started;
+    rig.wait_shape(3, 2, Duration::from_secs(600)).await;
+    eprintln!(
+        "cluster 3+2 ready {:.1}s after kubectl apply",
+        started.elapsed().as_secs_f64()
+    );
+    for (pid, cmd) in processes_under(&rig.guest_dir) {
+        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("VmRSS"))
+            .unwrap_or_default()
+            .to_string();
+        eprintln!("{rss:>20}  {cmd}");
+    }
 
     let describe = rig.clusterctl_describe();
     eprintln!("{describe}");
-    let cluster_line = describe
-        .lines()
-        .find(|l| l.contains(&format!("Cluster/{}", rig.cluster)))
-        .unwrap_or_else(|| panic!("no Cluster line in:\n{describe}"));
-    assert!(cluster_line.contains("True"), "Cluster not ready: {cluster_line}\n{describe}");
-    let cp_line = describe
-        .lines()
-        .find(|l| l.contains("KubeadmControlPlane/"))
-        .unwrap_or_else(|| panic!("no KubeadmControlPlane line in:\n{describe}"));
-    assert!(cp_line.contains("True"), "control plane not ready: {cp_line}\n{describe}");
-    assert!(
-        cp_line.contains("3/3") || describe.matches("Machine/").count() >= 5,
-        "{describe}"
+    assert_describe_ready(&describe, &rig.cluster);
+    assert_eq!(
+        describe.matches("Machine/").count(),
+        5,
+        "5 Machines in:\n{describe}"
     );
+
+    // KCP 3 -> 1: KCP removes the etcd members, then the Machines; the VMs' processes stop.
+    let kcp = name(&rig.kcp().await.expect("KCP"));
+    rig.patch_replicas(&kcp_resource(), &kcp, 1).await;
+    rig.wait_shape(1, 2, Duration::from_secs(300)).await;
+
+    // MachineDeployment 2 -> 4 -> 1.
+    let md = format!("{}-md-0", rig.cluster);
+    let mds = capi("MachineDeployment", "machinedeployments");
+    rig.patch_replicas(&mds, &md, 4).await;
+    rig.wait_shape(1, 4, Duration::from_secs(300)).await;
+    rig.patch_replicas(&mds, &md, 1).await;
+    rig.wait_shape(1, 1, Duration::from_secs(300)).await;
+
+    // Delete: no Machine, Kairon Machine, process or endpoint port left.
+    let t = Instant::now();
+    let out = rig
+        .kubectl()
+        .args(["delete", "cluster", &rig.cluster, "-n", &rig.ns, "--wait=false"])
+        .output()
+        .expect("kubectl delete");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let vms: kube::Api<capkr::kairon::Machine> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    let endpoint = format!("{}:6443", rig.net.endpoint_ip());
+    rig.wait("the cluster is gone", Duration::from_secs(300), || async {
+        let machines = rig.machines().await.len();
+        let kairon = vms
+            .list(&Default::default())
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(usize::MAX);
+        let procs = processes_under(&rig.guest_dir);
+        let port_open = tokio::net::TcpStream::connect(&endpoint).await.is_ok();
+        if machines == 0 && kairon == 0 && procs.is_empty() && !port_open && rig.vm_dirs().is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{machines} Machines, {kairon} Kairon Machines, processes {procs:?}, endpoint open: {port_open}"
+            ))
+        }
+    })
+    .await;
+    eprintln!("cluster deleted in {:.1}s", t.elapsed().as_secs_f64());
 }

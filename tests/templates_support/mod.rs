@@ -314,3 +314,72 @@ pub fn cluster_ready(
     }
     Ok(())
 }
+
+/// Processes whose command line names `dir` (the VMs' etcd, kube-apiserver, kubelet).
+pub fn processes_under(dir: &std::path::Path) -> Vec<(u32, String)> {
+    let needle = dir.display().to_string();
+    let mut out = vec![];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if cmdline.contains(&needle) {
+            out.push((pid, cmdline.chars().take(120).collect()));
+        }
+    }
+    out
+}
+
+impl GuestRig {
+    pub async fn patch_replicas(&self, r: &ApiResource, name: &str, replicas: u32) {
+        use kube::api::{Patch, PatchParams};
+        self.api(r)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("scaling {name} to {replicas}: {e}"));
+    }
+
+    /// Control-plane VMs whose data dir exists (a stopped VM's dir is removed).
+    pub fn vm_dirs(&self) -> Vec<String> {
+        std::fs::read_dir(&self.guest_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "logs")
+            .collect()
+    }
+
+    /// Waits for the cluster shape, then checks one etcd, API server and kubelet per
+    /// control-plane VM and nothing else.
+    pub async fn wait_shape(&self, control_planes: usize, workers: usize, timeout: Duration) -> Duration {
+        let what = format!("{control_planes} control planes + {workers} workers ready");
+        let took = self
+            .wait(&what, timeout, || async {
+                let machines = self.machines().await;
+                let kcp = self.kcp().await;
+                cluster_ready(&machines, kcp.as_ref(), control_planes, workers)?;
+                let dirs = self.vm_dirs();
+                let procs = processes_under(&self.guest_dir);
+                if dirs.len() != control_planes || procs.len() != 3 * control_planes {
+                    return Err(format!(
+                        "{} VM dirs and {} VM processes for {control_planes} control planes: {procs:?}",
+                        dirs.len(),
+                        procs.len()
+                    ));
+                }
+                Ok(())
+            })
+            .await;
+        eprintln!("{what}: {:.1}s", took.as_secs_f64());
+        took
+    }
+}
