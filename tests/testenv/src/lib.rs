@@ -19,6 +19,7 @@ mod bins;
 mod certs;
 pub mod cluster;
 pub mod demo;
+pub mod flavors;
 mod dump;
 mod env;
 mod kube_util;
