@@ -20,9 +20,15 @@ fn assert_describe_ready(describe: &str, cluster: &str) {
             .unwrap_or_else(|| panic!("no {needle} line in:\n{describe}"))
     };
     let cluster_line = line(&format!("Cluster/{cluster}"));
-    assert!(cluster_line.contains("True"), "Cluster not ready: {cluster_line}\n{describe}");
+    assert!(
+        cluster_line.contains("True"),
+        "Cluster not ready: {cluster_line}\n{describe}"
+    );
     let cp_line = line("KubeadmControlPlane/");
-    assert!(cp_line.contains("True"), "control plane not ready: {cp_line}\n{describe}");
+    assert!(
+        cp_line.contains("True"),
+        "control plane not ready: {cp_line}\n{describe}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -49,11 +55,7 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
     let describe = rig.clusterctl_describe();
     eprintln!("{describe}");
     assert_describe_ready(&describe, &rig.cluster);
-    assert_eq!(
-        describe.matches("Machine/").count(),
-        5,
-        "5 Machines in:\n{describe}"
-    );
+    assert_eq!(describe.matches("Machine/").count(), 5, "5 Machines in:\n{describe}");
 
     // KCP 3 -> 1: KCP removes the etcd members, then the Machines; the VMs' processes stop.
     let kcp = name(&rig.kcp().await.expect("KCP"));

@@ -123,7 +123,12 @@ impl GuestRig {
         let mut cmd = self.repo.clusterctl();
         cmd.args(["generate", "cluster", &self.cluster, "--infrastructure"])
             .arg(format!("kairon:{VERSION}"))
-            .args(["--target-namespace", &self.ns, "--kubernetes-version", KUBERNETES_VERSION])
+            .args([
+                "--target-namespace",
+                &self.ns,
+                "--kubernetes-version",
+                KUBERNETES_VERSION,
+            ])
             .arg("--control-plane-machine-count")
             .arg(control_planes.to_string())
             .arg("--worker-machine-count")
@@ -152,7 +157,15 @@ impl GuestRig {
     pub fn clusterctl_describe(&self) -> String {
         let mut cmd = self.repo.clusterctl();
         cmd.env("KUBECONFIG", self.env.kubeconfig_path())
-            .args(["describe", "cluster", &self.cluster, "-n", &self.ns, "--show-conditions", "all"])
+            .args([
+                "describe",
+                "cluster",
+                &self.cluster,
+                "-n",
+                &self.ns,
+                "--show-conditions",
+                "all",
+            ])
             .env("NO_COLOR", "1");
         stdout(&run_ok(&mut cmd))
     }
@@ -202,7 +215,11 @@ impl GuestRig {
         let last = last.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if r.is_err() {
             self.env.dump();
-            for log in std::fs::read_dir(self.guest_dir.join("logs")).into_iter().flatten().flatten() {
+            for log in std::fs::read_dir(self.guest_dir.join("logs"))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let text = std::fs::read_to_string(log.path()).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(15).collect();
                 eprintln!("--- {} (tail)", log.path().display());

@@ -18,8 +18,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Semaphore, mpsc};
 
-use crate::guest_ops::{post_status, register, remove_node};
 use crate::fleet::Fleet;
+use crate::guest_ops::{post_status, register, remove_node};
 use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};

@@ -261,10 +261,8 @@ impl Fleet {
             "--log-level=warn".into(),
         ];
         let etcd_log = logs.join(format!("{vm_name}-etcd.log"));
-        vm.children.push((
-            "etcd",
-            spawn(&self.tools.bin_dir.join("etcd"), &etcd_args, &etcd_log)?,
-        ));
+        vm.children
+            .push(("etcd", spawn(&self.tools.bin_dir.join("etcd"), &etcd_args, &etcd_log)?));
         wait_tcp(&mut vm, SocketAddr::from((ip, ETCD_CLIENT_PORT)), "etcd", &etcd_log).await?;
 
         let api_args = apiserver_args(&pki, ip, plan);
@@ -283,7 +281,8 @@ impl Fleet {
             format!("--address={ip}"),
             format!("--port={KUBELET_PORT}"),
         ];
-        vm.children.push(("kubelet", spawn(&guest_bin, &kubelet_args, &kubelet_log)?));
+        vm.children
+            .push(("kubelet", spawn(&guest_bin, &kubelet_args, &kubelet_log)?));
         wait_tcp(&mut vm, SocketAddr::from((ip, KUBELET_PORT)), "kubelet", &kubelet_log).await?;
 
         vm.client = Some(client);
@@ -324,12 +323,7 @@ impl Fleet {
             node: vm.node.clone(),
         };
         drop(vm);
-        let others = self
-            .vms
-            .lock()
-            .await
-            .values()
-            .any(|v| v.cluster == stopped.cluster);
+        let others = self.vms.lock().await.values().any(|v| v.cluster == stopped.cluster);
         let mut endpoints = self.endpoints.lock().await;
         if let Some(endpoint) = endpoints.get(&stopped.cluster)
             && endpoint.remove_backend(uid) == 0
@@ -490,7 +484,11 @@ async fn wait_tcp(vm: &mut Vm, addr: SocketAddr, what: &'static str, log: &Path)
         }
         check_alive(vm, log)?;
         if Instant::now() > deadline {
-            return Err(FleetError::NotReady(what, Duration::from_secs(30), log.display().to_string()));
+            return Err(FleetError::NotReady(
+                what,
+                Duration::from_secs(30),
+                log.display().to_string(),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

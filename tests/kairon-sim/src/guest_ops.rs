@@ -207,7 +207,12 @@ pub async fn post_status(
 
 /// Best effort: a Node that cannot be removed (cluster gone, API down) must not keep the
 /// Machine from going away, as the real kairon-controller knows nothing of Nodes.
-pub async fn remove_node(workloads: Arc<Workloads>, fleet: Option<Arc<Fleet>>, m: Machine, known: Option<RegisteredNode>) {
+pub async fn remove_node(
+    workloads: Arc<Workloads>,
+    fleet: Option<Arc<Fleet>>,
+    m: Machine,
+    known: Option<RegisteredNode>,
+) {
     let key = Key::of(&m);
     // The VM is gone, and its processes with it (etcd membership is KCP's business: it
     // removes the member before deleting the Machine).

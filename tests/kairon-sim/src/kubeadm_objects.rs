@@ -184,14 +184,26 @@ pub async fn write_mirror_pods(
         let name = pod.metadata.name.clone().unwrap_or_default();
         // A mirror pod from an earlier boot of a namesake node is replaced, as kubelet does.
         if let Some(old) = pods.get_opt(&name).await? {
-            let same = old.metadata.annotations.as_ref().and_then(|a| a.get("kubernetes.io/config.hash"))
-                == pod.metadata.annotations.as_ref().and_then(|a| a.get("kubernetes.io/config.hash"));
+            let same = old
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("kubernetes.io/config.hash"))
+                == pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("kubernetes.io/config.hash"));
             if !same {
                 let _ = pods.delete(&name, &DeleteParams::default().grace_period(0)).await;
             }
         }
         create_if_missing(&pods, &pod).await?;
-        let image = pod.spec.as_ref().and_then(|s| s.containers[0].image.clone()).unwrap_or_default();
+        let image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].image.clone())
+            .unwrap_or_default();
         pods.patch_status(&name, &pp, &Patch::Merge(running_status(component, &image)))
             .await?;
     }
@@ -264,7 +276,11 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["kube-system/kubeadm-config", "kube-system/kubelet-config", "kube-public/cluster-info"]
+            [
+                "kube-system/kubeadm-config",
+                "kube-system/kubelet-config",
+                "kube-public/cluster-info"
+            ]
         );
         let cc = &cms[0].data.as_ref().unwrap()["ClusterConfiguration"];
         let parsed: Value = serde_saphyr::from_str(cc).unwrap();

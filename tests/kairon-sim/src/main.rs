@@ -14,8 +14,8 @@
 
 mod endpoint;
 mod engine;
-mod fleet;
 mod flags;
+mod fleet;
 mod guest;
 mod guest_ops;
 mod hosts;
@@ -126,10 +126,10 @@ async fn main() -> anyhow::Result<()> {
         failure_rate: args.failure_rate,
         full_update: args.full_update,
         boot_guest: !args.no_boot_guest,
-        guest_tools: args.guest_bin_dir.zip(args.guest_dir).map(|(bin_dir, data_dir)| fleet::GuestTools {
-            bin_dir,
-            data_dir,
-        }),
+        guest_tools: args
+            .guest_bin_dir
+            .zip(args.guest_dir)
+            .map(|(bin_dir, data_dir)| fleet::GuestTools { bin_dir, data_dir }),
     };
     let allocations = Allocations {
         placement: Placement::new(hosts, args.host_capacity),

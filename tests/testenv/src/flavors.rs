@@ -23,13 +23,12 @@ pub struct GuestNetwork {
 impl GuestNetwork {
     /// An octet unlikely to be used by another environment on this machine.
     pub fn pick() -> GuestNetwork {
-        let seed = std::process::id() ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        GuestNetwork {
-            octet: 20 + seed % 230,
-        }
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+        GuestNetwork { octet: 20 + seed % 230 }
     }
     pub fn address_pool(&self) -> String {
         format!("127.{}.0.0/20", self.octet)
@@ -115,6 +114,7 @@ impl ClusterctlRepo {
 
     /// `clusterctl generate cluster` of a flavor ("" = default) with the variables a user
     /// sets for the simulator: the endpoint address and an image name.
+    #[allow(clippy::too_many_arguments)]
     pub fn generate_cluster(
         &self,
         name: &str,
@@ -128,7 +128,12 @@ impl ClusterctlRepo {
         let mut cmd = self.clusterctl();
         cmd.args(["generate", "cluster", name, "--infrastructure"])
             .arg(format!("kairon:{VERSION}"))
-            .args(["--target-namespace", namespace, "--kubernetes-version", kubernetes_version])
+            .args([
+                "--target-namespace",
+                namespace,
+                "--kubernetes-version",
+                kubernetes_version,
+            ])
             .arg("--control-plane-machine-count")
             .arg(control_planes.to_string())
             .arg("--worker-machine-count")
