@@ -157,7 +157,6 @@ pub fn running_status(component: &str, image: &str) -> Value {
     json!({"status": {
         "phase": "Running",
         "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
-        "qosClass": "Burstable",
         "startTime": now,
         "containerStatuses": [{
             "name": component, "ready": true, "started": true, "restartCount": 0,
