@@ -344,7 +344,8 @@ pub fn processes_under(dir: &std::path::Path) -> Vec<(u32, String)> {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if cmdline.contains(&needle) {
+        // The simulator itself names the dir in its --guest-dir flag.
+        if cmdline.contains(&needle) && !cmdline.contains("--guest-dir") {
             out.push((pid, cmdline.chars().take(120).collect()));
         }
     }
