@@ -12,23 +12,43 @@ use std::time::{Duration, Instant};
 
 use templates_support::*;
 
-fn assert_describe_ready(describe: &str, cluster: &str) {
-    let line = |needle: &str| {
-        describe
-            .lines()
-            .find(|l| l.contains(needle))
-            .unwrap_or_else(|| panic!("no {needle} line in:\n{describe}"))
+/// `clusterctl describe cluster --show-conditions all`: the Cluster, its control plane and
+/// workers all ready, and the conditions that say why.
+fn assert_describe_ready(describe: &str, ns: &str, cluster: &str, control_planes: usize, workers: usize) {
+    // Columns are padded; compare with single spaces.
+    let lines: Vec<String> = describe
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    let has = |prefix: &str| {
+        lines
+            .iter()
+            .any(|l| l.trim_start_matches(['│', '├', '└', '─', ' ']).starts_with(prefix))
     };
-    let cluster_line = line(&format!("Cluster/{cluster}"));
-    assert!(
-        cluster_line.contains("True"),
-        "Cluster not ready: {cluster_line}\n{describe}"
-    );
-    let cp_line = line("KubeadmControlPlane/");
-    assert!(
-        cp_line.contains("True"),
-        "control plane not ready: {cp_line}\n{describe}"
-    );
+    let total = control_planes + workers;
+    for want in [
+        format!("Cluster {ns}/{cluster} {total}/{total} {total} {total} {total}"),
+        format!(
+            "KubeadmControlPlane {ns}/{cluster}-control-plane, v1.36.3 {control_planes}/{control_planes} {control_planes} {control_planes} {control_planes}"
+        ),
+        format!("MachineDeployment {ns}/{cluster}-md-0, v1.36.3 {workers}/{workers} {workers} {workers} {workers}"),
+        format!("{control_planes} Machines... {control_planes} {control_planes} {control_planes} True Ready"),
+        format!("{workers} Machines... {workers} {workers} {workers} True Ready"),
+        "Available True Available".to_string(),
+        "ControlPlaneInitialized True Initialized".to_string(),
+        "ControlPlaneAvailable True Available".to_string(),
+        "WorkersAvailable True Available".to_string(),
+        "EtcdClusterHealthy True Healthy".to_string(),
+        "ControlPlaneComponentsHealthy True Healthy".to_string(),
+    ] {
+        assert!(has(&want), "no line {want:?} in clusterctl describe:\n{describe}");
+    }
+    for l in &lines {
+        let cond = l.trim_start_matches(['│', '├', '└', '─', ' ']);
+        if cond.starts_with("Available ") || cond.starts_with("Ready ") {
+            assert!(cond.contains(" True "), "{cond:?} in clusterctl describe:\n{describe}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -54,7 +74,7 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
 
     let describe = rig.clusterctl_describe();
     eprintln!("{describe}");
-    assert_describe_ready(&describe, &rig.cluster);
+    assert_describe_ready(&describe, &rig.ns, &rig.cluster, 3, 2);
     assert_eq!(describe.matches("Machine/").count(), 5, "5 Machines in:\n{describe}");
 
     // KCP 3 -> 1: KCP removes the etcd members, then the Machines; the VMs' processes stop.
