@@ -401,25 +401,3 @@ impl GuestRig {
         took
     }
 }
-
-impl GuestRig {
-    /// A client for the workload cluster, from the `<cluster>-kubeconfig` Secret KCP wrote
-    /// (it goes through the kube-vip endpoint the simulator serves).
-    pub async fn workload_client(&self) -> kube::Client {
-        use k8s_openapi::api::core::v1::Secret;
-        let secrets: Api<Secret> = Api::namespaced(self.env.client(), &self.ns);
-        let secret = secrets
-            .get(&format!("{}-kubeconfig", self.cluster))
-            .await
-            .expect("the cluster's kubeconfig Secret");
-        let value = secret
-            .data
-            .and_then(|mut d| d.remove("value"))
-            .expect("kubeconfig under 'value'");
-        let path = self.env.dir().join(format!("{}-workload.kubeconfig", self.cluster));
-        std::fs::write(&path, value.0).expect("writing the workload kubeconfig");
-        capkr_testenv::client_from_kubeconfig_file(&path)
-            .await
-            .expect("workload client")
-    }
-}
