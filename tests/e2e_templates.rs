@@ -66,10 +66,8 @@ fn describe_shows_ready(
     }
     for l in &lines {
         let cond = l.trim_start_matches(['│', '├', '└', '─', ' ']);
-        if cond.starts_with("Available ") || cond.starts_with("Ready ") {
-            if !cond.contains(" True ") {
-                return Err(format!("{cond:?} in clusterctl describe:\n{describe}"));
-            }
+        if (cond.starts_with("Available ") || cond.starts_with("Ready ")) && !cond.contains(" True ") {
+            return Err(format!("{cond:?} in clusterctl describe:\n{describe}"));
         }
     }
     Ok(())
