@@ -5,7 +5,7 @@
 #
 #   ${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}/<hash>/bin
 #
-# <hash> covers tests/tools/*/go.mod, go.sum and this script, so a warm run only hashes a
+# <hash> covers tests/tools/*/go.mod, go.sum, tests/tools/guest/*.go and this script, so a warm run only hashes a
 # few files and checks that the binaries exist. The LAST line on stdout is the absolute bin
 # dir (BIN=$(hack/test-tools.sh | tail -1)); progress goes to stderr.
 #
@@ -32,7 +32,10 @@ log() { printf '[test-tools] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # --- cache key -----------------------------------------------------------------------
-MODFILES=(k8s/go.mod k8s/go.sum capi/go.mod capi/go.sum helm/go.mod helm/go.sum)
+MODFILES=(k8s/go.mod k8s/go.sum capi/go.mod capi/go.sum helm/go.mod helm/go.sum guest/go.mod guest/go.sum)
+# guest/ holds this project's own Go code (kairon-guest), so its sources are inputs too.
+mapfile -t GUEST_SOURCES < <(cd "$TOOLS" && ls guest/*.go 2>/dev/null | sort)
+MODFILES+=("${GUEST_SOURCES[@]}")
 hash_inputs() {
   local f
   for f in "${MODFILES[@]}"; do
@@ -79,6 +82,7 @@ TARGETS=(
   "capi-kubeadm-control-plane-manager capi sigs.k8s.io/cluster-api/controlplane/kubeadm"
   "clusterctl                         capi sigs.k8s.io/cluster-api/cmd/clusterctl"
   "helm                               helm helm.sh/helm/v3/cmd/helm"
+  "kairon-guest                       guest ."
 )
 ALL_NAMES=()
 for t in "${TARGETS[@]}"; do read -r n _ _ <<<"$t"; ALL_NAMES+=("$n"); done
@@ -210,6 +214,10 @@ ldflags_for() { # module-dir: sets LDF[dir]/TAGS[dir], the version ldflags upstr
       LDF[helm]+=" -X $p/pkg/chartutil.k8sVersionMajor=1 -X $p/pkg/chartutil.k8sVersionMinor=$minor"
       TAGS[helm]=""
       ;;
+    guest)
+      LDF[guest]="-s -w"
+      TAGS[guest]=""
+      ;;
   esac
 }
 
@@ -233,7 +241,7 @@ for t in "${TARGETS[@]}"; do
   [[ " ${TODO[*]} " == *" $n "* ]] || continue
   DIRS[$dir]+=" $pkg"
 done
-for dir in k8s capi helm; do
+for dir in k8s capi helm guest; do
   [[ -n "${DIRS[$dir]:-}" ]] || continue
   # shellcheck disable=SC2086
   timed "download modules ($dir)" bash -c 'cd "$1" && shift && "$@" >/dev/null' _ "$TOOLS/$dir" \

@@ -18,6 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Semaphore, mpsc};
 
+use crate::fleet::Fleet;
 use crate::guest_ops::{post_status, register, remove_node};
 use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
@@ -38,6 +39,8 @@ pub struct Options {
     pub failure_rate: f64,
     pub full_update: bool,
     pub boot_guest: bool,
+    /// Run control-plane VMs' processes (see [`crate::fleet`]).
+    pub guest_tools: Option<crate::fleet::GuestTools>,
 }
 
 struct Timer {
@@ -64,6 +67,7 @@ pub struct Engine {
     opts: Options,
     writer: MachineWriter,
     workloads: Arc<Workloads>,
+    fleet: Option<Arc<Fleet>>,
     permits: Arc<Semaphore>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
@@ -87,6 +91,7 @@ impl Engine {
         Self {
             writer: MachineWriter::new(client.clone(), opts.full_update),
             workloads: Arc::new(Workloads::new(client.clone())),
+            fleet: opts.guest_tools.clone().map(|t| Arc::new(Fleet::new(t))),
             client,
             opts,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -197,10 +202,10 @@ impl Engine {
             && guest.node.is_some()
             && !guest.removed
         {
-            let (workloads, permits) = (self.workloads.clone(), self.permits.clone());
+            let (workloads, fleet, permits) = (self.workloads.clone(), self.fleet.clone(), self.permits.clone());
             tokio::spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                remove_node(workloads, m, guest.node).await;
+                remove_node(workloads, fleet, m, guest.node).await;
             });
         }
     }
@@ -390,14 +395,14 @@ impl Engine {
             Step::ReleaseFinalizer => {
                 let node = self.guests.get(key).filter(|g| !g.removed).and_then(|g| g.node.clone());
                 let boot_guest = self.opts.boot_guest;
-                let workloads = self.workloads.clone();
+                let (workloads, fleet) = (self.workloads.clone(), self.fleet.clone());
                 if let Some(g) = self.guests.get_mut(key) {
                     g.removed = true;
                 }
                 tracing::info!(machine = %key, "VM gone: removing finalizer");
                 self.spawn_write(key, async move {
                     if boot_guest {
-                        remove_node(workloads, m.clone(), node).await;
+                        remove_node(workloads, fleet, m.clone(), node).await;
                     }
                     writer.remove_finalizer(&m).await
                 });
@@ -415,12 +420,12 @@ impl Engine {
             *guest = Guest::new(uid.clone());
         }
         let step = next_kubelet_step(&m, guest, now);
-        let workloads = self.workloads.clone();
+        let (workloads, fleet) = (self.workloads.clone(), self.fleet.clone());
         match step {
             KubeletStep::Idle => {}
             KubeletStep::Register => {
                 let ready = sim::node_should_be_ready(&m);
-                self.spawn_guest(key.clone(), uid, register(workloads, m, ready));
+                self.spawn_guest(key.clone(), uid, register(workloads, fleet, m, ready));
             }
             KubeletStep::SetReady(ready) => {
                 let node = guest.node.clone();
@@ -435,7 +440,7 @@ impl Engine {
             KubeletStep::RemoveNode => {
                 let node = guest.node.clone();
                 self.spawn_guest(key.clone(), uid, async move {
-                    remove_node(workloads, m, node).await;
+                    remove_node(workloads, fleet, m, node).await;
                     GuestOutcome::Removed
                 });
             }

@@ -46,6 +46,32 @@ pub enum GuestError {
     NoKubeadm,
 }
 
+/// kubeadm's control-plane role label and taint key.
+pub const CONTROL_PLANE_ROLE: &str = "node-role.kubernetes.io/control-plane";
+
+/// The files cloud-init writes from `write_files` (path, decoded content), in order; entries
+/// that cannot be decoded are skipped, as cloud-init would fail them.
+pub fn written_files(user_data: &str, meta: &MetaData) -> Result<Vec<(String, String)>, GuestError> {
+    let cloud_config = render(user_data, meta);
+    if !cloud_config.trim_start().starts_with("#cloud-config") {
+        return Err(GuestError::NotCloudConfig);
+    }
+    let doc: Value = serde_saphyr::from_str(&cloud_config).map_err(|_| GuestError::InvalidYaml)?;
+    Ok(doc
+        .get("write_files")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|f| Some((f.get("path")?.as_str()?.to_string(), file_content(f)?)))
+        .collect())
+}
+
+/// The kubeadm API documents among the written files.
+pub fn kubeadm_documents_of(files: &[(String, String)]) -> Vec<Value> {
+    files.iter().flat_map(|(_, c)| kubeadm_documents(c)).collect()
+}
+
 /// Resolves what the guest registers as, the way cloud-init and then kubeadm would.
 pub fn resolve(user_data: &str, meta: &MetaData) -> Result<GuestIdentity, GuestError> {
     let cloud_config = render(user_data, meta);
@@ -99,13 +125,23 @@ pub fn resolve(user_data: &str, meta: &MetaData) -> Result<GuestIdentity, GuestE
         .map(|l| parse_node_labels(l))
         .unwrap_or_default();
     if control_plane {
-        labels.insert("node-role.kubernetes.io/control-plane".to_string(), String::new());
+        labels.insert(CONTROL_PLANE_ROLE.to_string(), String::new());
     }
-    let taints = registration
+    let mut taints: Vec<Taint> = registration
         .and_then(|r| r.get("taints"))
         .and_then(Value::as_array)
         .map(|ts| ts.iter().filter_map(parse_taint).collect())
         .unwrap_or_default();
+    // kubeadm taints a control-plane node when the config names no taints at all.
+    let taints_unset = registration.and_then(|r| r.get("taints")).is_none_or(Value::is_null);
+    if control_plane && taints_unset {
+        taints.push(Taint {
+            key: CONTROL_PLANE_ROLE.to_string(),
+            value: None,
+            effect: "NoSchedule".to_string(),
+            time_added: None,
+        });
+    }
     Ok(GuestIdentity {
         node_name,
         provider_id: extra_args
@@ -451,7 +487,7 @@ write_files:
                     version: None,
                     control_plane: true,
                     labels: &[("node-role.kubernetes.io/control-plane", "")],
-                    taints: &[],
+                    taints: &["node-role.kubernetes.io/control-plane"],
                 },
             ),
             (

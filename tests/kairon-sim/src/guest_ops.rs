@@ -9,7 +9,10 @@ use capkr::kairon::{Machine, labels, phase};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::fleet::{ClusterRef, Fleet, FleetError};
 use crate::guest::{self, MetaData};
+use crate::kubeadm::control_plane_plan;
+use crate::kubeadm_objects::delete_mirror_pods;
 use crate::kubelet::{GuestOutcome, RegisteredNode};
 use crate::sim::{self, Key};
 use crate::workload::{NodeFacts, WorkloadError, Workloads, desired_node, node_status};
@@ -62,7 +65,53 @@ fn cluster_of(m: &Machine) -> Option<String> {
     m.labels().get(labels::CLUSTER_NAME).cloned()
 }
 
-pub async fn register(workloads: Arc<Workloads>, m: Machine, ready: bool) -> GuestOutcome {
+/// With real control-plane VMs: runs what `kubeadm init`/`join --control-plane` would start
+/// on this VM before its kubelet registers. `Err` is the outcome to report instead.
+async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, cluster: &str) -> Result<(), GuestOutcome> {
+    let key = Key::of(m);
+    let user_data = m
+        .spec
+        .cloud_init
+        .as_ref()
+        .and_then(|c| c.user_data.as_ref())
+        .map(|u| u.as_str())
+        .unwrap_or_default();
+    let meta = MetaData {
+        instance_id: facts.machine_uid.clone(),
+        local_hostname: m.name_any(),
+    };
+    let plan = guest::written_files(user_data, &meta)
+        .ok()
+        .map(|files| control_plane_plan(&files));
+    let plan = match plan {
+        Some(Ok(Some(plan))) => plan,
+        Some(Ok(None)) | None => return Ok(()),
+        Some(Err(e)) => {
+            tracing::warn!(machine = %key, error = %e, "control-plane VM cannot run kubeadm");
+            return Err(GuestOutcome::Unbootable);
+        }
+    };
+    let cluster = ClusterRef {
+        namespace: key.namespace.clone(),
+        name: cluster.to_string(),
+    };
+    match fleet
+        .ensure(&facts.machine_uid, &key.name, &cluster, facts, &plan)
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(e @ (FleetError::NoPeer | FleetError::NoAddress)) => {
+            tracing::info!(machine = %key, "{e}; retrying");
+            Err(GuestOutcome::RetryAfter(RETRY_NO_KUBECONFIG))
+        }
+        Err(e) => {
+            tracing::warn!(machine = %key, error = %e, "booting the control plane failed; retrying");
+            Err(GuestOutcome::RetryAfter(RETRY_AFTER_ERROR))
+        }
+    }
+}
+
+pub async fn register(workloads: Arc<Workloads>, fleet: Option<Arc<Fleet>>, m: Machine, ready: bool) -> GuestOutcome {
     let key = Key::of(&m);
     let Some(facts) = node_facts(&m) else {
         return GuestOutcome::Unbootable;
@@ -71,6 +120,12 @@ pub async fn register(workloads: Arc<Workloads>, m: Machine, ready: bool) -> Gue
         tracing::warn!(machine = %key, label = labels::CLUSTER_NAME, "no cluster label: no workload cluster to register in");
         return GuestOutcome::Unbootable;
     };
+    if let Some(fleet) = &fleet
+        && facts.identity.control_plane
+        && let Err(outcome) = boot_control_plane(fleet, &m, &facts, &cluster).await
+    {
+        return outcome;
+    }
     let client = match workloads.client(&key.namespace, &cluster).await {
         Ok(c) => c,
         Err(e @ WorkloadError::NoKubeconfig(_)) => {
@@ -152,8 +207,24 @@ pub async fn post_status(
 
 /// Best effort: a Node that cannot be removed (cluster gone, API down) must not keep the
 /// Machine from going away, as the real kairon-controller knows nothing of Nodes.
-pub async fn remove_node(workloads: Arc<Workloads>, m: Machine, known: Option<RegisteredNode>) {
+pub async fn remove_node(
+    workloads: Arc<Workloads>,
+    fleet: Option<Arc<Fleet>>,
+    m: Machine,
+    known: Option<RegisteredNode>,
+) {
     let key = Key::of(&m);
+    // The VM is gone, and its processes with it (etcd membership is KCP's business: it
+    // removes the member before deleting the Machine).
+    let stopped = match (&fleet, m.uid()) {
+        (Some(fleet), Some(uid)) => fleet.stop(&uid).await,
+        _ => None,
+    };
+    if let Some(stopped) = &stopped
+        && let Ok(client) = workloads.client(&key.namespace, &stopped.cluster.name).await
+    {
+        delete_mirror_pods(&client, &stopped.node).await;
+    }
     let (cluster, name, provider_id) = match known {
         Some(node) => (
             node.cluster.clone(),

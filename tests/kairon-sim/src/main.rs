@@ -7,13 +7,20 @@
 //! - [`kubelet`]: when the guest's kubelet registers, beats and goes away (pure);
 //! - [`machines`], [`workload`], [`guest_ops`]: writes to the management and the workload
 //!   API servers;
+//! - [`kubeadm`], [`fleet`], [`endpoint`], [`kubeadm_objects`]: with `--guest-bin-dir`, what
+//!   `kubeadm init`/`join --control-plane` start on a control-plane VM (real etcd and
+//!   kube-apiserver), the kube-vip endpoint, and what they leave in the workload cluster;
 //! - [`engine`]: the watch-driven event loop tying them together.
 
+mod endpoint;
 mod engine;
 mod flags;
+mod fleet;
 mod guest;
 mod guest_ops;
 mod hosts;
+mod kubeadm;
+mod kubeadm_objects;
 mod kubelet;
 mod machines;
 mod sim;
@@ -76,6 +83,13 @@ struct Args {
     /// IPv4 pool for InternalIP addresses.
     #[arg(long, default_value = "10.42.0.0/16")]
     address_pool: String,
+    /// Run control-plane VMs for real: a dir holding etcd, kube-apiserver and kairon-guest.
+    /// Needs an --address-pool in 127.0.0.0/8 (the VMs' processes bind their address).
+    #[arg(long, requires = "guest_dir")]
+    guest_bin_dir: Option<PathBuf>,
+    /// Where control-plane VMs keep their data and logs.
+    #[arg(long, requires = "guest_bin_dir")]
+    guest_dir: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -112,6 +126,10 @@ async fn main() -> anyhow::Result<()> {
         failure_rate: args.failure_rate,
         full_update: args.full_update,
         boot_guest: !args.no_boot_guest,
+        guest_tools: args
+            .guest_bin_dir
+            .zip(args.guest_dir)
+            .map(|(bin_dir, data_dir)| fleet::GuestTools { bin_dir, data_dir }),
     };
     let allocations = Allocations {
         placement: Placement::new(hosts, args.host_capacity),

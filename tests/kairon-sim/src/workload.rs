@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeCondition, NodeSpec, NodeStatus, NodeSystemInfo, Secret};
+use k8s_openapi::api::core::v1::{
+    DaemonEndpoint, Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo, Secret,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -229,7 +231,7 @@ fn fingerprint(bytes: &[u8]) -> u64 {
 
 /// A client from kubeconfig bytes; `None` if they are not a usable kubeconfig. The error is
 /// dropped on purpose: it could quote credentials.
-async fn client_from_kubeconfig(bytes: &[u8]) -> Option<Client> {
+pub async fn client_from_kubeconfig(bytes: &[u8]) -> Option<Client> {
     let text = std::str::from_utf8(bytes).ok()?;
     let kubeconfig = Kubeconfig::from_yaml(text).ok()?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
@@ -358,6 +360,12 @@ pub fn node_status(facts: &NodeFacts, ready: bool, ready_since: Timestamp, now: 
             ready_condition,
         ]),
         addresses: Some(addresses),
+        // Where the API server reaches kubelet (port-forward, logs, exec).
+        daemon_endpoints: Some(NodeDaemonEndpoints {
+            kubelet_endpoint: Some(DaemonEndpoint {
+                port: i32::from(crate::fleet::KUBELET_PORT),
+            }),
+        }),
         capacity: Some(resources.clone()),
         allocatable: Some(resources),
         node_info: Some(NodeSystemInfo {

@@ -1,5 +1,7 @@
-//! `make demo`: a management cluster, the Kairon simulator and our manager, and a sample cluster
-//! of one control-plane Machine and a MachineDeployment of two workers, shown coming up.
+//! `make demo`: a management cluster, the Kairon simulator and our manager, and a cluster from
+//! the shipped default flavor (`clusterctl generate cluster` from the release assets): a
+//! KubeadmControlPlane whose VMs run real etcd and kube-apiserver processes, behind the
+//! kube-vip endpoint the simulator serves, and a MachineDeployment of two workers.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -12,6 +14,7 @@ use serde_json::Value;
 
 use crate::cluster::{ClusterOptions, cluster_yaml};
 use crate::env::{Env, EnvOptions};
+use crate::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
 use crate::kube_util::resolve_kind;
 use crate::process::Process;
 
@@ -19,6 +22,8 @@ pub const NAMESPACE: &str = "demo";
 pub const CLUSTER: &str = "demo";
 pub use crate::cluster::KUBERNETES_VERSION;
 pub const WORKERS: usize = 2;
+/// Control-plane replicas of the demo cluster (each runs an etcd and a kube-apiserver).
+pub const CONTROL_PLANES: usize = 1;
 
 #[derive(Clone, Debug)]
 pub struct DemoOptions {
@@ -236,22 +241,39 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
             println!("{s}");
         }
     };
-    let sim: Process = env.start_simulator(&opts.simulator_args)?;
+    let net = GuestNetwork::pick();
+    let mut sim_args = opts.simulator_args.clone();
+    sim_args.extend(guest_simulator_args(env.binaries(), &env.dir().join("guests"), &net)?);
+    let sim: Process = env.start_simulator(&sim_args)?;
     let manager: Process = env.start_manager(&opts.manager_args)?;
     env.create_namespace(NAMESPACE).await?;
-    let wc = env.workload_cluster(NAMESPACE, CLUSTER).await?;
-    say(&format!(
-        "Workload API server of cluster {CLUSTER} at {}; Kairon simulator and capkr-manager running.",
-        wc.server_url()
-    ));
-
-    let manifests = cluster_manifests(NAMESPACE, CLUSTER, &wc.host, wc.port);
+    let repo = ClusterctlRepo::create(&env.dir().join("clusterctl"), env.binaries())?;
+    let manifests = repo.generate_cluster(
+        CLUSTER,
+        NAMESPACE,
+        "",
+        KUBERNETES_VERSION,
+        CONTROL_PLANES as u32,
+        WORKERS as u32,
+        &net.endpoint_ip(1),
+    )?;
+    let file = env.dir().join("demo-cluster.yaml");
+    std::fs::write(&file, &manifests).context("writing the generated cluster")?;
     let applied_at = Instant::now();
-    env.apply(&manifests, Some(NAMESPACE))
-        .await
-        .context("creating the sample cluster")?;
+    let out = std::process::Command::new(&env.binaries().kubectl)
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .args(["apply", "-f"])
+        .arg(&file)
+        .output()
+        .context("running kubectl apply")?;
+    if !out.status.success() {
+        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
     say(&format!(
-        "Created Cluster {NAMESPACE}/{CLUSTER}: 1 control-plane Machine + MachineDeployment of {WORKERS} workers.\n"
+        "Created Cluster {NAMESPACE}/{CLUSTER} from the default flavor (clusterctl generate cluster, kairon {VERSION}): \
+         KubeadmControlPlane of {CONTROL_PLANES} + MachineDeployment of {WORKERS} workers, endpoint {}:6443.\n",
+        net.endpoint_ip(1)
     ));
 
     let mut progress = Progress {
@@ -280,17 +302,17 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
             &format!(
                 "[{:>5.1}s] {up}/{} Machines Running with a Node",
                 elapsed.as_secs_f64(),
-                1 + WORKERS
+                CONTROL_PLANES + WORKERS
             ),
         );
-        if rows.len() == 1 + WORKERS && up == rows.len() {
+        if rows.len() == CONTROL_PLANES + WORKERS && up == rows.len() {
             break rows;
         }
         if elapsed > opts.timeout {
             bail!(
                 "the demo cluster did not come up within {:?} ({up}/{} Machines Running with a Node){}",
                 opts.timeout,
-                1 + WORKERS,
+                CONTROL_PLANES + WORKERS,
                 if rows.iter().all(|r| r.phase == "Provisioning" || r.phase == "Pending") {
                     "; is the Kairon simulator functional?"
                 } else {
@@ -318,16 +340,36 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
     }
     let kubectl = env.binaries().kubectl.display().to_string();
     let kc = env.kubeconfig_path().display().to_string();
+    let clusterctl = format!(
+        "XDG_CONFIG_HOME={0}/xdg CLUSTERCTL_DISABLE_VERSIONCHECK=true {1} --config {0}/clusterctl.yaml",
+        repo.dir.display(),
+        env.binaries().clusterctl.display()
+    );
+    let workload_kc = env.dir().join("demo-workload.kubeconfig");
     say(&format!(
         "\nTry (the files go away when the demo stops):\n  \
-         {kubectl} --kubeconfig {kc} get clusters,machines.cluster.x-k8s.io,kaironclusters,kaironmachines -n {NAMESPACE}\n  \
+         {kubectl} --kubeconfig {kc} get clusters,kubeadmcontrolplanes,machines.cluster.x-k8s.io,kaironmachines -n {NAMESPACE}\n  \
          {kubectl} --kubeconfig {kc} get machines.kairon.zyvor.dev -n {NAMESPACE} -o wide\n  \
-         {kubectl} --kubeconfig {kc} get machinedeployments -n {NAMESPACE}\n  \
+         {clusterctl} describe cluster {CLUSTER} -n {NAMESPACE} --kubeconfig {kc}\n  \
          {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=3\n  \
-         {kubectl} --kubeconfig {} get nodes -o wide\n\
-         Logs: {}\n\nPress Ctrl-C to stop and clean up.",
-        wc.kubeconfig_path().display(),
-        env.log_dir().display()
+         {clusterctl} get kubeconfig {CLUSTER} -n {NAMESPACE} --kubeconfig {kc} > {wk}\n  \
+         {kubectl} --kubeconfig {wk} get nodes,pods -A -o wide\n\n\
+         Create clusters of your own from the shipped templates (flavors: default, md-remediation, \
+         topology). Each cluster needs its own control-plane endpoint address: 127.{o}.100.2, \
+         127.{o}.100.3, ... are free (VMs get addresses from {pool}):\n  \
+         CONTROL_PLANE_ENDPOINT_IP=127.{o}.100.2 KAIRON_MACHINE_IMAGE=ubuntu-2404-kube-{KUBERNETES_VERSION} \\\n    \
+         {clusterctl} generate cluster c2 --infrastructure kairon:{VERSION} --kubeconfig {repo}/empty.kubeconfig \\\n    \
+         --target-namespace {NAMESPACE} --kubernetes-version {KUBERNETES_VERSION} \
+         --control-plane-machine-count 3 --worker-machine-count 2 [--flavor topology] \\\n    \
+         | {kubectl} --kubeconfig {kc} apply -f -\n\
+         Each control-plane VM runs an etcd and a kube-apiserver (~250 MiB).\n\
+         Logs: {} (VMs: {}/guests/logs)\n\nPress Ctrl-C to stop and clean up.",
+        env.log_dir().display(),
+        env.dir().display(),
+        wk = workload_kc.display(),
+        o = net.octet,
+        pool = net.address_pool(),
+        repo = repo.dir.display(),
     ));
     std::future::pending::<()>().await;
     Ok(report)

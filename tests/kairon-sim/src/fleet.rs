@@ -1,0 +1,524 @@
+//! The processes of simulated control-plane VMs: for each, a real etcd and a real
+//! kube-apiserver bound to the VM's own loopback address, with certificates signed by the
+//! cluster's CAs from its bootstrap data (`kairon-guest certs`), plus kubelet's port-forward
+//! endpoint (`kairon-guest kubelet`); and per cluster the kube-vip endpoint
+//! ([`crate::endpoint`]). What `kubeadm init` leaves in the cluster is written once the API
+//! server answers; see [`crate::kubeadm_objects`].
+//!
+//! Children are killed when their VM stops, when the simulator exits (kill on drop) and when
+//! it dies (`PR_SET_PDEATHSIG`). A VM's data lives under `--guest-dir`, its logs under
+//! `<guest-dir>/logs`.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{Api, Client};
+use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
+
+use crate::endpoint::Endpoint;
+use crate::kubeadm::{ControlPlanePlan, first_service_ip};
+use crate::kubeadm_objects;
+use crate::workload::{NodeFacts, client_from_kubeconfig};
+
+const ETCD_CLIENT_PORT: u16 = 2379;
+const ETCD_PEER_PORT: u16 = 2380;
+pub const KUBELET_PORT: u16 = 10250;
+/// How long an API server may take to answer after it was started.
+const API_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Where the binaries are and where VM data goes.
+#[derive(Clone, Debug)]
+pub struct GuestTools {
+    /// Holds `etcd`, `kube-apiserver` and `kairon-guest`.
+    pub bin_dir: PathBuf,
+    pub data_dir: PathBuf,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ClusterRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("the VM has no InternalIP yet")]
+    NoAddress,
+    #[error("no running control-plane VM of the cluster to join")]
+    NoPeer,
+    #[error("preparing the VM's files: {0}")]
+    Files(#[source] std::io::Error),
+    #[error("{0} failed: {1}")]
+    Command(&'static str, String),
+    #[error("{0} exited early; see {1}")]
+    Exited(&'static str, String),
+    #[error("{0} did not become ready within {1:?}; see {2}")]
+    NotReady(&'static str, Duration, String),
+    #[error("serving the control-plane endpoint {0}: {1}")]
+    Endpoint(String, #[source] std::io::Error),
+    #[error("writing what kubeadm leaves: {0}")]
+    Objects(#[source] kube::Error),
+}
+
+struct Vm {
+    cluster: ClusterRef,
+    node: String,
+    ip: Ipv4Addr,
+    etcd_url: String,
+    dir: PathBuf,
+    children: Vec<(&'static str, Child)>,
+    /// kubeadm's admin.conf identity against this VM's own API server.
+    client: Option<Client>,
+    /// What kubeadm leaves in the cluster has been written (retried until it is).
+    settled: bool,
+}
+
+impl Vm {
+    fn alive(&mut self) -> bool {
+        self.children.iter_mut().all(|(_, c)| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        for (_, child) in &mut self.children {
+            let _ = child.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What a stopped VM was, for cleaning up after it.
+pub struct Stopped {
+    pub cluster: ClusterRef,
+    pub node: String,
+}
+
+pub struct Fleet {
+    tools: GuestTools,
+    vms: Mutex<HashMap<String, Vm>>,
+    endpoints: Mutex<HashMap<ClusterRef, Endpoint>>,
+    /// One VM boots at a time: etcd adds one member at a time, and kubeadm joins wait for
+    /// each other in the same way.
+    boot: Mutex<()>,
+}
+
+impl Fleet {
+    pub fn new(tools: GuestTools) -> Self {
+        Self {
+            tools,
+            vms: Mutex::default(),
+            endpoints: Mutex::default(),
+            boot: Mutex::default(),
+        }
+    }
+
+    /// Makes sure the control-plane VM `uid` runs: boots it (init or join) if it does not,
+    /// or if one of its processes died. Idempotent; errors mean "try again later".
+    pub async fn ensure(
+        &self,
+        uid: &str,
+        vm_name: &str,
+        cluster: &ClusterRef,
+        facts: &NodeFacts,
+        plan: &ControlPlanePlan,
+    ) -> Result<(), FleetError> {
+        let _boot = self.boot.lock().await;
+        let ip: Ipv4Addr = facts
+            .internal_ip
+            .as_deref()
+            .and_then(|a| a.parse().ok())
+            .ok_or(FleetError::NoAddress)?;
+        let api = SocketAddr::from((ip, plan.api_port));
+        {
+            let mut vms = self.vms.lock().await;
+            match vms.get_mut(uid).map(Vm::alive) {
+                Some(true) => {
+                    if let Some(vm) = vms.get_mut(uid) {
+                        settle(vm, facts, plan).await?;
+                    }
+                    drop(vms);
+                    return self.serve_endpoint(uid, cluster, plan, api).await;
+                }
+                Some(false) => {
+                    tracing::warn!(vm = vm_name, "a process of the VM died; booting it again");
+                    vms.remove(uid);
+                }
+                None => {}
+            }
+        }
+        let peers: Vec<String> = {
+            let vms = self.vms.lock().await;
+            vms.values()
+                .filter(|v| &v.cluster == cluster)
+                .map(|v| v.etcd_url.clone())
+                .collect()
+        };
+        if !plan.init && peers.is_empty() {
+            return Err(FleetError::NoPeer);
+        }
+        let started = Instant::now();
+        let mut vm = self.boot_vm(uid, vm_name, cluster, facts, plan, ip, &peers).await?;
+        // The processes run from here on, whatever happens to the objects: keep the VM.
+        let settled = settle(&mut vm, facts, plan).await;
+        self.vms.lock().await.insert(uid.to_string(), vm);
+        settled?;
+        tracing::info!(
+            vm = vm_name, node = %facts.identity.node_name, address = %ip, init = plan.init,
+            took = ?started.elapsed(), "control plane up (etcd, kube-apiserver, kubelet endpoint)"
+        );
+        self.serve_endpoint(uid, cluster, plan, api).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn boot_vm(
+        &self,
+        uid: &str,
+        vm_name: &str,
+        cluster: &ClusterRef,
+        facts: &NodeFacts,
+        plan: &ControlPlanePlan,
+        ip: Ipv4Addr,
+        peers: &[String],
+    ) -> Result<Vm, FleetError> {
+        let node = facts.identity.node_name.clone();
+        let short_uid: String = uid.chars().take(8).collect();
+        let dir = self.tools.data_dir.join(format!("{vm_name}-{short_uid}"));
+        let logs = self.tools.data_dir.join("logs");
+        let pki = dir.join("pki");
+        let _ = std::fs::remove_dir_all(&dir);
+        write_pki(&pki, &plan.pki).map_err(FleetError::Files)?;
+        std::fs::create_dir_all(&logs).map_err(FleetError::Files)?;
+        let mut vm = Vm {
+            cluster: cluster.clone(),
+            node: node.clone(),
+            ip,
+            client: None,
+            settled: false,
+            etcd_url: format!("https://{ip}:{ETCD_CLIENT_PORT}"),
+            dir: dir.clone(),
+            children: Vec::new(),
+        };
+        let guest_bin = self.tools.bin_dir.join("kairon-guest");
+        let p = |rel: &str| pki.join(rel).display().to_string();
+
+        // kubeadm init phase certs: everything signed by the CAs from the bootstrap data.
+        let service_ip = first_service_ip(&plan.service_subnet).unwrap_or(Ipv4Addr::new(10, 96, 0, 1));
+        let mut certs = vec![
+            "certs".to_string(),
+            format!("--pki={}", pki.display()),
+            format!("--node={node}"),
+            format!("--ip={ip}"),
+            format!("--service-ip={service_ip}"),
+        ];
+        if let Some(vip) = &plan.vip {
+            certs.push(format!("--san={}", vip.address));
+        }
+        run(&guest_bin, &certs, "kairon-guest certs").await?;
+
+        // etcd: a new cluster of one, or a member added to the existing one.
+        let peer_url = format!("https://{ip}:{ETCD_PEER_PORT}");
+        let (initial_cluster, state) = if plan.init {
+            (format!("{node}={peer_url}"), "new")
+        } else {
+            let mut args = vec![
+                "etcd-member-add".to_string(),
+                format!("--pki={}", pki.display()),
+                format!("--name={node}"),
+                format!("--peer-url={peer_url}"),
+            ];
+            args.extend(peers.iter().map(|e| format!("--endpoint={e}")));
+            let out = run(&guest_bin, &args, "etcd member add").await?;
+            (out.trim().to_string(), "existing")
+        };
+        let etcd_args = vec![
+            format!("--name={node}"),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=https://{ip}:{ETCD_CLIENT_PORT}"),
+            format!("--advertise-client-urls=https://{ip}:{ETCD_CLIENT_PORT}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster={initial_cluster}"),
+            format!("--initial-cluster-state={state}"),
+            format!("--listen-metrics-urls=http://{ip}:2381"),
+            format!("--cert-file={}", p("etcd/server.crt")),
+            format!("--key-file={}", p("etcd/server.key")),
+            "--client-cert-auth=true".into(),
+            format!("--trusted-ca-file={}", p("etcd/ca.crt")),
+            format!("--peer-cert-file={}", p("etcd/peer.crt")),
+            format!("--peer-key-file={}", p("etcd/peer.key")),
+            "--peer-client-cert-auth=true".into(),
+            format!("--peer-trusted-ca-file={}", p("etcd/ca.crt")),
+            "--snapshot-count=10000".into(),
+            // Test VMs: durability is not what is being simulated.
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        let etcd_log = logs.join(format!("{vm_name}-etcd.log"));
+        vm.children
+            .push(("etcd", spawn(&self.tools.bin_dir.join("etcd"), &etcd_args, &etcd_log)?));
+        wait_tcp(&mut vm, SocketAddr::from((ip, ETCD_CLIENT_PORT)), "etcd", &etcd_log).await?;
+
+        let api_args = apiserver_args(&pki, ip, plan);
+        let api_log = logs.join(format!("{vm_name}-kube-apiserver.log"));
+        vm.children.push((
+            "kube-apiserver",
+            spawn(&self.tools.bin_dir.join("kube-apiserver"), &api_args, &api_log)?,
+        ));
+        let client = admin_client(&pki, &format!("https://{ip}:{}", plan.api_port)).await?;
+        wait_api(&mut vm, &client, &api_log).await?;
+
+        let kubelet_log = logs.join(format!("{vm_name}-kubelet.log"));
+        let kubelet_args = vec![
+            "kubelet".to_string(),
+            format!("--pki={}", pki.display()),
+            format!("--address={ip}"),
+            format!("--port={KUBELET_PORT}"),
+        ];
+        vm.children
+            .push(("kubelet", spawn(&guest_bin, &kubelet_args, &kubelet_log)?));
+        wait_tcp(&mut vm, SocketAddr::from((ip, KUBELET_PORT)), "kubelet", &kubelet_log).await?;
+
+        vm.client = Some(client);
+        Ok(vm)
+    }
+
+    async fn serve_endpoint(
+        &self,
+        uid: &str,
+        cluster: &ClusterRef,
+        plan: &ControlPlanePlan,
+        api: SocketAddr,
+    ) -> Result<(), FleetError> {
+        let Some(vip) = &plan.vip else { return Ok(()) };
+        let mut endpoints = self.endpoints.lock().await;
+        if !endpoints.contains_key(cluster) {
+            let text = format!("{}:{}", vip.address, vip.port);
+            let address: SocketAddr = text
+                .parse()
+                .map_err(|_| FleetError::Endpoint(text.clone(), std::io::ErrorKind::InvalidInput.into()))?;
+            let endpoint = Endpoint::listen(address)
+                .await
+                .map_err(|e| FleetError::Endpoint(text, e))?;
+            endpoints.insert(cluster.clone(), endpoint);
+        }
+        if let Some(endpoint) = endpoints.get(cluster) {
+            endpoint.add_backend(uid, api);
+        }
+        Ok(())
+    }
+
+    /// Stops the VM's processes and removes its data; the endpoint closes with the cluster's
+    /// last VM.
+    pub async fn stop(&self, uid: &str) -> Option<Stopped> {
+        let vm = self.vms.lock().await.remove(uid)?;
+        let stopped = Stopped {
+            cluster: vm.cluster.clone(),
+            node: vm.node.clone(),
+        };
+        drop(vm);
+        let others = self.vms.lock().await.values().any(|v| v.cluster == stopped.cluster);
+        let mut endpoints = self.endpoints.lock().await;
+        if let Some(endpoint) = endpoints.get(&stopped.cluster)
+            && endpoint.remove_backend(uid) == 0
+            && !others
+        {
+            endpoints.remove(&stopped.cluster);
+        }
+        tracing::info!(node = %stopped.node, "control-plane VM stopped: etcd, kube-apiserver and kubelet killed");
+        Some(stopped)
+    }
+}
+
+/// Writes what `kubeadm init` leaves (init only) and the VM's mirror Pods, once.
+async fn settle(vm: &mut Vm, facts: &NodeFacts, plan: &ControlPlanePlan) -> Result<(), FleetError> {
+    let Some(client) = vm.client.clone().filter(|_| !vm.settled) else {
+        return Ok(());
+    };
+    let version = facts
+        .identity
+        .kubernetes_version
+        .clone()
+        .unwrap_or_else(|| crate::workload::DEFAULT_KUBELET_VERSION.to_string());
+    if plan.init {
+        kubeadm_objects::write_init_objects(&client, plan, &vm.dir.join("pki"))
+            .await
+            .map_err(FleetError::Objects)?;
+    }
+    kubeadm_objects::write_mirror_pods(&client, &vm.node, &vm.ip.to_string(), plan.api_port, &version)
+        .await
+        .map_err(FleetError::Objects)?;
+    vm.settled = true;
+    Ok(())
+}
+
+fn write_pki(pki: &Path, files: &[(String, String)]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(pki.join("etcd"))?;
+    std::fs::set_permissions(pki.parent().unwrap_or(pki), std::fs::Permissions::from_mode(0o700))?;
+    for (rel, content) in files {
+        // Only what kubeadm reads from the pki dir; a path escaping it is ignored.
+        if rel.contains("..") {
+            continue;
+        }
+        let path = pki.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, content)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+/// The flags kubeadm's kube-apiserver static pod has, with paths into the VM's pki dir.
+fn apiserver_args(pki: &Path, ip: Ipv4Addr, plan: &ControlPlanePlan) -> Vec<String> {
+    let p = |rel: &str| pki.join(rel).display().to_string();
+    vec![
+        format!("--advertise-address={ip}"),
+        format!("--bind-address={ip}"),
+        format!("--secure-port={}", plan.api_port),
+        "--allow-privileged=true".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        format!("--client-ca-file={}", p("ca.crt")),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        "--enable-bootstrap-token-auth=true".into(),
+        format!("--etcd-cafile={}", p("etcd/ca.crt")),
+        format!("--etcd-certfile={}", p("apiserver-etcd-client.crt")),
+        format!("--etcd-keyfile={}", p("apiserver-etcd-client.key")),
+        format!("--etcd-servers=https://{ip}:{ETCD_CLIENT_PORT}"),
+        format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
+        format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
+        format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
+        format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
+        "--requestheader-allowed-names=front-proxy-client".into(),
+        format!("--requestheader-client-ca-file={}", p("front-proxy-ca.crt")),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-account-key-file={}", p("sa.pub")),
+        format!("--service-account-signing-key-file={}", p("sa.key")),
+        format!("--service-cluster-ip-range={}", plan.service_subnet),
+        format!("--tls-cert-file={}", p("apiserver.crt")),
+        format!("--tls-private-key-file={}", p("apiserver.key")),
+        format!("--cert-dir={}", p("generated")),
+        // Loopback addresses are not valid Endpoints: no `kubernetes` Service endpoints.
+        "--endpoint-reconciler-type=none".into(),
+        "--profiling=false".into(),
+    ]
+}
+
+/// A client with kubeadm's admin.conf identity (certificate from `kairon-guest certs`).
+async fn admin_client(pki: &Path, server: &str) -> Result<Client, FleetError> {
+    let read = |rel: &str| std::fs::read(pki.join(rel)).map_err(FleetError::Files);
+    let b64 = |b: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: vm\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: vm\n  context:\n    cluster: vm\n    user: admin\ncurrent-context: vm\n",
+        b64(read("ca.crt")?),
+        b64(read("admin.crt")?),
+        b64(read("admin.key")?),
+    );
+    client_from_kubeconfig(kubeconfig.as_bytes())
+        .await
+        .ok_or_else(|| FleetError::Command("admin client", "unusable admin kubeconfig".into()))
+}
+
+/// Runs a helper to completion; its stdout on success.
+async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, FleetError> {
+    let out = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| FleetError::Command(what, format!("{}: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(FleetError::Command(
+            what,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(FleetError::Files)?;
+    let err = file.try_clone().map_err(FleetError::Files)?;
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Die with the simulator, even when it is SIGKILLed.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| FleetError::Command("spawn", format!("{}: {e}", bin.display())))
+}
+
+async fn wait_tcp(vm: &mut Vm, addr: SocketAddr, what: &'static str, log: &Path) -> Result<(), FleetError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        check_alive(vm, log)?;
+        if Instant::now() > deadline {
+            return Err(FleetError::NotReady(
+                what,
+                Duration::from_secs(30),
+                log.display().to_string(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_api(vm: &mut Vm, client: &Client, log: &Path) -> Result<(), FleetError> {
+    let deadline = Instant::now() + API_READY_TIMEOUT;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    loop {
+        // kube-system exists once the API server's bootstrap has run.
+        if namespaces.get_opt("kube-system").await.ok().flatten().is_some() {
+            return Ok(());
+        }
+        check_alive(vm, log)?;
+        if Instant::now() > deadline {
+            return Err(FleetError::NotReady(
+                "kube-apiserver",
+                API_READY_TIMEOUT,
+                log.display().to_string(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn check_alive(vm: &mut Vm, log: &Path) -> Result<(), FleetError> {
+    for (name, child) in &mut vm.children {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return Err(FleetError::Exited(name, log.display().to_string()));
+        }
+    }
+    Ok(())
+}
