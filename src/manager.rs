@@ -8,8 +8,9 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use clap::{Parser, ValueEnum};
 use futures::FutureExt;
-use kube::Client;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client};
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
@@ -18,7 +19,7 @@ use crate::client::{RequestMetrics, TokenBucket};
 use crate::controller::{self, Settings};
 use crate::controller::{CacheReadiness, Telemetry};
 use crate::events::EventSource;
-use crate::kairon::Instances;
+use crate::kairon::{Instances, Owner};
 use crate::leader::{LeaderElectionConfig, LeaderElector};
 use crate::metrics::Metrics;
 
@@ -65,6 +66,16 @@ pub struct Args {
     /// Kubeconfig of the API server serving Kairon Machines; the management cluster when empty.
     #[arg(long, default_value = "")]
     pub kairon_kubeconfig: String,
+
+    /// This management cluster's identity on Kairon, written as a label on every Kairon
+    /// Machine it creates or adopts; the UID of its `kube-system` namespace when empty.
+    #[arg(long, env = "CAPKR_MANAGEMENT_CLUSTER_ID", default_value = "")]
+    pub management_cluster_id: String,
+
+    /// Management clusters (comma-separated identities) whose Kairon Machines this one may
+    /// adopt: the source of a `clusterctl move` to this management cluster.
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    pub adopt_from_management_clusters: Vec<String>,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -149,6 +160,20 @@ impl Args {
         {
             return Err("the --*-concurrency flags must be at least 1".into());
         }
+        for (flag, id) in std::iter::once(("--management-cluster-id", &self.management_cluster_id))
+            .chain(
+                self.adopt_from_management_clusters
+                    .iter()
+                    .map(|id| ("--adopt-from-management-clusters", id)),
+            )
+            .filter(|(_, id)| !id.is_empty())
+        {
+            if !is_label_value(id) {
+                return Err(format!(
+                    "{flag}: {id:?} is not a valid label value (at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends)"
+                ));
+            }
+        }
         if self.leader_elect {
             let (lease, renew, retry) = (
                 self.leader_elect_lease_duration,
@@ -185,6 +210,30 @@ impl Args {
             template_concurrency: self.kaironmachinetemplate_concurrency,
         }
     }
+}
+
+/// A Kubernetes label value: at most 63 characters of `[A-Za-z0-9_.-]`, alphanumeric at both
+/// ends.
+fn is_label_value(s: &str) -> bool {
+    s.len() <= 63
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// This management cluster's identity: the flag, else the UID of `kube-system` (stable for
+/// the life of the cluster, different for every cluster).
+async fn management_cluster_id(args: &Args, client: &Client) -> Result<String> {
+    if !args.management_cluster_id.is_empty() {
+        return Ok(args.management_cluster_id.clone());
+    }
+    let ns = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .context("reading the kube-system namespace for --management-cluster-id")?;
+    ns.metadata
+        .uid
+        .context("the kube-system namespace has no UID; set --management-cluster-id")
 }
 
 /// Parses a Go-style duration: `90s`, `10m`, `1h30m`, `10m0s`, `500ms`.
@@ -377,9 +426,19 @@ pub async fn run(args: Args) -> Result<()> {
     }
     metrics.leader.set(1);
 
+    let owner = Owner {
+        id: management_cluster_id(&args, &client).await?,
+        adopt_from: args
+            .adopt_from_management_clusters
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .collect(),
+    };
+    info!(management_cluster = %owner.id, adopt_from = ?owner.adopt_from, "identity on Kairon");
     let (clusters, clusters_synced, machines) = controller::kairon_machine::controller(
         client.clone(),
-        Instances::new(kairon),
+        Instances::new(kairon).with_owner(owner),
         settings.clone(),
         telemetry.clone(),
         shutdown.clone(),
@@ -485,6 +544,11 @@ mod tests {
         assert_eq!(check(&["--leader-elect"]), Ok(()), "the leader-election defaults");
         for (bad, names) in [
             (vec!["--sync-period=0s"], "--sync-period"),
+            (vec!["--management-cluster-id=not a label"], "--management-cluster-id"),
+            (
+                vec!["--adopt-from-management-clusters=ok,-bad"],
+                "--adopt-from-management-clusters",
+            ),
             (vec!["--kaironmachine-concurrency=0"], "concurrency"),
             (
                 vec!["--leader-elect", "--leader-elect-retry-period=0s"],
@@ -505,6 +569,13 @@ mod tests {
         // Without leader election the lease flags do not matter; qps 0 means no client limit.
         assert_eq!(check(&["--leader-elect-retry-period=0s"]), Ok(()));
         assert_eq!(check(&["--kube-api-qps=0", "--kube-api-burst=0"]), Ok(()));
+        assert_eq!(
+            check(&[
+                "--management-cluster-id=0f3c2e9a-1b7d-4c1e-9e55-3b8f1f0f0a11",
+                "--adopt-from-management-clusters=mc-a,mc.b"
+            ]),
+            Ok(())
+        );
     }
 
     #[test]

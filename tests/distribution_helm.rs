@@ -208,7 +208,15 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
     for k in ["Role", "RoleBinding", "Service", "ServiceMonitor"] {
         assert!(kinds.contains(k), "{k} in {kinds:?}");
     }
-    assert!(!kinds.contains("ClusterRole"), "namespace scoping uses a Role");
+    // Namespace scoping uses a Role; only reading kube-system (the default management-cluster
+    // identity) needs a ClusterRole, and that is all it grants.
+    let cluster_roles: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    assert_eq!(cluster_roles.len(), 1, "{cluster_roles:?}");
+    assert_eq!(cluster_roles[0]["metadata"]["name"], "capkr-manager-identity-role");
+    assert_eq!(
+        cluster_roles[0]["rules"],
+        json!([{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}])
+    );
     let scoped = objs
         .iter()
         .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "capkr-manager-role")
@@ -219,6 +227,27 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
     assert_eq!(
         d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"],
         "/readyz"
+    );
+
+    // An explicit identity needs no ClusterRole when scoped; the trusted sources become a list.
+    let objs = render(&[
+        "--set",
+        "watchNamespace=team-a",
+        "--set",
+        "managementCluster.id=mc-east",
+        "--set",
+        "managementCluster.adoptFrom={mc-west,mc-old}",
+    ]);
+    let args = manager_args(&objs);
+    for a in [
+        "--management-cluster-id=mc-east",
+        "--adopt-from-management-clusters=mc-west,mc-old",
+    ] {
+        assert!(args.iter().any(|x| x == a), "{a} in {args:?}");
+    }
+    assert!(
+        !objs.iter().any(|o| o["kind"] == "ClusterRole"),
+        "no ClusterRole at all"
     );
 
     // Everything off: no Lease RBAC, no probes, no metrics listener or Service.

@@ -1,7 +1,8 @@
 //! What the provider refuses to take on trust, against the real CAPI controllers: a bootstrap
 //! Secret that is not the Machine's bootstrap data (the cluster's own kubeconfig, a Secret its
-//! bootstrap config did not make), an owner Machine that does not name the KaironMachine, and a
-//! Kairon Machine replaced under the same name (new UID) after provisioning.
+//! bootstrap config did not make), an owner Machine that does not name the KaironMachine, a
+//! Kairon Machine replaced under the same name (new UID) after provisioning, and a
+//! `spec.providerID` naming a VM that is not ours to adopt.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use capkr::api::conditions::reason;
 use capkr::api::{KaironMachine, KaironMachineSpec};
-use common::{Rig, RigOptions, km_instance};
+use common::{Rig, RigOptions, km_instance, km_ready};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -45,7 +46,17 @@ async fn create_machine(rig: &Rig, name: &str, bootstrap: Value, infra: &str) ->
 
 /// Creates KaironMachine `name` owned by Machine `owner` (UID `uid`), as CAPI would set it.
 async fn create_km(rig: &Rig, name: &str, owner: &str, uid: &str) {
-    let mut km = KaironMachine::new(name, km_spec());
+    create_km_with_provider_id(rig, name, owner, uid, None).await
+}
+
+async fn create_km_with_provider_id(rig: &Rig, name: &str, owner: &str, uid: &str, provider_id: Option<String>) {
+    let mut km = KaironMachine::new(
+        name,
+        KaironMachineSpec {
+            provider_id,
+            ..km_spec()
+        },
+    );
     km.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
     km.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "cluster.x-k8s.io/v1beta2".into(),
@@ -272,5 +283,119 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
         Some(format!("kairon://{old_uid}")),
         "providerID is write-once"
     );
+    assert!(rig.manager.is_running());
+}
+
+/// Adoption by providerID: `spec.providerID` is settable by whoever creates a KaironMachine, so
+/// it names a VM to adopt only when that VM was made by this management cluster (or one it
+/// adopts from) and the KaironMachine the VM's labels name is gone. Without these checks both
+/// VMs below were relabelled to the newcomer, which then reported Ready and would have deleted
+/// them with its Machine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_provider_id_alone_does_not_take_another_installations_or_a_live_machines_vm() {
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("trust_adoption")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    let ours = rig.vms().list(&Default::default()).await.unwrap().items;
+    assert_eq!(ours.len(), 1, "the control plane's VM");
+    let template = ours[0].clone();
+    let kube_system = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(rig.env.client())
+        .get("kube-system")
+        .await
+        .unwrap();
+    let label = |vm: &capkr::kairon::Machine, k: &str| vm.labels().get(k).cloned();
+    assert_eq!(
+        label(&template, capkr::kairon::labels::MANAGEMENT_CLUSTER),
+        kube_system.uid(),
+        "every VM names its management cluster (by default the UID of kube-system)"
+    );
+    create_secret(&rig, "plain-data", "#cloud-config\n").await;
+
+    // Planted VMs: one made by another installation sharing this Kairon API, one that the
+    // live control-plane KaironMachine's labels claim (a second management cluster with the
+    // same identity, or a copy of the object).
+    let plant = |name: &str, labels: Vec<(&str, String)>| {
+        let mut vm = template.clone();
+        vm.metadata = kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: template.metadata.namespace.clone(),
+            labels: Some(
+                template
+                    .labels()
+                    .clone()
+                    .into_iter()
+                    .chain(labels.into_iter().map(|(k, v)| (k.to_string(), v)))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        vm.status = None;
+        vm
+    };
+    let foreign = plant(
+        "foreign-vm",
+        vec![
+            (capkr::kairon::labels::MANAGEMENT_CLUSTER, "another-installation".into()),
+            (
+                capkr::kairon::labels::KAIRONMACHINE_UID,
+                "uid-of-a-machine-elsewhere".into(),
+            ),
+            (
+                "infrastructure.cluster.x-k8s.io/kaironmachine-name",
+                "foreign-vm".into(),
+            ),
+        ],
+    );
+    let claimed = plant("claimed-vm", vec![]);
+    let mut planted = Vec::new();
+    for vm in [foreign, claimed] {
+        let vm = rig.vms().create(&PostParams::default(), &vm).await.unwrap();
+        planted.push((vm.name_any(), vm.uid().unwrap(), vm.labels().clone()));
+    }
+    for (name, vm_uid, _) in &planted {
+        let uid = create_machine(&rig, name, json!({"dataSecretName": "plain-data"}), name).await;
+        create_km_with_provider_id(&rig, name, name, &uid, Some(format!("kairon://{vm_uid}"))).await;
+    }
+
+    let cases = [
+        ("foreign-vm", "created by management cluster another-installation"),
+        ("claimed-vm", "which still exists"),
+    ];
+    for (name, why) in cases {
+        let (_, message) = rig
+            .wait(
+                &format!("{name}: InstanceProvisioned InstanceNameConflict"),
+                UP,
+                || async {
+                    let km = rig.kms().get(name).await?;
+                    if km_ready(&km).is_some_and(|(status, _)| status == "True") {
+                        rig.fail(format!("{name}: the KaironMachine took the VM: {:?}", km.status));
+                    }
+                    Ok::<_, kube::Error>(km_instance(&km).filter(|(r, _)| r == reason::INSTANCE_CONFLICT))
+                },
+            )
+            .await;
+        assert!(message.contains(why), "{name}: the message says why: {message}");
+    }
+    // Give the manager time to do anything more it would do, then look: the VMs' labels are
+    // as planted, nobody's KaironMachine reports them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (name, _, labels) in &planted {
+        let vm = rig.vms().get(name).await.unwrap();
+        assert_eq!(vm.labels(), labels, "{name}: not relabelled");
+        let km = rig.kms().get(name).await.unwrap();
+        let status = km.status.unwrap_or_default();
+        assert!(
+            status.instance.and_then(|i| i.uid).is_none(),
+            "{name}: no instance reported"
+        );
+        assert!(
+            status.addresses.unwrap_or_default().is_empty(),
+            "{name}: no addresses reported"
+        );
+    }
     assert!(rig.manager.is_running());
 }

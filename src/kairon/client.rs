@@ -19,6 +19,35 @@ use crate::api::{FIELD_MANAGER, KaironMachine};
 #[derive(Clone)]
 pub struct Instances {
     client: Client,
+    owner: Owner,
+}
+
+/// Which management cluster this manager speaks for on Kairon. Every Kairon Machine it creates
+/// or adopts carries [`labels::MANAGEMENT_CLUSTER`] with `id`, so that two installations
+/// sharing one Kairon API never adopt (and later delete) each other's VMs through a
+/// user-settable `spec.providerID`.
+#[derive(Clone, Debug, Default)]
+pub struct Owner {
+    /// This management cluster (by default the UID of its `kube-system` namespace). Empty:
+    /// no label is written and every VM counts as this installation's (tests only).
+    pub id: String,
+    /// Management clusters whose VMs may be adopted by providerID: the source of a
+    /// `clusterctl move` to this one.
+    pub adopt_from: Vec<String>,
+}
+
+impl Owner {
+    /// Whether a VM carrying `label` (its management-cluster label) may be adopted here.
+    /// A VM without the label predates the label and counts as this installation's.
+    pub(crate) fn may_adopt(&self, label: Option<&str>) -> Result<(), String> {
+        match label {
+            None => Ok(()),
+            Some(l) if self.id.is_empty() || l == self.id || self.adopt_from.iter().any(|a| a == l) => Ok(()),
+            Some(l) => Err(format!(
+                "it was created by management cluster {l}, which this manager does not adopt from"
+            )),
+        }
+    }
 }
 
 /// What a create found.
@@ -81,7 +110,30 @@ impl KaironError {
 
 impl Instances {
     pub fn new(client: Client) -> Self {
-        Instances { client }
+        Instances {
+            client,
+            owner: Owner::default(),
+        }
+    }
+
+    /// Speaking for management cluster `owner`.
+    pub fn with_owner(mut self, owner: Owner) -> Self {
+        self.owner = owner;
+        self
+    }
+
+    pub(crate) fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// `labels` with this management cluster's label added.
+    fn stamped(&self, mut meta: kube::api::ObjectMeta) -> kube::api::ObjectMeta {
+        if !self.owner.id.is_empty() {
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .insert(labels::MANAGEMENT_CLUSTER.to_string(), self.owner.id.clone());
+        }
+        meta
     }
 
     /// The Kairon Machines of `namespace`, or of all namespaces (for watches), untyped: read
@@ -119,7 +171,9 @@ impl Instances {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let body: DynamicObject = serde_json::to_value(desired)
+        let mut desired = desired.clone();
+        desired.metadata = self.stamped(desired.metadata);
+        let body: DynamicObject = serde_json::to_value(&desired)
             .and_then(serde_json::from_value)
             .map_err(|_| KaironError::Create {
                 name: name.clone(),
@@ -147,15 +201,18 @@ impl Instances {
         }
     }
 
-    /// Moves `vm`'s link-back labels over to `km` (adoption after `clusterctl move`, which
-    /// re-creates the KaironMachine with a new UID).
+    /// Moves `vm`'s link-back labels (and its management-cluster label) over to `km`
+    /// (adoption after `clusterctl move`, which re-creates the KaironMachine with a new UID).
     pub(crate) async fn adopt(&self, vm: &Machine, km: &KaironMachine) -> Result<(), KaironError> {
         let ns = vm.namespace().unwrap_or_default();
         let name = vm.name_any();
-        let body = json!({"metadata": {"labels": {
+        let mut body = json!({"metadata": {"labels": {
             labels::KAIRONMACHINE_UID: km.metadata.uid,
             labels::KAIRONMACHINE_NAMESPACE: km.namespace(),
         }}});
+        if !self.owner.id.is_empty() {
+            body["metadata"]["labels"][labels::MANAGEMENT_CLUSTER] = json!(self.owner.id);
+        }
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
@@ -206,6 +263,37 @@ pub(crate) fn read_event(
         Event::Init => Event::Init,
         Event::InitApply(o) => Event::InitApply(read(o)),
         Event::InitDone => Event::InitDone,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Owner;
+
+    #[test]
+    fn adoption_is_limited_to_this_and_the_trusted_management_clusters() {
+        let owner = Owner {
+            id: "mc-a".into(),
+            adopt_from: vec!["mc-old".into()],
+        };
+        let cases = [
+            ("no label: created before the label existed", None, true),
+            ("this management cluster", Some("mc-a"), true),
+            ("the source of a move", Some("mc-old"), true),
+            ("another installation", Some("mc-b"), false),
+            ("empty label value", Some(""), false),
+        ];
+        for (name, label, ok) in cases {
+            let got = owner.may_adopt(label);
+            assert_eq!(got.is_ok(), ok, "{name}: {got:?}");
+            if let Err(why) = got {
+                assert!(why.contains(label.unwrap()), "{name}: says whose it is: {why}");
+            }
+        }
+        assert!(
+            Owner::default().may_adopt(Some("mc-b")).is_ok(),
+            "no identity: no check"
+        );
     }
 }
 

@@ -16,7 +16,7 @@ pub mod observe;
 mod types;
 
 pub(crate) use client::read_event;
-pub use client::{Created, Deletion, Instances, KaironError, read};
+pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub use desired::{desired_kairon_machine, provider_id};
 pub(crate) use observe::{Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
@@ -126,6 +126,9 @@ pub mod labels {
     /// The adoption key: only a Kairon Machine carrying our UID is ours.
     pub const KAIRONMACHINE_UID: &str = "infrastructure.cluster.x-k8s.io/kaironmachine-uid";
     pub const CLUSTER_NAME: &str = crate::capi::CLUSTER_NAME_LABEL;
+    /// The management cluster whose manager created or adopted the Kairon Machine
+    /// ([`super::Owner`]).
+    pub const MANAGEMENT_CLUSTER: &str = "infrastructure.cluster.x-k8s.io/kairon-management-cluster";
     pub(crate) const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub(crate) const MANAGED_BY_VALUE: &str = "cluster-api-provider-kairon";
 

@@ -40,6 +40,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [kairon.zyvor.dev]
   resources: [machines]
   verbs: [get, list, watch, create, delete, patch]
+# The management cluster's identity on Kairon (--management-cluster-id): the UID of kube-system.
+- apiGroups: [""]
+  resources: [namespaces]
+  resourceNames: [kube-system]
+  verbs: [get]
 # Events on our objects.
 - apiGroups: [events.k8s.io]
   resources: [events]

@@ -261,9 +261,14 @@ async fn reconcile_instance(
     match ownership(&vm, km) {
         Ownership::Foreign => {
             warn!(instance = %name, "a Kairon Machine with this name belongs to someone else");
-            return Ok(Step::Stop(Observed::Conflict { name }, ctx.resync()));
+            let why = "its labels name another KaironMachine".to_string();
+            return Ok(Step::Stop(Observed::Conflict { name, why }, ctx.resync()));
         }
         Ownership::OursBeforeMove => {
+            if let Some(why) = refuse_adoption(&vm, km, ctx).await? {
+                warn!(instance = %name, %why, "not adopting the Kairon Machine named by spec.providerID");
+                return Ok(Step::Stop(Observed::Conflict { name, why }, ctx.resync()));
+            }
             info!(instance = %name, "adopting the Kairon Machine named by spec.providerID");
             ctx.kairon.adopt(&vm, km).await?;
             ctx.events
@@ -285,6 +290,40 @@ async fn reconcile_instance(
         ctx.writer(ns).merge_patch(km, "spec.providerID", body).await?;
     }
     Ok(Step::Continue(vm))
+}
+
+/// Why `vm`, which `km`'s providerID names, must not be adopted: `spec.providerID` can be set
+/// by whoever creates a KaironMachine, so it alone proves nothing. A VM is adopted only from
+/// this management cluster (or one it adopts from), and only when the KaironMachine its labels
+/// name is gone, as after `clusterctl move`.
+async fn refuse_adoption(vm: &kairon::Machine, km: &KaironMachine, ctx: &Context) -> Result<Option<String>, Error> {
+    let labels = vm.labels();
+    if let Err(why) = ctx
+        .kairon
+        .owner()
+        .may_adopt(labels.get(kairon::labels::MANAGEMENT_CLUSTER).map(String::as_str))
+    {
+        return Ok(Some(why));
+    }
+    let Some(uid) = labels.get(kairon::labels::KAIRONMACHINE_UID) else {
+        return Ok(None);
+    };
+    let ns = labels
+        .get(kairon::labels::KAIRONMACHINE_NAMESPACE)
+        .cloned()
+        .or_else(|| vm.namespace())
+        .unwrap_or_default();
+    let name = labels
+        .get(kairon::labels::KAIRONMACHINE_NAME)
+        .cloned()
+        .unwrap_or_else(|| vm.name_any());
+    let holder = Api::<KaironMachine>::namespaced(ctx.client.clone(), &ns)
+        .get_opt(&name)
+        .await
+        .map_err(Error::read(format!("KaironMachine {ns}/{name}")))?;
+    Ok(holder
+        .filter(|h| h.metadata.uid.as_ref() == Some(uid) && h.metadata.uid != km.metadata.uid)
+        .map(|_| format!("it belongs to KaironMachine {ns}/{name}, which still exists")))
 }
 
 /// Creates the Kairon Machine once everything it needs is there: cluster infrastructure,

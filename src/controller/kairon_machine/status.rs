@@ -22,7 +22,7 @@ pub enum Observed {
     /// The instance existed (our providerID names it) and is gone.
     Gone,
     /// A Kairon Machine with our name belongs to someone else.
-    Conflict { name: String },
+    Conflict { name: String, why: String },
 }
 
 /// What a status is computed from.
@@ -71,11 +71,13 @@ pub fn next_status(
                     "the Kairon Machine of this KaironMachine no longer exists; it is not re-created",
                 )
             }
-            Observed::Conflict { name } => Decided::new(
+            Observed::Conflict { name, why } => Decided::new(
                 INSTANCE_PROVISIONED,
                 Status::False,
                 reason::INSTANCE_CONFLICT,
-                format!("Kairon Machine {name} exists but does not belong to this KaironMachine; it is left alone"),
+                format!(
+                    "Kairon Machine {name} exists but does not belong to this KaironMachine ({why}); it is left alone"
+                ),
             ),
             Observed::Instance(vm) => {
                 status.instance = Some(observe::instance_ref(vm));
@@ -221,7 +223,10 @@ mod tests {
             },
             Case {
                 name: "conflict",
-                observed: Observed::Conflict { name: "m1".into() },
+                observed: Observed::Conflict {
+                    name: "m1".into(),
+                    why: "its labels name another KaironMachine".into(),
+                },
                 ready: ("False", reason::INSTANCE_CONFLICT),
                 instance: ("False", reason::INSTANCE_CONFLICT),
                 provisioned: false,
