@@ -266,6 +266,14 @@ pub(crate) fn read_event(
     }
 }
 
+/// A description of a client error that cannot contain request content.
+fn redacted_error_kind(e: &kube::Error) -> String {
+    match e {
+        kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
+        _ => "the request failed".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::Owner;
@@ -294,13 +302,5 @@ mod tests {
             Owner::default().may_adopt(Some("mc-b")).is_ok(),
             "no identity: no check"
         );
-    }
-}
-
-/// A description of a client error that cannot contain request content.
-fn redacted_error_kind(e: &kube::Error) -> String {
-    match e {
-        kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
-        _ => "the request failed".into(),
     }
 }
