@@ -15,6 +15,7 @@ use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::faults::FaultProxy;
 use capkr_testenv::{Env, EnvOptions, Process, SIMULATOR_HOSTS, WorkloadCluster, capi_resource, merged_args, wait_for};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
@@ -34,6 +35,9 @@ pub struct RigOptions {
     pub health_check: bool,
     /// Create the cluster objects right away.
     pub create: bool,
+    /// The manager talks to the API server through a fault proxy that faults this share of
+    /// its requests (`capkr_testenv::faults`).
+    pub api_faults: Option<f64>,
 }
 
 impl RigOptions {
@@ -48,6 +52,7 @@ impl RigOptions {
             audit: false,
             health_check: false,
             create: true,
+            api_faults: None,
         }
     }
 }
@@ -59,6 +64,8 @@ pub struct Rig {
     pub workload: WorkloadCluster,
     pub sim: Process,
     pub manager: Process,
+    /// The proxy between the manager and the API server, with `api_faults`.
+    pub faults: Option<FaultProxy>,
 }
 
 /// Fast simulator delays, hosts in two zones.
@@ -90,7 +97,17 @@ impl Rig {
         let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
         let sim_args = merged_args(default_sim_args(), &opts.sim_args);
         let sim = env.start_simulator(sim_args).expect("simulator");
-        let manager_args = merged_args(vec!["-v".to_string(), "1".to_string()], &opts.manager_args);
+        let mut manager_args = merged_args(vec!["-v".to_string(), "1".to_string()], &opts.manager_args);
+        let faults = match opts.api_faults {
+            Some(share) => {
+                let proxy = FaultProxy::start(env.client(), share, 0x5eed, env.dir())
+                    .await
+                    .expect("fault proxy");
+                manager_args.push(format!("--kubeconfig={}", proxy.kubeconfig.display()));
+                Some(proxy)
+            }
+            None => None,
+        };
         let manager = env.start_manager(manager_args).expect("manager");
         let rig = Rig {
             env,
@@ -99,6 +116,7 @@ impl Rig {
             workload,
             sim,
             manager,
+            faults,
         };
         // A process that rejects its flags exits at once; say so instead of timing out later.
         tokio::time::sleep(Duration::from_millis(500)).await;

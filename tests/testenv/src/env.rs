@@ -654,11 +654,19 @@ impl Env {
             n += 1;
             name = format!("{base}-{n}");
         }
-        let spec = ProcessSpec::new(name, bin, &logs)
+        let extra: Vec<std::ffi::OsString> = extra_args.into_iter().map(Into::into).collect();
+        // The admin kubeconfig unless the caller gives one (e.g. a fault proxy's).
+        let own_kubeconfig = extra.iter().any(|a| {
+            a.to_str()
+                .is_some_and(|a| a == "--kubeconfig" || a.starts_with("--kubeconfig="))
+        });
+        let mut spec = ProcessSpec::new(name, bin, &logs)
             // Plain log files, no ANSI colours (tracing-subscriber honours NO_COLOR).
-            .env("NO_COLOR", "1")
-            .arg(format!("--kubeconfig={}", self.kubeconfig_path.display()))
-            .args(extra_args);
+            .env("NO_COLOR", "1");
+        if !own_kubeconfig {
+            spec = spec.arg(format!("--kubeconfig={}", self.kubeconfig_path.display()));
+        }
+        let spec = spec.args(extra);
         Process::spawn(spec)
     }
 

@@ -26,6 +26,7 @@ pub mod cluster;
 pub mod demo;
 mod dump;
 mod env;
+pub mod faults;
 pub mod flavors;
 mod kube_util;
 mod manifests;
