@@ -163,7 +163,7 @@ spec:
     stop.store(true, Ordering::Relaxed);
     watcher.await.unwrap();
 
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     assert!(seen.rounds > 20, "the watcher looked {} times", seen.rounds);
     assert!(
         seen.not_found_while_present.is_empty(),
