@@ -171,6 +171,11 @@ spec:
         seen.not_found_while_present
     );
     assert!(
+        seen.flipped.is_empty(),
+        "KaironMachines no longer Ready while their VMs ran: {:?}",
+        seen.flipped
+    );
+    assert!(
         seen.unhealthy.is_empty(),
         "Machines found unhealthy: {:?}",
         seen.unhealthy
