@@ -330,3 +330,68 @@ async fn scale_then_delete_the_cluster() {
     assert!(rig.vm_map().await.is_empty(), "no Kairon Machine is left");
     assert!(rig.kms().list(&ListParams::default()).await.unwrap().items.is_empty());
 }
+
+/// Waiting, said precisely: once the control plane is up, a worker whose bootstrap data has
+/// not come waits for its bootstrap data, not for the control plane. CAPI marks a control plane
+/// of plain Machines initialized only by the Cluster's `ControlPlaneInitialized` condition
+/// (`status.initialization` stays unset); reading only the field, every such worker said
+/// `WaitingForControlPlaneInitialized` until its data came.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_without_bootstrap_data_waits_for_it_once_the_control_plane_is_up() {
+    use capkr::api::conditions::reason;
+    use capkr::api::{KaironMachine, KaironMachineSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::{DynamicObject, PostParams};
+    use serde_json::json;
+
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("lifecycle_waiting")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    // A worker whose bootstrap config never produces data (it does not exist).
+    let m: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": "late", "namespace": rig.ns, "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster}},
+        "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
+                 "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "never-made"}},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": "late"}}
+    }))
+    .unwrap();
+    let m = rig.machines().create(&PostParams::default(), &m).await.unwrap();
+    let mut km = KaironMachine::new(
+        "late",
+        KaironMachineSpec {
+            cpus: 1,
+            memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+            image: "img".into(),
+            disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("10Gi".into()),
+            ..Default::default()
+        },
+    );
+    km.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
+    km.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: "late".into(),
+        uid: m.uid().unwrap(),
+        ..Default::default()
+    }]);
+    rig.kms().create(&PostParams::default(), &km).await.unwrap();
+    let seen = rig
+        .wait("the worker's KaironMachine to say why it waits", UP, || async {
+            let km = rig.kms().get("late").await?;
+            Ok::<_, kube::Error>(km_ready(&km).filter(|(status, _)| status == "False").map(|(_, r)| r))
+        })
+        .await;
+    // Give a wrong first answer time to be corrected, then read the settled one.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let km = rig.kms().get("late").await.unwrap();
+    assert_eq!(
+        km_ready(&km).map(|(_, r)| r).as_deref(),
+        Some(reason::WAITING_FOR_BOOTSTRAP_DATA),
+        "first said {seen}"
+    );
+    assert!(rig.vms().get_opt("late").await.unwrap().is_none(), "no VM without data");
+}

@@ -92,6 +92,7 @@ fn cluster(paused: bool) -> capi::Cluster {
             infrastructure_provisioned: Some(true),
             control_plane_initialized: Some(true),
         }),
+        ..Default::default()
     });
     c
 }

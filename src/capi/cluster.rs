@@ -32,7 +32,22 @@ pub struct ClusterSpec {
 pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialization: Option<ClusterInitialization>,
+    /// Only type and status are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<ClusterCondition>>,
 }
+
+/// A condition of the Cluster, as far as this provider reads it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct ClusterCondition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+}
+
+/// The Cluster condition CAPI sets once the first control-plane Machine has a Node, also for
+/// a cluster without a control-plane provider (where `status.initialization` stays unset).
+const CONTROL_PLANE_INITIALIZED: &str = "ControlPlaneInitialized";
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -49,9 +64,19 @@ impl Cluster {
         self.init().and_then(|i| i.infrastructure_provisioned).unwrap_or(false)
     }
 
-    /// `status.initialization.controlPlaneInitialized`; missing counts as false.
+    /// `status.initialization.controlPlaneInitialized`, or the `ControlPlaneInitialized`
+    /// condition true (as CABPK reads it): CAPI sets only the condition for a cluster whose
+    /// control plane is plain Machines.
     pub fn control_plane_initialized(&self) -> bool {
         self.init().and_then(|i| i.control_plane_initialized).unwrap_or(false)
+            || self
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c.type_ == CONTROL_PLANE_INITIALIZED && c.status == "True")
+                })
     }
 
     /// Name of the infrastructure cluster when it is of `kind` in our group.

@@ -10,7 +10,7 @@ mod machine;
 
 /// The control-plane endpoint type is ours and CAPI's alike (`APIEndpoint`).
 pub use crate::api::APIEndpoint;
-pub use cluster::{Cluster, ClusterInitialization, ClusterSpec, ClusterStatus};
+pub use cluster::{Cluster, ClusterCondition, ClusterInitialization, ClusterSpec, ClusterStatus};
 pub use machine::{Bootstrap, Machine, MachineSpec};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};

@@ -198,6 +198,7 @@ mod tests {
                 infrastructure_provisioned: Some(true),
                 control_plane_initialized: None,
             }),
+            ..Default::default()
         });
         assert_ne!(cluster_trigger(&base), cluster_trigger(&provisioned));
         let mut cp = provisioned.clone();
@@ -209,6 +210,14 @@ mod tests {
             .unwrap()
             .control_plane_initialized = Some(true);
         assert_ne!(cluster_trigger(&provisioned), cluster_trigger(&cp));
+        // A control plane of plain Machines: CAPI sets only the condition.
+        let mut by_condition = provisioned.clone();
+        by_condition.status.as_mut().unwrap().conditions = Some(vec![capi::ClusterCondition {
+            type_: "ControlPlaneInitialized".into(),
+            status: "True".into(),
+        }]);
+        assert!(by_condition.control_plane_initialized());
+        assert_eq!(cluster_trigger(&by_condition), cluster_trigger(&cp));
     }
 
     #[test]
