@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -28,14 +28,32 @@ pub(crate) struct Health {
     pub caches: CacheReadiness,
     /// True while this replica runs the controllers.
     pub leading: Arc<AtomicBool>,
+    pub reachability: Reachability,
 }
+
+/// How long an answer of the API server counts for `/readyz`: probes (and anything else that
+/// polls `/readyz`) cost at most one request per this period.
+const REACHABILITY_TTL: Duration = Duration::from_secs(2);
+
+/// The last reachability check and when it was made; probes arriving together wait for one
+/// check rather than each sending a request.
+#[derive(Clone, Default)]
+pub(crate) struct Reachability(Arc<tokio::sync::Mutex<Option<(Instant, bool)>>>);
 
 impl Health {
     async fn api_reachable(&self) -> bool {
-        matches!(
+        let mut last = self.reachability.0.lock().await;
+        if let Some((at, ok)) = *last
+            && at.elapsed() < REACHABILITY_TTL
+        {
+            return ok;
+        }
+        let ok = matches!(
             tokio::time::timeout(Duration::from_secs(2), self.client.apiserver_version()).await,
             Ok(Ok(_))
-        )
+        );
+        *last = Some((Instant::now(), ok));
+        ok
     }
 
     /// What `/readyz` answers, with the failing check named.

@@ -386,6 +386,7 @@ pub async fn run(args: Args) -> Result<()> {
         client: plain.clone(),
         caches: telemetry.caches.clone(),
         leading: leading.clone(),
+        reachability: Default::default(),
     };
     let health_addr = admin::parse_addr(&args.health_addr).map_err(anyhow::Error::msg)?;
     // An address that cannot be bound is fatal, as in the Go providers: a manager without its

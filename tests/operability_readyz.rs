@@ -11,9 +11,13 @@ use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, ProcessSpec, free_po
 /// and turns 200 once the permission is granted and the cache syncs.
 #[tokio::test(flavor = "multi_thread")]
 async fn readyz_is_false_until_the_caches_sync() {
-    let env = Env::start(EnvOptions::new("operability-readyz").capi_managers(CapiManagers::NONE))
-        .await
-        .expect("test environment");
+    let env = Env::start(
+        EnvOptions::new("operability-readyz")
+            .capi_managers(CapiManagers::NONE)
+            .audit_policy(capkr_testenv::AUDIT_POLICY_METADATA),
+    )
+    .await
+    .expect("test environment");
     env.create_namespace("capkr-system").await.unwrap();
     let root = capkr_testenv::workspace_root();
     let rbac = |file: &str| std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap();
@@ -97,5 +101,29 @@ async fn readyz_is_false_until_the_caches_sync() {
     if let Err(e) = ready {
         panic!("{e:#}\n{}", manager.log_tail(40));
     }
+
+    // A flood of probes costs the API server a request per couple of seconds, not one each.
+    let audit = env.audit_log_path().unwrap().to_path_buf();
+    let from = std::fs::metadata(&audit).unwrap().len();
+    let started = std::time::Instant::now();
+    for _ in 0..10 {
+        let probes: Vec<_> = (0..20).map(|_| http_get(health, "/readyz")).collect();
+        for r in futures::future::join_all(probes).await {
+            assert_eq!(r.expect("/readyz answers").status, 200);
+        }
+    }
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let version_checks = capkr_testenv::audit::AuditLog::at(&audit, from)
+        .read_new()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.from_manager(None) && e.counts_request() && e.request_uri == "/version")
+        .count();
+    let allowed = 1 + took.as_secs() as usize / 2 + 1;
+    assert!(
+        version_checks <= allowed,
+        "200 probes in {took:?} made {version_checks} API requests (at most {allowed})"
+    );
     assert!(manager.is_running());
 }

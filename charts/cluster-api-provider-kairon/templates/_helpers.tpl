@@ -36,15 +36,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
-# Kairon Machines: created, deleted, and patched to move the adoption label after a move.
-- apiGroups: [kairon.zyvor.dev]
-  resources: [machines]
-  verbs: [get, list, watch, create, delete, patch]
 # The management cluster's identity on Kairon (--management-cluster-id): the UID of kube-system.
 - apiGroups: [""]
   resources: [namespaces]
   resourceNames: [kube-system]
   verbs: [get]
+# Kairon Machines: created, deleted, and patched to move the adoption label after a move.
+- apiGroups: [kairon.zyvor.dev]
+  resources: [machines]
+  verbs: [get, list, watch, create, delete, patch]
 # Events on our objects.
 - apiGroups: [events.k8s.io]
   resources: [events]
