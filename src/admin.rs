@@ -1,5 +1,6 @@
 //! The admin endpoints: `/healthz` and `/readyz` on `--health-addr`, `/metrics` (Prometheus
-//! text, plain HTTP) on `--metrics-bind-address`.
+//! text) on `--metrics-bind-address`: over HTTPS for authorized callers ([`secure`]), or plain
+//! HTTP to anyone with `--insecure-diagnostics`.
 //!
 //! `/readyz` of the leader (or of a manager without leader election) means: every cache has
 //! done its first list, and the API server answers. A standby that is not leader runs no
@@ -17,6 +18,8 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tracing::{info, warn};
+
+mod secure;
 
 use crate::controller::CacheReadiness;
 use crate::metrics::Metrics;
@@ -114,12 +117,33 @@ pub(crate) async fn spawn_health(addr: SocketAddr, health: Health) -> std::io::R
     Ok(())
 }
 
+/// How `/metrics` is served.
+pub(crate) enum MetricsAccess {
+    /// HTTPS; only callers whose token may `get /metrics` (the default).
+    Secure {
+        gate: secure::Gate,
+        tls: rustls::ServerConfig,
+    },
+    /// Plain HTTP, anyone (`--insecure-diagnostics`).
+    Insecure,
+}
+
+pub(crate) use secure::{Gate, tls_config};
+
 /// Binds and serves `/metrics` in the background.
-pub(crate) async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>) -> std::io::Result<()> {
+pub(crate) async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>, access: MetricsAccess) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    info!(addr = %listener.local_addr()?, "serving /metrics");
     let app = Router::new().route("/metrics", get(metrics)).with_state(m);
-    tokio::spawn(serve(listener, app, "metrics"));
+    match access {
+        MetricsAccess::Insecure => {
+            info!(addr = %listener.local_addr()?, "serving /metrics over plain HTTP to anyone");
+            tokio::spawn(serve(listener, app, "metrics"));
+        }
+        MetricsAccess::Secure { gate, tls } => {
+            info!(addr = %listener.local_addr()?, "serving /metrics over HTTPS to authorized callers");
+            tokio::spawn(secure::serve_tls(listener, secure::guarded(app, gate), tls));
+        }
+    }
     Ok(())
 }
 

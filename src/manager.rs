@@ -126,9 +126,26 @@ pub struct Args {
     #[arg(long, default_value = ":9440")]
     pub health_addr: String,
 
-    /// Address of /metrics (plain HTTP); 0 disables it.
+    /// Address of /metrics (HTTPS, authorized callers only; see --insecure-diagnostics); 0
+    /// disables it.
     #[arg(long, default_value = ":8443")]
     pub metrics_bind_address: String,
+
+    /// Serve /metrics over plain HTTP without authentication or authorization (as CAPI's
+    /// managers' flag of the same name).
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub insecure_diagnostics: bool,
+
+    /// Directory with `tls.crt` and `tls.key` for /metrics; a self-signed certificate when empty.
+    #[arg(long, default_value = "")]
+    pub metrics_cert_dir: String,
 
     /// Requests per second to the Kubernetes API, sustained (client-side token bucket).
     #[arg(long, default_value_t = 20.0)]
@@ -396,7 +413,16 @@ pub async fn run(args: Args) -> Result<()> {
         .with_context(|| format!("serving /healthz and /readyz on {}", args.health_addr))?;
     if args.metrics_bind_address != "0" {
         let addr = admin::parse_addr(&args.metrics_bind_address).map_err(anyhow::Error::msg)?;
-        admin::spawn_metrics(addr, metrics.clone())
+        let access = if args.insecure_diagnostics {
+            admin::MetricsAccess::Insecure
+        } else {
+            let dir = (!args.metrics_cert_dir.is_empty()).then(|| std::path::Path::new(&args.metrics_cert_dir));
+            admin::MetricsAccess::Secure {
+                gate: admin::Gate::new(plain.clone()),
+                tls: admin::tls_config(dir)?,
+            }
+        };
+        admin::spawn_metrics(addr, metrics.clone(), access)
             .await
             .with_context(|| format!("serving /metrics on {}", args.metrics_bind_address))?;
     }

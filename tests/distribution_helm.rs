@@ -101,9 +101,23 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
 
     // RBAC: the same grants as config/rbac, to the same ServiceAccount.
     let config_role = &docs(&read(&root().join("config/rbac/role.yaml")))[0];
-    let role = objs.iter().find(|o| o["kind"] == "ClusterRole").unwrap();
-    assert_eq!(role["metadata"]["name"], config_role["metadata"]["name"]);
+    let role = objs
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == config_role["metadata"]["name"])
+        .unwrap();
     assert_eq!(grants(&role["rules"]), grants(&config_role["rules"]));
+    // Secure metrics by default: the reader role of config/rbac ships with them.
+    let config_reader = &docs(&read(&root().join("config/rbac/metrics_reader_role.yaml")))[0];
+    let reader = objs
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "capkr-metrics-reader")
+        .expect("the metrics reader ClusterRole");
+    assert_eq!(reader["rules"], config_reader["rules"]);
+    assert!(
+        !manager_args(&objs)
+            .iter()
+            .any(|a| a.starts_with("--insecure-diagnostics"))
+    );
     let binding = objs.iter().find(|o| o["kind"] == "ClusterRoleBinding").unwrap();
     assert_eq!(
         binding["subjects"],
@@ -210,7 +224,10 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
     }
     // Namespace scoping uses a Role; only reading kube-system (the default management-cluster
     // identity) needs a ClusterRole, and that is all it grants.
-    let cluster_roles: Vec<&Value> = objs.iter().filter(|o| o["kind"] == "ClusterRole").collect();
+    let cluster_roles: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] != "capkr-metrics-reader")
+        .collect();
     assert_eq!(cluster_roles.len(), 1, "{cluster_roles:?}");
     assert_eq!(cluster_roles[0]["metadata"]["name"], "capkr-manager-identity-role");
     assert_eq!(

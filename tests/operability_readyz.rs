@@ -57,7 +57,8 @@ async fn readyz_is_false_until_the_caches_sync() {
         .arg(format!("--kubeconfig={}", kubeconfig.display()))
         .arg("--leader-elect")
         .arg(format!("--health-addr=127.0.0.1:{health}"))
-        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}")),
+        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
+        .arg("--insecure-diagnostics"),
     )
     .unwrap();
 

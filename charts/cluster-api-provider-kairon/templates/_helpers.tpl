@@ -45,6 +45,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [kairon.zyvor.dev]
   resources: [machines]
   verbs: [get, list, watch, create, delete, patch]
+# Secure /metrics: who is asking (TokenReview) and may they (SubjectAccessReview).
+- apiGroups: [authentication.k8s.io]
+  resources: [tokenreviews]
+  verbs: [create]
+- apiGroups: [authorization.k8s.io]
+  resources: [subjectaccessreviews]
+  verbs: [create]
 # Events on our objects.
 - apiGroups: [events.k8s.io]
   resources: [events]

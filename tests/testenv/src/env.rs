@@ -620,6 +620,14 @@ impl Env {
     {
         let bin = own_binary("capkr-manager", "CAPKR_MANAGER_BIN")?;
         let mut args: Vec<std::ffi::OsString> = extra_args.into_iter().map(Into::into).collect();
+        // Tests read /metrics with a plain GET; the secure default has a test of its own
+        // (`operability_metrics.rs`), which passes `--insecure-diagnostics=false`.
+        if !args
+            .iter()
+            .any(|a| a.to_str().is_some_and(|a| a.starts_with("--insecure-diagnostics")))
+        {
+            args.push("--insecure-diagnostics".into());
+        }
         for flag in ["--health-addr", "--metrics-bind-address"] {
             let given = args.iter().any(|a| {
                 a.to_str()
