@@ -122,7 +122,7 @@ pub(crate) enum MetricsAccess {
     /// HTTPS; only callers whose token may `get /metrics` (the default).
     Secure {
         gate: secure::Gate,
-        tls: rustls::ServerConfig,
+        tls: Box<rustls::ServerConfig>,
     },
     /// Plain HTTP, anyone (`--insecure-diagnostics`).
     Insecure,
@@ -141,7 +141,7 @@ pub(crate) async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>, access: Met
         }
         MetricsAccess::Secure { gate, tls } => {
             info!(addr = %listener.local_addr()?, "serving /metrics over HTTPS to authorized callers");
-            tokio::spawn(secure::serve_tls(listener, secure::guarded(app, gate), tls));
+            tokio::spawn(secure::serve_tls(listener, secure::guarded(app, gate), *tls));
         }
     }
     Ok(())

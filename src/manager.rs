@@ -419,7 +419,7 @@ pub async fn run(args: Args) -> Result<()> {
             let dir = (!args.metrics_cert_dir.is_empty()).then(|| std::path::Path::new(&args.metrics_cert_dir));
             admin::MetricsAccess::Secure {
                 gate: admin::Gate::new(plain.clone()),
-                tls: admin::tls_config(dir)?,
+                tls: Box::new(admin::tls_config(dir)?),
             }
         };
         admin::spawn_metrics(addr, metrics.clone(), access)
