@@ -297,12 +297,16 @@ fn rolled_out(
             return Err(format!("{n} of the old version is still there"));
         }
         let spec = m.data["spec"]["version"].as_str().unwrap_or_default();
-        let kubelet = m.data["status"]["nodeInfo"]["kubeletVersion"].as_str().unwrap_or_default();
+        let kubelet = m.data["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .unwrap_or_default();
         if spec != version || kubelet != version {
             return Err(format!("{n}: spec.version {spec}, kubelet {kubelet}"));
         }
     }
-    let kcp_version = kcp.and_then(|k| k.data["status"]["version"].as_str()).unwrap_or_default();
+    let kcp_version = kcp
+        .and_then(|k| k.data["status"]["version"].as_str())
+        .unwrap_or_default();
     if kcp_version != version {
         return Err(format!("KCP status.version {kcp_version}"));
     }
@@ -332,16 +336,20 @@ async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, repl
         .create(&Default::default(), &mhc)
         .await
         .expect("creating the control plane's MachineHealthCheck");
-    rig.wait("the MachineHealthCheck sees the control plane healthy", Duration::from_secs(120), || async {
-        let mhc = rig.api(&mhcs).get(&mhc_name).await.map_err(|e| e.to_string())?;
-        let status = &mhc.data["status"];
-        let want = Some(replicas as u64);
-        if status["expectedMachines"].as_u64() == want && status["currentHealthy"].as_u64() == want {
-            Ok(())
-        } else {
-            Err(format!("MHC status {status}"))
-        }
-    })
+    rig.wait(
+        "the MachineHealthCheck sees the control plane healthy",
+        Duration::from_secs(120),
+        || async {
+            let mhc = rig.api(&mhcs).get(&mhc_name).await.map_err(|e| e.to_string())?;
+            let status = &mhc.data["status"];
+            let want = Some(replicas as u64);
+            if status["expectedMachines"].as_u64() == want && status["currentHealthy"].as_u64() == want {
+                Ok(())
+            } else {
+                Err(format!("MHC status {status}"))
+            }
+        },
+    )
     .await;
 
     let cps = rig.control_plane_machines().await;

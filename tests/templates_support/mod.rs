@@ -534,7 +534,9 @@ impl EtcdProbe {
 
     /// Whether the member at `url` says it is healthy.
     pub async fn healthy(&self, url: &str) -> bool {
-        let Ok(client) = self.client(url).await else { return false };
+        let Ok(client) = self.client(url).await else {
+            return false;
+        };
         let Ok(req) = http::Request::get("/health").body(Vec::new()) else {
             return false;
         };
@@ -574,11 +576,7 @@ impl EtcdProbe {
 impl GuestRig {
     /// Control-plane Machines (also those being deleted).
     pub async fn control_plane_machines(&self) -> Vec<DynamicObject> {
-        self.machines()
-            .await
-            .into_iter()
-            .filter(is_control_plane)
-            .collect()
+        self.machines().await.into_iter().filter(is_control_plane).collect()
     }
 
     /// A copy of the KaironMachineTemplate `from`, named `to`, booting `image`: templates are
@@ -591,7 +589,10 @@ impl GuestRig {
             "kaironmachinetemplates",
         );
         let api = self.api(&r);
-        let old = api.get(from).await.unwrap_or_else(|e| panic!("KaironMachineTemplate {from}: {e}"));
+        let old = api
+            .get(from)
+            .await
+            .unwrap_or_else(|e| panic!("KaironMachineTemplate {from}: {e}"));
         let mut spec = old.data["spec"].clone();
         spec["template"]["spec"]["image"] = Value::String(image.to_string());
         let mut new = DynamicObject::new(to, &r).within(&self.ns);

@@ -653,15 +653,35 @@ write_files:
     #[test]
     fn kubelet_version_comes_from_the_image() {
         let cases = [
-            ("image-builder name", "ubuntu-2404-kube-v1.36.4", Some("v1.36.3"), "v1.36.4"),
+            (
+                "image-builder name",
+                "ubuntu-2404-kube-v1.36.4",
+                Some("v1.36.3"),
+                "v1.36.4",
+            ),
             ("image wins over kubeadm", "ubuntu-2404-kube-v1.36.4", None, "v1.36.4"),
             ("build suffix", "flatcar-kube-v1.35.0-20260101", None, "v1.35.0"),
             ("registry path", "registry.example/images/kube:v1.36.2", None, "v1.36.2"),
             ("last version wins", "v2.0.1-base-kube-v1.36.1", None, "v1.36.1"),
             ("no version: kubeadm's", "ubuntu-2404", Some("v1.36.1"), "v1.36.1"),
-            ("minor only is no version", "ubuntu-2404-kube-v1.36", Some("v1.34.2"), "v1.34.2"),
-            ("v inside a word", "dev1.2.3", None, crate::workload::DEFAULT_KUBELET_VERSION),
-            ("four numbers", "kube-v1.36.4.1", None, crate::workload::DEFAULT_KUBELET_VERSION),
+            (
+                "minor only is no version",
+                "ubuntu-2404-kube-v1.36",
+                Some("v1.34.2"),
+                "v1.34.2",
+            ),
+            (
+                "v inside a word",
+                "dev1.2.3",
+                None,
+                crate::workload::DEFAULT_KUBELET_VERSION,
+            ),
+            (
+                "four numbers",
+                "kube-v1.36.4.1",
+                None,
+                crate::workload::DEFAULT_KUBELET_VERSION,
+            ),
             ("nothing known", "img", None, crate::workload::DEFAULT_KUBELET_VERSION),
         ];
         for (name, image, kubeadm, want) in cases {
