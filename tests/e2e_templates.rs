@@ -172,6 +172,22 @@ impl Watch {
         }
     }
 
+    fn summary(&self) -> String {
+        let good = self.samples as usize - self.violations.len();
+        if good == 0 {
+            return format!("{} samples, all bad", self.samples);
+        }
+        format!(
+            "{} samples ({} bad): at most {} control-plane Machines ({} deleting at once), etcd at least {} healthy of at most {} members",
+            self.samples,
+            self.violations.len(),
+            self.max_machines,
+            self.max_deleting,
+            self.min_healthy,
+            self.max_members
+        )
+    }
+
     fn record(&mut self, seen: Result<Sample, String>) {
         self.samples += 1;
         match seen {
@@ -271,13 +287,9 @@ async fn roll_out_a_new_version(rig: &GuestRig, etcd: &EtcdProbe, replicas: usiz
     .await;
     let w = watch.into_inner().unwrap_or_else(|e| e.into_inner());
     eprintln!(
-        "rollout {from} -> {to}: {:.1}s; {} samples: at most {} control-plane Machines ({} deleting at once), etcd at least {} healthy of at most {} members",
+        "rollout {from} -> {to}: {:.1}s; {}",
         started.elapsed().as_secs_f64(),
-        w.samples,
-        w.max_machines,
-        w.max_deleting,
-        w.min_healthy,
-        w.max_members
+        w.summary()
     );
     assert!(w.violations.is_empty(), "during the rollout: {:#?}", w.violations);
     assert_eq!(w.max_machines, replicas + 1, "KCP surged by one Machine");
@@ -398,11 +410,9 @@ async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, repl
     let w = watch.into_inner().unwrap_or_else(|e| e.into_inner());
     let after: BTreeSet<String> = rig.control_plane_machines().await.iter().map(name).collect();
     eprintln!(
-        "remediation of {victim_name}: {:.1}s; {} samples: etcd at least {} healthy of at most {} members; control plane {before:?} -> {after:?}",
+        "remediation of {victim_name}: {:.1}s; {}; control plane {before:?} -> {after:?}",
         started.elapsed().as_secs_f64(),
-        w.samples,
-        w.min_healthy,
-        w.max_members
+        w.summary()
     );
     assert!(w.violations.is_empty(), "during the remediation: {:#?}", w.violations);
     assert_eq!(after.difference(&before).count(), 1, "one replacement Machine");
