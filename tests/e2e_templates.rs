@@ -8,8 +8,12 @@
 mod distribution_support;
 mod templates_support;
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use kube::api::DynamicObject;
+use serde_json::json;
 use templates_support::*;
 
 /// `clusterctl describe cluster --show-conditions all`: the Cluster, its control plane and
@@ -115,6 +119,11 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
 
     wait_describe_ready(&rig, 3, 2).await;
 
+    let etcd = EtcdProbe::new(&rig);
+    roll_out_a_new_version(&rig, &etcd, 3, 2).await;
+    remediate_a_failed_control_plane(&rig, &etcd, 3, 2).await;
+    wait_describe_ready(&rig, 3, 2).await;
+
     // KCP 3 -> 1: KCP removes the etcd members, then the Machines; the VMs' processes stop.
     let kcp = name(&rig.kcp().await.expect("KCP"));
     rig.patch_replicas(&kcp_resource(), &kcp, 1).await;
@@ -129,6 +138,285 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
     rig.wait_shape(1, 1, Duration::from_secs(300)).await;
 
     delete_and_wait_gone(&rig).await;
+}
+
+/// One look at the control plane: its Machines (also those being deleted) and etcd as its own
+/// members report it.
+#[derive(Debug)]
+struct Sample {
+    machines: usize,
+    deleting: usize,
+    healthy: usize,
+    members: usize,
+}
+
+/// What was seen while the control plane changed; checked once it has settled.
+struct Watch {
+    samples: u32,
+    max_machines: usize,
+    max_deleting: usize,
+    min_healthy: usize,
+    max_members: usize,
+    violations: Vec<String>,
+}
+
+impl Watch {
+    fn new() -> Watch {
+        Watch {
+            samples: 0,
+            max_machines: 0,
+            max_deleting: 0,
+            min_healthy: usize::MAX,
+            max_members: 0,
+            violations: vec![],
+        }
+    }
+
+    fn summary(&self) -> String {
+        let good = self.samples as usize - self.violations.len();
+        if good == 0 {
+            return format!("{} samples, all bad", self.samples);
+        }
+        format!(
+            "{} samples ({} bad): at most {} control-plane Machines ({} deleting at once), etcd at least {} healthy of at most {} members",
+            self.samples,
+            self.violations.len(),
+            self.max_machines,
+            self.max_deleting,
+            self.min_healthy,
+            self.max_members
+        )
+    }
+
+    fn record(&mut self, seen: Result<Sample, String>) {
+        self.samples += 1;
+        match seen {
+            Ok(s) => {
+                self.max_machines = self.max_machines.max(s.machines);
+                self.max_deleting = self.max_deleting.max(s.deleting);
+                self.min_healthy = self.min_healthy.min(s.healthy);
+                self.max_members = self.max_members.max(s.members);
+            }
+            Err(why) => self.violations.push(why),
+        }
+    }
+}
+
+/// `Err` when the control plane has more than `max_machines` Machines, more than one being
+/// deleted, or etcd fails `healthy_enough(healthy, members)`.
+async fn sample(
+    rig: &GuestRig,
+    etcd: &EtcdProbe,
+    max_machines: usize,
+    healthy_enough: &dyn Fn(usize, usize) -> bool,
+) -> Result<Sample, String> {
+    let cps = rig.control_plane_machines().await;
+    let deleting = cps.iter().filter(|m| m.metadata.deletion_timestamp.is_some()).count();
+    let members = etcd.members().await?;
+    let healthy = members.iter().filter(|m| m.healthy).count();
+    if cps.len() > max_machines || deleting > 1 || !healthy_enough(healthy, members.len()) {
+        return Err(format!(
+            "{} control-plane Machines ({deleting} deleting); etcd {healthy}/{} healthy: {members:?}",
+            cps.len(),
+            members.len()
+        ));
+    }
+    Ok(Sample {
+        machines: cps.len(),
+        deleting,
+        healthy,
+        members: members.len(),
+    })
+}
+
+/// A sample; a bad one is taken again once before it counts, so that a member asked in the
+/// instant of a leadership hand-over is not mistaken for an unhealthy one.
+async fn look(
+    rig: &GuestRig,
+    etcd: &EtcdProbe,
+    max_machines: usize,
+    healthy_enough: &dyn Fn(usize, usize) -> bool,
+) -> Result<Sample, String> {
+    let first = sample(rig, etcd, max_machines, healthy_enough).await;
+    if first.is_ok() {
+        return first;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sample(rig, etcd, max_machines, healthy_enough).await
+}
+
+/// A Kubernetes version rollout: KCP `spec.version` goes to the next patch version, with a
+/// new KaironMachineTemplate whose image carries it. KCP replaces the control-plane Machines
+/// one at a time (maxSurge 1: never more than replicas + 1 Machines, never two deleting at
+/// once), etcd keeps `replicas` healthy members throughout, and in the end every Machine and
+/// its Node report the new version.
+async fn roll_out_a_new_version(rig: &GuestRig, etcd: &EtcdProbe, replicas: usize, workers: usize) {
+    let kcp = rig.kcp().await.expect("KCP");
+    let kcp_name = name(&kcp);
+    let from = kcp.data["spec"]["version"].as_str().expect("KCP version").to_string();
+    let to = next_patch_version(&from);
+    let template = kcp.data["spec"]["machineTemplate"]["spec"]["infrastructureRef"]["name"]
+        .as_str()
+        .expect("KCP infrastructureRef")
+        .to_string();
+    let new_template = format!("{template}-{}", to.replace('.', "-"));
+    rig.copy_machine_template(&template, &new_template, &machine_image_for(&to))
+        .await;
+    let old: BTreeSet<String> = rig.control_plane_machines().await.iter().map(name).collect();
+    let started = Instant::now();
+    rig.patch_kcp(
+        &kcp_name,
+        json!({"spec": {"version": to, "machineTemplate": {"spec": {"infrastructureRef": {"name": new_template}}}}}),
+    )
+    .await;
+
+    let watch = Mutex::new(Watch::new());
+    let at_least_replicas = |healthy: usize, _members: usize| healthy >= replicas;
+    rig.wait(
+        &format!("the control plane rolled out to {to}"),
+        Duration::from_secs(600),
+        || async {
+            let seen = look(rig, etcd, replicas + 1, &at_least_replicas).await;
+            watch.lock().unwrap_or_else(|e| e.into_inner()).record(seen);
+            let machines = rig.machines().await;
+            let kcp = rig.kcp().await;
+            cluster_ready(&machines, kcp.as_ref(), replicas, workers)?;
+            rolled_out(&machines, kcp.as_ref(), &old, &to)
+        },
+    )
+    .await;
+    let w = watch.into_inner().unwrap_or_else(|e| e.into_inner());
+    eprintln!(
+        "rollout {from} -> {to}: {:.1}s; {}",
+        started.elapsed().as_secs_f64(),
+        w.summary()
+    );
+    assert!(w.violations.is_empty(), "during the rollout: {:#?}", w.violations);
+    assert_eq!(w.max_machines, replicas + 1, "KCP surged by one Machine");
+}
+
+/// `Ok` when no Machine of `old` is left and every control-plane Machine, its Node and KCP
+/// report `version`.
+fn rolled_out(
+    machines: &[DynamicObject],
+    kcp: Option<&DynamicObject>,
+    old: &BTreeSet<String>,
+    version: &str,
+) -> Result<(), String> {
+    for m in machines.iter().filter(|m| is_control_plane(m)) {
+        let n = name(m);
+        if old.contains(&n) {
+            return Err(format!("{n} of the old version is still there"));
+        }
+        let spec = m.data["spec"]["version"].as_str().unwrap_or_default();
+        let kubelet = m.data["status"]["nodeInfo"]["kubeletVersion"]
+            .as_str()
+            .unwrap_or_default();
+        if spec != version || kubelet != version {
+            return Err(format!("{n}: spec.version {spec}, kubelet {kubelet}"));
+        }
+    }
+    let kcp_version = kcp
+        .and_then(|k| k.data["status"]["version"].as_str())
+        .unwrap_or_default();
+    if kcp_version != version {
+        return Err(format!("KCP status.version {kcp_version}"));
+    }
+    Ok(())
+}
+
+/// Control-plane remediation: a MachineHealthCheck on the control plane (the default flavor
+/// ships none); one control-plane VM fails in Kairon, its Node goes away, the MHC marks the
+/// Machine unhealthy and KCP remediates it: removes its etcd member, deletes it and creates a
+/// replacement. etcd keeps quorum throughout, and ends with `replicas` healthy members.
+async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, replicas: usize, workers: usize) {
+    let mhc_name = format!("{}-control-plane", rig.cluster);
+    let mhcs = capi("MachineHealthCheck", "machinehealthchecks");
+    let mut mhc = DynamicObject::new(&mhc_name, &mhcs).within(&rig.ns);
+    mhc.data = json!({"spec": {
+        "clusterName": rig.cluster,
+        "selector": {"matchLabels": {"cluster.x-k8s.io/control-plane": ""}},
+        "checks": {
+            "nodeStartupTimeoutSeconds": 600,
+            "unhealthyNodeConditions": [
+                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 60},
+                {"type": "Ready", "status": "False", "timeoutSeconds": 60},
+            ],
+        },
+    }});
+    rig.api(&mhcs)
+        .create(&Default::default(), &mhc)
+        .await
+        .expect("creating the control plane's MachineHealthCheck");
+    rig.wait(
+        "the MachineHealthCheck sees the control plane healthy",
+        Duration::from_secs(120),
+        || async {
+            let mhc = rig.api(&mhcs).get(&mhc_name).await.map_err(|e| e.to_string())?;
+            let status = &mhc.data["status"];
+            let want = Some(replicas as u64);
+            if status["expectedMachines"].as_u64() == want && status["currentHealthy"].as_u64() == want {
+                Ok(())
+            } else {
+                Err(format!("MHC status {status}"))
+            }
+        },
+    )
+    .await;
+
+    let cps = rig.control_plane_machines().await;
+    let before: BTreeSet<String> = cps.iter().map(name).collect();
+    let victim = cps.first().expect("a control-plane Machine");
+    let victim_name = name(victim);
+    let vm = victim.data["spec"]["infrastructureRef"]["name"]
+        .as_str()
+        .expect("infrastructureRef")
+        .to_string();
+    let started = Instant::now();
+    {
+        use kube::api::{Patch, PatchParams};
+        let vms: kube::Api<capkr::kairon::Machine> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+        vms.patch(
+            &vm,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sim.kairon.zyvor.dev/fail": "HostLost"}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("failing Kairon Machine {vm}: {e}"));
+    }
+
+    let watch = Mutex::new(Watch::new());
+    let quorum = |healthy: usize, members: usize| 2 * healthy > members;
+    rig.wait(
+        &format!("KCP replaced the failed {victim_name}"),
+        Duration::from_secs(600),
+        || async {
+            let seen = look(rig, etcd, replicas, &quorum).await;
+            watch.lock().unwrap_or_else(|e| e.into_inner()).record(seen);
+            let machines = rig.machines().await;
+            if machines.iter().any(|m| name(m) == victim_name) {
+                return Err(format!("{victim_name} is still there"));
+            }
+            let kcp = rig.kcp().await;
+            cluster_ready(&machines, kcp.as_ref(), replicas, workers)?;
+            let members = etcd.members().await?;
+            if members.len() != replicas || members.iter().any(|m| !m.healthy) {
+                return Err(format!("etcd members: {members:?}"));
+            }
+            Ok(())
+        },
+    )
+    .await;
+    let w = watch.into_inner().unwrap_or_else(|e| e.into_inner());
+    let after: BTreeSet<String> = rig.control_plane_machines().await.iter().map(name).collect();
+    eprintln!(
+        "remediation of {victim_name}: {:.1}s; {}; control plane {before:?} -> {after:?}",
+        started.elapsed().as_secs_f64(),
+        w.summary()
+    );
+    assert!(w.violations.is_empty(), "during the remediation: {:#?}", w.violations);
+    assert_eq!(after.difference(&before).count(), 1, "one replacement Machine");
+    assert!(w.min_healthy < replicas, "the failed member was seen unhealthy");
 }
 
 /// `kubectl delete cluster`: no Machine, Kairon Machine, VM process, VM dir or endpoint port

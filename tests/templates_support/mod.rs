@@ -402,3 +402,212 @@ impl GuestRig {
         took
     }
 }
+
+/// The next patch version: `v1.36.3` -> `v1.36.4`.
+pub fn next_patch_version(version: &str) -> String {
+    let (head, patch) = version.rsplit_once('.').expect("a version vX.Y.Z");
+    let patch: u32 = patch.parse().expect("a numeric patch version");
+    format!("{head}.{}", patch + 1)
+}
+
+/// The Kairon image a control plane of `version` boots (as `clusterctl generate` is told).
+pub fn machine_image_for(version: &str) -> String {
+    format!("ubuntu-2404-kube-{version}")
+}
+
+/// The client URLs of the etcd processes the simulated control-plane VMs under `dir` run.
+pub fn etcd_client_urls(dir: &std::path::Path) -> Vec<String> {
+    let needle = dir.display().to_string();
+    let mut out = vec![];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().parse::<u32>().is_err() {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = raw
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let is_vm_etcd = args.first().is_some_and(|a| a.ends_with("/etcd")) && args.iter().any(|a| a.contains(&needle));
+        if let Some(url) = args
+            .iter()
+            .filter(|_| is_vm_etcd)
+            .find_map(|a| a.strip_prefix("--advertise-client-urls="))
+        {
+            out.push(url.to_string());
+        }
+    }
+    out.sort();
+    out
+}
+
+/// One member of a workload cluster's etcd, as its member list says, and whether its own
+/// `/health` endpoint says it is healthy (has a leader, answers a linearizable read).
+#[derive(Clone, Debug)]
+pub struct EtcdMember {
+    pub name: String,
+    /// Empty for a member that was added but has not started yet.
+    pub client_url: Option<String>,
+    pub healthy: bool,
+}
+
+/// The workload cluster's etcd seen directly, as etcdctl would with kubeadm's
+/// `apiserver-etcd-client` certificate: the member list from any running member (gRPC
+/// gateway, `POST /v3/cluster/member/list`), then each member's `/health`.
+pub struct EtcdProbe {
+    kubeconfig_dir: PathBuf,
+    guest_dir: PathBuf,
+    clients: std::sync::Mutex<BTreeMap<String, kube::Client>>,
+}
+
+impl EtcdProbe {
+    /// Copies the etcd CA and the API server's etcd client certificate from a running VM,
+    /// since VM dirs go away with their VMs.
+    pub fn new(rig: &GuestRig) -> EtcdProbe {
+        let kubeconfig_dir = rig.env.dir().join("etcd-probe");
+        std::fs::create_dir_all(&kubeconfig_dir).expect("etcd probe dir");
+        let vm = rig.vm_dirs().into_iter().next().expect("a running control-plane VM");
+        let pki = rig.guest_dir.join(vm).join("pki");
+        for (from, to) in [
+            ("etcd/ca.crt", "ca.crt"),
+            ("apiserver-etcd-client.crt", "client.crt"),
+            ("apiserver-etcd-client.key", "client.key"),
+        ] {
+            std::fs::copy(pki.join(from), kubeconfig_dir.join(to))
+                .unwrap_or_else(|e| panic!("copying {from} from {}: {e}", pki.display()));
+        }
+        EtcdProbe {
+            kubeconfig_dir,
+            guest_dir: rig.guest_dir.clone(),
+            clients: Default::default(),
+        }
+    }
+
+    async fn client(&self, url: &str) -> Result<kube::Client, String> {
+        if let Some(c) = self.clients.lock().unwrap_or_else(|e| e.into_inner()).get(url) {
+            return Ok(c.clone());
+        }
+        let d = &self.kubeconfig_dir;
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: etcd\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: etcd\n  user:\n    client-certificate: {}\n    client-key: {}\ncontexts:\n- name: etcd\n  context: {{cluster: etcd, user: etcd}}\ncurrent-context: etcd\n",
+            d.join("ca.crt").display(),
+            d.join("client.crt").display(),
+            d.join("client.key").display(),
+        );
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml).map_err(|e| e.to_string())?;
+        let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        config.connect_timeout = Some(Duration::from_secs(2));
+        config.read_timeout = Some(Duration::from_secs(3));
+        let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+        self.clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(url.to_string(), client.clone());
+        Ok(client)
+    }
+
+    async fn member_list(&self, url: &str) -> Result<Vec<(String, Option<String>)>, String> {
+        let client = self.client(url).await?;
+        let req = http::Request::post("/v3/cluster/member/list")
+            .header("content-type", "application/json")
+            .body(b"{}".to_vec())
+            .map_err(|e| e.to_string())?;
+        let text = client.request_text(req).await.map_err(|e| format!("{url}: {e}"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{url}: {e}: {text}"))?;
+        Ok(v["members"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                (
+                    m["name"].as_str().unwrap_or_default().to_string(),
+                    m["clientURLs"][0].as_str().map(str::to_string),
+                )
+            })
+            .collect())
+    }
+
+    /// Whether the member at `url` says it is healthy.
+    pub async fn healthy(&self, url: &str) -> bool {
+        let Ok(client) = self.client(url).await else {
+            return false;
+        };
+        let Ok(req) = http::Request::get("/health").body(Vec::new()) else {
+            return false;
+        };
+        match client.request_text(req).await {
+            Ok(text) => serde_json::from_str::<Value>(&text).is_ok_and(|v| v["health"] == "true"),
+            Err(_) => false,
+        }
+    }
+
+    /// The member list (from the first running etcd that answers) with each member's health.
+    pub async fn members(&self) -> Result<Vec<EtcdMember>, String> {
+        let mut errors = vec![];
+        for url in etcd_client_urls(&self.guest_dir) {
+            match self.member_list(&url).await {
+                Ok(list) => {
+                    let mut out = vec![];
+                    for (name, client_url) in list {
+                        let healthy = match &client_url {
+                            Some(u) => self.healthy(u).await,
+                            None => false,
+                        };
+                        out.push(EtcdMember {
+                            name,
+                            client_url,
+                            healthy,
+                        });
+                    }
+                    return Ok(out);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        Err(format!("no etcd member answered: {errors:?}"))
+    }
+}
+
+impl GuestRig {
+    /// Control-plane Machines (also those being deleted).
+    pub async fn control_plane_machines(&self) -> Vec<DynamicObject> {
+        self.machines().await.into_iter().filter(is_control_plane).collect()
+    }
+
+    /// A copy of the KaironMachineTemplate `from`, named `to`, booting `image`: templates are
+    /// immutable, a new image means a new template.
+    pub async fn copy_machine_template(&self, from: &str, to: &str, image: &str) {
+        let r = gvk(
+            "infrastructure.cluster.x-k8s.io",
+            "v1alpha1",
+            "KaironMachineTemplate",
+            "kaironmachinetemplates",
+        );
+        let api = self.api(&r);
+        let old = api
+            .get(from)
+            .await
+            .unwrap_or_else(|e| panic!("KaironMachineTemplate {from}: {e}"));
+        let mut spec = old.data["spec"].clone();
+        spec["template"]["spec"]["image"] = Value::String(image.to_string());
+        let mut new = DynamicObject::new(to, &r).within(&self.ns);
+        new.data = serde_json::json!({ "spec": spec });
+        api.create(&Default::default(), &new)
+            .await
+            .unwrap_or_else(|e| panic!("creating KaironMachineTemplate {to}: {e}"));
+    }
+
+    /// Sets a merge patch on the KubeadmControlPlane.
+    pub async fn patch_kcp(&self, kcp: &str, patch: Value) {
+        use kube::api::{Patch, PatchParams};
+        self.api(&kcp_resource())
+            .patch(kcp, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("patching {kcp} with {patch}: {e}"));
+    }
+}

@@ -341,11 +341,18 @@ async fn settle(vm: &mut Vm, facts: &NodeFacts, plan: &ControlPlanePlan) -> Resu
     let Some(client) = vm.client.clone().filter(|_| !vm.settled) else {
         return Ok(());
     };
-    let version = facts
-        .identity
-        .kubernetes_version
-        .clone()
-        .unwrap_or_else(|| crate::workload::DEFAULT_KUBELET_VERSION.to_string());
+    // The static pods' images are the control plane's version, which kubeadm takes from the
+    // ClusterConfiguration: the bootstrap data's on init, the cluster's `kubeadm-config` on
+    // join (KCP updates it before rolling out a new version). kubelet's own version is the
+    // image's (see `guest::kubelet_version`); they differ only if the image does not match.
+    let version = if plan.init {
+        facts.identity.kubernetes_version.clone()
+    } else {
+        kubeadm_objects::cluster_kubernetes_version(&client)
+            .await
+            .map_err(FleetError::Objects)?
+    }
+    .unwrap_or_else(|| facts.kubelet_version.clone());
     if plan.init {
         kubeadm_objects::write_init_objects(&client, plan, &vm.dir.join("pki"))
             .await

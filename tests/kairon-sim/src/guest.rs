@@ -155,6 +155,42 @@ pub fn resolve(user_data: &str, meta: &MetaData) -> Result<GuestIdentity, GuestE
     })
 }
 
+/// The version of the kubelet a VM booted from `image` runs. kubelet is a binary baked into
+/// the image, not something kubeadm installs: image-builder's images are named after the
+/// Kubernetes version they carry (`ubuntu-2404-kube-v1.36.4`), and CAPI's contract is that a
+/// Machine's image matches its `spec.version`. So the image name decides; an image name
+/// without a version falls back to the ClusterConfiguration's `kubernetesVersion` (the init
+/// node's bootstrap data; join data carries none), then to [`DEFAULT_KUBELET_VERSION`].
+///
+/// [`DEFAULT_KUBELET_VERSION`]: crate::workload::DEFAULT_KUBELET_VERSION
+pub fn kubelet_version(image: &str, kubeadm_version: Option<&str>) -> String {
+    version_in_image(image)
+        .or_else(|| kubeadm_version.map(str::to_string))
+        .unwrap_or_else(|| crate::workload::DEFAULT_KUBELET_VERSION.to_string())
+}
+
+/// The last `v<major>.<minor>.<patch>` in an image name, as a token of its own: not followed
+/// by another digit or dot (`v1.36.4-20260101` is `v1.36.4`; `v1.36` alone is no version).
+pub fn version_in_image(image: &str) -> Option<String> {
+    let bytes = image.as_bytes();
+    let mut found = None;
+    for (start, _) in image.match_indices('v') {
+        // A token starts the name or follows a separator.
+        if start > 0 && bytes[start - 1].is_ascii_alphanumeric() {
+            continue;
+        }
+        let rest = &image[start + 1..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let numbers: Vec<&str> = rest[..end].split('.').collect();
+        if numbers.len() == 3 && numbers.iter().all(|n| !n.is_empty()) {
+            found = Some(format!("v{}", &rest[..end]));
+        }
+    }
+    found
+}
+
 /// cloud-init renders user-data as a jinja template only when its first line says
 /// `## template: jinja`; the header line is dropped. Variables come from instance data:
 /// `ds.meta_data.*` (the NoCloud meta-data, `-` read as `_`), and the standard `v1.*` keys,
@@ -612,6 +648,45 @@ write_files:
             got.provider_id.as_deref(),
             Some("kairon://{{ ds.meta_data.instance_id }}")
         );
+    }
+
+    #[test]
+    fn kubelet_version_comes_from_the_image() {
+        let cases = [
+            (
+                "image-builder name",
+                "ubuntu-2404-kube-v1.36.4",
+                Some("v1.36.3"),
+                "v1.36.4",
+            ),
+            ("image wins over kubeadm", "ubuntu-2404-kube-v1.36.4", None, "v1.36.4"),
+            ("build suffix", "flatcar-kube-v1.35.0-20260101", None, "v1.35.0"),
+            ("registry path", "registry.example/images/kube:v1.36.2", None, "v1.36.2"),
+            ("last version wins", "v2.0.1-base-kube-v1.36.1", None, "v1.36.1"),
+            ("no version: kubeadm's", "ubuntu-2404", Some("v1.36.1"), "v1.36.1"),
+            (
+                "minor only is no version",
+                "ubuntu-2404-kube-v1.36",
+                Some("v1.34.2"),
+                "v1.34.2",
+            ),
+            (
+                "v inside a word",
+                "dev1.2.3",
+                None,
+                crate::workload::DEFAULT_KUBELET_VERSION,
+            ),
+            (
+                "four numbers",
+                "kube-v1.36.4.1",
+                None,
+                crate::workload::DEFAULT_KUBELET_VERSION,
+            ),
+            ("nothing known", "img", None, crate::workload::DEFAULT_KUBELET_VERSION),
+        ];
+        for (name, image, kubeadm, want) in cases {
+            assert_eq!(kubelet_version(image, kubeadm), want, "{name}");
+        }
     }
 
     #[test]

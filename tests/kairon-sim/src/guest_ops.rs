@@ -50,8 +50,10 @@ pub fn node_facts(m: &Machine) -> Option<NodeFacts> {
         .and_then(|s| s.addresses.as_ref())
         .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
         .map(|a| a.address.clone());
+    let kubelet_version = guest::kubelet_version(&m.spec.image, identity.kubernetes_version.as_deref());
     Some(NodeFacts {
         identity,
+        kubelet_version,
         machine_uid: meta.instance_id,
         internal_ip,
         hostname: meta.local_hostname,

@@ -93,6 +93,26 @@ pub async fn write_init_objects(client: &Client, plan: &ControlPlanePlan, pki: &
     Ok(())
 }
 
+/// `kubernetesVersion` of the ClusterConfiguration in `kube-system/kubeadm-config`, which
+/// `kubeadm join --control-plane` downloads to write its static pods.
+pub async fn cluster_kubernetes_version(client: &Client) -> Result<Option<String>, kube::Error> {
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    Ok(cms
+        .get_opt("kubeadm-config")
+        .await?
+        .and_then(|cm| cm.data?.remove("ClusterConfiguration"))
+        .and_then(|yaml| kubernetes_version_of(&yaml)))
+}
+
+/// `kubernetesVersion` of a ClusterConfiguration document.
+pub fn kubernetes_version_of(cluster_configuration: &str) -> Option<String> {
+    let doc: Value = serde_saphyr::from_str(cluster_configuration).ok()?;
+    doc.get("kubernetesVersion")?
+        .as_str()
+        .filter(|v| !v.is_empty())
+        .map(str::to_string)
+}
+
 /// The mirror Pod kubelet creates for a static pod of `node`.
 pub fn mirror_pod(component: &str, node: &str, ip: &str, api_port: u16, version: &str) -> Pod {
     let (image, mut annotations) = match component {
@@ -284,6 +304,9 @@ mod tests {
         let cc = &cms[0].data.as_ref().unwrap()["ClusterConfiguration"];
         let parsed: Value = serde_saphyr::from_str(cc).unwrap();
         assert_eq!(parsed["kubernetesVersion"], "v1.36.3");
+        assert_eq!(kubernetes_version_of(cc).as_deref(), Some("v1.36.3"));
+        assert_eq!(kubernetes_version_of("kind: ClusterConfiguration\n"), None);
+        assert_eq!(kubernetes_version_of("{not yaml"), None);
         assert!(cms[2].data.as_ref().unwrap()["kubeconfig"].contains("server: https://127.9.100.1:6443"));
     }
 }

@@ -191,6 +191,7 @@ mod tests {
                 machine_uid: "u".into(),
                 internal_ip: None,
                 hostname: "m".into(),
+                kubelet_version: "v1.36.3".into(),
                 cpus: 1,
                 memory: Quantity("1Gi".into()),
                 disk: Quantity("1Gi".into()),

@@ -23,7 +23,7 @@ use tokio::sync::Mutex;
 use crate::guest::GuestIdentity;
 use crate::sim::FIELD_MANAGER;
 
-/// kubelet version reported when the kubeadm config does not say (join configurations don't).
+/// kubelet version reported when neither the image name nor the kubeadm config says.
 pub const DEFAULT_KUBELET_VERSION: &str = "v1.36.3";
 /// Put on Nodes by the API server until a node lifecycle controller sees them Ready.
 const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
@@ -257,6 +257,8 @@ pub struct NodeFacts {
     pub machine_uid: String,
     pub internal_ip: Option<String>,
     pub hostname: String,
+    /// What kubelet reports as `nodeInfo.kubeletVersion`: see [`crate::guest::kubelet_version`].
+    pub kubelet_version: String,
     pub cpus: i32,
     pub memory: Quantity,
     pub disk: Quantity,
@@ -374,11 +376,7 @@ pub fn node_status(facts: &NodeFacts, ready: bool, ready_since: Timestamp, now: 
             container_runtime_version: "containerd://2.1.4".into(),
             kernel_version: "6.8.0-kairon".into(),
             kube_proxy_version: String::new(),
-            kubelet_version: facts
-                .identity
-                .kubernetes_version
-                .clone()
-                .unwrap_or_else(|| DEFAULT_KUBELET_VERSION.into()),
+            kubelet_version: facts.kubelet_version.clone(),
             machine_id: uid.replace('-', ""),
             operating_system: "linux".into(),
             os_image: "Ubuntu 24.04 LTS (kairon-sim)".into(),
@@ -411,6 +409,7 @@ mod tests {
             machine_uid: "uid-1".into(),
             internal_ip: Some("10.42.0.9".into()),
             hostname: "demo-md-0-abc".into(),
+            kubelet_version: "v1.36.4".into(),
             cpus: 2,
             memory: Quantity("4Gi".into()),
             disk: Quantity("40Gi".into()),
@@ -452,7 +451,7 @@ mod tests {
             }
         }
         let status = node_status(&facts(), true, t0, now);
-        assert_eq!(status.node_info.unwrap().kubelet_version, DEFAULT_KUBELET_VERSION);
+        assert_eq!(status.node_info.unwrap().kubelet_version, "v1.36.4");
         let addresses: Vec<(String, String)> = status
             .addresses
             .unwrap()

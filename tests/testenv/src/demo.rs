@@ -358,18 +358,19 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
          topology). Each cluster needs its own control-plane endpoint address: 127.{o}.100.2, \
          127.{o}.100.3, ... are free (VMs get addresses from {pool}):\n  \
          CONTROL_PLANE_ENDPOINT_IP=127.{o}.100.2 KAIRON_MACHINE_IMAGE=ubuntu-2404-kube-{KUBERNETES_VERSION} \\\n    \
-         {clusterctl} generate cluster c2 --infrastructure kairon:{VERSION} --kubeconfig {repo}/empty.kubeconfig \\\n    \
+         {clusterctl} generate cluster c2 --infrastructure kairon:{VERSION} --kubeconfig {kc} \\\n    \
          --target-namespace {NAMESPACE} --kubernetes-version {KUBERNETES_VERSION} \
-         --control-plane-machine-count 3 --worker-machine-count 2 [--flavor topology] \\\n    \
+         --control-plane-machine-count 3 --worker-machine-count 2 \\\n    \
          | {kubectl} --kubeconfig {kc} apply -f -\n\
-         Each control-plane VM runs an etcd and a kube-apiserver (~250 MiB).\n\
+         (add `--flavor topology` or `--flavor md-remediation` for the other flavors; the next cluster: \
+         another name and 127.{o}.100.3).\n\
+         Each control-plane VM runs an etcd and a kube-apiserver (~330 MiB).\n\
          Logs: {} (VMs: {}/guests/logs)\n\nPress Ctrl-C to stop and clean up.",
         env.log_dir().display(),
         env.dir().display(),
         wk = workload_kc.display(),
         o = net.octet,
         pool = net.address_pool(),
-        repo = repo.dir.display(),
     ));
     std::future::pending::<()>().await;
     Ok(report)
