@@ -1,0 +1,239 @@
+//! Cluster API's own end-to-end specs (`sigs.k8s.io/cluster-api/test/e2e`, unmodified) against
+//! the provider: the Go module `tests/capi-e2e` is compiled into a Ginkgo test binary, and run
+//! against one management environment shared by every spec — etcd, kube-apiserver, CAPI core
+//! (with ClusterTopology), CABPK, KCP, capkr-manager, and the simulator whose guests act out
+//! kubeadm with real etcd and kube-apiserver processes. The framework uses that environment as
+//! an existing cluster; this file writes the e2e config (providers from the release assets,
+//! variables, intervals), the suite creates the clusterctl repository and inventory.
+//!
+//! `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter, e.g. `quick-start`) runs a subset.
+//! The specs that run and those that cannot here are listed in `docs/capi-e2e.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
+use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, workspace_root};
+
+/// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
+const CAPI_VERSION: &str = "v1.14.2";
+
+/// Compiles the Ginkgo suite with `go test -c`. The Go build cache makes a second build quick;
+/// the module graph is pinned by the committed go.sum (`-mod=readonly`).
+fn build_suite(out: &Path) -> Duration {
+    let started = Instant::now();
+    let module = workspace_root().join("tests/capi-e2e");
+    let result = Command::new("go")
+        .args(["test", "-c", "-o"])
+        .arg(out)
+        .arg(".")
+        .current_dir(&module)
+        .env("GOFLAGS", "-mod=readonly")
+        .output();
+    let output = match result {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "running `go test -c` in {}: {e}. The CAPI e2e suite needs the Go toolchain (go 1.26) on PATH.",
+            module.display()
+        ),
+    };
+    assert!(
+        output.status.success(),
+        "`go test -c` in {} failed:\n{}{}",
+        module.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    started.elapsed()
+}
+
+/// clusterctl's metadata of the CAPI release whose managers run here.
+fn capi_metadata() -> String {
+    let (major, minor) = {
+        let mut it = CAPI_VERSION.trim_start_matches('v').split('.');
+        (it.next().unwrap_or("1"), it.next().unwrap_or("0"))
+    };
+    format!(
+        "apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3\nkind: Metadata\nreleaseSeries:\n  - major: {major}\n    minor: {minor}\n    contract: v1beta2\n"
+    )
+}
+
+/// The e2e config: CAPI's three providers (their managers run as processes; the repository
+/// gets their CRDs as components, never installed from there), the Kairon provider from the
+/// release assets, the variables the shipped templates need, and the intervals.
+fn e2e_config(dir: &Path, assets: &Path, capi_manifests: &Path, endpoint_ip: &str) -> String {
+    let mut providers = String::new();
+    let metadata = dir.join("capi-metadata.yaml");
+    std::fs::write(&metadata, capi_metadata()).expect("writing the CAPI metadata");
+    for (name, typ, group) in [
+        ("cluster-api", "CoreProvider", "core"),
+        ("kubeadm", "BootstrapProvider", "bootstrap-kubeadm"),
+        ("kubeadm", "ControlPlaneProvider", "control-plane-kubeadm"),
+    ] {
+        let components = dir.join(format!("{group}-components.yaml"));
+        let mut crds = String::new();
+        let crd_dir = capi_manifests.join(group).join("crd");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&crd_dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", crd_dir.display()))
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        for f in files {
+            crds.push_str("---\n");
+            crds.push_str(&std::fs::read_to_string(&f).expect("reading a CAPI CRD"));
+        }
+        std::fs::write(&components, crds).expect("writing CAPI components");
+        providers.push_str(&format!(
+            "- name: {name}\n  type: {typ}\n  versions:\n  - name: {CAPI_VERSION}\n    value: {}\n    type: url\n    files:\n    - sourcePath: {}\n      targetName: metadata.yaml\n",
+            components.display(),
+            metadata.display()
+        ));
+    }
+    let mut files = String::new();
+    let mut names: Vec<String> = std::fs::read_dir(assets)
+        .expect("reading the release assets")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "infrastructure-components.yaml" && n.ends_with(".yaml"))
+        .collect();
+    names.sort();
+    assert!(
+        names.iter().any(|n| n == "metadata.yaml") && names.iter().any(|n| n == "cluster-template.yaml"),
+        "release assets lack metadata.yaml or cluster-template.yaml: {names:?}"
+    );
+    for n in &names {
+        files.push_str(&format!(
+            "    - sourcePath: {}\n      targetName: {n}\n",
+            assets.join(n).display()
+        ));
+    }
+    providers.push_str(&format!(
+        "- name: kairon\n  type: InfrastructureProvider\n  versions:\n  - name: {VERSION}\n    value: {}\n    type: url\n    files:\n{files}",
+        assets.join("infrastructure-components.yaml").display()
+    ));
+
+    format!(
+        r#"managementClusterName: capkr-e2e
+images: []
+providers:
+{providers}
+variables:
+  KUBERNETES_VERSION: "{KUBERNETES_VERSION}"
+  KUBERNETES_VERSION_UPGRADE_FROM: "{KUBERNETES_VERSION}"
+  KUBERNETES_VERSION_UPGRADE_TO: "{KUBERNETES_VERSION}"
+  CONTROL_PLANE_ENDPOINT_IP: "{endpoint_ip}"
+  KAIRON_MACHINE_IMAGE: "ubuntu-2404-kube-{KUBERNETES_VERSION}"
+  EXP_CLUSTER_RESOURCE_SET: "true"
+  CLUSTER_TOPOLOGY: "true"
+intervals:
+  default/wait-cluster: ["3m", "2s"]
+  default/wait-control-plane: ["5m", "2s"]
+  default/wait-worker-nodes: ["5m", "2s"]
+  default/wait-machine-pool-nodes: ["5m", "2s"]
+  default/wait-delete-cluster: ["5m", "2s"]
+  default/wait-machine-upgrade: ["10m", "2s"]
+  default/wait-machine-pool-upgrade: ["10m", "2s"]
+  default/wait-machine-remediation: ["5m", "2s"]
+  default/wait-deployment: ["3m", "2s"]
+  default/wait-deployment-available: ["3m", "2s"]
+  default/wait-machine-deleted: ["5m", "2s"]
+  default/wait-nodes-ready: ["5m", "2s"]
+  default/wait-control-plane-upgrade: ["10m", "2s"]
+  default/wait-machine-deployment-upgrade: ["10m", "2s"]
+  default/check-machines-stable: ["30s", "5s"]
+  default/wait-machine-provisioned: ["5m", "2s"]
+  default/wait-machines: ["5m", "2s"]
+  quick-start/wait-resource-versions-become-stable: ["1m", "5s"]
+  quick-start/wait-resource-versions-remain-stable: ["20s", "5s"]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capi_e2e_specs_pass_against_the_provider() {
+    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-e2e");
+    std::fs::create_dir_all(&work).expect("creating the suite's build dir");
+    let suite = work.join("capi-e2e.test");
+    let compile = build_suite(&suite);
+    eprintln!("go test -c: {:.1}s", compile.as_secs_f64());
+
+    let env = Env::start(EnvOptions::new("capi_e2e_suite")).await.expect("test environment");
+    let net = GuestNetwork::pick();
+    let guest_dir = env.dir().join("guests");
+    let mut sim_args = vec![
+        "--provision-delay".to_string(),
+        "200ms".into(),
+        "--boot-delay".into(),
+        "500ms".into(),
+        "--delete-delay".into(),
+        "1s".into(),
+    ];
+    sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net).expect("simulator flags"));
+    let sim = env.start_simulator(sim_args).expect("simulator");
+    let manager = env.start_manager(["-v", "1"]).expect("manager");
+
+    let dir = env.dir().join("capi-e2e");
+    let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
+    let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
+    let config = dir.join("e2e-config.yaml");
+    std::fs::write(
+        &config,
+        e2e_config(&dir, &assets, &env.binaries().capi_manifests, &net.endpoint_ip(1)),
+    )
+    .expect("writing the e2e config");
+    let artifacts = dir.join("artifacts");
+    for p in [&sim, &manager] {
+        assert!(p.is_running(), "{} exited right after start", p.name());
+    }
+
+    let mut cmd = Command::new(&suite);
+    cmd.current_dir(&dir)
+        .arg("-test.v")
+        .arg("-test.timeout=45m")
+        .arg("-ginkgo.v")
+        .arg("-ginkgo.timeout=45m")
+        .arg("-ginkgo.no-color")
+        .arg(format!("-ginkgo.junit-report={}", artifacts.join("junit.xml").display()))
+        .arg(format!("-e2e.config={}", config.display()))
+        .arg(format!("-e2e.artifacts-folder={}", artifacts.display()))
+        .arg(format!("-e2e.kubeconfig={}", env.kubeconfig_path().display()))
+        // The framework's clusterctl client must never reach GitHub or read the user's config.
+        .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+        .env("GOPROXY", "off")
+        .env("XDG_CONFIG_HOME", dir.join("xdg"))
+        .env("HOME", &dir);
+    if let Ok(filter) = std::env::var("CAPKR_CAPI_E2E_FOCUS")
+        && !filter.is_empty()
+    {
+        cmd.arg(format!("-ginkgo.label-filter={filter}"));
+    }
+    let started = Instant::now();
+    let out = cmd.output().expect("running the CAPI e2e suite");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::write(work.join("last-run.txt"), &text);
+    eprintln!("{text}");
+    eprintln!(
+        "CAPI e2e suite: {:.1}s, {}",
+        started.elapsed().as_secs_f64(),
+        out.status
+    );
+    if !out.status.success() {
+        env.dump();
+        panic!(
+            "the CAPI e2e suite failed ({}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)",
+            out.status,
+            artifacts.display()
+        );
+    }
+    assert!(
+        text.contains("SUCCESS!") && !text.contains("0 Passed"),
+        "the Ginkgo run passed no spec"
+    );
+}
