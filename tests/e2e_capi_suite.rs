@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
-use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, workspace_root};
+use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, SIMULATOR_HOSTS, workspace_root};
 
 /// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
 const CAPI_VERSION: &str = "v1.14.2";
@@ -170,6 +170,9 @@ async fn capi_e2e_specs_pass_against_the_provider() {
         "500ms".into(),
         "--delete-delay".into(),
         "1s".into(),
+        // Labelled hosts: the ClusterClass-changes spec moves workers to zone-b.
+        "--hosts".into(),
+        SIMULATOR_HOSTS.into(),
     ];
     sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net).expect("simulator flags"));
     let sim = env.start_simulator(sim_args).expect("simulator");
