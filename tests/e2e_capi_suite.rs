@@ -19,6 +19,10 @@ use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, SIMULATOR_HOSTS, worksp
 /// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
 const CAPI_VERSION: &str = "v1.14.2";
 
+/// The specs `make test` runs: all but those that cannot pass here (docs/capi-e2e.md).
+/// `CAPKR_CAPI_E2E_FOCUS` replaces it (a Ginkgo label filter).
+const DEFAULT_LABEL_FILTER: &str = "!not-applicable";
+
 /// Compiles the Ginkgo suite with `go test -c`. The Go build cache makes a second build quick;
 /// the module graph is pinned by the committed go.sum (`-mod=readonly`).
 fn build_suite(out: &Path) -> Duration {
@@ -46,6 +50,62 @@ fn build_suite(out: &Path) -> Duration {
         String::from_utf8_lossy(&output.stderr)
     );
     started.elapsed()
+}
+
+/// The taints the KCP/MachineDeployment and ClusterClass rollout specs expect on every
+/// Machine and Node from the start (upstream's `kcp-md-taints` and `topology-taints` flavors
+/// add the same to its own templates).
+const PRE_EXISTING_TAINTS: &str = "taints:
+  - key: pre-existing-on-initialization-taint
+    value: on-initialization-value
+    effect: PreferNoSchedule
+    propagation: OnInitialization
+  - key: pre-existing-always-taint
+    value: always-value
+    effect: PreferNoSchedule
+    propagation: Always
+";
+
+/// `PRE_EXISTING_TAINTS` indented by `indent` spaces.
+fn taints(indent: usize) -> String {
+    PRE_EXISTING_TAINTS
+        .lines()
+        .map(|l| format!("{}{l}\n", " ".repeat(indent)))
+        .collect()
+}
+
+/// Inserts `what` after the one occurrence of `anchor` in `text`.
+fn insert_after(text: &str, anchor: &str, what: &str) -> String {
+    assert_eq!(
+        text.matches(anchor).count(),
+        1,
+        "the shipped template should have {anchor:?} exactly once"
+    );
+    text.replacen(anchor, &format!("{anchor}{what}"), 1)
+}
+
+/// Test flavors the rollout specs need and the release does not ship: the shipped default and
+/// topology flavors with Machine taints on the control plane and the workers.
+fn write_taint_flavors(assets: &Path) {
+    let read = |f: &str| {
+        std::fs::read_to_string(assets.join(f)).unwrap_or_else(|e| panic!("reading {f} from the release assets: {e}"))
+    };
+    let default = read("cluster-template.yaml");
+    let kcp_md = insert_after(&default, "  machineTemplate:\n    spec:\n", &taints(6));
+    let kcp_md = insert_after(
+        &kcp_md,
+        "  template:\n    spec:\n      clusterName: ${CLUSTER_NAME}\n",
+        &taints(6),
+    );
+    std::fs::write(assets.join("cluster-template-kcp-md-taints.yaml"), kcp_md).expect("writing a flavor");
+    let topology = read("cluster-template-topology.yaml");
+    let topology = insert_after(
+        &topology,
+        "    controlPlane:\n      replicas: ${CONTROL_PLANE_MACHINE_COUNT}\n",
+        &taints(6),
+    );
+    let topology = insert_after(&topology, "          replicas: ${WORKER_MACHINE_COUNT}\n", &taints(10));
+    std::fs::write(assets.join("cluster-template-topology-taints.yaml"), topology).expect("writing a flavor");
 }
 
 /// clusterctl's metadata of the CAPI release whose managers run here.
@@ -160,7 +220,10 @@ async fn capi_e2e_specs_pass_against_the_provider() {
     let compile = build_suite(&suite);
     eprintln!("go test -c: {:.1}s", compile.as_secs_f64());
 
-    let env = Env::start(EnvOptions::new("capi_e2e_suite")).await.expect("test environment");
+    // MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes.
+    let mut opts = EnvOptions::new("capi_e2e_suite");
+    opts.capi_feature_gates = "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true".into();
+    let env = Env::start(opts).await.expect("test environment");
     let net = GuestNetwork::pick();
     let guest_dir = env.dir().join("guests");
     let mut sim_args = vec![
@@ -181,6 +244,7 @@ async fn capi_e2e_specs_pass_against_the_provider() {
     let dir = env.dir().join("capi-e2e");
     let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
     let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
+    write_taint_flavors(&assets);
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,
@@ -208,11 +272,11 @@ async fn capi_e2e_specs_pass_against_the_provider() {
         .env("GOPROXY", "off")
         .env("XDG_CONFIG_HOME", dir.join("xdg"))
         .env("HOME", &dir);
-    if let Ok(filter) = std::env::var("CAPKR_CAPI_E2E_FOCUS")
-        && !filter.is_empty()
-    {
-        cmd.arg(format!("-ginkgo.label-filter={filter}"));
-    }
+    let filter = std::env::var("CAPKR_CAPI_E2E_FOCUS")
+        .ok()
+        .filter(|f| !f.is_empty())
+        .unwrap_or_else(|| DEFAULT_LABEL_FILTER.to_string());
+    cmd.arg(format!("-ginkgo.label-filter={filter}"));
     let started = Instant::now();
     let out = cmd.output().expect("running the CAPI e2e suite");
     let text = format!(

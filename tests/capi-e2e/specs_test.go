@@ -33,6 +33,8 @@ var _ = Describe("When testing KCP and MachineDeployment rollout", Label("kcp-md
 			BootstrapClusterProxy: bootstrapClusterProxy,
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
+			// The default flavor with Machine taints (tests/e2e_capi_suite.rs writes it).
+			Flavor: "kcp-md-taints",
 		}
 	})
 })
@@ -144,7 +146,8 @@ var _ = Describe("When testing ClusterClass rollouts", Label("clusterclass-rollo
 			BootstrapClusterProxy: bootstrapClusterProxy,
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
-			Flavor:                "topology",
+			// The topology flavor with Machine taints (tests/e2e_capi_suite.rs writes it).
+			Flavor: "topology-taints",
 		}
 	})
 })
