@@ -89,7 +89,7 @@ var _ = BeforeSuite(func() {
 	Expect(bootstrapClusterProxy).ToNot(BeNil())
 
 	By("Registering the running providers in the clusterctl inventory")
-	registerProviders(ctx, bootstrapClusterProxy.GetClient(), e2eConfig)
+	registerProviders(ctx, bootstrapClusterProxy.GetClient, e2eConfig)
 })
 
 var _ = AfterSuite(func() {
@@ -113,7 +113,8 @@ var providerCRDGroups = map[string]string{
 // inventory CRD with one Provider per provider of the e2e config (at its first version), and
 // the clusterctl labels on the providers' CRDs, which clusterctl's object graph (used by the
 // owner-reference, finalizer and resourceVersion checks, and by move) discovers types by.
-func registerProviders(ctx context.Context, c client.Client, config *clusterctl.E2EConfig) {
+func registerProviders(ctx context.Context, newClient func() client.Client, config *clusterctl.E2EConfig) {
+	c := newClient()
 	crd := &apiextensionsv1.CustomResourceDefinition{}
 	err := c.Get(ctx, client.ObjectKey{Name: "providers.clusterctl.cluster.x-k8s.io"}, crd)
 	if apierrors.IsNotFound(err) {
@@ -159,9 +160,15 @@ func registerProviders(ctx context.Context, c client.Client, config *clusterctl.
 			Type:         p.Type,
 			Version:      p.Versions[0].Name,
 		}
-		if err := c.Create(ctx, provider); err != nil && !apierrors.IsAlreadyExists(err) {
-			Expect(err).ToNot(HaveOccurred())
-		}
+		// Discovery may not serve the inventory CRD yet right after it is Established: retry
+		// with a fresh client (and REST mapper) until it does.
+		Eventually(func() error {
+			err := newClient().Create(ctx, provider.DeepCopy())
+			if apierrors.IsAlreadyExists(err) {
+				return nil
+			}
+			return err
+		}, "60s", "500ms").Should(Succeed(), "creating the inventory Provider %s", provider.Name)
 	}
 
 	crds := &apiextensionsv1.CustomResourceDefinitionList{}
