@@ -1,0 +1,356 @@
+//! Cluster API's own end-to-end specs (`sigs.k8s.io/cluster-api/test/e2e`, unmodified) against
+//! the provider: the Go module `tests/capi-e2e` is compiled into a Ginkgo test binary, and run
+//! against one management environment shared by every spec — etcd, kube-apiserver, CAPI core
+//! (with ClusterTopology), CABPK, KCP, capkr-manager, and the simulator whose guests act out
+//! kubeadm with real etcd and kube-apiserver processes. The framework uses that environment as
+//! an existing cluster; this file writes the e2e config (providers from the release assets,
+//! variables, intervals), the suite creates the clusterctl repository and inventory.
+//!
+//! Two specs need Machine taints in their flavors; the test writes those flavors
+//! (`kcp-md-taints`, `topology-taints`) next to the release assets, from the shipped default and
+//! topology flavors, and runs CAPI with the `MachineTaintPropagation` feature gate.
+//!
+//! `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter, e.g. `quick-start`) runs a subset.
+//! The specs that run and those that cannot here are listed in `docs/capi-e2e.md`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
+use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, SIMULATOR_HOSTS, workspace_root};
+
+/// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
+const CAPI_VERSION: &str = "v1.14.2";
+
+/// Left out unless `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter) names them: the specs that
+/// cannot pass here (docs/capi-e2e.md).
+const DEFAULT_LABEL_FILTER: &str = "!not-applicable";
+
+/// Compiles the Ginkgo suite with `go test -c`. The Go build cache makes a second build quick;
+/// the module graph is pinned by the committed go.sum (`-mod=readonly`); modules come from
+/// the Go module proxy (or the module cache).
+fn build_suite(out: &Path) -> Duration {
+    let started = Instant::now();
+    let module = workspace_root().join("tests/capi-e2e");
+    // The flags hack/test-tools.sh builds CAPI with: the Go build cache it filled (Kubernetes,
+    // controller-runtime, CAPI packages) then serves most of this build too.
+    let result = Command::new("go")
+        .args(["test", "-c", "-trimpath", "-o"])
+        .arg(out)
+        .arg(".")
+        .current_dir(&module)
+        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
+        .env("CGO_ENABLED", "0")
+        .env("GOWORK", "off")
+        .output();
+    let output = match result {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "running `go test -c` in {}: {e}. The CAPI e2e suite needs the Go toolchain (go 1.26) on PATH.",
+            module.display()
+        ),
+    };
+    assert!(
+        output.status.success(),
+        "`go test -c` in {} failed:\n{}{}",
+        module.display(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    started.elapsed()
+}
+
+/// The taints the KCP/MachineDeployment and ClusterClass rollout specs expect on every
+/// Machine and Node from the start (upstream's `kcp-md-taints` and `topology-taints` flavors
+/// add the same to its own templates).
+const PRE_EXISTING_TAINTS: &str = "taints:
+  - key: pre-existing-on-initialization-taint
+    value: on-initialization-value
+    effect: PreferNoSchedule
+    propagation: OnInitialization
+  - key: pre-existing-always-taint
+    value: always-value
+    effect: PreferNoSchedule
+    propagation: Always
+";
+
+/// `PRE_EXISTING_TAINTS` indented by `indent` spaces.
+fn taints(indent: usize) -> String {
+    PRE_EXISTING_TAINTS
+        .lines()
+        .map(|l| format!("{}{l}\n", " ".repeat(indent)))
+        .collect()
+}
+
+/// Inserts `what` after the one occurrence of `anchor` in `text`.
+fn insert_after(text: &str, anchor: &str, what: &str) -> String {
+    assert_eq!(
+        text.matches(anchor).count(),
+        1,
+        "the shipped template should have {anchor:?} exactly once"
+    );
+    text.replacen(anchor, &format!("{anchor}{what}"), 1)
+}
+
+/// Test flavors the rollout specs need and the release does not ship: the shipped default and
+/// topology flavors with Machine taints on the control plane and the workers.
+fn write_taint_flavors(assets: &Path) {
+    let read = |f: &str| {
+        std::fs::read_to_string(assets.join(f)).unwrap_or_else(|e| panic!("reading {f} from the release assets: {e}"))
+    };
+    let default = read("cluster-template.yaml");
+    let kcp_md = insert_after(&default, "  machineTemplate:\n    spec:\n", &taints(6));
+    let kcp_md = insert_after(
+        &kcp_md,
+        "  template:\n    spec:\n      clusterName: ${CLUSTER_NAME}\n",
+        &taints(6),
+    );
+    std::fs::write(assets.join("cluster-template-kcp-md-taints.yaml"), kcp_md).expect("writing a flavor");
+    let topology = read("cluster-template-topology.yaml");
+    let topology = insert_after(
+        &topology,
+        "    controlPlane:\n      replicas: ${CONTROL_PLANE_MACHINE_COUNT}\n",
+        &taints(6),
+    );
+    let topology = insert_after(&topology, "          replicas: ${WORKER_MACHINE_COUNT}\n", &taints(10));
+    std::fs::write(assets.join("cluster-template-topology-taints.yaml"), topology).expect("writing a flavor");
+}
+
+/// clusterctl's metadata of the CAPI release whose managers run here.
+fn capi_metadata() -> String {
+    let (major, minor) = {
+        let mut it = CAPI_VERSION.trim_start_matches('v').split('.');
+        (it.next().unwrap_or("1"), it.next().unwrap_or("0"))
+    };
+    format!(
+        "apiVersion: clusterctl.cluster.x-k8s.io/v1alpha3\nkind: Metadata\nreleaseSeries:\n  - major: {major}\n    minor: {minor}\n    contract: v1beta2\n"
+    )
+}
+
+/// The e2e config: CAPI's three providers (their managers run as processes; the repository
+/// gets their CRDs as components, never installed from there), the Kairon provider from the
+/// release assets, the variables the shipped templates need, and the intervals.
+fn e2e_config(dir: &Path, assets: &Path, capi_manifests: &Path, endpoint_ip: &str) -> String {
+    let mut providers = String::new();
+    let metadata = dir.join("capi-metadata.yaml");
+    std::fs::write(&metadata, capi_metadata()).expect("writing the CAPI metadata");
+    for (name, typ, group) in [
+        ("cluster-api", "CoreProvider", "core"),
+        ("kubeadm", "BootstrapProvider", "bootstrap-kubeadm"),
+        ("kubeadm", "ControlPlaneProvider", "control-plane-kubeadm"),
+    ] {
+        let components = dir.join(format!("{group}-components.yaml"));
+        let mut crds = String::new();
+        let crd_dir = capi_manifests.join(group).join("crd");
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&crd_dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", crd_dir.display()))
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        for f in files {
+            crds.push_str("---\n");
+            crds.push_str(&std::fs::read_to_string(&f).expect("reading a CAPI CRD"));
+        }
+        std::fs::write(&components, crds).expect("writing CAPI components");
+        providers.push_str(&format!(
+            "- name: {name}\n  type: {typ}\n  versions:\n  - name: {CAPI_VERSION}\n    value: {}\n    type: url\n    files:\n    - sourcePath: {}\n      targetName: metadata.yaml\n",
+            components.display(),
+            metadata.display()
+        ));
+    }
+    let mut files = String::new();
+    let mut names: Vec<String> = std::fs::read_dir(assets)
+        .expect("reading the release assets")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "infrastructure-components.yaml" && n.ends_with(".yaml"))
+        .collect();
+    names.sort();
+    assert!(
+        names.iter().any(|n| n == "metadata.yaml") && names.iter().any(|n| n == "cluster-template.yaml"),
+        "release assets lack metadata.yaml or cluster-template.yaml: {names:?}"
+    );
+    for n in &names {
+        files.push_str(&format!(
+            "    - sourcePath: {}\n      targetName: {n}\n",
+            assets.join(n).display()
+        ));
+    }
+    providers.push_str(&format!(
+        "- name: kairon\n  type: InfrastructureProvider\n  versions:\n  - name: {VERSION}\n    value: {}\n    type: url\n    files:\n{files}",
+        assets.join("infrastructure-components.yaml").display()
+    ));
+
+    format!(
+        r#"managementClusterName: capkr-e2e
+images: []
+providers:
+{providers}
+variables:
+  KUBERNETES_VERSION: "{KUBERNETES_VERSION}"
+  KUBERNETES_VERSION_UPGRADE_FROM: "{KUBERNETES_VERSION}"
+  KUBERNETES_VERSION_UPGRADE_TO: "{KUBERNETES_VERSION}"
+  CONTROL_PLANE_ENDPOINT_IP: "{endpoint_ip}"
+  KAIRON_MACHINE_IMAGE: "ubuntu-2404-kube-{KUBERNETES_VERSION}"
+  EXP_CLUSTER_RESOURCE_SET: "true"
+  CLUSTER_TOPOLOGY: "true"
+intervals:
+  default/wait-cluster: ["3m", "2s"]
+  default/wait-control-plane: ["5m", "2s"]
+  default/wait-worker-nodes: ["5m", "2s"]
+  default/wait-machine-pool-nodes: ["5m", "2s"]
+  default/wait-delete-cluster: ["5m", "2s"]
+  default/wait-machine-upgrade: ["10m", "2s"]
+  default/wait-machine-pool-upgrade: ["10m", "2s"]
+  default/wait-machine-remediation: ["5m", "2s"]
+  default/wait-deployment: ["3m", "2s"]
+  default/wait-deployment-available: ["3m", "2s"]
+  default/wait-machine-deleted: ["5m", "2s"]
+  default/wait-nodes-ready: ["5m", "2s"]
+  default/wait-control-plane-upgrade: ["10m", "2s"]
+  default/wait-machine-deployment-upgrade: ["10m", "2s"]
+  default/check-machines-stable: ["30s", "5s"]
+  default/wait-machine-provisioned: ["5m", "2s"]
+  default/wait-machines: ["5m", "2s"]
+  quick-start/wait-resource-versions-become-stable: ["1m", "5s"]
+  quick-start/wait-resource-versions-remain-stable: ["20s", "5s"]
+"#
+    )
+}
+
+/// The suite binary, compiled once per test process (both halves use it).
+fn suite_binary() -> PathBuf {
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = built.as_ref() {
+        return p.clone();
+    }
+    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-e2e");
+    std::fs::create_dir_all(&work).expect("creating the suite's build dir");
+    let suite = work.join("capi-e2e.test");
+    let compile = build_suite(&suite);
+    eprintln!("go test -c: {:.1}s", compile.as_secs_f64());
+    *built = Some(suite.clone());
+    suite
+}
+
+/// The enabled specs in two halves of about equal length, each a Ginkgo run on its own
+/// environment, so that `make test`'s two test threads run them side by side.
+const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || cluster-deletion";
+const SECOND_HALF: &str = "clusterclass-changes || clusterclass-rollout || kcp-md-rollout || scale";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capi_e2e_quick_start_md_scale_md_remediation_and_cluster_deletion_pass() {
+    run_specs(0, FIRST_HALF).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capi_e2e_clusterclass_changes_rollouts_and_scale_pass() {
+    run_specs(1, SECOND_HALF).await;
+}
+
+/// Runs the specs `labels` selects (and `CAPKR_CAPI_E2E_FOCUS`, when set) on a new
+/// environment; `half` keeps the two halves' networks apart.
+async fn run_specs(half: u32, labels: &str) {
+    let suite = suite_binary();
+    let work = suite.parent().map(Path::to_path_buf).unwrap_or_default();
+
+    // MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes.
+    let mut opts = EnvOptions::new(format!("capi_e2e_suite_{half}"));
+    opts.capi_feature_gates = "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true".into();
+    let env = Env::start(opts).await.expect("test environment");
+    let picked = GuestNetwork::pick();
+    let net = GuestNetwork {
+        octet: 20 + (picked.octet - 20 + half) % 230,
+    };
+    let guest_dir = env.dir().join("guests");
+    let mut sim_args = vec![
+        "--provision-delay".to_string(),
+        "200ms".into(),
+        "--boot-delay".into(),
+        "500ms".into(),
+        "--delete-delay".into(),
+        "1s".into(),
+        // Labelled hosts: the ClusterClass-changes spec moves workers to zone-b.
+        "--hosts".into(),
+        SIMULATOR_HOSTS.into(),
+    ];
+    sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net).expect("simulator flags"));
+    let sim = env.start_simulator(sim_args).expect("simulator");
+    let manager = env.start_manager(["-v", "1"]).expect("manager");
+
+    let dir = env.dir().join("capi-e2e");
+    let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
+    let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
+    write_taint_flavors(&assets);
+    let config = dir.join("e2e-config.yaml");
+    std::fs::write(
+        &config,
+        e2e_config(&dir, &assets, &env.binaries().capi_manifests, &net.endpoint_ip(1)),
+    )
+    .expect("writing the e2e config");
+    let artifacts = dir.join("artifacts");
+    for p in [&sim, &manager] {
+        assert!(p.is_running(), "{} exited right after start", p.name());
+    }
+
+    let mut cmd = Command::new(&suite);
+    cmd.current_dir(&dir)
+        .arg("-test.v")
+        .arg("-test.timeout=45m")
+        .arg("-ginkgo.v")
+        .arg("-ginkgo.timeout=45m")
+        .arg("-ginkgo.no-color")
+        .arg(format!(
+            "-ginkgo.junit-report={}",
+            artifacts.join("junit.xml").display()
+        ))
+        .arg(format!("-e2e.config={}", config.display()))
+        .arg(format!("-e2e.artifacts-folder={}", artifacts.display()))
+        .arg(format!("-e2e.kubeconfig={}", env.kubeconfig_path().display()))
+        // The framework's clusterctl client must never reach GitHub or read the user's config.
+        .env("CLUSTERCTL_DISABLE_VERSIONCHECK", "true")
+        .env("GOPROXY", "off")
+        .env("XDG_CONFIG_HOME", dir.join("xdg"))
+        .env("HOME", &dir);
+    let focus = std::env::var("CAPKR_CAPI_E2E_FOCUS").ok().filter(|f| !f.is_empty());
+    let filter = match &focus {
+        // A focus may name specs of either half; those left out by default run in the first.
+        Some(f) if half == 0 => format!("({f}) && ({labels} || not-applicable)"),
+        Some(f) => format!("({f}) && ({labels}) && {DEFAULT_LABEL_FILTER}"),
+        None => format!("({labels}) && {DEFAULT_LABEL_FILTER}"),
+    };
+    cmd.arg(format!("-ginkgo.label-filter={filter}"));
+    let started = Instant::now();
+    let out = cmd.output().expect("running the CAPI e2e suite");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::write(work.join(format!("last-run-{half}.txt")), &text);
+    eprintln!("{text}");
+    eprintln!(
+        "CAPI e2e suite: {:.1}s, {}",
+        started.elapsed().as_secs_f64(),
+        out.status
+    );
+    if !out.status.success() {
+        env.dump();
+        panic!(
+            "the CAPI e2e suite failed ({}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)",
+            out.status,
+            artifacts.display()
+        );
+    }
+    assert!(text.contains("SUCCESS!"), "no Ginkgo summary in the output");
+    // A focus may select nothing of this half; without one, every half runs specs.
+    assert!(
+        focus.is_some() || !text.contains("-- 0 Passed"),
+        "the Ginkgo run passed no spec"
+    );
+}
