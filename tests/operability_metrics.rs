@@ -5,7 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, ProcessSpec, free_port, own_binary};
+use capkr_testenv::{CapiManagers, Env, EnvOptions};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use kube::api::{Api, PostParams};
@@ -84,19 +84,14 @@ async fn metrics_are_served_over_https_only_to_callers_allowed_to_read_them() {
             "capkr-manager-sa.kubeconfig",
         )
         .unwrap();
-    let (health, metrics) = (free_port().unwrap(), free_port().unwrap());
-    let manager = Process::spawn(
-        ProcessSpec::new(
-            "capkr-manager-sa",
-            own_binary("capkr-manager", "CAPKR_MANAGER_BIN").unwrap(),
-            &env.log_dir(),
-        )
-        .env("NO_COLOR", "1")
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg(format!("--health-addr=127.0.0.1:{health}"))
-        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}")),
-    )
-    .unwrap();
+    // The environment picks the ports; the flag turns the shipped (secure) default back on.
+    let manager = env
+        .start_manager([
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--insecure-diagnostics=false".to_string(),
+        ])
+        .unwrap();
+    let metrics = manager.spec().loopback_port("--metrics-bind-address").unwrap();
 
     let allowed = capkr_testenv::wait_for("/metrics 200 for the reader", Duration::from_secs(30), || async {
         let (code, body) = scrape(metrics, Some(&prometheus), "https");

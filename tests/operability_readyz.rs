@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, ProcessSpec, free_port, http_get, own_binary};
+use capkr_testenv::{CapiManagers, Env, EnvOptions, http_get};
 
 /// `/readyz` answers 503 "caches not synced" while a cache cannot do its first list (here: the
 /// manager's ServiceAccount may not list Kairon Machines yet), with `/healthz` 200 all along,
@@ -46,21 +46,14 @@ async fn readyz_is_false_until_the_caches_sync() {
             "capkr-manager-sa.kubeconfig",
         )
         .unwrap();
-    let (health, metrics) = (free_port().unwrap(), free_port().unwrap());
-    let manager = Process::spawn(
-        ProcessSpec::new(
-            "capkr-manager-sa",
-            own_binary("capkr-manager", "CAPKR_MANAGER_BIN").unwrap(),
-            &env.log_dir(),
-        )
-        .env("NO_COLOR", "1")
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--leader-elect")
-        .arg(format!("--health-addr=127.0.0.1:{health}"))
-        .arg(format!("--metrics-bind-address=127.0.0.1:{metrics}"))
-        .arg("--insecure-diagnostics"),
-    )
-    .unwrap();
+    let manager = env
+        .start_manager([
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect".to_string(),
+        ])
+        .unwrap();
+    let port = |flag| manager.spec().loopback_port(flag).unwrap();
+    let (health, metrics) = (port("--health-addr"), port("--metrics-bind-address"));
 
     // Alive at once; leading (it is alone) but not ready for as long as the list is refused.
     let alive = capkr_testenv::wait_for("/healthz 200", Duration::from_secs(30), || async {
