@@ -164,14 +164,14 @@ impl Instances {
     }
 
     /// Creates `desired`; if its name is taken, returns what has it.
-    pub(crate) async fn create(&self, desired: &Machine) -> Result<Created, KaironError> {
+    pub(crate) async fn create(&self, mut desired: Machine) -> Result<Created, KaironError> {
         let ns = desired.namespace().unwrap_or_default();
         let name = desired.name_any();
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let mut desired = desired.clone();
+        // Taken by value: the user-data (up to the bootstrap limit) is not copied to add a label.
         desired.metadata = self.stamped(desired.metadata);
         let body: DynamicObject = serde_json::to_value(&desired)
             .and_then(serde_json::from_value)

@@ -376,7 +376,7 @@ async fn create_instance(
 
     let km = scope.km.as_ref();
     let desired = desired_kairon_machine(km, &scope.cluster_name, user_data, failure_domain.as_ref());
-    let vm = match ctx.kairon.create(&desired).await? {
+    let vm = match ctx.kairon.create(desired).await? {
         Created::New(vm) => {
             let (ns, name) = (&scope.ns, km.name_any());
             info!(instance = %name, "created Kairon Machine");
