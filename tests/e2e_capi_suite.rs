@@ -118,6 +118,259 @@ fn write_taint_flavors(assets: &Path) {
     std::fs::write(assets.join("cluster-template-topology-taints.yaml"), topology).expect("writing a flavor");
 }
 
+/// The script upstream's `kcp-remediation` flavor runs before kubeadm on each control-plane
+/// VM: it polls the spec's `mhc-test` ConfigMap on the management cluster (with the token
+/// and address the spec passes as variables) until the spec says `pass`, then acknowledges.
+const WAIT_SIGNAL_SCRIPT: &str = r#"#!/bin/bash
+set -o errexit
+set -o pipefail
+echo "Waiting for signal..."
+TOKEN=$1
+SERVER=$2
+NAMESPACE=$3
+while true;
+do
+  sleep 1s
+  signal=$(curl -k -s --header "Authorization: Bearer $TOKEN" $SERVER/api/v1/namespaces/$NAMESPACE/configmaps/mhc-test | jq -r .data.signal?)
+  echo "signal $signal"
+  if [ "$signal" == "pass" ]; then
+     curl -k -s --header "Authorization: Bearer $TOKEN" -XPATCH -H "Content-Type: application/strategic-merge-patch+json" --data '{"data": {"signal": "ack-pass"}}' $SERVER/api/v1/namespaces/$NAMESPACE/configmaps/mhc-test
+     exit 0
+  fi
+done
+"#;
+
+/// The MachineHealthCheck of upstream's `kcp-remediation` flavor: control-plane Machines the
+/// spec labels `mhc-test: fail` are remediated when their Node does not start within 30 s or
+/// carries the spec's condition for 10 s.
+const KCP_REMEDIATION_MHC: &str = r#"---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachineHealthCheck
+metadata:
+  name: ${CLUSTER_NAME}-mhc-0
+spec:
+  clusterName: ${CLUSTER_NAME}
+  selector:
+    matchLabels:
+      cluster.x-k8s.io/control-plane: ""
+      mhc-test: fail
+  checks:
+    nodeStartupTimeoutSeconds: 30
+    unhealthyNodeConditions:
+      - type: e2e.remediation.condition
+        status: "False"
+        timeoutSeconds: 10
+  remediation:
+    triggerIf:
+      unhealthyLessThanOrEqualTo: 100%
+"#;
+
+/// The flavor the KCP remediation spec needs, as upstream's `kcp-remediation`: the shipped
+/// default flavor whose control-plane VMs wait, before kubeadm, for the spec's signal, plus the
+/// spec's MachineHealthCheck. The simulator runs that script (`--guest-scripts-dir`).
+fn write_kcp_remediation_flavor(assets: &Path) {
+    let default = std::fs::read_to_string(assets.join("cluster-template.yaml"))
+        .unwrap_or_else(|e| panic!("reading cluster-template.yaml from the release assets: {e}"));
+    let flavor = insert_after(
+        &default,
+        "    preKubeadmCommands:\n",
+        "      - ./wait-signal.sh \"${TOKEN}\" \"${SERVER}\" \"${NAMESPACE}\"\n",
+    );
+    let script: String = WAIT_SIGNAL_SCRIPT.lines().map(|l| format!("          {l}\n")).collect();
+    let flavor = insert_after(
+        &flavor,
+        "    files:\n",
+        &format!("      - path: /wait-signal.sh\n        permissions: \"0777\"\n        content: |\n{script}"),
+    );
+    std::fs::write(
+        assets.join("cluster-template-kcp-remediation.yaml"),
+        format!("{flavor}{KCP_REMEDIATION_MHC}"),
+    )
+    .expect("writing a flavor");
+}
+
+/// The text of `text` with the part from `start` (included) to `end` (excluded) removed; each
+/// anchor must occur once, `end` after `start`.
+fn remove_between(text: &str, start: &str, end: &str) -> String {
+    assert_eq!(text.matches(start).count(), 1, "{start:?} should occur exactly once");
+    let from = text.find(start).unwrap_or_default();
+    let to = text[from..]
+        .find(end)
+        .map(|i| from + i)
+        .unwrap_or_else(|| panic!("{end:?} should follow {start:?}"));
+    format!("{}{}", &text[..from], &text[to..])
+}
+
+/// `block`'s lines re-indented: `from` leading spaces become `to`.
+fn reindent(block: &str, from: usize, to: usize) -> String {
+    block
+        .lines()
+        .map(|l| match l.strip_prefix(&" ".repeat(from)) {
+            Some(rest) => format!("{}{rest}\n", " ".repeat(to)),
+            None => format!("{}\n", l.trim_start()),
+        })
+        .collect()
+}
+
+/// `text` without the YAML block of `key` (a line `key:` and the deeper-indented lines after it).
+fn without_block(text: &str, key: &str) -> String {
+    let indent = key.len() - key.trim_start().len();
+    let mut out = String::new();
+    let mut skipping = false;
+    let mut found = false;
+    for line in text.lines() {
+        let depth = line.len() - line.trim_start().len();
+        if skipping && (line.trim().is_empty() || depth > indent) {
+            continue;
+        }
+        skipping = line == format!("{key}:");
+        found |= skipping;
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    assert!(found, "no block {key:?}");
+    out
+}
+
+/// The documents of a shipped flavor, by kind (each must occur once).
+fn document<'a>(docs: &[&'a str], kind: &str) -> &'a str {
+    let found: Vec<&&str> = docs
+        .iter()
+        .filter(|d| d.contains(&format!("\nkind: {kind}\n")))
+        .collect();
+    assert_eq!(found.len(), 1, "the shipped default flavor should hold one {kind}");
+    found[0]
+}
+
+/// `doc` with `labels` added to its metadata.
+fn labelled(doc: &str, labels: &str) -> String {
+    insert_after(doc, "\nmetadata:\n", &format!("  labels:\n{labels}"))
+}
+
+/// The flavor the KCP adoption spec needs, as upstream's `kcp-adoption`: objects labelled
+/// `kcp-adoption.step1` make a Cluster without a control-plane provider and one control-plane
+/// Machine with its own KubeadmConfig and KaironMachine (the shipped default flavor's
+/// KubeadmControlPlane spec and control-plane template, unchanged); those labelled
+/// `kcp-adoption.step2` are the shipped default flavor's Cluster and control plane, whose
+/// KubeadmControlPlane then adopts the Machine.
+fn write_kcp_adoption_flavor(assets: &Path) {
+    let default = std::fs::read_to_string(assets.join("cluster-template.yaml"))
+        .unwrap_or_else(|e| panic!("reading cluster-template.yaml from the release assets: {e}"));
+    let docs: Vec<&str> = default.split("\n---\n").map(|d| d.trim_end_matches('\n')).collect();
+    let cluster = format!("\n{}", document(&docs, "Cluster"));
+    let infra_cluster = format!("\n{}", document(&docs, "KaironCluster"));
+    let cp_template = format!(
+        "\n{}",
+        document(
+            &docs,
+            "KaironMachineTemplate\nmetadata:\n  name: ${CLUSTER_NAME}-control-plane"
+        )
+    );
+    let kcp = format!("\n{}", document(&docs, "KubeadmControlPlane"));
+
+    let step1 = "    kcp-adoption.step1: \"\"\n";
+    let step2 = "    kcp-adoption.step2: \"\"\n";
+    let control_plane = "    cluster.x-k8s.io/control-plane: \"\"\n";
+    let cp0 = "${CLUSTER_NAME}-control-plane-0";
+    let machine_spec = cp_template
+        .split_once("\n  template:\n    spec:\n")
+        .map(|(_, spec)| reindent(spec, 6, 2))
+        .expect("the control-plane KaironMachineTemplate has spec.template.spec");
+    // As KCP makes the first Machine's: its InitConfiguration, no JoinConfiguration (KCP
+    // tells the first Machine from the others by which of the two it has).
+    let kubeadm_config_spec = kcp
+        .split_once("\n  kubeadmConfigSpec:\n")
+        .map(|(_, spec)| without_block(&reindent(spec, 4, 2), "  joinConfiguration"))
+        .expect("the KubeadmControlPlane has a kubeadmConfigSpec");
+    let without_control_plane = cluster
+        .split_once("\n  controlPlaneRef:\n")
+        .map(|(head, _)| head.to_string())
+        .expect("the shipped Cluster ends with its controlPlaneRef");
+    let step1_docs = [
+        labelled(&without_control_plane, step1),
+        labelled(&infra_cluster, step1),
+        format!(
+            "\napiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachine\nmetadata:\n  name: {cp0}\n  labels:\n{control_plane}{step1}spec:\n{machine_spec}"
+        ),
+        format!(
+            "\napiVersion: bootstrap.cluster.x-k8s.io/v1beta2\nkind: KubeadmConfig\nmetadata:\n  name: {cp0}\n  labels:\n{control_plane}{step1}spec:\n{kubeadm_config_spec}"
+        ),
+        format!(
+            "\napiVersion: cluster.x-k8s.io/v1beta2\nkind: Machine\nmetadata:\n  name: {cp0}\n  labels:\n{control_plane}{step1}spec:\n  clusterName: ${{CLUSTER_NAME}}\n  version: ${{KUBERNETES_VERSION}}\n  bootstrap:\n    configRef:\n      apiGroup: bootstrap.cluster.x-k8s.io\n      kind: KubeadmConfig\n      name: {cp0}\n  infrastructureRef:\n    apiGroup: infrastructure.cluster.x-k8s.io\n    kind: KaironMachine\n    name: {cp0}\n"
+        ),
+    ];
+    let step2_docs = [&cluster, &infra_cluster, &cp_template, &kcp].map(|d| labelled(d, step2));
+    let all: Vec<String> = step1_docs
+        .iter()
+        .chain(step2_docs.iter())
+        .map(|d| d.trim_matches('\n').to_string())
+        .collect();
+    std::fs::write(
+        assets.join("cluster-template-kcp-adoption.yaml"),
+        format!("{}\n", all.join("\n---\n")),
+    )
+    .expect("writing a flavor");
+}
+
+/// The flavors the quick-start without workers needs, as upstream's `topology-kcp-only`: a
+/// ClusterClass `kairon-kcp-only` (the shipped `kairon` class without its worker class and
+/// the patches that only workers use) and a Cluster of it with no workers.
+fn write_kcp_only_flavor(assets: &Path) {
+    let read = |f: &str| {
+        std::fs::read_to_string(assets.join(f)).unwrap_or_else(|e| panic!("reading {f} from the release assets: {e}"))
+    };
+    let class = read("clusterclass-kairon.yaml");
+    let class = class.replacen(
+        "kind: ClusterClass\nmetadata:\n  name: kairon\n",
+        "kind: ClusterClass\nmetadata:\n  name: kairon-kcp-only\n",
+        1,
+    );
+    assert!(
+        class.contains("name: kairon-kcp-only\n"),
+        "the shipped ClusterClass is named kairon"
+    );
+    let class = remove_between(&class, "  workers:\n", "  variables:\n");
+    let (head, patches) = class
+        .split_once("\n  patches:\n")
+        .expect("the shipped ClusterClass has patches");
+    let patches = remove_between(patches, "    - name: workerMachine\n", "    - name: kubeVIP\n");
+    let class = format!("{head}\n  patches:\n{patches}");
+    let worker_selector = "              machineDeploymentClass:\n                names: [default-worker]\n";
+    assert_eq!(
+        class.matches(worker_selector).count(),
+        1,
+        "the machineImage patch selects the worker class"
+    );
+    let class = class.replacen(worker_selector, "", 1);
+    assert!(
+        !class.contains("default-worker\n    bootstrap") && !class.contains("machineDeploymentClass"),
+        "worker references left in the kcp-only class"
+    );
+    std::fs::write(assets.join("clusterclass-kairon-kcp-only.yaml"), class).expect("writing a flavor");
+
+    let cluster = read("cluster-template-topology.yaml");
+    let cluster = insert_after(&cluster, "    classRef:\n      name: kairon", "-kcp-only");
+    let cluster = remove_between(&cluster, "    workers:\n", "    variables:\n");
+    std::fs::write(assets.join("cluster-template-topology-kcp-only.yaml"), cluster).expect("writing a flavor");
+}
+
+/// The kcp-remediation flavor's guests run its script with these.
+fn require_script_tools() {
+    for tool in ["sh", "bash", "curl", "jq"] {
+        let found = Command::new("sh")
+            .arg("-c")
+            .arg(format!("command -v {tool}"))
+            .output()
+            .is_ok_and(|o| o.status.success());
+        assert!(
+            found,
+            "`{tool}` is not on PATH: the KCP remediation spec's guests run upstream's wait-signal script with bash, curl and jq (hack/test-tools.sh installs them)"
+        );
+    }
+}
+
 /// clusterctl's metadata of the CAPI release whose managers run here.
 fn capi_metadata() -> String {
     let (major, minor) = {
@@ -240,8 +493,9 @@ fn suite_binary() -> PathBuf {
 
 /// The enabled specs in two halves of about equal length, each a Ginkgo run on its own
 /// environment, so that `make test`'s two test threads run them side by side.
-const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || cluster-deletion";
-const SECOND_HALF: &str = "clusterclass-changes || clusterclass-rollout || kcp-md-rollout || scale";
+const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || cluster-deletion || kcp-remediation";
+const SECOND_HALF: &str =
+    "clusterclass-changes || clusterclass-rollout || kcp-md-rollout || scale || kcp-adoption || quick-start-kcp-only";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capi_e2e_quick_start_md_scale_md_remediation_and_cluster_deletion_pass() {
@@ -280,6 +534,10 @@ async fn run_specs(half: u32, labels: &str) {
         SIMULATOR_HOSTS.into(),
     ];
     sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net).expect("simulator flags"));
+    // The kcp-remediation flavor's pre-kubeadm signal script.
+    require_script_tools();
+    sim_args.push("--guest-scripts-dir".into());
+    sim_args.push(env.dir().join("guest-scripts").display().to_string());
     let sim = env.start_simulator(sim_args).expect("simulator");
     let manager = env.start_manager(["-v", "1"]).expect("manager");
 
@@ -287,6 +545,9 @@ async fn run_specs(half: u32, labels: &str) {
     let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
     let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
     write_taint_flavors(&assets);
+    write_kcp_remediation_flavor(&assets);
+    write_kcp_adoption_flavor(&assets);
+    write_kcp_only_flavor(&assets);
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,

@@ -23,6 +23,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/klog/v2"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -90,7 +92,32 @@ var _ = BeforeSuite(func() {
 
 	By("Registering the running providers in the clusterctl inventory")
 	registerProviders(ctx, bootstrapClusterProxy.GetClient, e2eConfig)
+
+	By("Publishing the management cluster's address in kube-public/cluster-info")
+	publishClusterInfo(ctx, bootstrapClusterProxy)
 })
+
+// publishClusterInfo writes the ConfigMap kubeadm leaves in every cluster it makes
+// (kube-public/cluster-info: a kubeconfig naming the API server), from which the KCP
+// remediation spec tells its guests where to poll for their signal. The management
+// cluster here was not made by kubeadm.
+func publishClusterInfo(ctx context.Context, proxy framework.ClusterProxy) {
+	kubeconfig := clientcmdapi.NewConfig()
+	kubeconfig.Clusters[""] = &clientcmdapi.Cluster{Server: proxy.GetRESTConfig().Host}
+	data, err := clientcmd.Write(*kubeconfig)
+	Expect(err).ToNot(HaveOccurred())
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespacePublic, Name: "cluster-info"},
+		Data:       map[string]string{"kubeconfig": string(data)},
+	}
+	c := proxy.GetClient()
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: metav1.NamespacePublic}}); err != nil && !apierrors.IsAlreadyExists(err) {
+		Expect(err).ToNot(HaveOccurred())
+	}
+	if err := c.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+		Expect(err).ToNot(HaveOccurred())
+	}
+}
 
 var _ = AfterSuite(func() {
 	if bootstrapClusterProxy != nil {

@@ -80,3 +80,19 @@ var _ = Describe("When following the Cluster API quick-start with ClusterClass",
 		}
 	})
 })
+
+// The ClusterClass `kairon-kcp-only` has no worker classes (tests/e2e_capi_suite.rs writes
+// it and the flavor from the shipped topology flavor).
+var _ = Describe("When following the Cluster API quick-start with ClusterClass without any worker definitions", Label("quick-start-kcp-only", "ClusterClass"), func() {
+	capie2e.QuickStartSpec(ctx, func() capie2e.QuickStartSpecInput {
+		return capie2e.QuickStartSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+			Flavor:                ptr.To("topology-kcp-only"),
+			WorkerMachineCount:    ptr.To[int64](0),
+		}
+	})
+})

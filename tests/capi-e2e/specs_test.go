@@ -52,6 +52,38 @@ var _ = Describe("When testing MachineDeployment remediation", Label("md-remedia
 	})
 })
 
+// Control-plane remediation, including of Machines stuck before kubeadm: the flavor gates
+// kubeadm on a signal ConfigMap (a pre-kubeadm script the simulated guests run,
+// kairon-sim --guest-scripts-dir); tests/e2e_capi_suite.rs writes it from the shipped default
+// flavor.
+var _ = Describe("When testing KCP remediation", Label("kcp-remediation"), func() {
+	capie2e.KCPRemediationSpec(ctx, func() capie2e.KCPRemediationSpecInput {
+		return capie2e.KCPRemediationSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+			Flavor:                ptr.To("kcp-remediation"),
+		}
+	})
+})
+
+// KCP adopts a control-plane Machine made without it: tests/e2e_capi_suite.rs writes the
+// two-step flavor from the shipped default flavor.
+var _ = Describe("When testing KCP adoption", Label("kcp-adoption"), func() {
+	capie2e.KCPAdoptionSpec(ctx, func() capie2e.KCPAdoptionSpecInput {
+		return capie2e.KCPAdoptionSpecInput{
+			E2EConfig:             e2eConfig,
+			ClusterctlConfigPath:  clusterctlConfigPath,
+			BootstrapClusterProxy: bootstrapClusterProxy,
+			ArtifactFolder:        artifactFolder,
+			SkipCleanup:           skipCleanup,
+			Flavor:                ptr.To("kcp-adoption"),
+		}
+	})
+})
+
 func hasOwner(owners []metav1.OwnerReference, kinds ...string) bool {
 	for _, o := range owners {
 		for _, k := range kinds {

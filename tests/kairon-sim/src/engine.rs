@@ -23,6 +23,7 @@ use crate::guest_ops::{post_status, register, remove_node};
 use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
+use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::workload::Workloads;
 
@@ -41,6 +42,8 @@ pub struct Options {
     pub boot_guest: bool,
     /// Run control-plane VMs' processes (see [`crate::fleet`]).
     pub guest_tools: Option<crate::fleet::GuestTools>,
+    /// Run the guests' pre-kubeadm scripts under this dir (see [`crate::scripts`]).
+    pub guest_scripts_dir: Option<std::path::PathBuf>,
 }
 
 struct Timer {
@@ -68,6 +71,7 @@ pub struct Engine {
     writer: MachineWriter,
     workloads: Arc<Workloads>,
     fleet: Option<Arc<Fleet>>,
+    scripts: Option<Arc<GuestScripts>>,
     permits: Arc<Semaphore>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
@@ -92,6 +96,7 @@ impl Engine {
             writer: MachineWriter::new(client.clone(), opts.full_update),
             workloads: Arc::new(Workloads::new(client.clone())),
             fleet: opts.guest_tools.clone().map(|t| Arc::new(Fleet::new(t))),
+            scripts: opts.guest_scripts_dir.clone().map(|d| Arc::new(GuestScripts::new(d))),
             client,
             opts,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -202,11 +207,18 @@ impl Engine {
             && guest.node.is_some()
             && !guest.removed
         {
-            let (workloads, fleet, permits) = (self.workloads.clone(), self.fleet.clone(), self.permits.clone());
+            let (workloads, fleet, scripts, permits) = (
+                self.workloads.clone(),
+                self.fleet.clone(),
+                self.scripts.clone(),
+                self.permits.clone(),
+            );
             tokio::spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                remove_node(workloads, fleet, m, guest.node).await;
+                remove_node(workloads, fleet, scripts, m, guest.node).await;
             });
+        } else if let (Some(scripts), Some(uid)) = (self.scripts.clone(), m.uid()) {
+            tokio::spawn(async move { scripts.stop(&uid).await });
         }
     }
 
@@ -395,14 +407,14 @@ impl Engine {
             Step::ReleaseFinalizer => {
                 let node = self.guests.get(key).filter(|g| !g.removed).and_then(|g| g.node.clone());
                 let boot_guest = self.opts.boot_guest;
-                let (workloads, fleet) = (self.workloads.clone(), self.fleet.clone());
+                let (workloads, fleet, scripts) = (self.workloads.clone(), self.fleet.clone(), self.scripts.clone());
                 if let Some(g) = self.guests.get_mut(key) {
                     g.removed = true;
                 }
                 tracing::info!(machine = %key, "VM gone: removing finalizer");
                 self.spawn_write(key, async move {
                     if boot_guest {
-                        remove_node(workloads, fleet, m.clone(), node).await;
+                        remove_node(workloads, fleet, scripts, m.clone(), node).await;
                     }
                     writer.remove_finalizer(&m).await
                 });
@@ -420,12 +432,12 @@ impl Engine {
             *guest = Guest::new(uid.clone());
         }
         let step = next_kubelet_step(&m, guest, now);
-        let (workloads, fleet) = (self.workloads.clone(), self.fleet.clone());
+        let (workloads, fleet, scripts) = (self.workloads.clone(), self.fleet.clone(), self.scripts.clone());
         match step {
             KubeletStep::Idle => {}
             KubeletStep::Register => {
                 let ready = sim::node_should_be_ready(&m);
-                self.spawn_guest(key.clone(), uid, register(workloads, fleet, m, ready));
+                self.spawn_guest(key.clone(), uid, register(workloads, fleet, scripts, m, ready));
             }
             KubeletStep::SetReady(ready) => {
                 let node = guest.node.clone();
@@ -440,7 +452,7 @@ impl Engine {
             KubeletStep::RemoveNode => {
                 let node = guest.node.clone();
                 self.spawn_guest(key.clone(), uid, async move {
-                    remove_node(workloads, fleet, m, node).await;
+                    remove_node(workloads, fleet, scripts, m, node).await;
                     GuestOutcome::Removed
                 });
             }

@@ -14,11 +14,14 @@ use crate::guest::{self, MetaData};
 use crate::kubeadm::control_plane_plan;
 use crate::kubeadm_objects::delete_mirror_pods;
 use crate::kubelet::{GuestOutcome, RegisteredNode};
+use crate::scripts::{GuestScripts, Progress};
 use crate::sim::{self, Key};
 use crate::workload::{NodeFacts, WorkloadError, Workloads, desired_node, node_status};
 
 /// Back-off after a failed workload API call.
 const RETRY_AFTER_ERROR: Duration = Duration::from_secs(5);
+/// How often to look again at a guest's pre-kubeadm commands that have not exited.
+const RETRY_SCRIPTS_RUNNING: Duration = Duration::from_secs(1);
 /// How often to look for a workload cluster's kubeconfig Secret that does not exist yet.
 const RETRY_NO_KUBECONFIG: Duration = Duration::from_secs(2);
 
@@ -113,11 +116,39 @@ async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, clust
     }
 }
 
-pub async fn register(workloads: Arc<Workloads>, fleet: Option<Arc<Fleet>>, m: Machine, ready: bool) -> GuestOutcome {
+pub async fn register(
+    workloads: Arc<Workloads>,
+    fleet: Option<Arc<Fleet>>,
+    scripts: Option<Arc<GuestScripts>>,
+    m: Machine,
+    ready: bool,
+) -> GuestOutcome {
     let key = Key::of(&m);
     let Some(facts) = node_facts(&m) else {
         return GuestOutcome::Unbootable;
     };
+    // cloud-init's runcmd: the pre-kubeadm commands first; kubeadm (and so everything below)
+    // waits for them.
+    if let Some(scripts) = &scripts {
+        let user_data = m
+            .spec
+            .cloud_init
+            .as_ref()
+            .and_then(|c| c.user_data.as_ref())
+            .map(|u| u.as_str())
+            .unwrap_or_default();
+        let meta = MetaData {
+            instance_id: facts.machine_uid.clone(),
+            local_hostname: m.name_any(),
+        };
+        if scripts
+            .advance(&facts.machine_uid, &key.to_string(), user_data, &meta)
+            .await
+            == Progress::Running
+        {
+            return GuestOutcome::RetryAfter(RETRY_SCRIPTS_RUNNING);
+        }
+    }
     let Some(cluster) = cluster_of(&m) else {
         tracing::warn!(machine = %key, label = labels::CLUSTER_NAME, "no cluster label: no workload cluster to register in");
         return GuestOutcome::Unbootable;
@@ -212,10 +243,14 @@ pub async fn post_status(
 pub async fn remove_node(
     workloads: Arc<Workloads>,
     fleet: Option<Arc<Fleet>>,
+    scripts: Option<Arc<GuestScripts>>,
     m: Machine,
     known: Option<RegisteredNode>,
 ) {
     let key = Key::of(&m);
+    if let (Some(scripts), Some(uid)) = (&scripts, m.uid()) {
+        scripts.stop(&uid).await;
+    }
     // The VM is gone, and its processes with it (etcd membership is KCP's business: it
     // removes the member before deleting the Machine).
     let stopped = match (&fleet, m.uid()) {

@@ -10,6 +10,8 @@
 //! - [`kubeadm`], [`fleet`], [`endpoint`], [`kubeadm_objects`]: with `--guest-bin-dir`, what
 //!   `kubeadm init`/`join --control-plane` start on a control-plane VM (real etcd and
 //!   kube-apiserver), the kube-vip endpoint, and what they leave in the workload cluster;
+//! - [`scripts`]: with `--guest-scripts-dir`, the pre-kubeadm commands that run a script of
+//!   the user-data (a signal gate before kubeadm);
 //! - [`engine`]: the watch-driven event loop tying them together.
 
 mod endpoint;
@@ -23,6 +25,7 @@ mod kubeadm;
 mod kubeadm_objects;
 mod kubelet;
 mod machines;
+mod scripts;
 mod sim;
 mod workload;
 
@@ -90,6 +93,11 @@ struct Args {
     /// Where control-plane VMs keep their data and logs.
     #[arg(long, requires = "guest_bin_dir")]
     guest_dir: Option<PathBuf>,
+    /// Run the guests' pre-kubeadm commands that call a script of their own user-data
+    /// (`./wait-signal.sh …`), each VM in its own dir under this one; kubeadm waits for them.
+    /// Other commands are never run. For test flavors that gate kubeadm on a signal.
+    #[arg(long)]
+    guest_scripts_dir: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -130,6 +138,7 @@ async fn main() -> anyhow::Result<()> {
             .guest_bin_dir
             .zip(args.guest_dir)
             .map(|(bin_dir, data_dir)| fleet::GuestTools { bin_dir, data_dir }),
+        guest_scripts_dir: args.guest_scripts_dir,
     };
     let allocations = Allocations {
         placement: Placement::new(hosts, args.host_capacity),

@@ -178,7 +178,12 @@ impl Workloads {
     ) -> Result<Node, WorkloadError> {
         let nodes: Api<Node> = Api::all(client.clone());
         let patch = json!({"status": status});
-        match nodes.patch_status(name, &patch_params(), &Patch::Merge(&patch)).await {
+        // A strategic merge patch, as kubelet's: conditions merge by type, so those others set
+        // on the Node (e.g. a remediation test's own condition) stay.
+        match nodes
+            .patch_status(name, &patch_params(), &Patch::Strategic(&patch))
+            .await
+        {
             Ok(node) => Ok(node),
             Err(kube::Error::Api(s)) if s.is_not_found() => Err(WorkloadError::NodeMissing(name.to_string())),
             Err(e) => Err(e.into()),
