@@ -370,7 +370,6 @@ fn capi_components(repo: &LocalRepo) -> Vec<(&'static str, &'static str, PathBuf
     providers
 }
 
-
 #[tokio::test(flavor = "multi_thread")]
 async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repository() {
     let repo = LocalRepo::new();

@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 use capkr::api::KaironMachine;
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
-use capkr_testenv::{
-    CapiManagers, Env, EnvOptions, Process, capi_resource, merged_args, wait_for,
-};
+use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, capi_resource, merged_args, wait_for};
 use common::{default_sim_args, km_ready};
 use distribution_support::{CERT_MANAGER_STUB_CRDS, LocalRepo, VERSION, capi_module, run_ok, stdout};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -106,7 +104,10 @@ async fn move_between_management_clusters(install: Install) {
         Env::start(EnvOptions::new(format!("{name}-target"))),
     );
     let kairon_env = kairon_env.expect("the Kairon API server");
-    let (src_env, dst_env) = (src_env.expect("source environment"), dst_env.expect("target environment"));
+    let (src_env, dst_env) = (
+        src_env.expect("source environment"),
+        dst_env.expect("target environment"),
+    );
     eprintln!("three API servers up in {:.1}s", t0.elapsed().as_secs_f64());
 
     register_capi_providers(&repo, &[&src_env, &dst_env]).await;
@@ -149,7 +150,10 @@ async fn move_between_management_clusters(install: Install) {
         ..Default::default()
     };
     src.env
-        .apply(&cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape), Some(NS))
+        .apply(
+            &cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape),
+            Some(NS),
+        )
         .await
         .expect("cluster objects apply");
     wait_running(&src, 3).await;
@@ -189,14 +193,19 @@ async fn move_between_management_clusters(install: Install) {
         src.machines().list(&ListParams::default()).await.unwrap().items.len(),
         src.kms().list(&ListParams::default()).await.unwrap().items.len(),
     );
-    assert_eq!(left, (0, 0, 0), "(Clusters, Machines, KaironMachines) left on the source");
+    assert_eq!(
+        left,
+        (0, 0, 0),
+        "(Clusters, Machines, KaironMachines) left on the source"
+    );
     let adopted = wait("the target's KaironMachines Ready on the VMs they had", || async {
         let kms = dst.kms().list(&ListParams::default()).await?.items;
         let vms = vms.list(&ListParams::default()).await?.items;
         let ready = kms.len() == 3 && kms.iter().all(|k| km_ready(k).is_some_and(|(s, _)| s == "True"));
         let owned = vms.iter().all(|v| {
             let uid_label = v.labels().get(labels::KAIRONMACHINE_UID);
-            kms.iter().any(|k| k.metadata.uid.as_ref() == uid_label && k.name_any() == v.name_any())
+            kms.iter()
+                .any(|k| k.metadata.uid.as_ref() == uid_label && k.name_any() == v.name_any())
                 && v.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&dst.id)
         });
         Ok::<_, kube::Error>((ready && owned).then_some(kms))
@@ -224,7 +233,10 @@ async fn move_between_management_clusters(install: Install) {
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("InstanceAdopted"))
         .count();
-    assert_eq!(adoptions, 3, "one InstanceAdopted event per KaironMachine on the target");
+    assert_eq!(
+        adoptions, 3,
+        "one InstanceAdopted event per KaironMachine on the target"
+    );
     wait_running(&dst, 3).await;
 
     // The source's manager, restarted, finds nothing to act on and deletes nothing.
@@ -236,7 +248,11 @@ async fn move_between_management_clusters(install: Install) {
         now.iter().all(|v| v.metadata.deletion_timestamp.is_none()),
         "no VM is being deleted"
     );
-    assert_eq!(vm_uids(&vms).await, before, "the restarted source manager deleted nothing");
+    assert_eq!(
+        vm_uids(&vms).await,
+        before,
+        "the restarted source manager deleted nothing"
+    );
     let src_log = std::fs::read_to_string(src.manager.log_path()).unwrap_or_default();
     assert!(
         !src_log.contains("deleting Kairon Machine"),
@@ -338,7 +354,8 @@ async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize) {
                 && vms.len() == n
                 && vms.iter().all(|v| {
                     kms.iter().any(|k| {
-                        k.name_any() == v.name_any() && k.metadata.uid.as_ref() == v.labels().get(labels::KAIRONMACHINE_UID)
+                        k.name_any() == v.name_any()
+                            && k.metadata.uid.as_ref() == v.labels().get(labels::KAIRONMACHINE_UID)
                     }) && v.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&m.id)
                 }),
         )
@@ -361,7 +378,12 @@ async fn kube_system_uid(env: &Env) -> String {
 /// ServiceAccount, reaching Kairon with `--kairon-kubeconfig`. The clusterctl components have
 /// no variable for `--adopt-from-management-clusters`: for them it is added to the flags, as a
 /// user edits the Deployment.
-async fn start_management(env: Env, kairon_kubeconfig: &Path, install: Install, adopt_from: Option<&str>) -> Management {
+async fn start_management(
+    env: Env,
+    kairon_kubeconfig: &Path,
+    install: Install,
+    adopt_from: Option<&str>,
+) -> Management {
     let deployments = Api::<Deployment>::namespaced(env.client(), PROVIDER_NS)
         .list(&ListParams::default())
         .await
@@ -390,9 +412,7 @@ async fn start_management(env: Env, kairon_kubeconfig: &Path, install: Install, 
             "the chart value managementCluster.adoptFrom becomes the flag"
         );
     }
-    let kubeconfig = env
-        .impersonating_kubeconfig(SA, "capkr-manager-sa.kubeconfig")
-        .unwrap();
+    let kubeconfig = env.impersonating_kubeconfig(SA, "capkr-manager-sa.kubeconfig").unwrap();
     let args = merged_args(
         args,
         &[
@@ -403,7 +423,12 @@ async fn start_management(env: Env, kairon_kubeconfig: &Path, install: Install, 
     let manager = env.start_manager(args).expect("manager");
     let id = kube_system_uid(&env).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(manager.is_running(), "{} exited:\n{}", manager.name(), manager.log_tail(30));
+    assert!(
+        manager.is_running(),
+        "{} exited:\n{}",
+        manager.name(),
+        manager.log_tail(30)
+    );
     Management { env, manager, id }
 }
 
@@ -432,7 +457,12 @@ async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
     let (module, version) = capi_module();
     let providers = [
         ("cluster-api", "CoreProvider", "cluster-api", "core-components.yaml"),
-        ("kubeadm", "BootstrapProvider", "bootstrap-kubeadm", "bootstrap-components.yaml"),
+        (
+            "kubeadm",
+            "BootstrapProvider",
+            "bootstrap-kubeadm",
+            "bootstrap-components.yaml",
+        ),
         (
             "kubeadm",
             "ControlPlaneProvider",
@@ -450,7 +480,8 @@ async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
     }
     repo.write_config(&extra);
 
-    let inventory_crd = std::fs::read_to_string(module.join("cmd/clusterctl/config/manifest/clusterctl-api.yaml")).unwrap();
+    let inventory_crd =
+        std::fs::read_to_string(module.join("cmd/clusterctl/config/manifest/clusterctl-api.yaml")).unwrap();
     let group_provider = |group: &str| match group {
         "bootstrap.cluster.x-k8s.io" => Some("bootstrap-kubeadm"),
         "controlplane.cluster.x-k8s.io" => Some("control-plane-kubeadm"),
@@ -459,7 +490,9 @@ async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
     };
     for env in envs {
         env.apply(&inventory_crd, None).await.expect("the inventory CRD");
-        env.apply(CERT_MANAGER_STUB_CRDS, None).await.expect("cert-manager stub CRDs");
+        env.apply(CERT_MANAGER_STUB_CRDS, None)
+            .await
+            .expect("cert-manager stub CRDs");
         for (name, typ, label, _) in providers {
             let ns = format!("{label}-system");
             env.create_namespace(&ns).await.unwrap();
