@@ -115,7 +115,7 @@ async fn move_between_management_clusters(install: Install) {
     for (env, adopt_from) in [(&src_env, None), (&dst_env, Some(src_id.as_str()))] {
         remove_our_crds(env).await;
         match install {
-            Install::Clusterctl => clusterctl_init(&repo, env).await,
+            Install::Clusterctl => clusterctl_init(&repo, env),
             Install::Helm => helm_install(&repo, env, adopt_from),
         }
     }
@@ -375,9 +375,10 @@ async fn kube_system_uid(env: &Env) -> String {
 
 /// The manager of a management cluster as its installation runs it: the installed
 /// Deployment's flags (the listen addresses aside, picked free), acting as the installed
-/// ServiceAccount, reaching Kairon with `--kairon-kubeconfig`. The clusterctl components have
-/// no variable for `--adopt-from-management-clusters`: for them it is added to the flags, as a
-/// user edits the Deployment.
+/// ServiceAccount, reaching Kairon with `--kairon-kubeconfig`. The target adopts from the
+/// source: with the chart through its value `managementCluster.adoptFrom`; the clusterctl
+/// components have no variable for it, so the flag is added as a user adds it to the
+/// Deployment.
 async fn start_management(
     env: Env,
     kairon_kubeconfig: &Path,
@@ -402,16 +403,13 @@ async fn start_management(
         .into_iter()
         .filter(|a| !a.starts_with("--health-addr") && !a.starts_with("--metrics-bind-address"))
         .collect();
-    if let (Some(id), Install::Clusterctl) = (adopt_from, install) {
+    if let (Install::Clusterctl, Some(id)) = (install, adopt_from) {
         args.push(format!("--adopt-from-management-clusters={id}"));
     }
-    if install == Install::Helm {
-        assert_eq!(
-            adopt_from.map(|id| format!("--adopt-from-management-clusters={id}")),
-            args.iter().find(|a| a.starts_with("--adopt-from")).cloned(),
-            "the chart value managementCluster.adoptFrom becomes the flag"
-        );
-    }
+    let adopting = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--adopt-from-management-clusters="));
+    assert_eq!(adopting, adopt_from, "the manager's --adopt-from-management-clusters");
     let kubeconfig = env.impersonating_kubeconfig(SA, "capkr-manager-sa.kubeconfig").unwrap();
     let args = merged_args(
         args,
@@ -531,14 +529,13 @@ async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
 
 /// `clusterctl init --infrastructure kairon` from the local repository: only our provider is
 /// installed, CAPI's being in the inventory already.
-async fn clusterctl_init(repo: &LocalRepo, env: &Env) {
+fn clusterctl_init(repo: &LocalRepo, env: &Env) {
     let started = Instant::now();
-    let out = run_ok(
-        repo.clusterctl()
-            .env("KUBECONFIG", env.kubeconfig_path())
-            .args(["init", "--infrastructure"])
-            .arg(format!("kairon:{VERSION}")),
-    );
+    let mut cmd = repo.clusterctl();
+    cmd.env("KUBECONFIG", env.kubeconfig_path())
+        .args(["init", "--infrastructure"])
+        .arg(format!("kairon:{VERSION}"));
+    let out = run_ok(&mut cmd);
     eprintln!(
         "clusterctl init on {} took {:.1}s",
         env.name(),
