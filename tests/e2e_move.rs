@@ -239,8 +239,16 @@ async fn move_between_management_clusters(install: Install) {
     );
     wait_running(&dst, 3).await;
 
-    // The source's manager, restarted, finds nothing to act on and deletes nothing.
+    // The source's manager, restarted, finds nothing to act on and deletes nothing: once ready
+    // (its caches listed everything), it is given time to act on what it found.
     src.manager.restart().await.unwrap();
+    let health = common::port_of(&src.manager, "--health-addr");
+    wait("the restarted source manager ready", || async {
+        capkr_testenv::http_get(health, "/readyz")
+            .await
+            .is_ok_and(|r| r.status == 200)
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     assert!(src.manager.is_running(), "the source manager runs");
     let now = vms.list(&ListParams::default()).await.unwrap().items;
