@@ -491,7 +491,9 @@ async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
     let group_provider = |group: &str| match group {
         "bootstrap.cluster.x-k8s.io" => Some("bootstrap-kubeadm"),
         "controlplane.cluster.x-k8s.io" => Some("control-plane-kubeadm"),
-        g if g.ends_with("cluster.x-k8s.io") && !g.starts_with("infrastructure.") => Some("cluster-api"),
+        "cluster.x-k8s.io" | "addons.cluster.x-k8s.io" | "runtime.cluster.x-k8s.io" | "ipam.cluster.x-k8s.io" => {
+            Some("cluster-api")
+        }
         _ => None,
     };
     for env in envs {
