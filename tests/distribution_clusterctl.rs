@@ -336,15 +336,7 @@ async fn every_generated_flavor_passes_a_server_side_dry_run_with_capi_webhooks(
 /// CAPI's components for a local repository, built the way CAPI's `make release-manifests`
 /// does (`kustomize build <provider>/config/default`) from the pinned module's sources.
 fn capi_components(repo: &LocalRepo) -> Vec<(&'static str, &'static str, PathBuf)> {
-    let capi_tools = root().join("tests/tools/capi");
-    let out = run_ok(
-        Command::new("go")
-            .args(["mod", "download", "-json", "sigs.k8s.io/cluster-api"])
-            .current_dir(&capi_tools),
-    );
-    let module: Value = serde_json::from_slice(&out.stdout).expect("go mod download -json");
-    let dir = PathBuf::from(module["Dir"].as_str().expect("module dir"));
-    let version = module["Version"].as_str().unwrap().to_string();
+    let (dir, version) = capi_module();
     let mut providers = Vec::new();
     for (name, typ, label, config, file) in [
         (
@@ -377,40 +369,6 @@ fn capi_components(repo: &LocalRepo) -> Vec<(&'static str, &'static str, PathBuf
     }
     providers
 }
-
-/// cert-manager's API as far as `clusterctl init` uses it: it creates a test Issuer and
-/// Certificate (and the providers' own) — nothing needs to act on them here.
-const CERT_MANAGER_STUB_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: issuers.cert-manager.io
-spec:
-  group: cert-manager.io
-  names: {kind: Issuer, listKind: IssuerList, plural: issuers, singular: issuer}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: certificates.cert-manager.io
-spec:
-  group: cert-manager.io
-  names: {kind: Certificate, listKind: CertificateList, plural: certificates, singular: certificate}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repository() {

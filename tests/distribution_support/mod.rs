@@ -151,3 +151,51 @@ pub fn documented_variables(heading: &str) -> Vec<String> {
     names.sort();
     names
 }
+
+/// cert-manager's API as far as `clusterctl init` uses it: it creates a test Issuer and
+/// Certificate (and the providers' own) — nothing needs to act on them here.
+pub const CERT_MANAGER_STUB_CRDS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: issuers.cert-manager.io
+spec:
+  group: cert-manager.io
+  names: {kind: Issuer, listKind: IssuerList, plural: issuers, singular: issuer}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+---
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: certificates.cert-manager.io
+spec:
+  group: cert-manager.io
+  names: {kind: Certificate, listKind: CertificateList, plural: certificates, singular: certificate}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+/// The source dir and version of the pinned Cluster API module (`tests/tools/capi`), from the
+/// Go module cache.
+pub fn capi_module() -> (PathBuf, String) {
+    let out = run_ok(
+        Command::new("go")
+            .args(["mod", "download", "-json", "sigs.k8s.io/cluster-api"])
+            .current_dir(root().join("tests/tools/capi")),
+    );
+    let module: Value = serde_json::from_slice(&out.stdout).expect("go mod download -json");
+    let dir = PathBuf::from(module["Dir"].as_str().expect("module dir"));
+    let version = module["Version"].as_str().expect("module version").to_string();
+    (dir, version)
+}

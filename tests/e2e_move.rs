@@ -1,0 +1,579 @@
+//! Move: the real `clusterctl move` of a running cluster between two management clusters that
+//! share one Kairon API, with the provider installed each way a user installs it — by
+//! `clusterctl init` from the release components, and by `helm install` of the chart.
+//!
+//! Three API servers: the source and the target management clusters (each an `Env` with CAPI
+//! core, CABPK and KCP running), and the Kairon API the simulator serves, which both managers
+//! reach with `--kairon-kubeconfig`. On each management cluster the provider's CRDs, RBAC and
+//! Deployment come only from the installation under test (the environment's own copies of our
+//! CRDs are removed first); the Deployment cannot run without kubelets, so its manager runs as
+//! a process with the Deployment's flags, acting as the installed ServiceAccount. CAPI's
+//! providers are registered in clusterctl's inventory the way `clusterctl init` leaves them
+//! (a `Provider` each, the clusterctl labels on their CRDs), their controllers running as the
+//! environment runs them.
+
+mod common;
+mod distribution_support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use capkr::api::KaironMachine;
+use capkr::kairon::{self, labels};
+use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, capi_resource, merged_args, wait_for};
+use common::{default_sim_args, km_ready};
+use distribution_support::{CERT_MANAGER_STUB_CRDS, LocalRepo, VERSION, capi_module, run_ok, stdout};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const UP: Duration = Duration::from_secs(240);
+const NS: &str = "moved";
+const CLUSTER: &str = "c1";
+const PROVIDER_NS: &str = "capkr-system";
+const SA: &str = "system:serviceaccount:capkr-system:capkr-manager";
+/// Our CRDs, which the environment installs from `config/crd/bases` and the test removes so
+/// that the installation under test provides them.
+const OUR_CRDS: [&str; 4] = [
+    "kaironclusters.infrastructure.cluster.x-k8s.io",
+    "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+    "kaironmachines.infrastructure.cluster.x-k8s.io",
+    "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Install {
+    /// `clusterctl init --infrastructure kairon` from the release components.
+    Clusterctl,
+    /// `helm install` of `charts/cluster-api-provider-kairon`.
+    Helm,
+}
+
+/// Move with the provider installed by `clusterctl init`: the target owns every VM afterwards,
+/// the restarted source manager deletes none, and scaling and deletion work on the target.
+#[tokio::test(flavor = "multi_thread")]
+async fn clusterctl_move_with_clusterctl_init_components_hands_every_vm_to_the_target() {
+    move_between_management_clusters(Install::Clusterctl).await;
+}
+
+/// Move with the provider installed from the Helm chart (no inventory entry of its own: only
+/// the chart's CRD labels let clusterctl find our kinds), the same outcome.
+#[tokio::test(flavor = "multi_thread")]
+async fn clusterctl_move_with_the_helm_chart_hands_every_vm_to_the_target() {
+    move_between_management_clusters(Install::Helm).await;
+}
+
+/// One management cluster: its environment, the manager running with the installed
+/// ServiceAccount's identity, and its identity on Kairon.
+struct Management {
+    env: Env,
+    manager: Process,
+    /// `--management-cluster-id`'s default: the UID of `kube-system`.
+    id: String,
+}
+
+impl Management {
+    fn machines(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.env.client(), NS, &capi_resource("Machine", "machines"))
+    }
+    fn clusters(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(self.env.client(), NS, &capi_resource("Cluster", "clusters"))
+    }
+    fn kms(&self) -> Api<KaironMachine> {
+        Api::namespaced(self.env.client(), NS)
+    }
+}
+
+async fn move_between_management_clusters(install: Install) {
+    let t0 = Instant::now();
+    let name = match install {
+        Install::Clusterctl => "move-clusterctl",
+        Install::Helm => "move-helm",
+    };
+    let repo = LocalRepo::new();
+    let (kairon_env, src_env, dst_env) = tokio::join!(
+        Env::start(EnvOptions::new(format!("{name}-kairon")).capi_managers(CapiManagers::NONE)),
+        Env::start(EnvOptions::new(format!("{name}-source"))),
+        Env::start(EnvOptions::new(format!("{name}-target"))),
+    );
+    let kairon_env = kairon_env.expect("the Kairon API server");
+    let (src_env, dst_env) = (
+        src_env.expect("source environment"),
+        dst_env.expect("target environment"),
+    );
+    eprintln!("three API servers up in {:.1}s", t0.elapsed().as_secs_f64());
+
+    register_capi_providers(&repo, &[&src_env, &dst_env]).await;
+    let src_id = kube_system_uid(&src_env).await;
+    for (env, adopt_from) in [(&src_env, None), (&dst_env, Some(src_id.as_str()))] {
+        remove_our_crds(env).await;
+        match install {
+            Install::Clusterctl => clusterctl_init(&repo, env),
+            Install::Helm => helm_install(&repo, env, adopt_from),
+        }
+    }
+    eprintln!("provider installed ({install:?}) at {:.1}s", t0.elapsed().as_secs_f64());
+
+    // The Kairon API: the namespace of the cluster's VMs, and the simulator with its way into
+    // the workload cluster (what a guest's kubelet gets from its bootstrap data), given here
+    // once so that it does not depend on which management cluster holds CAPI's Secrets.
+    kairon_env.create_namespace(NS).await.unwrap();
+    src_env.create_namespace(NS).await.unwrap();
+    let workload = src_env.workload_cluster(NS, CLUSTER).await.expect("workload cluster");
+    let workload_kubeconfig = std::fs::read(workload.kubeconfig_path()).unwrap();
+    let sim_secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": format!("{CLUSTER}-kubeconfig"), "namespace": NS},
+        "data": {"value": k8s_openapi::ByteString(workload_kubeconfig)},
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(kairon_env.client(), NS)
+        .create(&PostParams::default(), &sim_secret)
+        .await
+        .unwrap();
+    let _sim = kairon_env.start_simulator(default_sim_args()).expect("simulator");
+
+    let src = start_management(src_env, kairon_env.kubeconfig_path(), install, None).await;
+    let dst = start_management(dst_env, kairon_env.kubeconfig_path(), install, Some(&src_id)).await;
+    assert_ne!(src.id, dst.id, "two management clusters, two identities");
+    let vms: Api<kairon::Machine> = Api::namespaced(kairon_env.client(), NS);
+
+    // A running cluster on the source: one control-plane Machine, two workers.
+    let shape = ClusterOptions {
+        workers: 2,
+        ..Default::default()
+    };
+    src.env
+        .apply(
+            &cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape),
+            Some(NS),
+        )
+        .await
+        .expect("cluster objects apply");
+    wait_running(&src, 3).await;
+    let before = vm_uids(&vms).await;
+    assert_eq!(before.len(), 3, "one VM per Machine: {before:?}");
+    for vm in vms.list(&ListParams::default()).await.unwrap() {
+        assert_eq!(
+            vm.labels().get(labels::MANAGEMENT_CLUSTER),
+            Some(&src.id),
+            "created by the source"
+        );
+    }
+    eprintln!("cluster running on the source at {:.1}s", t0.elapsed().as_secs_f64());
+
+    // The move, with the real clusterctl.
+    let moved_at = Instant::now();
+    let out = run_ok(
+        repo.clusterctl()
+            .arg("move")
+            .arg("--kubeconfig")
+            .arg(src.env.kubeconfig_path())
+            .arg("--to-kubeconfig")
+            .arg(dst.env.kubeconfig_path())
+            .args(["--namespace", NS, "-v", "1"]),
+    );
+    eprintln!(
+        "clusterctl move took {:.1}s:\n{}{}",
+        moved_at.elapsed().as_secs_f64(),
+        stdout(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Nothing of the cluster is left on the source; on the target every KaironMachine adopts
+    // the VM it had, and no VM was deleted or duplicated.
+    let left = (
+        src.clusters().list(&ListParams::default()).await.unwrap().items.len(),
+        src.machines().list(&ListParams::default()).await.unwrap().items.len(),
+        src.kms().list(&ListParams::default()).await.unwrap().items.len(),
+    );
+    assert_eq!(
+        left,
+        (0, 0, 0),
+        "(Clusters, Machines, KaironMachines) left on the source"
+    );
+    let adopted = wait("the target's KaironMachines Ready on the VMs they had", || async {
+        let kms = dst.kms().list(&ListParams::default()).await?.items;
+        let vms = vms.list(&ListParams::default()).await?.items;
+        let ready = kms.len() == 3 && kms.iter().all(|k| km_ready(k).is_some_and(|(s, _)| s == "True"));
+        let owned = vms.iter().all(|v| {
+            let uid_label = v.labels().get(labels::KAIRONMACHINE_UID);
+            kms.iter()
+                .any(|k| k.metadata.uid.as_ref() == uid_label && k.name_any() == v.name_any())
+                && v.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&dst.id)
+        });
+        Ok::<_, kube::Error>((ready && owned).then_some(kms))
+    })
+    .await;
+    eprintln!(
+        "target owns every VM {:.1}s after the move started",
+        moved_at.elapsed().as_secs_f64()
+    );
+    assert_eq!(vm_uids(&vms).await, before, "the same VMs, none deleted or duplicated");
+    for km in &adopted {
+        let vm = &before[&km.name_any()];
+        assert_eq!(
+            km.spec.provider_id.as_deref(),
+            Some(format!("kairon://{vm}").as_str()),
+            "{}: providerID names the same VM",
+            km.name_any()
+        );
+    }
+    let adoptions = Api::<Event>::namespaced(dst.env.client(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("InstanceAdopted"))
+        .count();
+    assert_eq!(
+        adoptions, 3,
+        "one InstanceAdopted event per KaironMachine on the target"
+    );
+    wait_running(&dst, 3).await;
+
+    // The source's manager, restarted, finds nothing to act on and deletes nothing: once ready
+    // (its caches listed everything), it is given time to act on what it found.
+    src.manager.restart().await.unwrap();
+    let health = common::port_of(&src.manager, "--health-addr");
+    wait("the restarted source manager ready", || async {
+        capkr_testenv::http_get(health, "/readyz")
+            .await
+            .is_ok_and(|r| r.status == 200)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(src.manager.is_running(), "the source manager runs");
+    let now = vms.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        now.iter().all(|v| v.metadata.deletion_timestamp.is_none()),
+        "no VM is being deleted"
+    );
+    assert_eq!(
+        vm_uids(&vms).await,
+        before,
+        "the restarted source manager deleted nothing"
+    );
+    let src_log = std::fs::read_to_string(src.manager.log_path()).unwrap_or_default();
+    assert!(
+        !src_log.contains("deleting Kairon Machine"),
+        "the source manager deleted a VM:\n{src_log}"
+    );
+
+    // Scaling on the target, up and down.
+    scale(&dst, 3).await;
+    settle(&dst, &vms, 4).await;
+    scale(&dst, 1).await;
+    settle(&dst, &vms, 2).await;
+    let kept: Vec<String> = vm_uids(&vms).await.into_values().collect();
+    assert!(
+        kept.iter().filter(|u| before.values().any(|b| b == *u)).count() >= 1,
+        "the control-plane VM from before the move is still there"
+    );
+
+    // Deleting the cluster on the target deletes every VM.
+    dst.clusters().delete(CLUSTER, &DeleteParams::default()).await.unwrap();
+    wait("the Cluster, its KaironMachines and every VM gone", || async {
+        Ok::<_, kube::Error>(
+            dst.clusters().get_opt(CLUSTER).await?.is_none()
+                && dst.kms().list(&ListParams::default()).await?.items.is_empty()
+                && vms.list(&ListParams::default()).await?.items.is_empty(),
+        )
+    })
+    .await;
+    for m in [&src, &dst] {
+        let log = std::fs::read_to_string(m.manager.log_path()).unwrap_or_default();
+        assert!(
+            !log.to_lowercase().contains("forbidden"),
+            "a manager was refused something with the installed RBAC:\n{log}"
+        );
+    }
+    eprintln!("done in {:.1}s", t0.elapsed().as_secs_f64());
+}
+
+async fn wait<T, R, F, Fut>(what: &str, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = R>,
+    R: capkr_testenv::Outcome<T>,
+{
+    wait_for(what, UP, check).await.unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// Kairon Machines' UIDs by name.
+async fn vm_uids(vms: &Api<kairon::Machine>) -> BTreeMap<String, String> {
+    vms.list(&ListParams::default())
+        .await
+        .expect("list Kairon Machines")
+        .items
+        .into_iter()
+        .map(|v| (v.name_any(), v.metadata.uid.unwrap_or_default()))
+        .collect()
+}
+
+/// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
+async fn wait_running(m: &Management, n: usize) {
+    let machines = m.machines();
+    wait(&format!("{n} Machines Running on {}", m.env.name()), || async {
+        let list = machines.list(&ListParams::default()).await?.items;
+        Ok::<_, kube::Error>(
+            list.len() == n
+                && list.iter().all(|m| {
+                    m.metadata.deletion_timestamp.is_none()
+                        && m.data["status"]["phase"] == "Running"
+                        && m.data["status"]["nodeRef"]["name"].is_string()
+                }),
+        )
+    })
+    .await;
+}
+
+async fn scale(m: &Management, replicas: usize) {
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        m.env.client(),
+        NS,
+        &capi_resource("MachineDeployment", "machinedeployments"),
+    );
+    mds.patch(
+        &format!("{CLUSTER}-md-0"),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+    )
+    .await
+    .expect("scale the MachineDeployment");
+}
+
+/// `n` Machines running, exactly `n` VMs, each carrying the UID of the KaironMachine of its name
+/// and the target's identity.
+async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize) {
+    wait_running(m, n).await;
+    wait(&format!("{n} VMs, one per KaironMachine"), || async {
+        let kms = m.kms().list(&ListParams::default()).await?.items;
+        let vms = vms.list(&ListParams::default()).await?.items;
+        Ok::<_, kube::Error>(
+            kms.len() == n
+                && vms.len() == n
+                && vms.iter().all(|v| {
+                    kms.iter().any(|k| {
+                        k.name_any() == v.name_any()
+                            && k.metadata.uid.as_ref() == v.labels().get(labels::KAIRONMACHINE_UID)
+                    }) && v.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&m.id)
+                }),
+        )
+    })
+    .await;
+}
+
+async fn kube_system_uid(env: &Env) -> String {
+    Api::<Namespace>::all(env.client())
+        .get("kube-system")
+        .await
+        .expect("kube-system")
+        .metadata
+        .uid
+        .expect("a UID")
+}
+
+/// The manager of a management cluster as its installation runs it: the installed
+/// Deployment's flags (the listen addresses aside, picked free), acting as the installed
+/// ServiceAccount, reaching Kairon with `--kairon-kubeconfig`. The target adopts from the
+/// source: with the chart through its value `managementCluster.adoptFrom`; the clusterctl
+/// components have no variable for it, so the flag is added as a user adds it to the
+/// Deployment.
+async fn start_management(
+    env: Env,
+    kairon_kubeconfig: &Path,
+    install: Install,
+    adopt_from: Option<&str>,
+) -> Management {
+    let deployments = Api::<Deployment>::namespaced(env.client(), PROVIDER_NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(deployments.len(), 1, "one Deployment installed in {PROVIDER_NS}");
+    let container = deployments[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .map(|s| s.containers[0].clone())
+        .expect("a container");
+    let mut args: Vec<String> = container
+        .args
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|a| !a.starts_with("--health-addr") && !a.starts_with("--metrics-bind-address"))
+        .collect();
+    if let (Install::Clusterctl, Some(id)) = (install, adopt_from) {
+        args.push(format!("--adopt-from-management-clusters={id}"));
+    }
+    let adopting = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--adopt-from-management-clusters="));
+    assert_eq!(adopting, adopt_from, "the manager's --adopt-from-management-clusters");
+    let kubeconfig = env.impersonating_kubeconfig(SA, "capkr-manager-sa.kubeconfig").unwrap();
+    let args = merged_args(
+        args,
+        &[
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--kairon-kubeconfig={}", kairon_kubeconfig.display()),
+        ],
+    );
+    let manager = env.start_manager(args).expect("manager");
+    let id = kube_system_uid(&env).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        manager.is_running(),
+        "{} exited:\n{}",
+        manager.name(),
+        manager.log_tail(30)
+    );
+    Management { env, manager, id }
+}
+
+async fn remove_our_crds(env: &Env) {
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client());
+    for name in OUR_CRDS {
+        crds.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+    wait("the environment's copies of our CRDs gone", || async {
+        for name in OUR_CRDS {
+            if crds.get_opt(name).await?.is_some() {
+                return Ok::<_, kube::Error>(false);
+            }
+        }
+        Ok(true)
+    })
+    .await;
+}
+
+/// What `clusterctl init` leaves of CAPI's core, kubeadm bootstrap and kubeadm control-plane
+/// providers besides their Deployments (their controllers run as processes here): the
+/// inventory, and the clusterctl labels on their CRDs, by which `clusterctl move` finds the
+/// kinds to move. The local repository gets their `metadata.yaml`, which `clusterctl init`
+/// reads for the management cluster's contract.
+async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
+    let (module, version) = capi_module();
+    let providers = [
+        ("cluster-api", "CoreProvider", "cluster-api", "core-components.yaml"),
+        (
+            "kubeadm",
+            "BootstrapProvider",
+            "bootstrap-kubeadm",
+            "bootstrap-components.yaml",
+        ),
+        (
+            "kubeadm",
+            "ControlPlaneProvider",
+            "control-plane-kubeadm",
+            "control-plane-components.yaml",
+        ),
+    ];
+    let mut extra: Vec<(&str, &str, PathBuf)> = Vec::new();
+    for (name, typ, label, file) in providers {
+        let dir = repo.version_dir(label, &version);
+        std::fs::copy(module.join("metadata.yaml"), dir.join("metadata.yaml")).unwrap();
+        // Never installed from here: the providers are registered as installed.
+        std::fs::write(dir.join(file), "").unwrap();
+        extra.push((name, typ, dir.join(file)));
+    }
+    repo.write_config(&extra);
+
+    let inventory_crd =
+        std::fs::read_to_string(module.join("cmd/clusterctl/config/manifest/clusterctl-api.yaml")).unwrap();
+    let group_provider = |group: &str| match group {
+        "bootstrap.cluster.x-k8s.io" => Some("bootstrap-kubeadm"),
+        "controlplane.cluster.x-k8s.io" => Some("control-plane-kubeadm"),
+        "cluster.x-k8s.io" | "addons.cluster.x-k8s.io" | "runtime.cluster.x-k8s.io" | "ipam.cluster.x-k8s.io" => {
+            Some("cluster-api")
+        }
+        _ => None,
+    };
+    for env in envs {
+        env.apply(&inventory_crd, None).await.expect("the inventory CRD");
+        env.apply(CERT_MANAGER_STUB_CRDS, None)
+            .await
+            .expect("cert-manager stub CRDs");
+        for (name, typ, label, _) in providers {
+            let ns = format!("{label}-system");
+            env.create_namespace(&ns).await.unwrap();
+            let provider = json!({
+                "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
+                "kind": "Provider",
+                "metadata": {"name": label, "namespace": ns, "labels": {
+                    "clusterctl.cluster.x-k8s.io": "",
+                    "clusterctl.cluster.x-k8s.io/core": "inventory",
+                    "cluster.x-k8s.io/provider": label,
+                }},
+                "providerName": name,
+                "type": typ,
+                "version": version,
+            });
+            let yaml = serde_json::to_string(&provider).unwrap();
+            wait("the inventory CRD served", || async {
+                env.apply(&yaml, None).await.is_ok()
+            })
+            .await;
+        }
+        let crds: Api<CustomResourceDefinition> = Api::all(env.client());
+        for crd in crds.list(&ListParams::default()).await.unwrap() {
+            if let Some(label) = group_provider(&crd.spec.group) {
+                let patch = json!({"metadata": {"labels": {
+                    "clusterctl.cluster.x-k8s.io": "",
+                    "cluster.x-k8s.io/provider": label,
+                }}});
+                crds.patch(&crd.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+}
+
+/// `clusterctl init --infrastructure kairon` from the local repository: only our provider is
+/// installed, CAPI's being in the inventory already.
+fn clusterctl_init(repo: &LocalRepo, env: &Env) {
+    let started = Instant::now();
+    let mut cmd = repo.clusterctl();
+    cmd.env("KUBECONFIG", env.kubeconfig_path())
+        .args(["init", "--infrastructure"])
+        .arg(format!("kairon:{VERSION}"));
+    let out = run_ok(&mut cmd);
+    eprintln!(
+        "clusterctl init on {} took {:.1}s",
+        env.name(),
+        started.elapsed().as_secs_f64()
+    );
+    let text = format!("{}{}", stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("infrastructure-kairon"), "{text}");
+    assert!(
+        !text.contains("provider=\"cluster-api\""),
+        "only kairon is installed: {text}"
+    );
+}
+
+/// `helm install` of the chart into `capkr-system`, with `managementCluster.adoptFrom` on the
+/// target.
+fn helm_install(repo: &LocalRepo, env: &Env, adopt_from: Option<&str>) {
+    let home = repo.path().join(format!("helm-{}", env.name()));
+    let mut cmd = Command::new(&env.binaries().helm);
+    cmd.env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .arg("install")
+        .arg("capkr")
+        .arg(distribution_support::root().join("charts/cluster-api-provider-kairon"))
+        .args(["--namespace", PROVIDER_NS, "--create-namespace", "--kubeconfig"])
+        .arg(env.kubeconfig_path());
+    if let Some(id) = adopt_from {
+        cmd.args(["--set", &format!("managementCluster.adoptFrom={{{id}}}")]);
+    }
+    run_ok(&mut cmd);
+}
