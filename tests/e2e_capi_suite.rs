@@ -118,6 +118,32 @@ fn write_taint_flavors(assets: &Path) {
     std::fs::write(assets.join("cluster-template-topology-taints.yaml"), topology).expect("writing a flavor");
 }
 
+/// The flavor the MachineDeployment remediation spec runs: the shipped `md-remediation` flavor
+/// whose MachineHealthCheck also takes upstream's test condition (`e2e.remediation.condition`
+/// False for 10 s) and remediates however many workers are unhealthy, as upstream's own
+/// `md-remediation` flavor does. The spec sets the first unhealthy condition of the
+/// MachineHealthCheck on the Node of its one worker and waits 5 minutes for the remediation:
+/// the shipped conditions (Ready Unknown or False for 300 s) would take all of that before
+/// remediation starts, and the shipped limit (at most 40% of the workers unhealthy) stops it
+/// for a single worker.
+fn write_md_remediation_flavor(assets: &Path) {
+    let shipped = std::fs::read_to_string(assets.join("cluster-template-md-remediation.yaml"))
+        .unwrap_or_else(|e| panic!("reading cluster-template-md-remediation.yaml from the release assets: {e}"));
+    let flavor = insert_after(
+        &shipped,
+        "    unhealthyNodeConditions:\n",
+        "      - type: e2e.remediation.condition\n        status: \"False\"\n        timeoutSeconds: 10\n",
+    );
+    let limit = "      unhealthyLessThanOrEqualTo: 40%\n";
+    assert_eq!(
+        flavor.matches(limit).count(),
+        1,
+        "the shipped md-remediation flavor limits remediation to 40%"
+    );
+    let flavor = flavor.replacen(limit, "      unhealthyLessThanOrEqualTo: 100%\n", 1);
+    std::fs::write(assets.join("cluster-template-md-remediation-e2e.yaml"), flavor).expect("writing a flavor");
+}
+
 /// The script upstream's `kcp-remediation` flavor runs before kubeadm on each control-plane
 /// VM: it polls the spec's `mhc-test` ConfigMap on the management cluster (with the token
 /// and address the spec passes as variables) until the spec says `pass`, then acknowledges.
@@ -546,6 +572,7 @@ async fn run_specs(half: u32, labels: &str) {
     let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
     write_taint_flavors(&assets);
     write_kcp_remediation_flavor(&assets);
+    write_md_remediation_flavor(&assets);
     write_kcp_adoption_flavor(&assets);
     write_kcp_only_flavor(&assets);
     let config = dir.join("e2e-config.yaml");

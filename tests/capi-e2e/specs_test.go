@@ -47,7 +47,9 @@ var _ = Describe("When testing MachineDeployment remediation", Label("md-remedia
 			BootstrapClusterProxy: bootstrapClusterProxy,
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
-			Flavor:                ptr.To("md-remediation"),
+			// The shipped md-remediation flavor with upstream's test condition in its
+			// MachineHealthCheck (tests/e2e_capi_suite.rs writes it).
+			Flavor: ptr.To("md-remediation-e2e"),
 		}
 	})
 })
