@@ -48,6 +48,7 @@ pub(crate) struct Endpoint {
     pub instances: Instances,
     pub store: Store<kairon::Machine>,
     pub synced: Synced,
+    namespace: String,
     problem: Arc<Mutex<Option<String>>>,
 }
 
@@ -58,14 +59,31 @@ impl Endpoint {
     }
 
     /// Waits (a while) for the first list; then whether the endpoint can be used, or why not.
+    /// A problem the watch reported is checked again with a request of our own: a watch that
+    /// resumed says nothing until a Kairon Machine changes.
     pub(crate) async fn ready(&self) -> Result<(), String> {
         let synced = Synced::all(std::slice::from_ref(&self.synced));
-        match tokio::time::timeout(FIRST_LIST_WAIT, synced).await {
-            Ok(Ok(())) => self.problem().map_or(Ok(()), Err),
-            _ => Err(self
+        if !matches!(tokio::time::timeout(FIRST_LIST_WAIT, synced).await, Ok(Ok(()))) {
+            return Err(self
                 .problem()
-                .unwrap_or_else(|| "no answer from the Kairon API yet".into())),
+                .unwrap_or_else(|| "no answer from the Kairon API yet".into()));
         }
+        if self.problem().is_none() {
+            return Ok(());
+        }
+        let api = self.instances.api(Some(&self.namespace));
+        let lp = kube::api::ListParams::default().limit(1);
+        let probe = api.list_metadata(&lp);
+        let why = match tokio::time::timeout(FIRST_LIST_WAIT, probe).await {
+            Ok(Ok(_)) => {
+                *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                return Ok(());
+            }
+            Ok(Err(e)) => format!("the Kairon API cannot be read: {e}"),
+            Err(_) => "the Kairon API does not answer".to_string(),
+        };
+        *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+        Err(why)
     }
 }
 
@@ -295,6 +313,7 @@ impl Endpoints {
             instances,
             store,
             synced,
+            namespace: key.0.clone(),
             problem,
         };
         (endpoint, task.abort_handle())
