@@ -35,6 +35,9 @@ use crate::kairon::{self, Instances, Owner, labels};
 pub(crate) const RECHECK: Duration = Duration::from_secs(30);
 /// How long a reconcile waits for an endpoint's first list before reporting it unavailable.
 const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
+/// How often a known problem of an endpoint is checked again by a reconcile, and for how long.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// An identity Secret: namespace and name.
 pub(crate) type IdentityKey = (String, String);
@@ -50,6 +53,8 @@ pub(crate) struct Endpoint {
     pub synced: Synced,
     namespace: String,
     problem: Arc<Mutex<Option<String>>>,
+    /// When a known problem was last checked with a request of our own.
+    probed: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Endpoint {
@@ -61,24 +66,40 @@ impl Endpoint {
     /// Waits (a while) for the first list; then whether the endpoint can be used, or why not.
     /// A problem the watch reported is checked again with a request of our own: a watch that
     /// resumed says nothing until a Kairon Machine changes.
+    ///
+    /// A known problem is answered at once (and probed at most every [`PROBE_EVERY`], for at
+    /// most [`PROBE_TIMEOUT`]): reconciles of a broken endpoint's machines must not hold the
+    /// controller's workers that other clusters need.
     pub(crate) async fn ready(&self) -> Result<(), String> {
-        let synced = Synced::all(std::slice::from_ref(&self.synced));
-        if !matches!(tokio::time::timeout(FIRST_LIST_WAIT, synced).await, Ok(Ok(()))) {
-            return Err(self
-                .problem()
-                .unwrap_or_else(|| "no answer from the Kairon API yet".into()));
+        let known = self.problem();
+        if let Some(why) = &known {
+            let mut probed = self.probed.lock().unwrap_or_else(|e| e.into_inner());
+            if probed.is_some_and(|at| at.elapsed() < PROBE_EVERY) {
+                return Err(why.clone());
+            }
+            *probed = Some(Instant::now());
         }
-        if self.problem().is_none() {
-            return Ok(());
+        if known.is_none() {
+            let synced = Synced::all(std::slice::from_ref(&self.synced));
+            if !matches!(tokio::time::timeout(FIRST_LIST_WAIT, synced).await, Ok(Ok(()))) {
+                return Err(self
+                    .problem()
+                    .unwrap_or_else(|| "no answer from the Kairon API yet".into()));
+            }
+            if self.problem().is_none() {
+                return Ok(());
+            }
         }
         let api = self.instances.api(Some(&self.namespace));
         let lp = kube::api::ListParams::default().limit(1);
         let probe = api.list_metadata(&lp);
-        let why = match tokio::time::timeout(FIRST_LIST_WAIT, probe).await {
-            Ok(Ok(_)) => {
+        let why = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            // The list succeeded; the cache is usable once the watch has listed too.
+            Ok(Ok(_)) if self.synced.is_synced() => {
                 *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 return Ok(());
             }
+            Ok(Ok(_)) => "the Kairon API answers; waiting for the first list of its Kairon Machines".to_string(),
             Ok(Err(e)) => format!("the Kairon API cannot be read: {e}"),
             Err(_) => "the Kairon API does not answer".to_string(),
         };
@@ -315,6 +336,7 @@ impl Endpoints {
             synced,
             namespace: key.0.clone(),
             problem,
+            probed: Arc::default(),
         };
         (endpoint, task.abort_handle())
     }
