@@ -250,18 +250,8 @@ impl Endpoints {
         let bad = |why: &str| EndpointError::BadKubeconfig(what.to_string(), why.to_string());
         let text = std::str::from_utf8(bytes).map_err(|_| bad("the kubeconfig is not UTF-8"))?;
         let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| bad("the kubeconfig cannot be parsed"))?;
-        for auth in kubeconfig.auth_infos.iter().filter_map(|a| a.auth_info.as_ref()) {
-            if auth.exec.is_some() || auth.auth_provider.is_some() {
-                return Err(bad("exec plugins and auth providers are not allowed"));
-            }
-            if auth.token_file.is_some() || auth.client_certificate.is_some() || auth.client_key.is_some() {
-                return Err(bad("file paths are not allowed; embed the data"));
-            }
-        }
-        for cluster in kubeconfig.clusters.iter().filter_map(|c| c.cluster.as_ref()) {
-            if cluster.certificate_authority.is_some() {
-                return Err(bad("file paths are not allowed; embed the data"));
-            }
+        if let Some(why) = refusal(&kubeconfig) {
+            return Err(bad(why));
         }
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
@@ -368,6 +358,25 @@ impl Endpoints {
     }
 }
 
+/// Why a kubeconfig from an identity Secret is refused, if it is: anything that would make the
+/// manager run a command or read a file of its own.
+fn refusal(kubeconfig: &Kubeconfig) -> Option<&'static str> {
+    for auth in kubeconfig.auth_infos.iter().filter_map(|a| a.auth_info.as_ref()) {
+        if auth.exec.is_some() || auth.auth_provider.is_some() {
+            return Some("exec plugins and auth providers are not allowed");
+        }
+        if auth.token_file.is_some() || auth.client_certificate.is_some() || auth.client_key.is_some() {
+            return Some("file paths are not allowed; embed the data");
+        }
+    }
+    let files = kubeconfig
+        .clusters
+        .iter()
+        .filter_map(|c| c.cluster.as_ref())
+        .any(|c| c.certificate_authority.is_some());
+    files.then_some("file paths are not allowed; embed the data")
+}
+
 /// The identities named by KaironClusters and recorded on KaironMachines.
 pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMachine>) -> HashSet<IdentityKey> {
     let of_clusters = kcs.state().into_iter().filter_map(|kc| {
@@ -396,5 +405,61 @@ pub(crate) async fn sweep_every(
             _ = tokio::time::sleep(period) => {}
         }
         endpoints.sweep(&identities_in_use(&kcs, &kms)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfigs_that_run_commands_or_read_files_are_refused() {
+        let kubeconfig = |user: &str, cluster: &str| {
+            Kubeconfig::from_yaml(&format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://kairon:6443\n{cluster}\
+                 users:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context: {{cluster: k, user: u}}\ncurrent-context: c\n"
+            ))
+            .unwrap()
+        };
+        let cases = [
+            ("embedded token", "    token: abc\n", "", None),
+            (
+                "embedded certificate",
+                "    client-certificate-data: YQ==\n    client-key-data: YQ==\n",
+                "    certificate-authority-data: YQ==\n",
+                None,
+            ),
+            (
+                "exec plugin",
+                "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh\n",
+                "",
+                Some("exec"),
+            ),
+            (
+                "token file",
+                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+                "",
+                Some("file paths"),
+            ),
+            (
+                "certificate file",
+                "    client-certificate: /etc/cert\n    client-key: /etc/key\n",
+                "",
+                Some("file paths"),
+            ),
+            (
+                "CA file",
+                "    token: abc\n",
+                "    certificate-authority: /etc/ca.crt\n",
+                Some("file paths"),
+            ),
+        ];
+        for (name, user, cluster, want) in cases {
+            let got = refusal(&kubeconfig(user, cluster));
+            match want {
+                None => assert_eq!(got, None, "{name}"),
+                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{name}: {got:?}"),
+            }
+        }
     }
 }
