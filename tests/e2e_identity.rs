@@ -211,14 +211,17 @@ async fn two_clusters_on_two_kairon_apis_through_identities() {
     let kairon_a = rig.env.kairon_api(&rig.ns, "kairon-a").await.expect("Kairon API a");
     let kairon_b = rig.env.kairon_api(&rig.ns, "kairon-b").await.expect("Kairon API b");
     let mut forwarder_a = Forwarder::start(kairon_a.port).await;
-    for api in [&kairon_a, &kairon_b] {
-        let args = merged_args(
-            default_sim_args(),
-            &[format!("--kairon-kubeconfig={}", api.kubeconfig_path().display())],
-        );
-        let sim = rig.env.start_simulator(args).expect("simulator");
-        std::mem::forget(sim); // stopped with the environment
-    }
+    // One simulator per Kairon API; they stop when dropped at the end of the test.
+    let _sims: Vec<_> = [&kairon_a, &kairon_b]
+        .into_iter()
+        .map(|api| {
+            let args = merged_args(
+                default_sim_args(),
+                &[format!("--kairon-kubeconfig={}", api.kubeconfig_path().display())],
+            );
+            rig.env.start_simulator(args).expect("simulator")
+        })
+        .collect();
     let c2 = rig.env.workload_cluster(&rig.ns, "c2").await.expect("workload c2");
     let secrets: Api<Secret> = Api::namespaced(rig.env.client(), &rig.ns);
     let a_kubeconfig = kubeconfig(&kairon_a, Some(forwarder_a.port));
