@@ -326,7 +326,7 @@ struct Limits {
 }
 
 async fn client_from(path: &str, identity: &str, limits: Option<&Limits>) -> Result<Client> {
-    let mut config = if path.is_empty() {
+    let config = if path.is_empty() {
         kube::Config::infer()
             .await
             .context("no kubeconfig and not running in a cluster")?
@@ -336,6 +336,11 @@ async fn client_from(path: &str, identity: &str, limits: Option<&Limits>) -> Res
             .await
             .with_context(|| format!("loading kubeconfig {path}"))?
     };
+    Ok(client_with(config, identity, limits)?)
+}
+
+/// A client of `config` with our User-Agent and, if given, the rate limit and request metrics.
+fn client_with(mut config: kube::Config, identity: &str, limits: Option<&Limits>) -> Result<Client, kube::Error> {
     let ua = http::HeaderValue::from_str(&format!("{USER_AGENT} ({identity})"))
         .unwrap_or_else(|_| http::HeaderValue::from_static(USER_AGENT));
     config.headers.push((http::header::USER_AGENT, ua));
@@ -463,15 +468,50 @@ pub async fn run(args: Args) -> Result<()> {
             .collect(),
     };
     info!(management_cluster = %owner.id, adopt_from = ?owner.adopt_from, "identity on Kairon");
+    // Kairon APIs of identities: each gets a client of its own, with a token bucket of its own
+    // (a busy or slow endpoint never delays another's requests).
+    let factory: controller::endpoints::ClientFactory = {
+        let (identity, qps, burst, metrics) = (
+            identity.clone(),
+            args.kube_api_qps,
+            args.kube_api_burst,
+            metrics.clone(),
+        );
+        Arc::new(move |config| {
+            let limits = Limits {
+                qps,
+                burst,
+                metrics: metrics.clone(),
+            };
+            client_with(config, &identity, Some(&limits))
+        })
+    };
+    let (triggers_tx, triggers) = futures::channel::mpsc::unbounded();
+    let endpoints = Arc::new(controller::Endpoints::new(
+        client.clone(),
+        factory,
+        owner.clone(),
+        triggers_tx,
+        telemetry.clone(),
+    ));
     let (clusters, clusters_synced, machines) = controller::kairon_machine::controller(
         client.clone(),
         Instances::new(kairon).with_owner(owner),
+        Some(controller::kairon_machine::Remote {
+            endpoints: endpoints.clone(),
+            triggers,
+        }),
         settings.clone(),
         telemetry.clone(),
         shutdown.clone(),
     );
-    let kcs =
-        controller::kairon_cluster::controller(client.clone(), settings.clone(), telemetry.clone(), shutdown.clone());
+    let kcs = controller::kairon_cluster::controller(
+        client.clone(),
+        Some(endpoints),
+        settings.clone(),
+        telemetry.clone(),
+        shutdown.clone(),
+    );
     let templates = controller::kairon_machine_template::controller(
         client,
         settings,

@@ -197,6 +197,18 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             "spec.template.spec.controlPlaneEndpoint.port",
             "between 1 and 65535",
         ),
+        (
+            "KaironCluster",
+            json!({"identityRef": {"kind": "ConfigMap", "name": "a"}}),
+            "spec.identityRef.kind",
+            "must be Secret",
+        ),
+        (
+            "KaironClusterTemplate",
+            tmpl(json!({"identityRef": {"kind": "Secret", "name": "Not A Name"}})),
+            "spec.template.spec.identityRef.name",
+            "must be a Secret name",
+        ),
     ];
     assert!(cases.len() >= 15);
     let mut failures = vec![];
@@ -245,6 +257,12 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             json!({"spec": {"controlPlaneEndpoint": {"host": "10.0.0.11"}}}),
             "spec.controlPlaneEndpoint",
             "immutable once set",
+        ),
+        (
+            &clusters,
+            json!({"spec": {"identityRef": {"kind": "Secret", "name": "kairon-site-b"}}}),
+            "spec.identityRef",
+            "immutable",
         ),
     ];
     for (api, patch, field, phrase) in updates {

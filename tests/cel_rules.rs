@@ -229,6 +229,26 @@ fn kaironcluster_rules_table() {
             json!({"failureDomains": [{"name": "a"}, {"name": "a", "controlPlane": true}]}),
             Some("failureDomains names must be unique"),
         ),
+        (
+            "identity Secret",
+            json!({"identityRef": {"kind": "Secret", "name": "kairon-site-a"}}),
+            None,
+        ),
+        (
+            "identity of another kind",
+            json!({"identityRef": {"kind": "ConfigMap", "name": "kairon-site-a"}}),
+            Some("identityRef.kind must be Secret"),
+        ),
+        (
+            "identity name not a Secret name",
+            json!({"identityRef": {"kind": "Secret", "name": "Site A"}}),
+            Some("identityRef.name must be a Secret name"),
+        ),
+        (
+            "identity name empty",
+            json!({"identityRef": {"kind": "Secret", "name": ""}}),
+            Some("identityRef.name must be a Secret name"),
+        ),
     ];
     for (name, spec, want) in cases {
         let got = failures("kaironclusters", &cluster(spec), None);
@@ -236,6 +256,21 @@ fn kaironcluster_rules_table() {
             None => assert!(got.is_empty(), "{name}: unexpected {got:?}"),
             Some(msg) => assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}"),
         }
+    }
+}
+
+#[test]
+fn kaironcluster_identity_is_immutable() {
+    let none = cluster(json!({}));
+    let a = cluster(json!({"identityRef": {"kind": "Secret", "name": "a"}}));
+    let b = cluster(json!({"identityRef": {"kind": "Secret", "name": "b"}}));
+    assert!(failures("kaironclusters", &a, Some(&a)).is_empty(), "unchanged");
+    for (name, new, old) in [("added", &a, &none), ("changed", &b, &a), ("removed", &none, &a)] {
+        let got = failures("kaironclusters", new, Some(old));
+        assert!(
+            got.iter().any(|g| g.contains("spec.identityRef is immutable")),
+            "{name}: {got:?}"
+        );
     }
 }
 

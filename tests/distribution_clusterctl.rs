@@ -104,6 +104,7 @@ fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_contain
         "cluster-template.yaml",
         "cluster-template-md-remediation.yaml",
         "cluster-template-topology.yaml",
+        "cluster-template-identity.yaml",
         "clusterclass-kairon.yaml",
     ] {
         assert!(
@@ -172,7 +173,29 @@ fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
     let documented: BTreeSet<String> = documented_variables("### Cluster template variables")
         .into_iter()
         .collect();
+    let identity: BTreeSet<String> = documented_variables("### Identity flavor variables")
+        .into_iter()
+        .collect();
+    assert!(!identity.is_empty());
     for flavor in FLAVORS {
+        let (documented, required) = if flavor == "identity" {
+            (
+                documented.union(&identity).cloned().collect::<BTreeSet<_>>(),
+                BTreeSet::from([
+                    "CONTROL_PLANE_ENDPOINT_IP".to_string(),
+                    "KAIRON_IDENTITY_SECRET_NAME".to_string(),
+                    "KAIRON_MACHINE_IMAGE".to_string(),
+                ]),
+            )
+        } else {
+            (
+                documented.clone(),
+                BTreeSet::from([
+                    "CONTROL_PLANE_ENDPOINT_IP".to_string(),
+                    "KAIRON_MACHINE_IMAGE".to_string(),
+                ]),
+            )
+        };
         let mut cmd = repo.clusterctl();
         cmd.args(["generate", "cluster", "c1", "--infrastructure"])
             .arg(format!("kairon:{VERSION}"))
@@ -186,14 +209,7 @@ fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
         let optional = listed(&out, "Optional Variables:");
         vars.extend(optional);
         assert_eq!(vars, documented, "flavor {flavor:?}:\n{out}");
-        assert_eq!(
-            listed(&out, "Required Variables:"),
-            BTreeSet::from([
-                "CONTROL_PLANE_ENDPOINT_IP".to_string(),
-                "KAIRON_MACHINE_IMAGE".to_string()
-            ]),
-            "flavor {flavor:?}"
-        );
+        assert_eq!(listed(&out, "Required Variables:"), required, "flavor {flavor:?}");
     }
 }
 
@@ -255,6 +271,33 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
     assert!(
         body(&remediation).starts_with(&body(&default)),
         "cluster-template-md-remediation.yaml must start with cluster-template.yaml"
+    );
+    // identity: the default flavor verbatim but for the KaironCluster's identityRef.
+    let identity = read(&root().join("templates/cluster-template-identity.yaml"));
+    let without_identity: String = body(&identity)
+        .lines()
+        .filter(|l| {
+            ![
+                "  # The Kairon API of this cluster's VMs: a Secret of the cluster's namespace whose key",
+                "  # `kubeconfig` holds a kubeconfig for it (embedded credentials; no exec plugin, no file).",
+                "  identityRef:",
+                "    kind: Secret",
+                "    name: ${KAIRON_IDENTITY_SECRET_NAME}",
+            ]
+            .contains(l)
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(
+        without_identity,
+        body(&default),
+        "cluster-template-identity.yaml is cluster-template.yaml plus spec.identityRef"
+    );
+    let objs = docs(&repo.generate_cluster("c1", "ns1", "identity"));
+    let kc = objs.iter().find(|o| o["kind"] == "KaironCluster").unwrap();
+    assert_eq!(
+        kc["spec"]["identityRef"],
+        serde_json::json!({"kind": "Secret", "name": "kairon-site-a"})
     );
     let objs = docs(&repo.generate_cluster("c1", "ns1", "md-remediation"));
     let mhc = objs.iter().find(|o| o["kind"] == "MachineHealthCheck").unwrap();

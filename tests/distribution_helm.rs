@@ -403,6 +403,8 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
         }
     };
     assert!(allowed("get", "secrets", "").await);
+    // Identity Secrets get a finalizer and the clusterctl move label.
+    assert!(allowed("patch", "secrets", "").await);
     assert!(!allowed("list", "secrets", "").await);
     assert!(!allowed("watch", "secrets", "").await);
     assert!(!allowed("update", "machines", "cluster.x-k8s.io").await);

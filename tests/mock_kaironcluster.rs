@@ -37,6 +37,7 @@ fn kaironcluster(endpoint: bool) -> KaironCluster {
                 control_plane: Some(true),
                 node_selector: None,
             }]),
+            identity_ref: None,
         },
     );
     kc.metadata.namespace = Some(NS.into());
@@ -121,6 +122,7 @@ where
     let (members, _w2) = filled(members);
     let ctx = Arc::new(Context {
         client: Client::new(service, "default"),
+        endpoints: None,
         settings: Settings::default(),
         clusters,
         members,

@@ -129,6 +129,8 @@ where
     let ctx = Arc::new(Context {
         client: client.clone(),
         kairon: kairon::Instances::new(client),
+        endpoints: None,
+        kaironclusters: filled(vec![]).0,
         settings: Settings::default(),
         machines,
         clusters,

@@ -58,6 +58,9 @@ pub mod reason {
     pub const INSTANCE_UNREADABLE: &str = "InstanceUnreadable";
     /// Kairon rejected the create (quota, admission, ...): retried with backoff.
     pub const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
+    /// The Kairon API named by the cluster's identity cannot be used: its Secret is missing or
+    /// invalid, or the API cannot be reached or refuses the credentials.
+    pub const KAIRON_API_UNAVAILABLE: &str = "KaironAPIUnavailable";
 }
 
 /// Condition status values.

@@ -34,6 +34,7 @@ use super::kairon_machine::Initialization;
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(oldSelf.spec.controlPlaneEndpoint) || !has(oldSelf.spec.controlPlaneEndpoint.host) || (has(self.spec.controlPlaneEndpoint) && has(self.spec.controlPlaneEndpoint.host) && self.spec.controlPlaneEndpoint.host == oldSelf.spec.controlPlaneEndpoint.host)").message("spec.controlPlaneEndpoint.host is immutable once set").field_path(".spec.controlPlaneEndpoint"),
+    validation = Rule::new("has(self.spec.identityRef) == has(oldSelf.spec.identityRef) && (!has(self.spec.identityRef) || self.spec.identityRef == oldSelf.spec.identityRef)").message("spec.identityRef is immutable: the cluster's VMs live on the Kairon API it names").field_path(".spec.identityRef"),
     validation = Rule::new("!has(oldSelf.spec.controlPlaneEndpoint) || !has(oldSelf.spec.controlPlaneEndpoint.port) || (has(self.spec.controlPlaneEndpoint) && has(self.spec.controlPlaneEndpoint.port) && self.spec.controlPlaneEndpoint.port == oldSelf.spec.controlPlaneEndpoint.port)").message("spec.controlPlaneEndpoint.port is immutable once set").field_path(".spec.controlPlaneEndpoint"),
 )]
 #[serde(rename_all = "camelCase")]
@@ -49,7 +50,28 @@ pub struct KaironClusterSpec {
     #[x_kube(validation = Rule::new("self.all(x, self.exists_one(y, y.name == x.name))").message("failureDomains names must be unique"))]
     #[schemars(length(min = 1, max = 100))]
     pub failure_domains: Option<Vec<FailureDomainSpec>>,
+
+    /// The Kairon API server this cluster's VMs are created on, and the credentials to use:
+    /// a Secret in the cluster's namespace whose key `kubeconfig` holds a kubeconfig. When
+    /// absent, the manager's own Kairon API (the management cluster, or
+    /// `--kairon-kubeconfig`). Immutable.
+    #[serde(default, rename = "identityRef", skip_serializing_if = "Option::is_none")]
+    pub identity_ref: Option<KaironIdentityReference>,
 }
+
+/// A reference to the credentials of a Kairon API server (CAPV's `identityRef` shape).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KaironIdentityReference {
+    /// Kind of the referenced object: `Secret` (in the cluster's namespace).
+    #[x_kube(validation = Rule::new("self == 'Secret'").message("identityRef.kind must be Secret"))]
+    pub kind: String,
+    /// Name of the referenced object.
+    #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("identityRef.name must be a Secret name (lowercase DNS subdomain, at most 253 characters)"))]
+    pub name: String,
+}
+
+/// The key of an identity Secret that holds the kubeconfig.
+pub const IDENTITY_KUBECONFIG_KEY: &str = "kubeconfig";
 
 /// Host and port of an API server: our `spec.controlPlaneEndpoint` and, read from CAPI, the
 /// Cluster's.

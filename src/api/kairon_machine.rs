@@ -149,6 +149,10 @@ pub struct InstanceRef {
     /// The Kairon host running the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// The identity the VM was created with (the KaironCluster's `spec.identityRef` at the
+    /// time); absent for the manager's own Kairon API. Deletion uses it.
+    #[serde(default, rename = "identityRef", skip_serializing_if = "Option::is_none")]
+    pub identity_ref: Option<super::KaironIdentityReference>,
 }
 
 /// `status.deprecated`, as CAPI's own v1beta2 types carry it.

@@ -11,8 +11,9 @@ pub mod kairon_machine;
 pub mod kairon_machine_template;
 
 pub use kairon_cluster::{
-    APIEndpoint, FailureDomainSpec, FailureDomainStatus, KaironCluster, KaironClusterSpec, KaironClusterStatus,
-    KaironClusterTemplate, KaironClusterTemplateResource, KaironClusterTemplateSpec,
+    APIEndpoint, FailureDomainSpec, FailureDomainStatus, IDENTITY_KUBECONFIG_KEY, KaironCluster, KaironClusterSpec,
+    KaironClusterStatus, KaironClusterTemplate, KaironClusterTemplateResource, KaironClusterTemplateSpec,
+    KaironIdentityReference,
 };
 pub use kairon_machine::{
     DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,

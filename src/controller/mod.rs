@@ -8,6 +8,7 @@
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage.
 
+pub mod endpoints;
 mod error;
 mod fresh;
 pub mod kairon_cluster;
@@ -26,6 +27,7 @@ use serde::de::DeserializeOwned;
 
 use crate::capi::WATCH_FILTER_LABEL;
 
+pub use endpoints::Endpoints;
 pub use error::Error;
 pub use fresh::Fresher;
 pub use runtime::Synced;

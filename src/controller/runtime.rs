@@ -70,7 +70,7 @@ impl Synced {
         Synced(tokio::sync::watch::channel(true).1)
     }
 
-    fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         *self.0.borrow()
     }
 

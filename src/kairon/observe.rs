@@ -185,6 +185,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
             .as_ref()
             .and_then(|s| s.host_name.clone())
             .filter(|h| !h.is_empty()),
+        identity_ref: None,
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 pub const VERSION: &str = "v0.1.0";
 /// The flavors in templates/ ("" is the default `cluster-template.yaml`).
-pub const FLAVORS: [&str; 3] = ["", "md-remediation", "topology"];
+pub const FLAVORS: [&str; 4] = ["", "md-remediation", "topology", "identity"];
 
 pub fn bins() -> Binaries {
     Binaries::locate().expect("upstream binaries (clusterctl, helm, kubectl)")
@@ -130,7 +130,8 @@ impl LocalRepo {
             ])
             .args(["--control-plane-machine-count", "3", "--worker-machine-count", "2"])
             .env("CONTROL_PLANE_ENDPOINT_IP", "10.20.0.100")
-            .env("KAIRON_MACHINE_IMAGE", machine_image());
+            .env("KAIRON_MACHINE_IMAGE", machine_image())
+            .env("KAIRON_IDENTITY_SECRET_NAME", "kairon-site-a");
         if !flavor.is_empty() {
             cmd.args(["--flavor", flavor]);
         }

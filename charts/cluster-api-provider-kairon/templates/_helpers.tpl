@@ -32,10 +32,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [cluster.x-k8s.io]
   resources: [clusters, machines]
   verbs: [get, list, watch]
-# Bootstrap data: one GET of the one Secret a Machine names; no list, no watch.
+# Bootstrap data and identities (KaironCluster spec.identityRef): one GET of the one Secret
+# named; patch to put a finalizer and the clusterctl move label on an identity Secret while
+# the cluster's VMs exist. No list, no watch.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, patch]
 # The management cluster's identity on Kairon (--management-cluster-id): the UID of kube-system.
 - apiGroups: [""]
   resources: [namespaces]

@@ -23,4 +23,4 @@ mod watches;
 
 pub use reconcile::{Context, reconcile};
 pub use status::{Observed, StatusInput, next_status};
-pub(crate) use watches::controller;
+pub(crate) use watches::{Remote, controller, kaironmachine_for_instance};

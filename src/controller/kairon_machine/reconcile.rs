@@ -14,11 +14,11 @@ use tracing::{debug, info, warn};
 
 use super::status::{Observed, StatusInput, next_status};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, Status, reason};
-use crate::api::{self, KaironCluster, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
+use crate::api::{self, KaironCluster, KaironIdentityReference, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi::{self, bootstrap};
 use crate::controller::runtime::{owning_cluster, pause_step};
 use crate::controller::write::{Writer, has_finalizer};
-use crate::controller::{Error, Fresher, Settings, Synced};
+use crate::controller::{Endpoints, Error, Fresher, Settings, Synced};
 use crate::events::{Events, reason as event};
 use crate::kairon::{
     self, Created, Deletion, Instances, KaironError, Ownership, desired_kairon_machine, ownership, provider_id,
@@ -33,18 +33,26 @@ const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for
 const SECRET_RETRY: Duration = Duration::from_secs(20);
 /// How often to look again while a Kairon Machine is being deleted, on top of its watch.
 const DELETE_RETRY: Duration = Duration::from_secs(30);
+/// How often to look again at a Kairon API that cannot be used (identity Secret, reachability).
+const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
 
 /// What the reconciler needs: clients, settings and the caches its watches fill.
 pub struct Context {
     /// The management cluster.
     pub client: Client,
-    /// Where Kairon Machines live (the management cluster unless configured otherwise).
+    /// Where Kairon Machines live for clusters without an identity (the management cluster
+    /// unless configured otherwise).
     pub kairon: Instances,
+    /// The Kairon APIs of identities (`KaironCluster.spec.identityRef`); `None`: identities
+    /// are not looked at and every VM is on `kairon` (request-sequence tests).
+    pub endpoints: Option<Arc<Endpoints>>,
+    /// KaironClusters, for the identity of a machine whose VM is not created yet.
+    pub kaironclusters: Store<KaironCluster>,
     pub settings: Settings,
     pub machines: Store<capi::Machine>,
     pub clusters: Store<capi::Cluster>,
     pub instances: Store<kairon::Machine>,
-    /// First lists of `machines`, `clusters` and `instances`.
+    /// First lists of `machines`, `clusters`, `instances` and `kaironclusters`.
     pub synced: Vec<Synced>,
     /// Events on KaironMachines (disabled in mock tests).
     pub events: Events,
@@ -62,6 +70,14 @@ struct Scope {
     cluster: Option<Arc<capi::Cluster>>,
     /// From the cluster-name label, else the Machine's `spec.clusterName`; empty if neither.
     cluster_name: String,
+}
+
+/// The Kairon API a KaironMachine's VM lives on, and the identity that names it (`None`:
+/// the manager's own).
+struct Target {
+    instances: Instances,
+    store: Store<kairon::Machine>,
+    identity: Option<KaironIdentityReference>,
 }
 
 /// How the reconcile goes on after a step: with what the step produced, or stopping with what
@@ -108,6 +124,90 @@ impl Context {
     fn resync(&self) -> Action {
         Action::requeue(self.settings.sync_period)
     }
+
+    fn default_target(&self) -> Target {
+        Target {
+            instances: self.kairon.clone(),
+            store: self.instances.clone(),
+            identity: None,
+        }
+    }
+
+    /// The Kairon API of the KaironMachine: the one its VM was created on (recorded in
+    /// status, so that deletion talks to it whatever happened since), else the one its
+    /// KaironCluster names. Stops, saying why, when that API cannot be used now.
+    async fn target(&self, scope: &Scope) -> Result<Step<Target>, Error> {
+        let Some(endpoints) = &self.endpoints else {
+            return Ok(Step::Continue(self.default_target()));
+        };
+        let recorded = scope
+            .km
+            .status
+            .as_ref()
+            .and_then(|s| s.instance.as_ref())
+            .map(|i| i.identity_ref.clone());
+        let identity = match recorded {
+            Some(identity) => identity,
+            None => match self.named_identity(scope).await? {
+                Some(identity) => identity,
+                None => {
+                    let d = Decided::new(
+                        INSTANCE_PROVISIONED,
+                        Status::False,
+                        reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+                        format!("waiting for the KaironCluster of Cluster {}", scope.cluster_name),
+                    );
+                    return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(ENDPOINT_RETRY)));
+                }
+            },
+        };
+        let Some(identity) = identity else {
+            return Ok(Step::Continue(self.default_target()));
+        };
+        let unavailable = |why: String| {
+            let d = Decided::new(
+                INSTANCE_PROVISIONED,
+                Status::Unknown,
+                reason::KAIRON_API_UNAVAILABLE,
+                format!("the Kairon API of identity {} {}: {why}", identity.kind, identity.name),
+            );
+            Ok(Step::Stop(Observed::Waiting(d), Action::requeue(ENDPOINT_RETRY)))
+        };
+        let endpoint = match endpoints.endpoint(&scope.ns, &identity).await {
+            Ok(e) => e,
+            Err(e) => return unavailable(e.to_string()),
+        };
+        if let Err(why) = endpoint.ready().await {
+            return unavailable(why);
+        }
+        Ok(Step::Continue(Target {
+            instances: endpoint.instances,
+            store: endpoint.store,
+            identity: Some(identity),
+        }))
+    }
+
+    /// The identity the KaironCluster of the machine's Cluster names (`Some(None)`: none);
+    /// `None` while that KaironCluster is not known.
+    async fn named_identity(&self, scope: &Scope) -> Result<Option<Option<KaironIdentityReference>>, Error> {
+        let Some(kc_name) = scope
+            .cluster
+            .as_deref()
+            .and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
+        else {
+            return Ok(None);
+        };
+        let ns = scope.ns.as_str();
+        if let Some(kc) = self.kaironclusters.get(&ObjectRef::new(kc_name).within(ns)) {
+            return Ok(Some(kc.spec.identity_ref.clone()));
+        }
+        // The cache may lag behind a KaironCluster just created: ask before deciding.
+        let kc = Api::<KaironCluster>::namespaced(self.client.clone(), ns)
+            .get_opt(kc_name)
+            .await
+            .map_err(Error::read(format!("KaironCluster {ns}/{kc_name}")))?;
+        Ok(kc.map(|kc| kc.spec.identity_ref))
+    }
 }
 
 /// Reconciles one KaironMachine.
@@ -120,7 +220,7 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
     let current = km.status.as_ref().and_then(|s| s.conditions.as_deref());
     let c = ctx.as_ref();
     if let Some(action) = pause_step(why, current, |why| async move {
-        write_status(c, km, StatusInput::Paused(why)).await.map(|_| ())
+        write_status(c, km, StatusInput::Paused(why), None).await.map(|_| ())
     })
     .await?
     {
@@ -144,13 +244,20 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
             reason::OWNER_MACHINE_MISMATCH,
             why,
         ));
-        write_status(&ctx, km, StatusInput::Live(&observed)).await?;
+        write_status(&ctx, km, StatusInput::Live(&observed), None).await?;
         return Ok(Action::await_change());
     }
     if !has_finalizer(km, MACHINE_FINALIZER) {
         ctx.writer(&scope.ns).add_finalizer(km, MACHINE_FINALIZER).await?;
     }
-    let (observed, action) = match reconcile_instance(&scope, machine, &ctx).await {
+    let target = match ctx.target(&scope).await? {
+        Step::Continue(t) => t,
+        Step::Stop(observed, action) => {
+            write_status(&ctx, km, StatusInput::Live(&observed), None).await?;
+            return Ok(action);
+        }
+    };
+    let (observed, action) = match reconcile_instance(&scope, machine, &ctx, &target).await {
         Ok(Step::Continue(vm)) => (Observed::Instance(Box::new(vm)), ctx.resync()),
         Ok(Step::Stop(observed, action)) => (observed, action),
         Err(Error::Kairon(e @ KaironError::Create { .. })) => {
@@ -160,7 +267,7 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         }
         Err(e) => return Err(e),
     };
-    if let Some(next) = write_status(&ctx, km, StatusInput::Live(&observed)).await? {
+    if let Some(next) = write_status(&ctx, km, StatusInput::Live(&observed), Some(&target)).await? {
         report_transitions(km, &next, &ctx).await;
     }
     Ok(action)
@@ -176,7 +283,10 @@ async fn report_create_failure(km: &KaironMachine, e: &KaironError, ctx: &Contex
         reason::INSTANCE_CREATE_FAILED,
         e.to_string(),
     ));
-    if write_status(ctx, km, StatusInput::Live(&observed)).await?.is_some() {
+    if write_status(ctx, km, StatusInput::Live(&observed), None)
+        .await?
+        .is_some()
+    {
         ctx.events
             .warning(km, event::INSTANCE_CREATE_FAILED, "Create", e.to_string())
             .await;
@@ -224,26 +334,27 @@ async fn reconcile_instance(
     scope: &Scope,
     machine: &capi::Machine,
     ctx: &Context,
+    target: &Target,
 ) -> Result<Step<kairon::Machine>, Error> {
     let km = scope.km.as_ref();
     let ns = scope.ns.as_str();
     let name = km.name_any();
 
-    let mut vm = ctx
-        .instances
+    let mut vm = target
+        .store
         .get(&ObjectRef::new(&name).within(ns))
         .map(|vm| (*vm).clone());
     if vm.is_none() && km.spec.provider_id.is_some() {
         // The cache may lag behind a create we just made: ask the API before concluding the
         // VM is gone.
-        vm = ctx.kairon.get(ns, &name).await?;
+        vm = target.instances.get(ns, &name).await?;
         if vm.is_none() {
             return Ok(Step::Stop(Observed::Gone, ctx.resync()));
         }
     }
     let vm = match vm {
         Some(vm) => vm,
-        None => match create_instance(scope, machine, ctx).await? {
+        None => match create_instance(scope, machine, ctx, target).await? {
             Step::Continue(vm) => vm,
             Step::Stop(observed, action) => return Ok(Step::Stop(observed, action)),
         },
@@ -265,12 +376,12 @@ async fn reconcile_instance(
             return Ok(Step::Stop(Observed::Conflict { name, why }, ctx.resync()));
         }
         Ownership::OursBeforeMove => {
-            if let Some(why) = refuse_adoption(&vm, km, ctx).await? {
+            if let Some(why) = refuse_adoption(&vm, km, ctx, target).await? {
                 warn!(instance = %name, %why, "not adopting the Kairon Machine named by spec.providerID");
                 return Ok(Step::Stop(Observed::Conflict { name, why }, ctx.resync()));
             }
             info!(instance = %name, "adopting the Kairon Machine named by spec.providerID");
-            ctx.kairon.adopt(&vm, km).await?;
+            target.instances.adopt(&vm, km).await?;
             ctx.events
                 .normal(
                     km,
@@ -296,10 +407,15 @@ async fn reconcile_instance(
 /// by whoever creates a KaironMachine, so it alone proves nothing. A VM is adopted only from
 /// this management cluster (or one it adopts from), and only when the KaironMachine its labels
 /// name is gone, as after `clusterctl move`.
-async fn refuse_adoption(vm: &kairon::Machine, km: &KaironMachine, ctx: &Context) -> Result<Option<String>, Error> {
+async fn refuse_adoption(
+    vm: &kairon::Machine,
+    km: &KaironMachine,
+    ctx: &Context,
+    target: &Target,
+) -> Result<Option<String>, Error> {
     let labels = vm.labels();
-    if let Err(why) = ctx
-        .kairon
+    if let Err(why) = target
+        .instances
         .owner()
         .may_adopt(labels.get(kairon::labels::MANAGEMENT_CLUSTER).map(String::as_str))
     {
@@ -332,6 +448,7 @@ async fn create_instance(
     scope: &Scope,
     machine: &capi::Machine,
     ctx: &Context,
+    target: &Target,
 ) -> Result<Step<kairon::Machine>, Error> {
     let cluster = scope.cluster.as_deref();
     let waiting = |r: &'static str, msg: String| {
@@ -376,7 +493,7 @@ async fn create_instance(
 
     let km = scope.km.as_ref();
     let desired = desired_kairon_machine(km, &scope.cluster_name, user_data, failure_domain.as_ref());
-    let vm = match ctx.kairon.create(desired).await? {
+    let vm = match target.instances.create(desired).await? {
         Created::New(vm) => {
             let (ns, name) = (&scope.ns, km.name_any());
             info!(instance = %name, "created Kairon Machine");
@@ -503,8 +620,15 @@ async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error>
             .await;
         return release().await;
     }
+    let target = match ctx.target(scope).await? {
+        Step::Continue(t) => t,
+        Step::Stop(observed, action) => {
+            write_status(ctx, km, StatusInput::Deleting(&observed), None).await?;
+            return Ok(action);
+        }
+    };
     // Authoritative read: the finalizer must not go while the VM exists.
-    let Some(vm) = ctx.kairon.get(ns, &name).await? else {
+    let Some(vm) = target.instances.get(ns, &name).await? else {
         info!("Kairon Machine is gone; releasing the finalizer");
         ctx.events
             .normal(
@@ -521,12 +645,18 @@ async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error>
         return release().await;
     }
     if vm.metadata.deletion_timestamp.is_none() {
-        match ctx.kairon.delete(&vm).await? {
+        match target.instances.delete(&vm).await? {
             Deletion::Started => info!(instance = %name, "deleting Kairon Machine"),
             Deletion::Gone => return release().await,
         }
     }
-    write_status(ctx, km, StatusInput::Deleting(&Observed::Instance(Box::new(vm)))).await?;
+    write_status(
+        ctx,
+        km,
+        StatusInput::Deleting(&Observed::Instance(Box::new(vm))),
+        Some(&target),
+    )
+    .await?;
     Ok(Action::requeue(DELETE_RETRY))
 }
 
@@ -548,12 +678,17 @@ async fn cluster_is_gone(scope: &Scope, ctx: &Context) -> Result<bool, Error> {
 }
 
 /// Writes the status that follows from `input`, if it differs; returns what it wrote.
+/// With the `target` the status observed, the identity its VM lives on is recorded with it.
 async fn write_status(
     ctx: &Context,
     km: &KaironMachine,
     input: StatusInput<'_>,
+    target: Option<&Target>,
 ) -> Result<Option<KaironMachineStatus>, Error> {
-    let next = next_status(km.status.as_ref(), input, km.metadata.generation, &conditions::now());
+    let mut next = next_status(km.status.as_ref(), input, km.metadata.generation, &conditions::now());
+    if let (Some(target), Some(instance)) = (target, next.instance.as_mut()) {
+        instance.identity_ref = target.identity.clone();
+    }
     let ns = km.namespace().ok_or(Error::MissingNamespace)?;
     let wrote = ctx.writer(&ns).apply_status(km, km.status.as_ref(), &next).await?;
     Ok(wrote.then_some(next))

@@ -11,8 +11,9 @@ use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
 use super::reconcile::{Context, reconcile};
-use crate::api::{self, KaironMachine};
+use crate::api::{self, KaironCluster, KaironMachine};
 use crate::capi;
+use crate::controller::endpoints::{Endpoints, sweep_every};
 use crate::controller::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields, watch_error,
 };
@@ -69,14 +70,24 @@ pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
     )))
 }
 
+/// The Kairon APIs of identities, and the stream of KaironMachines their watches trigger.
+pub(crate) struct Remote {
+    pub endpoints: Arc<Endpoints>,
+    pub triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<KaironMachine>>,
+}
+
+/// How often endpoints no longer in use are stopped and the Secrets of the others read again.
+const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Builds the controller. It runs until `shutdown` resolves and the returned future is
 /// driven; the Cluster cache is returned for the other controllers to read.
 pub(crate) fn controller(
     client: Client,
     kairon: Instances,
+    remote: Option<Remote>,
     settings: Settings,
     telemetry: Telemetry,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + Sync + Clone + 'static,
 ) -> (Store<capi::Cluster>, Synced, impl Future<Output = ()> + Send) {
     let wc = settings.watcher_config();
 
@@ -114,6 +125,18 @@ pub(crate) fn controller(
         })
         .reflect(w)
         .touched_objects();
+    let (kaironclusters, w) = reflector::store();
+    // Read: the identity. The stream only fills the cache.
+    let kc_events = watcher(settings.api::<KaironCluster>(&client), wc.clone())
+        .inspect_err(watch_error(
+            "kaironclusters.infrastructure.cluster.x-k8s.io",
+            &telemetry,
+        ))
+        .default_backoff()
+        .modify(strip_managed_fields)
+        .reflect(w)
+        .boxed()
+        .for_each(|_| futures::future::ready(()));
     let (kms, w) = reflector::store();
     let fresh = Fresher::default();
     let forgetter = fresh.clone();
@@ -128,7 +151,12 @@ pub(crate) fn controller(
         .inspect_ok(move |event| forgetter.observe(event))
         .applied_objects();
 
-    let synced = vec![Synced::of(&machines), Synced::of(&clusters), Synced::of(&instances)];
+    let synced = vec![
+        Synced::of(&machines),
+        Synced::of(&clusters),
+        Synced::of(&instances),
+        Synced::of(&kaironclusters),
+    ];
     synced.iter().for_each(|s| telemetry.caches.register(s));
     let clusters_synced = synced[1].clone();
     let counted = instances.clone();
@@ -139,11 +167,20 @@ pub(crate) fn controller(
         }
         counts
     }));
+    let (endpoints, triggers) = match remote {
+        Some(r) => (Some(r.endpoints), Some(r.triggers)),
+        None => (None, None),
+    };
+    let sweeper = endpoints
+        .clone()
+        .map(|e| sweep_every(e, kaironclusters.clone(), kms.clone(), SWEEP_PERIOD, shutdown.clone()));
     let ctx = Arc::new(Context {
         events: telemetry.recorder("capkr-kaironmachine-controller"),
         metrics: telemetry.metrics.clone(),
         client,
         kairon,
+        endpoints,
+        kaironclusters,
         settings: settings.clone(),
         machines,
         clusters: clusters.clone(),
@@ -166,6 +203,7 @@ pub(crate) fn controller(
                 .collect::<Vec<_>>()
         })
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
+        .reconcile_on(triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()))
         .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
         .graceful_shutdown_on(shutdown);
     let backoff = Backoff::default();
@@ -176,6 +214,18 @@ pub(crate) fn controller(
             ctx,
         )
         .for_each(log_outcome);
+    let task = async move {
+        let sweeper = async move {
+            if let Some(s) = sweeper {
+                s.await;
+            }
+        };
+        // The KaironCluster cache and the sweeper live as long as the controller.
+        tokio::select! {
+            _ = task => {}
+            _ = futures::future::join(kc_events, sweeper) => {}
+        }
+    };
     (clusters, clusters_synced, task)
 }
 

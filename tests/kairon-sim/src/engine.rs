@@ -90,11 +90,12 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(client: Client, opts: Options, allocations: Allocations) -> Self {
+    /// Kairon Machines on `client`'s API server; workload cluster kubeconfigs on `management`'s.
+    pub fn new(client: Client, management: Client, opts: Options, allocations: Allocations) -> Self {
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         Self {
             writer: MachineWriter::new(client.clone(), opts.full_update),
-            workloads: Arc::new(Workloads::new(client.clone())),
+            workloads: Arc::new(Workloads::new(management)),
             fleet: opts.guest_tools.clone().map(|t| Arc::new(Fleet::new(t))),
             scripts: opts.guest_scripts_dir.clone().map(|d| Arc::new(GuestScripts::new(d))),
             client,

@@ -52,6 +52,10 @@ struct Args {
     /// Kubeconfig of the management API server (default: KUBECONFIG, then in-cluster).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// Kubeconfig of the API server serving Kairon Machines (default: the management one).
+    /// The management API server is still where the workload clusters' kubeconfigs are read.
+    #[arg(long)]
+    kairon_kubeconfig: Option<PathBuf>,
     /// Watch Machines in this namespace only (default: all namespaces).
     #[arg(long)]
     namespace: Option<String>,
@@ -110,6 +114,10 @@ async fn main() -> anyhow::Result<()> {
     let pool = AddressPool::new(&args.address_pool).map_err(anyhow::Error::msg)?;
     let hosts = args.hosts.clone().map(|h| h.0).unwrap_or_else(flags::default_hosts);
     let client = management_client(args.kubeconfig.as_deref()).await?;
+    let kairon = match args.kairon_kubeconfig.as_deref() {
+        Some(path) => management_client(Some(path)).await?,
+        None => client.clone(),
+    };
     tracing::info!(
         namespace = args.namespace.as_deref().unwrap_or("<all>"),
         hosts = hosts.len(),
@@ -144,7 +152,7 @@ async fn main() -> anyhow::Result<()> {
         placement: Placement::new(hosts, args.host_capacity),
         pool,
     };
-    let engine = Engine::new(client, opts, allocations);
+    let engine = Engine::new(kairon, client, opts, allocations);
     tokio::select! {
         () = engine.run() => anyhow::bail!("the Machine watch ended"),
         signal = shutdown_signal() => {

@@ -149,3 +149,34 @@ impl Env {
         })
     }
 }
+
+impl Env {
+    /// Starts a Kairon API server of its own (a kube-apiserver with the development Kairon
+    /// Machine CRD, whose CA is stored as Secret `<name>-ca` in `namespace` of the management
+    /// cluster, as for a workload cluster), with namespace `namespace` created on it: for tests
+    /// of clusters whose VMs live on another Kairon installation (`KaironCluster.spec.identityRef`).
+    pub async fn kairon_api(&self, namespace: &str, name: &str) -> Result<WorkloadCluster> {
+        let api = self.workload_cluster(namespace, name).await?;
+        let crd = crate::bins::workspace_root().join("config/kairon/kairon.zyvor.dev_machines.yaml");
+        for doc in crate::manifests::read_yaml_documents(&crd)? {
+            crate::kube_util::apply_value(&api.client, doc, None).await?;
+        }
+        let nss: Api<Namespace> = Api::all(api.client.clone());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}}))?;
+        nss.create(&PostParams::default(), &ns)
+            .await
+            .with_context(|| format!("creating namespace {namespace} on Kairon API {name}"))?;
+        let machines: Api<kube::api::DynamicObject> = Api::namespaced_with(
+            api.client.clone(),
+            namespace,
+            &crate::kube_util::api_resource("kairon.zyvor.dev", "v1alpha1", "Machine", "machines"),
+        );
+        wait_for(
+            format!("the Kairon Machine CRD served by {name}"),
+            Duration::from_secs(30),
+            || async { Ok::<_, kube::Error>(machines.list(&Default::default()).await.is_ok()) },
+        )
+        .await?;
+        Ok(api)
+    }
+}

@@ -1,0 +1,465 @@
+//! The Kairon APIs named by identities (`KaironCluster.spec.identityRef`): one client and one
+//! Kairon Machine watch per identity Secret in use, started by the first reconcile that needs
+//! it and stopped by [`Endpoints::sweep`] once no KaironCluster or KaironMachine names it.
+//!
+//! The Secret is read with one GET when an endpoint starts and again every
+//! [`RECHECK`]: new content (rotated credentials, another server) restarts the endpoint's
+//! client and watch, without a restart of the manager. A watch that fails (the API server is
+//! down, the credentials are refused) is recorded as the endpoint's problem, which the
+//! reconcilers report as a condition on the clusters and machines using it, and only there.
+//!
+//! Secret content never reaches a log line, an event or a condition: messages say which Secret
+//! and what is wrong with it, and the watch's own error (an HTTP status, a connection failure).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use tracing::{info, warn};
+
+use super::Synced;
+use super::kairon_machine::kaironmachine_for_instance;
+use super::runtime::{Telemetry, strip_managed_fields};
+use crate::api::{IDENTITY_KUBECONFIG_KEY, KaironCluster, KaironIdentityReference, KaironMachine};
+use crate::hashing::hash_of;
+use crate::kairon::{self, Instances, Owner, labels};
+
+/// How often the Secret of an endpoint in use is read again (credential rotation).
+pub(crate) const RECHECK: Duration = Duration::from_secs(30);
+/// How long a reconcile waits for an endpoint's first list before reporting it unavailable.
+const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
+/// How often a known problem of an endpoint is checked again by a reconcile, and for how long.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// An identity Secret: namespace and name.
+pub(crate) type IdentityKey = (String, String);
+
+/// Builds a client from a kubeconfig's configuration (user agent, rate limits, metrics).
+pub(crate) type ClientFactory = Arc<dyn Fn(kube::Config) -> Result<Client, kube::Error> + Send + Sync>;
+
+/// One Kairon API as the reconcilers use it.
+#[derive(Clone)]
+pub(crate) struct Endpoint {
+    pub instances: Instances,
+    pub store: Store<kairon::Machine>,
+    pub synced: Synced,
+    namespace: String,
+    problem: Arc<Mutex<Option<String>>>,
+    /// When a known problem was last checked with a request of our own.
+    probed: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Endpoint {
+    /// What is wrong with the endpoint's watch, if anything.
+    pub(crate) fn problem(&self) -> Option<String> {
+        self.problem.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Waits (a while) for the first list; then whether the endpoint can be used, or why not.
+    /// A problem the watch reported is checked again with a request of our own: a watch that
+    /// resumed says nothing until a Kairon Machine changes.
+    ///
+    /// A known problem is answered at once (and probed at most every [`PROBE_EVERY`], for at
+    /// most [`PROBE_TIMEOUT`]): reconciles of a broken endpoint's machines must not hold the
+    /// controller's workers that other clusters need.
+    pub(crate) async fn ready(&self) -> Result<(), String> {
+        let known = self.problem();
+        if let Some(why) = &known {
+            let mut probed = self.probed.lock().unwrap_or_else(|e| e.into_inner());
+            if probed.is_some_and(|at| at.elapsed() < PROBE_EVERY) {
+                return Err(why.clone());
+            }
+            *probed = Some(Instant::now());
+        }
+        if known.is_none() {
+            let synced = Synced::all(std::slice::from_ref(&self.synced));
+            if !matches!(tokio::time::timeout(FIRST_LIST_WAIT, synced).await, Ok(Ok(()))) {
+                return Err(self
+                    .problem()
+                    .unwrap_or_else(|| "no answer from the Kairon API yet".into()));
+            }
+            if self.problem().is_none() {
+                return Ok(());
+            }
+        }
+        let api = self.instances.api(Some(&self.namespace));
+        let lp = kube::api::ListParams::default().limit(1);
+        let probe = api.list_metadata(&lp);
+        let why = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            // The list succeeded; the cache is usable once the watch has listed too.
+            Ok(Ok(_)) if self.synced.is_synced() => {
+                *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                return Ok(());
+            }
+            Ok(Ok(_)) => "the Kairon API answers; waiting for the first list of its Kairon Machines".to_string(),
+            Ok(Err(e)) => format!("the Kairon API cannot be read: {e}"),
+            Err(_) => "the Kairon API does not answer".to_string(),
+        };
+        *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+        Err(why)
+    }
+}
+
+/// Why the endpoint of an identity cannot be had.
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum EndpointError {
+    #[error("identity Secret {0} not found")]
+    SecretNotFound(String),
+    #[error("identity Secret {0} has no key {IDENTITY_KUBECONFIG_KEY}")]
+    NoKubeconfig(String),
+    #[error("identity Secret {0}: {1}")]
+    BadKubeconfig(String, String),
+    #[error("reading identity Secret {0}: {1}")]
+    Read(String, String),
+}
+
+struct Running {
+    endpoint: Endpoint,
+    content: u64,
+    checked: Instant,
+    task: tokio::task::AbortHandle,
+}
+
+/// The endpoints of identities, by Secret.
+pub struct Endpoints {
+    management: Client,
+    factory: ClientFactory,
+    owner: Owner,
+    trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<KaironMachine>>,
+    telemetry: Telemetry,
+    running: Mutex<HashMap<IdentityKey, Running>>,
+}
+
+impl Endpoints {
+    /// Endpoints whose watches trigger KaironMachine reconciles through `trigger`.
+    pub(crate) fn new(
+        management: Client,
+        factory: ClientFactory,
+        owner: Owner,
+        trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<KaironMachine>>,
+        telemetry: Telemetry,
+    ) -> Self {
+        Endpoints {
+            management,
+            factory,
+            owner,
+            trigger,
+            telemetry,
+            running: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IdentityKey, Running>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many endpoints run (metrics, tests).
+    pub fn running(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The endpoint of identity `r` of namespace `ns`, started if it is not running, restarted
+    /// if its Secret changed since it was last read more than [`RECHECK`] ago.
+    pub(crate) async fn endpoint(&self, ns: &str, r: &KaironIdentityReference) -> Result<Endpoint, EndpointError> {
+        let key = (ns.to_string(), r.name.clone());
+        if let Some(run) = self.lock().get(&key)
+            && run.checked.elapsed() < RECHECK
+        {
+            return Ok(run.endpoint.clone());
+        }
+        self.refresh(&key).await
+    }
+
+    /// Reads the Secret of `key`; starts or restarts its endpoint if the content is new.
+    async fn refresh(&self, key: &IdentityKey) -> Result<Endpoint, EndpointError> {
+        let (ns, name) = key;
+        let what = format!("{ns}/{name}");
+        let secret = Api::<Secret>::namespaced(self.management.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| EndpointError::Read(what.clone(), e.to_string()));
+        let secret = match secret {
+            Ok(Some(s)) => s,
+            // Gone (or unreadable) while running: keep speaking to the endpoint with what we
+            // have, so that VMs can still be deleted; the KaironCluster says what is wrong.
+            Ok(None) | Err(_) if self.lock().contains_key(key) => {
+                let mut running = self.lock();
+                if let Some(run) = running.get_mut(key) {
+                    run.checked = Instant::now();
+                    return Ok(run.endpoint.clone());
+                }
+                return Err(EndpointError::SecretNotFound(what));
+            }
+            Ok(None) => return Err(EndpointError::SecretNotFound(what)),
+            Err(e) => return Err(e),
+        };
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get(IDENTITY_KUBECONFIG_KEY))
+            .map(|b| b.0.clone())
+            .ok_or_else(|| EndpointError::NoKubeconfig(what.clone()))?;
+        let content = hash_of(&bytes);
+        {
+            let mut running = self.lock();
+            if let Some(run) = running.get_mut(key)
+                && run.content == content
+            {
+                run.checked = Instant::now();
+                return Ok(run.endpoint.clone());
+            }
+        }
+        let client = self.client_from(&what, &bytes).await?;
+        let endpoint = self.start(key, client);
+        let mut running = self.lock();
+        if let Some(old) = running.get(key)
+            && old.content == content
+        {
+            // Another reconcile started the same endpoint meanwhile: keep the first.
+            endpoint.1.abort();
+            return Ok(old.endpoint.clone());
+        }
+        let restarted = running
+            .insert(
+                key.clone(),
+                Running {
+                    endpoint: endpoint.0.clone(),
+                    content,
+                    checked: Instant::now(),
+                    task: endpoint.1,
+                },
+            )
+            .map(|old| old.task.abort())
+            .is_some();
+        info!(identity = %what, restarted, endpoints = running.len(), "Kairon endpoint started");
+        Ok(endpoint.0)
+    }
+
+    /// A client from kubeconfig `bytes`; refuses what would make the manager run a command or
+    /// read its own files (exec plugins, auth providers, file paths): the Secret is written by
+    /// the cluster's owner, not by the provider's operator.
+    async fn client_from(&self, what: &str, bytes: &[u8]) -> Result<Client, EndpointError> {
+        let bad = |why: &str| EndpointError::BadKubeconfig(what.to_string(), why.to_string());
+        let text = std::str::from_utf8(bytes).map_err(|_| bad("the kubeconfig is not UTF-8"))?;
+        let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| bad("the kubeconfig cannot be parsed"))?;
+        if let Some(why) = refusal(&kubeconfig) {
+            return Err(bad(why));
+        }
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|_| bad("the kubeconfig has no usable context"))?;
+        (self.factory)(config).map_err(|_| bad("no client can be built from the kubeconfig"))
+    }
+
+    /// Starts the watch of the Kairon Machines of namespace `key.0` on `client`: a store, and a
+    /// reconcile of the KaironMachine of every Kairon Machine that changes.
+    fn start(&self, key: &IdentityKey, client: Client) -> (Endpoint, tokio::task::AbortHandle) {
+        let instances = Instances::new(client).with_owner(self.owner.clone());
+        let (store, writer) = reflector::store();
+        let problem: Arc<Mutex<Option<String>>> = Arc::default();
+        let wc = watcher::Config::default()
+            .any_semantic()
+            .labels(&labels::managed_selector());
+        let set_problem = problem.clone();
+        let clear_problem = problem.clone();
+        let metrics = self.telemetry.metrics.clone();
+        let identity = format!("{}/{}", key.0, key.1);
+        let trigger = self.trigger.clone();
+        let on_problem = self.trigger.clone();
+        let known = store.clone();
+        let events = watcher(instances.api(Some(&key.0)), wc)
+            .inspect_err(move |e| {
+                warn!(identity = %identity, error = %e, "Kairon endpoint watch failed; retrying with backoff");
+                metrics
+                    .watch_errors
+                    .get_or_create(&crate::metrics::WatchLabels {
+                        resource: "machines.kairon.zyvor.dev",
+                    })
+                    .inc();
+                let first = set_problem
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .replace(format!("the Kairon API cannot be watched: {e}"))
+                    .is_none();
+                if first {
+                    // The machines on this endpoint say so at once, not at their next resync.
+                    for vm in known.state() {
+                        if let Some(km) = kaironmachine_for_instance(&vm) {
+                            let _ = on_problem.unbounded_send(km);
+                        }
+                    }
+                }
+            })
+            .default_backoff()
+            .map_ok(kairon::read_event)
+            .modify(|vm: &mut kairon::Machine| {
+                vm.spec.cloud_init = None;
+                strip_managed_fields(vm);
+            })
+            .reflect(writer);
+        let task = tokio::spawn(events.for_each(move |event| {
+            if let Ok(event) = event {
+                *clear_problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                use kube::runtime::watcher::Event;
+                let vm = match event {
+                    Event::Apply(vm) | Event::Delete(vm) | Event::InitApply(vm) => Some(vm),
+                    Event::Init | Event::InitDone => None,
+                };
+                if let Some(km) = vm.as_ref().and_then(kaironmachine_for_instance) {
+                    let _ = trigger.unbounded_send(km);
+                }
+            }
+            futures::future::ready(())
+        }));
+        let synced = Synced::of(&store);
+        let endpoint = Endpoint {
+            instances,
+            store,
+            synced,
+            namespace: key.0.clone(),
+            problem,
+            probed: Arc::default(),
+        };
+        (endpoint, task.abort_handle())
+    }
+
+    /// Stops the endpoints no KaironCluster and no KaironMachine names any more, and reads the
+    /// Secrets of the others again (rotation is picked up even when nothing is reconciled).
+    pub(crate) async fn sweep(&self, in_use: &HashSet<IdentityKey>) {
+        let keys: Vec<IdentityKey> = {
+            let mut running = self.lock();
+            running.retain(|key, run| {
+                let keep = in_use.contains(key);
+                if !keep {
+                    run.task.abort();
+                    info!(identity = %format!("{}/{}", key.0, key.1), "Kairon endpoint stopped: no cluster uses it");
+                }
+                keep
+            });
+            running
+                .iter()
+                .filter(|(_, run)| run.checked.elapsed() >= RECHECK)
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for key in keys {
+            if let Err(e) = self.refresh(&key).await {
+                warn!(error = %e, "Kairon endpoint not refreshed");
+            }
+        }
+    }
+}
+
+/// Why a kubeconfig from an identity Secret is refused, if it is: anything that would make the
+/// manager run a command or read a file of its own.
+fn refusal(kubeconfig: &Kubeconfig) -> Option<&'static str> {
+    for auth in kubeconfig.auth_infos.iter().filter_map(|a| a.auth_info.as_ref()) {
+        if auth.exec.is_some() || auth.auth_provider.is_some() {
+            return Some("exec plugins and auth providers are not allowed");
+        }
+        if auth.token_file.is_some() || auth.client_certificate.is_some() || auth.client_key.is_some() {
+            return Some("file paths are not allowed; embed the data");
+        }
+    }
+    let files = kubeconfig
+        .clusters
+        .iter()
+        .filter_map(|c| c.cluster.as_ref())
+        .any(|c| c.certificate_authority.is_some());
+    files.then_some("file paths are not allowed; embed the data")
+}
+
+/// The identities named by KaironClusters and recorded on KaironMachines.
+pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMachine>) -> HashSet<IdentityKey> {
+    let of_clusters = kcs.state().into_iter().filter_map(|kc| {
+        let r = kc.spec.identity_ref.as_ref()?;
+        Some((kc.namespace()?, r.name.clone()))
+    });
+    let of_machines = kms.state().into_iter().filter_map(|km| {
+        let r = km.status.as_ref()?.instance.as_ref()?.identity_ref.as_ref()?;
+        Some((km.namespace()?, r.name.clone()))
+    });
+    of_clusters.chain(of_machines).collect()
+}
+
+/// Sweeps every `period` until `shutdown`.
+pub(crate) async fn sweep_every(
+    endpoints: Arc<Endpoints>,
+    kcs: Store<KaironCluster>,
+    kms: Store<KaironMachine>,
+    period: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    let mut shutdown = std::pin::pin!(shutdown.fuse());
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        endpoints.sweep(&identities_in_use(&kcs, &kms)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubeconfigs_that_run_commands_or_read_files_are_refused() {
+        let kubeconfig = |user: &str, cluster: &str| {
+            Kubeconfig::from_yaml(&format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://kairon:6443\n{cluster}\
+                 users:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context: {{cluster: k, user: u}}\ncurrent-context: c\n"
+            ))
+            .unwrap()
+        };
+        let cases = [
+            ("embedded token", "    token: abc\n", "", None),
+            (
+                "embedded certificate",
+                "    client-certificate-data: YQ==\n    client-key-data: YQ==\n",
+                "    certificate-authority-data: YQ==\n",
+                None,
+            ),
+            (
+                "exec plugin",
+                "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh\n",
+                "",
+                Some("exec"),
+            ),
+            (
+                "token file",
+                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
+                "",
+                Some("file paths"),
+            ),
+            (
+                "certificate file",
+                "    client-certificate: /etc/cert\n    client-key: /etc/key\n",
+                "",
+                Some("file paths"),
+            ),
+            (
+                "CA file",
+                "    token: abc\n",
+                "    certificate-authority: /etc/ca.crt\n",
+                Some("file paths"),
+            ),
+        ];
+        for (name, user, cluster, want) in cases {
+            let got = refusal(&kubeconfig(user, cluster));
+            match want {
+                None => assert_eq!(got, None, "{name}"),
+                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{name}: {got:?}"),
+            }
+        }
+    }
+}
