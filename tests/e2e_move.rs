@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use capkr::api::KaironMachine;
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
-use capkr_testenv::{CapiManagers, Env, EnvOptions, Process, capi_resource, merged_args, wait_for};
+use capkr_testenv::{
+    CapiManagers, Env, EnvOptions, Process, capi_resource, merged_args, parse_yaml_documents, wait_for,
+};
 use common::{default_sim_args, km_ready};
 use distribution_support::{CERT_MANAGER_STUB_CRDS, LocalRepo, VERSION, capi_module, run_ok, stdout};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -60,15 +62,35 @@ enum Install {
 /// the restarted source manager deletes none, and scaling and deletion work on the target.
 #[tokio::test(flavor = "multi_thread")]
 async fn clusterctl_move_with_clusterctl_init_components_hands_every_vm_to_the_target() {
-    move_between_management_clusters(Install::Clusterctl).await;
+    move_between_management_clusters(Install::Clusterctl, Reach::Flag).await;
 }
 
 /// Move with the provider installed from the Helm chart (no inventory entry of its own: only
 /// the chart's CRD labels let clusterctl find our kinds), the same outcome.
 #[tokio::test(flavor = "multi_thread")]
 async fn clusterctl_move_with_the_helm_chart_hands_every_vm_to_the_target() {
-    move_between_management_clusters(Install::Helm).await;
+    move_between_management_clusters(Install::Helm, Reach::Flag).await;
 }
+
+/// Move: a cluster whose KaironCluster reaches Kairon through `spec.identityRef` (the managers
+/// have no `--kairon-kubeconfig`): the identity Secret moves with the cluster, and the target
+/// adopts, scales and deletes through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusterctl_move_of_a_cluster_with_an_identity_ref_moves_its_identity_secret() {
+    move_between_management_clusters(Install::Helm, Reach::Identity).await;
+}
+
+/// How the managers reach the Kairon API.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Reach {
+    /// Every cluster's VMs through `--kairon-kubeconfig`.
+    Flag,
+    /// The cluster's through the Secret its KaironCluster names (`spec.identityRef`).
+    Identity,
+}
+
+/// The identity Secret of [`Reach::Identity`].
+const IDENTITY: &str = "kairon-identity";
 
 /// One management cluster: its environment, the manager running with the installed
 /// ServiceAccount's identity, and its identity on Kairon.
@@ -91,11 +113,12 @@ impl Management {
     }
 }
 
-async fn move_between_management_clusters(install: Install) {
+async fn move_between_management_clusters(install: Install, reach: Reach) {
     let t0 = Instant::now();
-    let name = match install {
-        Install::Clusterctl => "move-clusterctl",
-        Install::Helm => "move-helm",
+    let name = match (install, reach) {
+        (_, Reach::Identity) => "move-identity",
+        (Install::Clusterctl, _) => "move-clusterctl",
+        (Install::Helm, _) => "move-helm",
     };
     let repo = LocalRepo::new();
     let (kairon_env, src_env, dst_env) = tokio::join!(
@@ -139,8 +162,18 @@ async fn move_between_management_clusters(install: Install) {
         .unwrap();
     let _sim = kairon_env.start_simulator(default_sim_args()).expect("simulator");
 
-    let src = start_management(src_env, kairon_env.kubeconfig_path(), install, None).await;
-    let dst = start_management(dst_env, kairon_env.kubeconfig_path(), install, Some(&src_id)).await;
+    let flag = (reach == Reach::Flag).then(|| kairon_env.kubeconfig_path());
+    let src = start_management(src_env, flag, install, None).await;
+    let dst = start_management(dst_env, flag, install, Some(&src_id)).await;
+    let secrets = |m: &Management| Api::<Secret>::namespaced(m.env.client(), NS);
+    if reach == Reach::Identity {
+        let identity: Secret = serde_json::from_value(json!({
+            "metadata": {"name": IDENTITY, "namespace": NS},
+            "data": {"kubeconfig": k8s_openapi::ByteString(std::fs::read(kairon_env.kubeconfig_path()).unwrap())},
+        }))
+        .unwrap();
+        secrets(&src).create(&PostParams::default(), &identity).await.unwrap();
+    }
     assert_ne!(src.id, dst.id, "two management clusters, two identities");
     let vms: Api<kairon::Machine> = Api::namespaced(kairon_env.client(), NS);
 
@@ -149,13 +182,21 @@ async fn move_between_management_clusters(install: Install) {
         workers: 2,
         ..Default::default()
     };
-    src.env
-        .apply(
-            &cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape),
-            Some(NS),
-        )
-        .await
-        .expect("cluster objects apply");
+    let mut objects = cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape);
+    if reach == Reach::Identity {
+        objects = parse_yaml_documents(&objects)
+            .unwrap()
+            .into_iter()
+            .map(|mut d| {
+                if d["kind"] == "KaironCluster" {
+                    d["spec"]["identityRef"] = json!({"kind": "Secret", "name": IDENTITY});
+                }
+                serde_json::to_string(&d).unwrap()
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n");
+    }
+    src.env.apply(&objects, Some(NS)).await.expect("cluster objects apply");
     wait_running(&src, 3).await;
     let before = vm_uids(&vms).await;
     assert_eq!(before.len(), 3, "one VM per Machine: {before:?}");
@@ -198,6 +239,14 @@ async fn move_between_management_clusters(install: Install) {
         (0, 0, 0),
         "(Clusters, Machines, KaironMachines) left on the source"
     );
+    if reach == Reach::Identity {
+        assert!(
+            secrets(&src).get_opt(IDENTITY).await.unwrap().is_none(),
+            "the identity Secret left on the source"
+        );
+        let moved = secrets(&dst).get_opt(IDENTITY).await.unwrap();
+        assert!(moved.is_some(), "the identity Secret did not move to the target");
+    }
     let adopted = wait("the target's KaironMachines Ready on the VMs they had", || async {
         let kms = dst.kms().list(&ListParams::default()).await?.items;
         let vms = vms.list(&ListParams::default()).await?.items;
@@ -288,6 +337,20 @@ async fn move_between_management_clusters(install: Install) {
         )
     })
     .await;
+    if reach == Reach::Identity {
+        // On the target the identity was protected while it had VMs, and is released now.
+        let identity = secrets(&dst).get(IDENTITY).await.unwrap();
+        assert!(
+            identity.finalizers().is_empty(),
+            "the identity Secret keeps a finalizer after its cluster is gone: {:?}",
+            identity.finalizers()
+        );
+        assert_eq!(
+            vms.list(&ListParams::default()).await.unwrap().items.len(),
+            0,
+            "VMs left on the identity's Kairon API"
+        );
+    }
     for m in [&src, &dst] {
         let log = std::fs::read_to_string(m.manager.log_path()).unwrap_or_default();
         assert!(
@@ -389,7 +452,7 @@ async fn kube_system_uid(env: &Env) -> String {
 /// Deployment.
 async fn start_management(
     env: Env,
-    kairon_kubeconfig: &Path,
+    kairon_kubeconfig: Option<&Path>,
     install: Install,
     adopt_from: Option<&str>,
 ) -> Management {
@@ -419,13 +482,11 @@ async fn start_management(
         .find_map(|a| a.strip_prefix("--adopt-from-management-clusters="));
     assert_eq!(adopting, adopt_from, "the manager's --adopt-from-management-clusters");
     let kubeconfig = env.impersonating_kubeconfig(SA, "capkr-manager-sa.kubeconfig").unwrap();
-    let args = merged_args(
-        args,
-        &[
-            format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--kairon-kubeconfig={}", kairon_kubeconfig.display()),
-        ],
-    );
+    let mut flags = vec![format!("--kubeconfig={}", kubeconfig.display())];
+    if let Some(kairon) = kairon_kubeconfig {
+        flags.push(format!("--kairon-kubeconfig={}", kairon.display()));
+    }
+    let args = merged_args(args, &flags);
     let manager = env.start_manager(args).expect("manager");
     let id = kube_system_uid(&env).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
