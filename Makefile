@@ -53,17 +53,18 @@ demo: test-tools build
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo -- $(DEMO_ARGS)
 
 # Scale benchmark (docs/benchmarks.md): release builds of the manager, the simulator and the
-# benchmark against the real control plane; writes docs/bench/results.{md,json} and the plots.
+# benchmark against the real control plane, CAPD's manager (hack/capd-manager.sh) for the
+# side-by-side part; writes docs/bench/results.{md,json} and the plots.
 BENCH_SIZES ?= 100 1000
 BENCH_LIMITS ?= 20/30 0
-BENCH_CAPI_SIZES ?= 100
+BENCH_CAPI_SIZES ?= 100 1000
 BENCH_IDLE ?= 120
 BENCH_OUT ?= docs/bench
 BENCH_ARGS ?=
 BENCH_TARGET_DIR = $${CARGO_TARGET_DIR:-$(CURDIR)/target}/release
 bench: test-tools
 	$(CARGO) build --release -p cluster-api-provider-kairon -p kairon-sim -p capkr-bench --bin capkr-manager --bin kairon-sim --bin capkr-bench
-	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) \
+	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) CAPD_MANAGER_DIR=$$(hack/capd-manager.sh | tail -1) \
 	CAPKR_MANAGER_BIN=$(BENCH_TARGET_DIR)/capkr-manager KAIRON_SIM_BIN=$(BENCH_TARGET_DIR)/kairon-sim \
 	$(BENCH_TARGET_DIR)/capkr-bench --sizes "$(BENCH_SIZES)" --limits "$(BENCH_LIMITS)" \
 		--capi-sizes "$(BENCH_CAPI_SIZES)" --idle $(BENCH_IDLE) --out-dir $(BENCH_OUT) $(BENCH_ARGS)

@@ -5,13 +5,13 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, RequestCounts};
+use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, AuditEvent, RequestCounts};
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
 use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, capi_resource};
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use crate::procstat::peak_rss_kib;
+use crate::procstat::{cpu_seconds, peak_rss_kib};
 use crate::provider::{health_port, mib, wait_ready};
 use crate::results::{FullCapiRun, PerMachine};
 use crate::traffic::{MANAGER_IDENTITY, Traffic, is_manager_request};
@@ -66,37 +66,25 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     wait_running(&machines, 1, Duration::from_secs(180)).await?;
     let control_plane = t_cp.elapsed();
 
-    let mut traffic = Traffic::from_now(env)?;
-    traffic
-        .until_quiet(is_manager_request, quiet, Duration::from_secs(30))
-        .await?;
-    let t0 = Instant::now();
-    let mds: Api<DynamicObject> = Api::namespaced_with(
-        env.client(),
+    let scaled = scale(
+        env,
         NAMESPACE,
-        &capi_resource("MachineDeployment", "machinedeployments"),
-    );
-    mds.patch(
         &format!("{CLUSTER}-md-0"),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": n}})),
+        n,
+        pid,
+        is_manager_request,
+        quiet,
     )
-    .await
-    .context("scaling the MachineDeployment")?;
-    wait_running(&machines, n + 1, Duration::from_secs(180 + 3 * n as u64)).await?;
-    let scale = t0.elapsed();
-    let (events, _) = traffic
-        .until_quiet(is_manager_request, quiet, Duration::from_secs(60))
-        .await?;
-    let requests = RequestCounts::of(&events, |_| true);
+    .await?;
     let run = FullCapiRun {
         n,
         manager_args: manager_args(),
         control_plane_s: control_plane.as_secs_f64(),
-        scale_s: scale.as_secs_f64(),
-        per_machine: PerMachine::of(&requests, n),
-        requests,
-        peak_rss_mib: mib(peak_rss_kib(pid)?),
+        scale_s: scaled.scale_s,
+        per_machine: PerMachine::of(&scaled.requests, n),
+        requests: scaled.requests,
+        peak_rss_mib: scaled.peak_rss_mib,
+        cpu_s: scaled.cpu_s,
     };
     eprintln!(
         "capkr-bench: full CAPI path, 0 -> {n} workers: {:.1}s ({:.2} manager writes per machine)",
@@ -107,8 +95,59 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     Ok(run)
 }
 
+/// What [`scale`] measured.
+pub struct Scaled {
+    pub scale_s: f64,
+    pub requests: RequestCounts,
+    pub peak_rss_mib: f64,
+    pub cpu_s: f64,
+}
+
+/// With one control-plane Machine running: waits until the provider manager (process `pid`,
+/// requests selected by `is_provider`) has gone quiet, scales the MachineDeployment `md` of
+/// `namespace` from 0 to `n`, waits until all `n + 1` Machines run with a nodeRef and the
+/// manager has gone quiet again, and returns the time to all Running, the manager's requests
+/// from the scale until quiet, its CPU time over the same window and its peak RSS.
+pub async fn scale(
+    env: &Env,
+    namespace: &str,
+    md: &str,
+    n: usize,
+    pid: u32,
+    is_provider: fn(&AuditEvent) -> bool,
+    quiet: Duration,
+) -> Result<Scaled> {
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(env.client(), namespace, &capi_resource("Machine", "machines"));
+    let mut traffic = Traffic::from_now(env)?;
+    traffic.until_quiet(is_provider, quiet, Duration::from_secs(30)).await?;
+    let cpu0 = cpu_seconds(pid)?;
+    let t0 = Instant::now();
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        env.client(),
+        namespace,
+        &capi_resource("MachineDeployment", "machinedeployments"),
+    );
+    mds.patch(
+        md,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": n}})),
+    )
+    .await
+    .context("scaling the MachineDeployment")?;
+    wait_running(&machines, n + 1, Duration::from_secs(180 + 3 * n as u64)).await?;
+    let scale_s = t0.elapsed().as_secs_f64();
+    let (events, _) = traffic.until_quiet(is_provider, quiet, Duration::from_secs(60)).await?;
+    Ok(Scaled {
+        scale_s,
+        requests: RequestCounts::of(&events, |_| true),
+        peak_rss_mib: mib(peak_rss_kib(pid)?),
+        cpu_s: cpu_seconds(pid)? - cpu0,
+    })
+}
+
 /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
-async fn wait_running(machines: &Api<DynamicObject>, n: usize, timeout: Duration) -> Result<()> {
+pub async fn wait_running(machines: &Api<DynamicObject>, n: usize, timeout: Duration) -> Result<()> {
     let start = Instant::now();
     loop {
         let list = machines.list(&ListParams::default()).await?;

@@ -12,7 +12,9 @@
 //!    with N machines in place (time to `/readyz`, requests and writes until quiet);
 //!
 //! and then, in an environment with CAPI's managers and a workload cluster,
-//! 4. the full CAPI path: a MachineDeployment scaled 0 → N until every Machine runs with a Node.
+//! 4. the full CAPI path: a MachineDeployment scaled 0 → N until every Machine runs with a Node;
+//!    and the same with CAPD's manager and its in-memory backend instead ([`peer`]), side by
+//!    side.
 //!
 //! Results go to `results.json`, `results.md` and two PNG plots in the output directory.
 
@@ -22,6 +24,7 @@ pub mod info;
 pub mod markdown;
 pub mod objects;
 pub mod observe;
+pub mod peer;
 pub mod plot;
 pub mod procstat;
 pub mod provider;
@@ -35,7 +38,7 @@ use anyhow::{Context, Result};
 use capkr_testenv::audit::AUDIT_POLICY_METADATA_RESPONSES;
 use capkr_testenv::{Binaries, CapiManagers, Env, EnvOptions, own_binary};
 
-use crate::results::{ApiLimits, Results, Settings, SizeRun, check_targets};
+use crate::results::{ApiLimits, PeerRun, Results, Settings, SizeRun, check_targets};
 use crate::traffic::MANAGER_IDENTITY;
 
 /// What to run.
@@ -48,6 +51,8 @@ pub struct Options {
     pub limits: Vec<ApiLimits>,
     /// Workers of part 4; empty: part 4 is skipped.
     pub capi_sizes: Vec<usize>,
+    /// Part 4 with CAPD's in-memory provider too, at each size of `capi_sizes`.
+    pub peer: bool,
     /// Creates in flight while the benchmark makes the machines.
     pub create_concurrency: usize,
     /// `--kaironmachine-concurrency` of the manager, and the floor's concurrency.
@@ -71,7 +76,8 @@ impl Default for Options {
         Options {
             sizes: vec![100, 1000],
             limits: vec![ApiLimits::DEFAULT, ApiLimits { qps: 0.0, burst: 0 }],
-            capi_sizes: vec![100],
+            capi_sizes: vec![100, 1000],
+            peer: true,
             create_concurrency: 32,
             kaironmachine_concurrency: 10,
             idle: Duration::from_secs(120),
@@ -150,10 +156,21 @@ pub async fn run(opts: &Options) -> Result<Results> {
             runs.push(result.with_context(|| format!("N={n}, client limit {limits}"))?);
         }
     }
+    let capd = match opts.peer && !opts.capi_sizes.is_empty() {
+        true => Some(peer::capd_dir()?),
+        false => None,
+    };
     let mut full_capi = Vec::new();
+    let mut peer = Vec::new();
     for &n in &opts.capi_sizes {
         eprintln!("capkr-bench: full CAPI path, N={n}");
-        full_capi.push(full_capi::run(n, opts.quiet).await?);
+        let ours = full_capi::run(n, opts.quiet).await?;
+        full_capi.push(ours.clone());
+        if let Some(capd) = &capd {
+            eprintln!("capkr-bench: full CAPI path with CAPD's in-memory provider, N={n}");
+            let theirs = peer::run(capd, n, opts.quiet).await?;
+            peer.push(PeerRun { n, ours, capd: theirs });
+        }
     }
     let results = Results {
         generated_at: k8s_openapi::jiff::Timestamp::now().to_string(),
@@ -174,6 +191,7 @@ pub async fn run(opts: &Options) -> Result<Results> {
         targets: check_targets(&runs),
         runs,
         full_capi,
+        peer,
     };
     write_results(&results, &opts.out_dir, &font)?;
     Ok(results)
@@ -216,7 +234,8 @@ pub fn explain_failure(env: &Env, n: usize) {
     }
 }
 
-/// `results.json`, `results.md`, `time-vs-n.png`, `rss-vs-n.png`.
+/// `results.json`, `results.md`, `time-vs-n.png`, `rss-vs-n.png` and, with part 4's peer,
+/// `peer-vs-n.png`.
 pub fn write_results(results: &Results, dir: &Path, font: &plot::Font) -> Result<()> {
     let write = |name: &str, content: &[u8]| {
         let p = dir.join(name);
@@ -226,6 +245,9 @@ pub fn write_results(results: &Results, dir: &Path, font: &plot::Font) -> Result
     write("results.md", markdown::render(results).as_bytes())?;
     plot::time_vs_n(results, &dir.join("time-vs-n.png"), font)?;
     plot::rss_vs_n(results, &dir.join("rss-vs-n.png"), font)?;
+    if !results.peer.is_empty() {
+        plot::peer_vs_n(results, &dir.join("peer-vs-n.png"), font)?;
+    }
     eprintln!("capkr-bench: results in {}", dir.display());
     Ok(())
 }

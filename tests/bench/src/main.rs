@@ -25,8 +25,12 @@ struct Args {
     limits: String,
 
     /// Workers of the full CAPI path (space or comma separated; empty or 0 skips it).
-    #[arg(long, default_value = "100")]
+    #[arg(long, default_value = "100 1000")]
     capi_sizes: String,
+
+    /// Run the full CAPI path with capkr-manager only, not also with CAPD's in-memory provider.
+    #[arg(long)]
+    no_peer: bool,
 
     /// Seconds without any change during which the manager's writes are counted.
     #[arg(long, default_value_t = 120.0)]
@@ -94,6 +98,7 @@ async fn main() -> Result<()> {
             .into_iter()
             .filter(|n| *n > 0)
             .collect(),
+        peer: !args.no_peer,
         create_concurrency: args.create_concurrency,
         kaironmachine_concurrency: args.kaironmachine_concurrency,
         idle: Duration::from_secs_f64(args.idle.max(0.0)),

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use crate::results::{Percentiles, Results, SizeRun, run_label};
+use crate::results::{FullCapiRun, Percentiles, Results, SizeRun, run_label};
 
 fn secs(s: f64) -> String {
     if s < 10.0 { format!("{s:.2}") } else { format!("{s:.1}") }
@@ -254,11 +254,93 @@ pub fn render(res: &Results) -> String {
         }
     }
 
+    if !res.peer.is_empty() {
+        peer_section(&mut o, res);
+    }
+
     let _ = writeln!(
         o,
         "## Plots\n\n![time against N](time-vs-n.png)\n\n![peak RSS against N](rss-vs-n.png)"
     );
+    if !res.peer.is_empty() {
+        let _ = writeln!(o, "\n![capkr-manager and CAPD in-memory against N](peer-vs-n.png)");
+    }
     o
+}
+
+/// Part 4 side by side with CAPD's in-memory provider: one table per N, a column per provider
+/// and their ratio; then each provider's writes per machine by resource.
+fn peer_section(o: &mut String, res: &Results) {
+    let _ = writeln!(
+        o,
+        "## Side by side: capkr-manager and CAPD's in-memory provider\n\n\
+         The full CAPI path with each provider, in the same run: the same cluster shape (one \
+         control-plane Machine with kubeadm init data, a MachineDeployment scaled 0 → N) on the \
+         same CAPI core, kubeadm bootstrap and control plane managers, each in a fresh \
+         environment. Requests are the provider manager's own (audit log, by User-Agent; no \
+         Leases), from the scale until it went quiet; CPU is its utime + stime over the same \
+         window.\n"
+    );
+    type Figure = (&'static str, fn(&FullCapiRun) -> f64, fn(f64) -> String);
+    let figures: [Figure; 8] = [
+        (
+            "MachineDeployment 0 → N, all Running with a Node (s)",
+            |r| r.scale_s,
+            secs,
+        ),
+        ("control-plane Machine up (s)", |r| r.control_plane_s, secs),
+        ("requests per machine", |r| r.per_machine.requests, per),
+        ("reads per machine", |r| r.per_machine.reads, per),
+        ("writes per machine", |r| r.per_machine.writes, per),
+        ("CPU (s)", |r| r.cpu_s, secs),
+        (
+            "CPU per machine (ms)",
+            |r| 1000.0 * r.cpu_s / r.n.max(1) as f64,
+            |x| format!("{x:.1}"),
+        ),
+        ("peak RSS (MiB)", |r| r.peak_rss_mib, |x| format!("{x:.1}")),
+    ];
+    for p in &res.peer {
+        let _ = writeln!(
+            o,
+            "### N={}\n\n| | capkr-manager + simulator | CAPD in-memory | ours / CAPD |\n|---|---:|---:|---:|",
+            p.n
+        );
+        for (name, f, fmt) in figures {
+            let ratio = p.ratio(f).map(|x| format!("{x:.2}")).unwrap_or_else(|| "–".into());
+            let _ = writeln!(o, "| {name} | {} | {} | {ratio} |", fmt(f(&p.ours)), fmt(f(&p.capd)));
+        }
+        let _ = writeln!(
+            o,
+            "\nWrites per machine by resource:\n\n| write | capkr-manager | CAPD in-memory |\n|---|---:|---:|"
+        );
+        let keys: BTreeSet<&String> = p
+            .ours
+            .per_machine
+            .by_resource
+            .keys()
+            .chain(p.capd.per_machine.by_resource.keys())
+            .filter(|k| {
+                ["create ", "update ", "patch ", "delete "]
+                    .iter()
+                    .any(|v| k.starts_with(v))
+            })
+            .collect();
+        for k in keys {
+            let get = |r: &FullCapiRun| r.per_machine.by_resource.get(k).copied().unwrap_or(0.0);
+            let _ = writeln!(o, "| `{k}` | {} | {} |", per(get(&p.ours)), per(get(&p.capd)));
+        }
+        o.push('\n');
+    }
+    if let Some(p) = res.peer.first() {
+        let _ = writeln!(
+            o,
+            "capkr-manager flags: `{}`; CAPD's: `{}` (its defaults otherwise: client limit 100/200, \
+             50 DevMachine workers; capkr-manager's: 20/30, 10 KaironMachine workers).\n",
+            p.ours.manager_args.join(" "),
+            p.capd.manager_args.join(" ")
+        );
+    }
 }
 
 /// A few lines for the terminal.
@@ -278,6 +360,24 @@ pub fn summary(res: &Results) -> String {
     }
     for r in &res.full_capi {
         let _ = writeln!(o, "full CAPI path N={}: {} s", r.n, secs(r.scale_s));
+    }
+    for p in &res.peer {
+        let _ = writeln!(
+            o,
+            "side by side N={}: ours / CAPD in-memory: time {} s / {} s, writes per machine {} / {}, \
+             requests per machine {} / {}, CPU {} s / {} s, peak RSS {:.1} / {:.1} MiB",
+            p.n,
+            secs(p.ours.scale_s),
+            secs(p.capd.scale_s),
+            per(p.ours.per_machine.writes),
+            per(p.capd.per_machine.writes),
+            per(p.ours.per_machine.requests),
+            per(p.capd.per_machine.requests),
+            secs(p.ours.cpu_s),
+            secs(p.capd.cpu_s),
+            p.ours.peak_rss_mib,
+            p.capd.peak_rss_mib
+        );
     }
     for t in &res.targets {
         let _ = writeln!(

@@ -1,6 +1,7 @@
-//! The two PNG plots: time against N and the manager's peak RSS against N. Text is drawn with
-//! a TrueType font read from a file (no fontconfig): DejaVu Sans, which Debian's
-//! `fonts-dejavu-core` installs, unless `--font` names another.
+//! The PNG plots: time against N, the manager's peak RSS against N, and part 4 side by side
+//! with CAPD's in-memory provider. Text is drawn with a TrueType font read from a file (no
+//! fontconfig): DejaVu Sans, which Debian's `fonts-dejavu-core` installs, unless `--font` names
+//! another.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -8,7 +9,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, anyhow};
 use plotters::prelude::*;
 
-use crate::results::Results;
+use crate::results::{FullCapiRun, Results};
 
 const FAMILY: &str = "sans-serif";
 
@@ -245,5 +246,68 @@ where
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .map_err(draw_err)?;
+    Ok(())
+}
+
+/// Part 4 side by side: capkr-manager with the simulator and CAPD's in-memory provider against
+/// N, in four panels: time from the scale to all Machines Running, the provider manager's
+/// writes per machine, its CPU seconds and its peak RSS.
+pub fn peer_vs_n(results: &Results, path: &Path, _font: &Font) -> Result<()> {
+    let title = "capkr-manager and CAPD in-memory, MachineDeployment 0 -> N";
+    let Some((x0, x1)) = log_bounds(results.peer.iter().map(|p| p.n as f64)) else {
+        return empty(path, title);
+    };
+    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(draw_err)?;
+    let root = root.titled(title, (FAMILY, 24)).map_err(draw_err)?;
+    type Figure = (&'static str, &'static str, fn(&FullCapiRun) -> f64);
+    let panels: [Figure; 4] = [
+        ("time to all Machines Running", "seconds", |r| r.scale_s),
+        ("provider writes per machine", "writes", |r| r.per_machine.writes),
+        ("provider CPU (user + system)", "seconds", |r| r.cpu_s),
+        ("provider peak RSS (VmHWM)", "MiB", |r| r.peak_rss_mib),
+    ];
+    for (area, (name, unit, f)) in root.split_evenly((2, 2)).iter().zip(panels) {
+        let series = [
+            Series {
+                label: "capkr-manager + simulator".into(),
+                points: results.peer.iter().map(|p| (p.n as f64, f(&p.ours))).collect(),
+            },
+            Series {
+                label: "CAPD in-memory".into(),
+                points: results.peer.iter().map(|p| (p.n as f64, f(&p.capd))).collect(),
+            },
+        ];
+        let top = series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .fold(0.0, f64::max)
+            .max(f64::EPSILON)
+            * 1.5;
+        let mut chart = ChartBuilder::on(area)
+            .caption(name, (FAMILY, 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(56)
+            .build_cartesian_2d((x0..x1).log_scale(), 0.0..top)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("machines (N)")
+            .y_desc(unit)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| {
+                if top >= 10.0 {
+                    format!("{y:.0}")
+                } else {
+                    format!("{y:.1}")
+                }
+            })
+            .label_style((FAMILY, 13))
+            .draw()
+            .map_err(draw_err)?;
+        draw_series(&mut chart, &series)?;
+    }
+    root.present().map_err(draw_err)?;
     Ok(())
 }

@@ -194,6 +194,26 @@ pub struct FullCapiRun {
     pub requests: RequestCounts,
     pub per_machine: PerMachine,
     pub peak_rss_mib: f64,
+    /// The provider manager's CPU time (user + system) from the scale until it went quiet.
+    #[serde(default)]
+    pub cpu_s: f64,
+}
+
+/// Part 4 for one N with both providers, from the same run: capkr-manager with the simulator
+/// and CAPD's manager with its in-memory backend.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PeerRun {
+    pub n: usize,
+    pub ours: FullCapiRun,
+    pub capd: FullCapiRun,
+}
+
+impl PeerRun {
+    /// ours / CAPD's for one figure; `None` when CAPD's is zero.
+    pub fn ratio(&self, figure: impl Fn(&FullCapiRun) -> f64) -> Option<f64> {
+        let theirs = figure(&self.capd);
+        (theirs > 0.0).then(|| figure(&self.ours) / theirs)
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -244,6 +264,9 @@ pub struct Results {
     pub settings: Settings,
     pub runs: Vec<SizeRun>,
     pub full_capi: Vec<FullCapiRun>,
+    /// Part 4 side by side with CAPD's in-memory provider (empty without `--peer`).
+    #[serde(default)]
+    pub peer: Vec<PeerRun>,
     pub targets: Vec<TargetCheck>,
 }
 

@@ -1,5 +1,7 @@
 //! The benchmark at a tiny size against the real control plane, so that `make test` keeps it
-//! working: 3 machines, a 2 s idle period, the full CAPI path with one worker. Its numbers must
+//! working: 3 machines, a 2 s idle period, the full CAPI path with two workers, with
+//! capkr-manager and with CAPD's in-memory provider (whose manager `hack/capd-manager.sh`
+//! builds once into a cache; it needs Go). Its numbers must
 //! be sane; the targets are not checked (they are about large N). Output goes to a temp dir,
 //! never to docs/. Like every real-control-plane test it fails when the binaries are missing.
 
@@ -9,6 +11,8 @@ use capkr_bench::Options;
 use capkr_bench::results::{ApiLimits, Results};
 
 const N: usize = 3;
+/// Workers of the full CAPI path.
+const W: usize = 2;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
@@ -16,7 +20,7 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
     let opts = Options {
         sizes: vec![N],
         limits: vec![ApiLimits::DEFAULT],
-        capi_sizes: vec![1],
+        capi_sizes: vec![W],
         idle: Duration::from_secs(2),
         quiet: Duration::from_secs(1),
         out_dir: out.path().to_path_buf(),
@@ -63,9 +67,39 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
 
     assert_eq!(res.full_capi.len(), 1);
     let full = &res.full_capi[0];
-    assert_eq!(full.n, 1);
+    assert_eq!(full.n, W);
     assert!(full.scale_s > 0.0 && full.control_plane_s > 0.0, "{full:?}");
-    assert!(full.requests.writes > 0, "{full:?}");
+    assert!(full.requests.writes > 0 && full.cpu_s > 0.0, "{full:?}");
+    // capkr-manager creates one Kairon Machine per worker.
+    let by = |k: &str| full.requests.by_resource.get(k).copied().unwrap_or(0);
+    assert_eq!(by("create machines.kairon.zyvor.dev"), W as u64, "{:?}", full.requests);
+
+    // Side by side: the same figures for CAPD's in-memory provider, from its own requests.
+    assert_eq!(res.peer.len(), 1);
+    let peer = &res.peer[0];
+    assert_eq!((peer.n, peer.ours.n, peer.capd.n), (W, W, W));
+    assert_eq!(peer.ours.requests, full.requests);
+    let capd = &peer.capd;
+    assert!(capd.scale_s > 0.0 && capd.control_plane_s > 0.0, "{capd:?}");
+    assert!(capd.peak_rss_mib > 1.0 && capd.cpu_s > 0.0, "{capd:?}");
+    // CAPD patches each new DevMachine (finalizer, providerID, status); none of capkr-manager's
+    // requests are counted as CAPD's, nor the other way round.
+    let capd_by = |k: &str| capd.requests.by_resource.get(k).copied().unwrap_or(0);
+    assert!(
+        capd_by("patch devmachines.infrastructure.cluster.x-k8s.io") >= W as u64,
+        "{:?}",
+        capd.requests
+    );
+    assert!(
+        capd.requests.by_resource.keys().all(|k| !k.contains("kairon")),
+        "{:?}",
+        capd.requests
+    );
+    assert!(
+        full.requests.by_resource.keys().all(|k| !k.contains("devmachines")),
+        "{:?}",
+        full.requests
+    );
 
     assert!(res.versions.kube_apiserver.starts_with("v1."), "{:?}", res.versions);
     assert!(res.machine.nproc > 0);
@@ -76,7 +110,8 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
     assert_eq!(back.runs.len(), 1);
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(md.contains("## Targets") && md.contains("provider / floor"), "{md}");
-    for png in ["time-vs-n.png", "rss-vs-n.png"] {
+    assert!(md.contains("## Side by side") && md.contains("CAPD in-memory"), "{md}");
+    for png in ["time-vs-n.png", "rss-vs-n.png", "peer-vs-n.png"] {
         let bytes = std::fs::read(out.path().join(png)).unwrap();
         assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{png} is a PNG");
     }
