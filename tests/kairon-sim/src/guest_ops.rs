@@ -70,10 +70,8 @@ fn cluster_of(m: &Machine) -> Option<String> {
     m.labels().get(labels::CLUSTER_NAME).cloned()
 }
 
-/// With real control-plane VMs: runs what `kubeadm init`/`join --control-plane` would start
-/// on this VM before its kubelet registers. `Err` is the outcome to report instead.
-async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, cluster: &str) -> Result<(), GuestOutcome> {
-    let key = Key::of(m);
+/// What the booting guest reads: its user-data (empty if none) and its NoCloud meta-data.
+fn boot_input<'a>(m: &'a Machine, facts: &NodeFacts) -> (&'a str, MetaData) {
     let user_data = m
         .spec
         .cloud_init
@@ -85,6 +83,14 @@ async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, clust
         instance_id: facts.machine_uid.clone(),
         local_hostname: m.name_any(),
     };
+    (user_data, meta)
+}
+
+/// With real control-plane VMs: runs what `kubeadm init`/`join --control-plane` would start
+/// on this VM before its kubelet registers. `Err` is the outcome to report instead.
+async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, cluster: &str) -> Result<(), GuestOutcome> {
+    let key = Key::of(m);
+    let (user_data, meta) = boot_input(m, facts);
     let plan = guest::written_files(user_data, &meta)
         .ok()
         .map(|files| control_plane_plan(&files));
@@ -130,17 +136,7 @@ pub async fn register(
     // cloud-init's runcmd: the pre-kubeadm commands first; kubeadm (and so everything below)
     // waits for them.
     if let Some(scripts) = &scripts {
-        let user_data = m
-            .spec
-            .cloud_init
-            .as_ref()
-            .and_then(|c| c.user_data.as_ref())
-            .map(|u| u.as_str())
-            .unwrap_or_default();
-        let meta = MetaData {
-            instance_id: facts.machine_uid.clone(),
-            local_hostname: m.name_any(),
-        };
+        let (user_data, meta) = boot_input(&m, &facts);
         if scripts
             .advance(&facts.machine_uid, &key.to_string(), user_data, &meta)
             .await
