@@ -148,6 +148,10 @@ impl Context {
             .map(|i| i.identity_ref.clone());
         let identity = match recorded {
             Some(identity) => identity,
+            // No Cluster: nothing will be created (that waits for the Cluster's
+            // infrastructure), and a VM that exists anyway can only be on the default API —
+            // it is looked at there, as without identities.
+            None if scope.cluster.is_none() => None,
             None => match self.named_identity(scope).await? {
                 Some(identity) => identity,
                 None => {
