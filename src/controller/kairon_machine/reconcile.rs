@@ -72,6 +72,15 @@ struct Scope {
     cluster_name: String,
 }
 
+impl Scope {
+    /// The KaironCluster the machine's Cluster names as its infrastructure, if any.
+    fn kaironcluster_name(&self) -> Option<&str> {
+        self.cluster
+            .as_deref()
+            .and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
+    }
+}
+
 /// The Kairon API a KaironMachine's VM lives on, and the identity that names it (`None`:
 /// the manager's own).
 struct Target {
@@ -194,11 +203,7 @@ impl Context {
     /// The identity the KaironCluster of the machine's Cluster names (`Some(None)`: none);
     /// `None` while that KaironCluster is not known.
     async fn named_identity(&self, scope: &Scope) -> Result<Option<Option<KaironIdentityReference>>, Error> {
-        let Some(kc_name) = scope
-            .cluster
-            .as_deref()
-            .and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
-        else {
+        let Some(kc_name) = scope.kaironcluster_name() else {
             return Ok(None);
         };
         let ns = scope.ns.as_str();
@@ -569,11 +574,7 @@ async fn find_failure_domain(
     ctx: &Context,
 ) -> Result<Option<api::FailureDomainSpec>, Error> {
     let ns = scope.ns.as_str();
-    let Some(kc_name) = scope
-        .cluster
-        .as_deref()
-        .and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
-    else {
+    let Some(kc_name) = scope.kaironcluster_name() else {
         return Ok(None);
     };
     let kcs: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), ns);
