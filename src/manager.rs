@@ -113,6 +113,10 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system")]
     pub leader_election_namespace: String,
 
+    /// Namespace of the Secrets that KaironClusterIdentities name: the manager's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system")]
+    pub identity_secret_namespace: String,
+
     /// Name of the leader Lease.
     #[arg(long, default_value = "controller-leader-election-capkr")]
     pub leader_election_id: String,
@@ -491,6 +495,7 @@ pub async fn run(args: Args) -> Result<()> {
         client.clone(),
         factory,
         owner.clone(),
+        args.identity_secret_namespace.clone(),
         triggers_tx,
         telemetry.clone(),
     ));

@@ -237,17 +237,22 @@ fn kaironcluster_rules_table() {
         (
             "identity of another kind",
             json!({"identityRef": {"kind": "ConfigMap", "name": "kairon-site-a"}}),
-            Some("identityRef.kind must be Secret"),
+            Some("identityRef.kind must be Secret or KaironClusterIdentity"),
+        ),
+        (
+            "shared identity",
+            json!({"identityRef": {"kind": "KaironClusterIdentity", "name": "site-a"}}),
+            None,
         ),
         (
             "identity name not a Secret name",
             json!({"identityRef": {"kind": "Secret", "name": "Site A"}}),
-            Some("identityRef.name must be a Secret name"),
+            Some("identityRef.name must be an object name"),
         ),
         (
             "identity name empty",
             json!({"identityRef": {"kind": "Secret", "name": ""}}),
-            Some("identityRef.name must be a Secret name"),
+            Some("identityRef.name must be an object name"),
         ),
     ];
     for (name, spec, want) in cases {
@@ -257,6 +262,20 @@ fn kaironcluster_rules_table() {
             Some(msg) => assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}"),
         }
     }
+}
+
+#[test]
+fn kaironclusteridentity_rules() {
+    let identity = |spec: Value| json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironClusterIdentity", "metadata": {"name": "site-a"}, "spec": spec});
+    let good =
+        identity(json!({"secretName": "site-a", "allowedNamespaces": {"selector": {"matchLabels": {"site": "a"}}}}));
+    assert_eq!(failures("kaironclusteridentities", &good, None), Vec::<String>::new());
+    let bad = identity(json!({"secretName": "Site A"}));
+    let got = failures("kaironclusteridentities", &bad, None);
+    assert!(
+        got.iter().any(|g| g.contains("secretName must be a Secret name")),
+        "{got:?}"
+    );
 }
 
 #[test]
@@ -309,6 +328,7 @@ fn crds_carry_the_contract_label_names_and_categories() {
         [
             "kaironclusters.infrastructure.cluster.x-k8s.io",
             "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+            "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
             "kaironmachines.infrastructure.cluster.x-k8s.io",
             "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
         ]
@@ -319,7 +339,15 @@ fn crds_carry_the_contract_label_names_and_categories() {
             labels.get("cluster.x-k8s.io/v1beta2").map(String::as_str),
             Some("v1alpha1")
         );
-        assert_eq!(crd.spec.scope, "Namespaced");
+        let shared = crd.spec.names.kind == "KaironClusterIdentity";
+        assert_eq!(crd.spec.scope, if shared { "Cluster" } else { "Namespaced" });
+        assert_eq!(
+            labels
+                .get("clusterctl.cluster.x-k8s.io/move-hierarchy")
+                .map(String::as_str),
+            shared.then_some("true"),
+            "clusterctl move copies identities with their Secrets"
+        );
         assert_eq!(
             crd.spec.names.categories.as_deref(),
             Some(&["cluster-api".to_string()][..])
@@ -327,7 +355,10 @@ fn crds_carry_the_contract_label_names_and_categories() {
         assert!(crd.spec.names.short_names.as_ref().is_some_and(|s| !s.is_empty()));
         let v = &crd.spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
-        let has_status = crd.spec.names.kind != "KaironClusterTemplate";
+        let has_status = !matches!(
+            crd.spec.names.kind.as_str(),
+            "KaironClusterTemplate" | "KaironClusterIdentity"
+        );
         assert_eq!(
             v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
             has_status,

@@ -56,6 +56,7 @@ fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_contain
         BTreeSet::from([
             "kaironclusters.infrastructure.cluster.x-k8s.io",
             "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+            "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
             "kaironmachines.infrastructure.cluster.x-k8s.io",
             "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
         ])
@@ -513,6 +514,7 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
             vec![
                 "kaironclusters.infrastructure.cluster.x-k8s.io",
                 "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+                "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
                 "kaironmachines.infrastructure.cluster.x-k8s.io",
                 "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
             ],

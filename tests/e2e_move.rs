@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use capkr::api::KaironMachine;
+use capkr::api::{KaironClusterIdentity, KaironMachine};
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
 use capkr_testenv::{
@@ -43,9 +43,10 @@ const PROVIDER_NS: &str = "capkr-system";
 const SA: &str = "system:serviceaccount:capkr-system:capkr-manager";
 /// Our CRDs, which the environment installs from `config/crd/bases` and the test removes so
 /// that the installation under test provides them.
-const OUR_CRDS: [&str; 4] = [
+const OUR_CRDS: [&str; 5] = [
     "kaironclusters.infrastructure.cluster.x-k8s.io",
     "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
+    "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
     "kaironmachines.infrastructure.cluster.x-k8s.io",
     "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
 ];
@@ -80,6 +81,15 @@ async fn clusterctl_move_of_a_cluster_with_an_identity_ref_moves_its_identity_se
     move_between_management_clusters(Install::Helm, Reach::Identity).await;
 }
 
+/// Move: a cluster whose KaironCluster names a KaironClusterIdentity, whose Secret is in the
+/// provider's namespace: clusterctl copies both to the target (the CRD's `move-hierarchy`
+/// label, the identity owning the Secret) and leaves them on the source, released there; the
+/// target adopts, scales and deletes through them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusterctl_move_of_a_cluster_with_a_shared_identity_copies_the_identity_and_its_secret() {
+    move_between_management_clusters(Install::Clusterctl, Reach::SharedIdentity).await;
+}
+
 /// How the managers reach the Kairon API.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Reach {
@@ -87,6 +97,8 @@ enum Reach {
     Flag,
     /// The cluster's through the Secret its KaironCluster names (`spec.identityRef`).
     Identity,
+    /// The cluster's through a KaironClusterIdentity, its Secret in the provider's namespace.
+    SharedIdentity,
 }
 
 /// The identity Secret of [`Reach::Identity`].
@@ -117,6 +129,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     let t0 = Instant::now();
     let name = match (install, reach) {
         (_, Reach::Identity) => "move-identity",
+        (_, Reach::SharedIdentity) => "move-shared",
         (Install::Clusterctl, _) => "move-clusterctl",
         (Install::Helm, _) => "move-helm",
     };
@@ -174,6 +187,28 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         .unwrap();
         secrets(&src).create(&PostParams::default(), &identity).await.unwrap();
     }
+    let provider_secrets = |m: &Management| Api::<Secret>::namespaced(m.env.client(), PROVIDER_NS);
+    let identities = |m: &Management| Api::<KaironClusterIdentity>::all(m.env.client());
+    if reach == Reach::SharedIdentity {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": IDENTITY, "namespace": PROVIDER_NS},
+            "data": {"kubeconfig": k8s_openapi::ByteString(std::fs::read(kairon_env.kubeconfig_path()).unwrap())},
+        }))
+        .unwrap();
+        provider_secrets(&src)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let identity: KaironClusterIdentity = serde_json::from_value(json!({
+            "metadata": {"name": IDENTITY},
+            "spec": {"secretName": IDENTITY, "allowedNamespaces": {"list": [NS]}},
+        }))
+        .unwrap();
+        identities(&src)
+            .create(&PostParams::default(), &identity)
+            .await
+            .unwrap();
+    }
     assert_ne!(src.id, dst.id, "two management clusters, two identities");
     let vms: Api<kairon::Machine> = Api::namespaced(kairon_env.client(), NS);
 
@@ -183,13 +218,18 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         ..Default::default()
     };
     let mut objects = cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape);
-    if reach == Reach::Identity {
+    if reach != Reach::Flag {
+        let kind = if reach == Reach::Identity {
+            "Secret"
+        } else {
+            "KaironClusterIdentity"
+        };
         objects = parse_yaml_documents(&objects)
             .unwrap()
             .into_iter()
             .map(|mut d| {
                 if d["kind"] == "KaironCluster" {
-                    d["spec"]["identityRef"] = json!({"kind": "Secret", "name": IDENTITY});
+                    d["spec"]["identityRef"] = json!({"kind": kind, "name": IDENTITY});
                 }
                 serde_json::to_string(&d).unwrap()
             })
@@ -246,6 +286,34 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         );
         let moved = secrets(&dst).get_opt(IDENTITY).await.unwrap();
         assert!(moved.is_some(), "the identity Secret did not move to the target");
+    }
+    if reach == Reach::SharedIdentity {
+        let copied = identities(&dst).get_opt(IDENTITY).await.unwrap();
+        let copied_uid = copied
+            .and_then(|i| i.metadata.uid)
+            .expect("the identity copied to the target");
+        let secret = provider_secrets(&dst).get_opt(IDENTITY).await.unwrap();
+        let secret = secret.expect("the identity's Secret copied to the target");
+        assert!(
+            secret.owner_references().iter().any(|o| o.uid == copied_uid),
+            "the copied Secret is owned by the copied identity: {:?}",
+            secret.owner_references()
+        );
+        assert!(
+            identities(&src).get_opt(IDENTITY).await.unwrap().is_some(),
+            "left on the source"
+        );
+        assert!(
+            provider_secrets(&src).get_opt(IDENTITY).await.unwrap().is_some(),
+            "left on the source"
+        );
+        // The source's manager no longer has a cluster on it: it releases the identity.
+        wait("the source's identity and Secret released", || async {
+            let id = identities(&src).get(IDENTITY).await?;
+            let secret = provider_secrets(&src).get(IDENTITY).await?;
+            Ok::<_, kube::Error>(id.finalizers().is_empty() && secret.finalizers().is_empty())
+        })
+        .await;
     }
     let adopted = wait("the target's KaironMachines Ready on the VMs they had", || async {
         let kms = dst.kms().list(&ListParams::default()).await?.items;
@@ -316,6 +384,18 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         "the source manager deleted a VM:\n{src_log}"
     );
 
+    if reach == Reach::SharedIdentity {
+        wait("the target protects the identity its VMs use", || async {
+            let id = identities(&dst).get(IDENTITY).await?;
+            Ok::<_, kube::Error>(
+                id.finalizers()
+                    .iter()
+                    .any(|f| f == "kaironcluster.infrastructure.cluster.x-k8s.io/identity"),
+            )
+        })
+        .await;
+    }
+
     // Scaling on the target, up and down.
     scale(&dst, 3).await;
     settle(&dst, &vms, 4).await;
@@ -337,6 +417,16 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         )
     })
     .await;
+    if reach == Reach::SharedIdentity {
+        let id = identities(&dst).get(IDENTITY).await.unwrap();
+        let secret = provider_secrets(&dst).get(IDENTITY).await.unwrap();
+        assert!(
+            id.finalizers().is_empty() && secret.finalizers().is_empty(),
+            "the target's identity keeps a finalizer after its cluster is gone: {:?} {:?}",
+            id.finalizers(),
+            secret.finalizers()
+        );
+    }
     if reach == Reach::Identity {
         // On the target the identity was protected while it had VMs, and is released now.
         let identity = secrets(&dst).get(IDENTITY).await.unwrap();

@@ -52,9 +52,9 @@ pub struct KaironClusterSpec {
     pub failure_domains: Option<Vec<FailureDomainSpec>>,
 
     /// The Kairon API server this cluster's VMs are created on, and the credentials to use:
-    /// a Secret in the cluster's namespace whose key `kubeconfig` holds a kubeconfig. When
-    /// absent, the manager's own Kairon API (the management cluster, or
-    /// `--kairon-kubeconfig`). Immutable.
+    /// a Secret in the cluster's namespace whose key `kubeconfig` holds a kubeconfig, or a
+    /// KaironClusterIdentity that allows this namespace. When absent, the manager's own
+    /// Kairon API (the management cluster, or `--kairon-kubeconfig`). Immutable.
     #[serde(default, rename = "identityRef", skip_serializing_if = "Option::is_none")]
     pub identity_ref: Option<KaironIdentityReference>,
 }
@@ -62,13 +62,20 @@ pub struct KaironClusterSpec {
 /// A reference to the credentials of a Kairon API server (CAPV's `identityRef` shape).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct KaironIdentityReference {
-    /// Kind of the referenced object: `Secret` (in the cluster's namespace).
-    #[x_kube(validation = Rule::new("self == 'Secret'").message("identityRef.kind must be Secret"))]
+    /// Kind of the referenced object: `Secret` (in the cluster's namespace, key `kubeconfig`)
+    /// or `KaironClusterIdentity` (cluster-scoped, shared by an operator with the namespaces it
+    /// allows).
+    #[x_kube(validation = Rule::new("self == 'Secret' || self == 'KaironClusterIdentity'").message("identityRef.kind must be Secret or KaironClusterIdentity"))]
     pub kind: String,
     /// Name of the referenced object.
-    #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("identityRef.name must be a Secret name (lowercase DNS subdomain, at most 253 characters)"))]
+    #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("identityRef.name must be an object name (lowercase DNS subdomain, at most 253 characters)"))]
     pub name: String,
 }
+
+/// `identityRef.kind` of a Secret in the cluster's namespace.
+pub const IDENTITY_KIND_SECRET: &str = "Secret";
+/// `identityRef.kind` of a [`super::KaironClusterIdentity`].
+pub const IDENTITY_KIND_CLUSTER_IDENTITY: &str = "KaironClusterIdentity";
 
 /// The key of an identity Secret that holds the kubeconfig.
 pub const IDENTITY_KUBECONFIG_KEY: &str = "kubeconfig";

@@ -1,20 +1,22 @@
 //! The provider's API: `infrastructure.cluster.x-k8s.io/v1alpha1`.
 //!
-//! Four kinds, each carrying the CAPI v1beta2 contract label
+//! Five kinds, each carrying the CAPI v1beta2 contract label
 //! (`cluster.x-k8s.io/v1beta2: v1alpha1`), plus the condition vocabulary shared by the
 //! reconcilers. Validation lives in the schemas (OpenAPI + CEL) because the provider runs no
 //! webhook server.
 
 pub mod conditions;
 pub mod kairon_cluster;
+pub mod kairon_cluster_identity;
 pub mod kairon_machine;
 pub mod kairon_machine_template;
 
 pub use kairon_cluster::{
-    APIEndpoint, FailureDomainSpec, FailureDomainStatus, IDENTITY_KUBECONFIG_KEY, KaironCluster, KaironClusterSpec,
-    KaironClusterStatus, KaironClusterTemplate, KaironClusterTemplateResource, KaironClusterTemplateSpec,
-    KaironIdentityReference,
+    APIEndpoint, FailureDomainSpec, FailureDomainStatus, IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET,
+    IDENTITY_KUBECONFIG_KEY, KaironCluster, KaironClusterSpec, KaironClusterStatus, KaironClusterTemplate,
+    KaironClusterTemplateResource, KaironClusterTemplateSpec, KaironIdentityReference,
 };
+pub use kairon_cluster_identity::{AllowedNamespaces, KaironClusterIdentity, KaironClusterIdentitySpec};
 pub use kairon_machine::{
     DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
     MachineAddress, NetworkRef, V1Beta1Status,
@@ -29,7 +31,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// API group of all four kinds.
+/// API group of all five kinds.
 pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 /// The one API version we serve.
 pub const VERSION: &str = "v1alpha1";
@@ -64,7 +66,7 @@ pub const CRD_LABELS: [(&str, &str); 2] = [
     ("cluster.x-k8s.io/provider", "infrastructure-kairon"),
 ];
 
-/// Our four CRDs as they are installed: derived from the types, with `nullable` removed and
+/// Our five CRDs as they are installed: derived from the types, with `nullable` removed and
 /// [`CRD_LABELS`] added.
 ///
 /// Optional fields are omitted, never `null` (v1beta2 serialization hygiene); without
@@ -74,6 +76,7 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
     [
         KaironCluster::crd(),
         KaironClusterTemplate::crd(),
+        KaironClusterIdentity::crd(),
         KaironMachine::crd(),
         KaironMachineTemplate::crd(),
     ]

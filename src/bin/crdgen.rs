@@ -1,6 +1,6 @@
 //! Writes CRDs as YAML. `make generate` runs it; CI fails when the committed files drift.
 //!
-//! - `crdgen`                prints our four CRDs;
+//! - `crdgen`                prints our five CRDs;
 //! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
 //! - `crdgen kairon [--dir DIR]` the same for the development CRD of Kairon Machines.
 

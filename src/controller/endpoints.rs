@@ -1,10 +1,14 @@
 //! The Kairon APIs named by identities (`KaironCluster.spec.identityRef`): one client and one
-//! Kairon Machine watch per identity Secret in use, started by the first reconcile that needs
-//! it and stopped by [`Endpoints::sweep`] once no KaironCluster or KaironMachine names it.
+//! Kairon Machine watch per identity in use and namespace using it, started by the first
+//! reconcile that needs it and stopped by [`Endpoints::sweep`] once no KaironCluster or
+//! KaironMachine names it.
 //!
-//! The Secret is read with one GET when an endpoint starts and again every
-//! [`RECHECK`]: new content (rotated credentials, another server) restarts the endpoint's
-//! client and watch, without a restart of the manager. A watch that fails (the API server is
+//! An identity is a Secret in the cluster's namespace, or a cluster-scoped
+//! KaironClusterIdentity whose Secret lives in the manager's namespace and which allows the
+//! cluster's namespace. The identity (and the Secret) are read with one GET each when an
+//! endpoint starts and again every [`RECHECK`]: new content (rotated credentials, another
+//! server) restarts the endpoint's client and watch, without a restart of the manager; an
+//! identity that no longer allows the namespace stops it. A watch that fails (the API server is
 //! down, the credentials are refused) is recorded as the endpoint's problem, which the
 //! reconcilers report as a condition on the clusters and machines using it, and only there.
 //!
@@ -16,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -27,7 +31,10 @@ use tracing::{info, warn};
 use super::Synced;
 use super::kairon_machine::kaironmachine_for_instance;
 use super::runtime::{Telemetry, strip_managed_fields};
-use crate::api::{IDENTITY_KUBECONFIG_KEY, KaironCluster, KaironIdentityReference, KaironMachine};
+use crate::api::{
+    IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster,
+    KaironClusterIdentity, KaironIdentityReference, KaironMachine,
+};
 use crate::hashing::hash_of;
 use crate::kairon::{self, Instances, Owner, labels};
 
@@ -39,8 +46,22 @@ const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// An identity Secret: namespace and name.
-pub(crate) type IdentityKey = (String, String);
+/// An endpoint: the identity named, and the namespace of the KaironClusters naming it (on the
+/// Kairon API, the namespace of their VMs).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct IdentityKey {
+    pub namespace: String,
+    pub identity: KaironIdentityReference,
+}
+
+impl std::fmt::Display for IdentityKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.identity.kind.as_str() {
+            IDENTITY_KIND_SECRET => write!(f, "Secret {}/{}", self.namespace, self.identity.name),
+            kind => write!(f, "{kind} {} (namespace {})", self.identity.name, self.namespace),
+        }
+    }
+}
 
 /// Builds a client from a kubeconfig's configuration (user agent, rate limits, metrics).
 pub(crate) type ClientFactory = Arc<dyn Fn(kube::Config) -> Result<Client, kube::Error> + Send + Sync>;
@@ -119,6 +140,16 @@ pub enum EndpointError {
     BadKubeconfig(String, String),
     #[error("reading identity Secret {0}: {1}")]
     Read(String, String),
+    #[error("KaironClusterIdentity {0} not found")]
+    IdentityNotFound(String),
+    #[error("reading KaironClusterIdentity {0}: {1}")]
+    ReadIdentity(String, String),
+    #[error("KaironClusterIdentity {0} does not allow namespace {1} (spec.allowedNamespaces)")]
+    NotAllowed(String, String),
+    #[error("KaironClusterIdentity {0}: {1}")]
+    BadIdentity(String, String),
+    #[error("identityRef.kind {0} is not Secret or KaironClusterIdentity")]
+    UnknownKind(String),
 }
 
 struct Running {
@@ -133,6 +164,8 @@ pub struct Endpoints {
     management: Client,
     factory: ClientFactory,
     owner: Owner,
+    /// Where the Secrets of KaironClusterIdentities are: the manager's namespace.
+    identity_namespace: String,
     trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<KaironMachine>>,
     telemetry: Telemetry,
     running: Mutex<HashMap<IdentityKey, Running>>,
@@ -144,6 +177,7 @@ impl Endpoints {
         management: Client,
         factory: ClientFactory,
         owner: Owner,
+        identity_namespace: String,
         trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<KaironMachine>>,
         telemetry: Telemetry,
     ) -> Self {
@@ -151,6 +185,7 @@ impl Endpoints {
             management,
             factory,
             owner,
+            identity_namespace,
             trigger,
             telemetry,
             running: Mutex::new(HashMap::new()),
@@ -166,10 +201,49 @@ impl Endpoints {
         self.lock().len()
     }
 
+    /// The namespace of the Secrets of KaironClusterIdentities.
+    pub(crate) fn identity_namespace(&self) -> &str {
+        &self.identity_namespace
+    }
+
+    /// The Secret (namespace, name) that holds the credentials of `key`: for a
+    /// KaironClusterIdentity, after checking that it allows the namespace.
+    async fn secret_of(&self, key: &IdentityKey) -> Result<(String, String), EndpointError> {
+        let r = &key.identity;
+        match r.kind.as_str() {
+            IDENTITY_KIND_SECRET => Ok((key.namespace.clone(), r.name.clone())),
+            IDENTITY_KIND_CLUSTER_IDENTITY => {
+                let identity = Api::<KaironClusterIdentity>::all(self.management.clone())
+                    .get_opt(&r.name)
+                    .await
+                    .map_err(|e| EndpointError::ReadIdentity(r.name.clone(), e.to_string()))?
+                    .ok_or_else(|| EndpointError::IdentityNotFound(r.name.clone()))?;
+                let labels = if identity.needs_labels(&key.namespace) {
+                    let ns = Api::<Namespace>::all(self.management.clone())
+                        .get_metadata_opt(&key.namespace)
+                        .await
+                        .map_err(|e| EndpointError::ReadIdentity(r.name.clone(), e.to_string()))?;
+                    Some(ns.and_then(|n| n.metadata.labels).unwrap_or_default())
+                } else {
+                    None
+                };
+                match identity.allows(&key.namespace, labels.as_ref()) {
+                    Ok(true) => Ok((self.identity_namespace.clone(), identity.spec.secret_name)),
+                    Ok(false) => Err(EndpointError::NotAllowed(r.name.clone(), key.namespace.clone())),
+                    Err(why) => Err(EndpointError::BadIdentity(r.name.clone(), why)),
+                }
+            }
+            other => Err(EndpointError::UnknownKind(other.to_string())),
+        }
+    }
+
     /// The endpoint of identity `r` of namespace `ns`, started if it is not running, restarted
     /// if its Secret changed since it was last read more than [`RECHECK`] ago.
     pub(crate) async fn endpoint(&self, ns: &str, r: &KaironIdentityReference) -> Result<Endpoint, EndpointError> {
-        let key = (ns.to_string(), r.name.clone());
+        let key = IdentityKey {
+            namespace: ns.to_string(),
+            identity: r.clone(),
+        };
         if let Some(run) = self.lock().get(&key)
             && run.checked.elapsed() < RECHECK
         {
@@ -178,12 +252,34 @@ impl Endpoints {
         self.refresh(&key).await
     }
 
-    /// Reads the Secret of `key`; starts or restarts its endpoint if the content is new.
+    /// Reads the identity and the Secret of `key`; starts or restarts its endpoint if the
+    /// content is new, stops it if the identity no longer allows the namespace.
     async fn refresh(&self, key: &IdentityKey) -> Result<Endpoint, EndpointError> {
-        let (ns, name) = key;
+        let secret_ref = self.secret_of(key).await;
+        let (ns, name) = match secret_ref {
+            Ok(r) => r,
+            Err(e @ EndpointError::NotAllowed(..)) => {
+                if let Some(run) = self.lock().remove(key) {
+                    run.task.abort();
+                    warn!(identity = %key, "Kairon endpoint stopped: the identity does not allow the namespace");
+                }
+                return Err(e);
+            }
+            // Unreadable (or gone) while running: as for the Secret below.
+            Err(e) => {
+                let mut running = self.lock();
+                return match running.get_mut(key) {
+                    Some(run) => {
+                        run.checked = Instant::now();
+                        Ok(run.endpoint.clone())
+                    }
+                    None => Err(e),
+                };
+            }
+        };
         let what = format!("{ns}/{name}");
-        let secret = Api::<Secret>::namespaced(self.management.clone(), ns)
-            .get_opt(name)
+        let secret = Api::<Secret>::namespaced(self.management.clone(), &ns)
+            .get_opt(&name)
             .await
             .map_err(|e| EndpointError::Read(what.clone(), e.to_string()));
         let secret = match secret {
@@ -239,7 +335,7 @@ impl Endpoints {
             )
             .map(|old| old.task.abort())
             .is_some();
-        info!(identity = %what, restarted, endpoints = running.len(), "Kairon endpoint started");
+        info!(identity = %key, secret = %what, restarted, endpoints = running.len(), "Kairon endpoint started");
         Ok(endpoint.0)
     }
 
@@ -259,7 +355,7 @@ impl Endpoints {
         (self.factory)(config).map_err(|_| bad("no client can be built from the kubeconfig"))
     }
 
-    /// Starts the watch of the Kairon Machines of namespace `key.0` on `client`: a store, and a
+    /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
     /// reconcile of the KaironMachine of every Kairon Machine that changes.
     fn start(&self, key: &IdentityKey, client: Client) -> (Endpoint, tokio::task::AbortHandle) {
         let instances = Instances::new(client).with_owner(self.owner.clone());
@@ -271,11 +367,11 @@ impl Endpoints {
         let set_problem = problem.clone();
         let clear_problem = problem.clone();
         let metrics = self.telemetry.metrics.clone();
-        let identity = format!("{}/{}", key.0, key.1);
+        let identity = key.to_string();
         let trigger = self.trigger.clone();
         let on_problem = self.trigger.clone();
         let known = store.clone();
-        let events = watcher(instances.api(Some(&key.0)), wc)
+        let events = watcher(instances.api(Some(&key.namespace)), wc)
             .inspect_err(move |e| {
                 warn!(identity = %identity, error = %e, "Kairon endpoint watch failed; retrying with backoff");
                 metrics
@@ -324,7 +420,7 @@ impl Endpoints {
             instances,
             store,
             synced,
-            namespace: key.0.clone(),
+            namespace: key.namespace.clone(),
             problem,
             probed: Arc::default(),
         };
@@ -334,13 +430,15 @@ impl Endpoints {
     /// Stops the endpoints no KaironCluster and no KaironMachine names any more, and reads the
     /// Secrets of the others again (rotation is picked up even when nothing is reconciled).
     pub(crate) async fn sweep(&self, in_use: &HashSet<IdentityKey>) {
+        let mut stopped = vec![];
         let keys: Vec<IdentityKey> = {
             let mut running = self.lock();
             running.retain(|key, run| {
                 let keep = in_use.contains(key);
                 if !keep {
                     run.task.abort();
-                    info!(identity = %format!("{}/{}", key.0, key.1), "Kairon endpoint stopped: no cluster uses it");
+                    info!(identity = %key, "Kairon endpoint stopped: no cluster uses it");
+                    stopped.push(key.identity.clone());
                 }
                 keep
             });
@@ -350,6 +448,21 @@ impl Endpoints {
                 .map(|(k, _)| k.clone())
                 .collect()
         };
+        // A shared identity no cluster in view names any more is released here too: its
+        // clusters may have gone without a deletion of ours (`clusterctl move`).
+        for identity in stopped {
+            let shared = identity.kind == IDENTITY_KIND_CLUSTER_IDENTITY;
+            if shared && !in_use.iter().any(|k| k.identity == identity) {
+                let released = super::identity_protection::release_shared(
+                    &self.management,
+                    &identity.name,
+                    Some(&self.identity_namespace),
+                );
+                if let Err(e) = released.await {
+                    warn!(identity = %identity.name, error = %e, "shared identity not released");
+                }
+            }
+        }
         for key in keys {
             if let Err(e) = self.refresh(&key).await {
                 warn!(error = %e, "Kairon endpoint not refreshed");
@@ -380,12 +493,16 @@ fn refusal(kubeconfig: &Kubeconfig) -> Option<&'static str> {
 /// The identities named by KaironClusters and recorded on KaironMachines.
 pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMachine>) -> HashSet<IdentityKey> {
     let of_clusters = kcs.state().into_iter().filter_map(|kc| {
-        let r = kc.spec.identity_ref.as_ref()?;
-        Some((kc.namespace()?, r.name.clone()))
+        Some(IdentityKey {
+            identity: kc.spec.identity_ref.clone()?,
+            namespace: kc.namespace()?,
+        })
     });
     let of_machines = kms.state().into_iter().filter_map(|km| {
-        let r = km.status.as_ref()?.instance.as_ref()?.identity_ref.as_ref()?;
-        Some((km.namespace()?, r.name.clone()))
+        Some(IdentityKey {
+            identity: km.status.as_ref()?.instance.as_ref()?.identity_ref.clone()?,
+            namespace: km.namespace()?,
+        })
     });
     of_clusters.chain(of_machines).collect()
 }

@@ -9,22 +9,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Future, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PartialObjectMeta, Patch, PatchParams};
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tracing::{debug, info};
 
+use super::endpoints::EndpointError;
 use super::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, owning_cluster, pause_step,
     strip_managed_fields, watch_error,
 };
 use super::write::{Writer, has_finalizer};
-use super::{Endpoints, Error, Settings, Synced};
+use super::{Endpoints, Error, Settings, Synced, identity_protection};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus,
@@ -39,11 +38,7 @@ const DELETE_RETRY: Duration = Duration::from_secs(30);
 /// How often to look again at a Kairon API that cannot be used.
 const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
 
-/// Finalizer on an identity Secret while a KaironCluster uses it: the Secret holds the only
-/// credentials to delete the cluster's VMs, so it must outlive them.
-pub const IDENTITY_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io/identity";
-/// The label that makes `clusterctl move` take a Secret along with the cluster.
-pub const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+pub use super::identity_protection::{IDENTITY_FINALIZER, MOVE_LABEL};
 
 pub struct Context {
     pub client: Client,
@@ -195,7 +190,9 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         let machines = cluster_name.map_or(0, |c| ctx.member_count(&ns, c));
         if machines == 0 {
             if let Some(r) = &kc.spec.identity_ref {
-                release_identity(&ctx.client, &kc, r).await?;
+                let all = ctx.settings.api::<KaironCluster>(&ctx.client);
+                let secrets = ctx.endpoints.as_ref().map(|e| e.identity_namespace());
+                identity_protection::release(&ctx.client, &kc, r, all, secrets).await?;
             }
             info!("no KaironMachine left; releasing the finalizer");
             writer.remove_finalizer(kc.as_ref(), CLUSTER_FINALIZER).await?;
@@ -220,8 +217,11 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             .is_some_and(|e| e.is_valid());
     let unavailable = match (&kc.spec.identity_ref, &ctx.endpoints) {
         (Some(r), Some(endpoints)) => {
-            protect_identity(&ctx.client, &ns, r).await?;
-            identity_problem(endpoints, &ns, r).await
+            let problem = identity_problem(endpoints, &ns, r).await;
+            if !problem.as_ref().is_some_and(|(_, refused)| *refused) {
+                identity_protection::protect(&ctx.client, &ns, r, endpoints.identity_namespace()).await?;
+            }
+            problem.map(|(why, _)| why)
         }
         _ => None,
     };
@@ -251,96 +251,24 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
-/// Why the Kairon API of identity `r` cannot be used now, if it cannot.
-async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> Option<String> {
-    let why = match endpoints.endpoint(ns, r).await {
-        Err(e) => e.to_string(),
-        Ok(endpoint) => endpoint.ready().await.err()?,
-    };
-    Some(format!("the Kairon API of identity {} {}: {why}", r.kind, r.name))
-}
-
-/// Puts our finalizer and the `clusterctl move` label on the identity Secret, if missing: the
-/// Secret cannot go before the VMs it gives access to, and moves with the cluster. A Secret
-/// that does not exist is left for the endpoint to report.
-async fn protect_identity(client: &Client, ns: &str, r: &KaironIdentityReference) -> Result<(), Error> {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
-    let what = || format!("identity Secret {ns}/{}", r.name);
-    let Some(secret) = secrets.get_opt(&r.name).await.map_err(Error::read(what()))? else {
-        return Ok(());
-    };
-    let mut ops = vec![];
-    if !has_finalizer(&secret, IDENTITY_FINALIZER) {
-        let current = secret.finalizers();
-        if current.is_empty() {
-            ops.push(json!({"op": "test", "path": "/metadata/finalizers", "value": null}));
-            ops.push(json!({"op": "add", "path": "/metadata/finalizers", "value": [IDENTITY_FINALIZER]}));
-        } else {
-            ops.push(json!({"op": "test", "path": "/metadata/finalizers", "value": current}));
-            ops.push(json!({"op": "add", "path": "/metadata/finalizers/-", "value": IDENTITY_FINALIZER}));
+/// Why the Kairon API of identity `r` cannot be used now, if it cannot; and whether the
+/// identity itself refuses the cluster (then nothing of it is touched: a namespace an identity
+/// does not allow must not be able to hold it with a finalizer).
+async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> Option<(String, bool)> {
+    let (why, refused) = match endpoints.endpoint(ns, r).await {
+        Err(e) => {
+            let refused = matches!(
+                e,
+                EndpointError::NotAllowed(..) | EndpointError::IdentityNotFound(_) | EndpointError::BadIdentity(..)
+            );
+            (e.to_string(), refused)
         }
-    }
-    if !secret.labels().contains_key(MOVE_LABEL) {
-        if secret.metadata.labels.is_none() {
-            ops.push(json!({"op": "add", "path": "/metadata/labels", "value": {MOVE_LABEL: ""}}));
-        } else {
-            ops.push(json!({"op": "add", "path": "/metadata/labels/clusterctl.cluster.x-k8s.io~1move", "value": ""}));
-        }
-    }
-    if ops.is_empty() {
-        return Ok(());
-    }
-    info!(secret = %r.name, "protecting the identity Secret (finalizer, clusterctl move label)");
-    json_patch(&secrets, &r.name, ops)
-        .await
-        .map_err(Error::write("identity Secret"))
-}
-
-/// Removes our finalizer from the identity Secret once no other KaironCluster of the namespace
-/// names it (called when the last VM of this one is gone).
-async fn release_identity(client: &Client, kc: &KaironCluster, r: &KaironIdentityReference) -> Result<(), Error> {
-    let ns = kc.namespace().unwrap_or_default();
-    let others = Api::<KaironCluster>::namespaced(client.clone(), &ns)
-        .list(&Default::default())
-        .await
-        .map_err(Error::read(format!("KaironClusters of {ns}")))?;
-    if others
-        .items
-        .iter()
-        .any(|o| o.metadata.uid != kc.metadata.uid && o.spec.identity_ref.as_ref() == Some(r))
-    {
-        return Ok(());
-    }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
-    let Some(secret) = secrets
-        .get_opt(&r.name)
-        .await
-        .map_err(Error::read(format!("identity Secret {ns}/{}", r.name)))?
-    else {
-        return Ok(());
+        Ok(endpoint) => (endpoint.ready().await.err()?, false),
     };
-    let Some(i) = secret.finalizers().iter().position(|f| f == IDENTITY_FINALIZER) else {
-        return Ok(());
-    };
-    let path = format!("/metadata/finalizers/{i}");
-    let ops = vec![
-        json!({"op": "test", "path": path, "value": IDENTITY_FINALIZER}),
-        json!({"op": "remove", "path": path}),
-    ];
-    info!(secret = %r.name, "no cluster uses the identity Secret any more; releasing it");
-    match json_patch(&secrets, &r.name, ops).await {
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        other => other.map_err(Error::write("identity Secret")),
-    }
-}
-
-async fn json_patch(secrets: &Api<Secret>, name: &str, ops: Vec<serde_json::Value>) -> Result<(), kube::Error> {
-    let patch: json_patch::Patch =
-        serde_json::from_value(serde_json::Value::Array(ops)).map_err(kube::Error::SerdeError)?;
-    secrets
-        .patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
-        .await
-        .map(|_| ())
+    Some((
+        format!("the Kairon API of identity {} {}: {why}", r.kind, r.name),
+        refused,
+    ))
 }
 
 /// Writes the status that follows from `decision`, if it differs; returns what it wrote.

@@ -4,6 +4,8 @@
 //!   [`kairon_cluster`], [`kairon_machine_template`]: one reconciler each;
 //! - [`runtime`]: what runs them — cache readiness, the first steps of every reconcile (caches,
 //!   owning Cluster, pause), a span and metrics per reconcile, the error policy;
+//! - `identity_protection`: what keeps an identity (`spec.identityRef`) until its cluster's
+//!   VMs are gone, and takes it along on `clusterctl move`;
 //! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage.
@@ -11,6 +13,7 @@
 pub mod endpoints;
 mod error;
 mod fresh;
+pub(crate) mod identity_protection;
 pub mod kairon_cluster;
 pub mod kairon_machine;
 pub(crate) mod kairon_machine_template;

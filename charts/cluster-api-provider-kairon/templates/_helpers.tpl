@@ -33,16 +33,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   resources: [clusters, machines]
   verbs: [get, list, watch]
 # Bootstrap data and identities (KaironCluster spec.identityRef): one GET of the one Secret
-# named; patch to put a finalizer and the clusterctl move label on an identity Secret while
-# the cluster's VMs exist. No list, no watch.
+# named; patch to put a finalizer, the clusterctl move label (a Secret named directly) or an
+# owner reference (a KaironClusterIdentity's Secret) on an identity Secret while the
+# cluster's VMs exist. No list, no watch.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, patch]
-# The management cluster's identity on Kairon (--management-cluster-id): the UID of kube-system.
+# Namespaces: the UID of kube-system is the management cluster's identity on Kairon
+# (--management-cluster-id); the labels of a KaironCluster's namespace are matched against
+# a KaironClusterIdentity's spec.allowedNamespaces.selector. One GET each, no list or watch.
 - apiGroups: [""]
   resources: [namespaces]
-  resourceNames: [kube-system]
   verbs: [get]
+# Shared identities: one GET when an endpoint starts and every 30 s; patch to put a finalizer
+# on one while clusters' VMs use it. No list, no watch.
+- apiGroups: [infrastructure.cluster.x-k8s.io]
+  resources: [kaironclusteridentities]
+  verbs: [get, patch]
 # Kairon Machines: created, deleted, and patched to move the adoption label after a move.
 - apiGroups: [kairon.zyvor.dev]
   resources: [machines]

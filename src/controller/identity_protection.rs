@@ -1,0 +1,206 @@
+//! What keeps an identity from going before the VMs it gives access to, and takes it along on
+//! `clusterctl move`.
+//!
+//! - `kind: Secret` (in the cluster's namespace): our finalizer and clusterctl's `move` label
+//!   on the Secret.
+//! - `kind: KaironClusterIdentity`: our finalizer on the identity and on its Secret (in the
+//!   manager's namespace), and the identity as an owner of the Secret. The identity's CRD
+//!   carries clusterctl's `move-hierarchy` label, so `clusterctl move` copies the identity and,
+//!   through the owner reference, its Secret (and leaves both on the source, as they may serve
+//!   other clusters); deleting the identity garbage-collects its Secret, as with CAPV.
+//!
+//! The finalizers go when the last KaironCluster naming the identity has no VM left.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tracing::info;
+
+use super::Error;
+use super::write::has_finalizer;
+use crate::api::{IDENTITY_KIND_CLUSTER_IDENTITY, KaironCluster, KaironClusterIdentity, KaironIdentityReference};
+
+/// Finalizer on an identity (its Secret, and a KaironClusterIdentity) while a KaironCluster
+/// uses it: it holds the only credentials to delete the cluster's VMs, so it must outlive them.
+pub const IDENTITY_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io/identity";
+/// The label that makes `clusterctl move` take a Secret along with the cluster.
+pub const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+
+/// Protects identity `r` of a KaironCluster in namespace `ns` (see the module). An identity or
+/// Secret that does not exist is left for the endpoint to report; `identity_namespace` is where
+/// KaironClusterIdentities' Secrets are.
+pub(crate) async fn protect(
+    client: &Client,
+    ns: &str,
+    r: &KaironIdentityReference,
+    identity_namespace: &str,
+) -> Result<(), Error> {
+    if r.kind != IDENTITY_KIND_CLUSTER_IDENTITY {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+        let what = format!("identity Secret {ns}/{}", r.name);
+        let Some(secret) = secrets.get_opt(&r.name).await.map_err(Error::read(what.clone()))? else {
+            return Ok(());
+        };
+        let mut ops = finalizer_ops(&secret);
+        if !secret.labels().contains_key(MOVE_LABEL) {
+            if secret.metadata.labels.is_none() {
+                ops.push(json!({"op": "add", "path": "/metadata/labels", "value": {MOVE_LABEL: ""}}));
+            } else {
+                ops.push(
+                    json!({"op": "add", "path": "/metadata/labels/clusterctl.cluster.x-k8s.io~1move", "value": ""}),
+                );
+            }
+        }
+        return apply(&secrets, &r.name, ops, &what).await;
+    }
+    let identities: Api<KaironClusterIdentity> = Api::all(client.clone());
+    let what = format!("KaironClusterIdentity {}", r.name);
+    let Some(identity) = identities.get_opt(&r.name).await.map_err(Error::read(what.clone()))? else {
+        return Ok(());
+    };
+    apply(&identities, &r.name, finalizer_ops(&identity), &what).await?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), identity_namespace);
+    let name = &identity.spec.secret_name;
+    let what = format!("Secret {identity_namespace}/{name} of KaironClusterIdentity {}", r.name);
+    let Some(secret) = secrets.get_opt(name).await.map_err(Error::read(what.clone()))? else {
+        return Ok(());
+    };
+    let mut ops = finalizer_ops(&secret);
+    let uid = identity.metadata.uid.clone().unwrap_or_default();
+    if !secret.owner_references().iter().any(|o| o.uid == uid) {
+        let owner = json!({
+            "apiVersion": KaironClusterIdentity::api_version(&()),
+            "kind": KaironClusterIdentity::kind(&()),
+            "name": r.name,
+            "uid": uid,
+        });
+        let current = secret.owner_references();
+        if current.is_empty() {
+            ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": null}));
+            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]}));
+        } else {
+            ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": current}));
+            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
+        }
+    }
+    apply(&secrets, name, ops, &what).await
+}
+
+/// Releases identity `r` of `kc` (called when its last VM is gone) unless another KaironCluster
+/// still names it: of the same namespace for a Secret, of any namespace the manager sees for a
+/// KaironClusterIdentity (`all_clusters` lists those).
+pub(crate) async fn release(
+    client: &Client,
+    kc: &KaironCluster,
+    r: &KaironIdentityReference,
+    all_clusters: Api<KaironCluster>,
+    identity_namespace: Option<&str>,
+) -> Result<(), Error> {
+    let ns = kc.namespace().unwrap_or_default();
+    let shared = r.kind == IDENTITY_KIND_CLUSTER_IDENTITY;
+    let others = if shared {
+        all_clusters
+    } else {
+        Api::namespaced(client.clone(), &ns)
+    };
+    let others = others
+        .list(&Default::default())
+        .await
+        .map_err(Error::read("KaironClusters naming the identity".to_string()))?;
+    if others
+        .items
+        .iter()
+        .any(|o| o.metadata.uid != kc.metadata.uid && o.spec.identity_ref.as_ref() == Some(r))
+    {
+        return Ok(());
+    }
+    if !shared {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        return remove_finalizer(&secrets, &r.name, &format!("identity Secret {ns}/{}", r.name)).await;
+    }
+    release_shared(client, &r.name, identity_namespace).await
+}
+
+/// Removes our finalizer from KaironClusterIdentity `name` and its Secret (in
+/// `identity_namespace`, when known). Also called when the manager stops the last endpoint of
+/// the identity: after `clusterctl move` the source keeps the identity (clusterctl leaves
+/// global objects in place) while the KaironClusters that named it are gone without a
+/// deletion of ours.
+pub(crate) async fn release_shared(client: &Client, name: &str, identity_namespace: Option<&str>) -> Result<(), Error> {
+    let identities: Api<KaironClusterIdentity> = Api::all(client.clone());
+    let what = format!("KaironClusterIdentity {name}");
+    let Some(identity) = identities.get_opt(name).await.map_err(Error::read(what.clone()))? else {
+        return Ok(());
+    };
+    if let Some(secret_ns) = identity_namespace {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), secret_ns);
+        let secret = &identity.spec.secret_name;
+        let secret_what = format!("Secret {secret_ns}/{secret} of KaironClusterIdentity {name}");
+        remove_finalizer(&secrets, secret, &secret_what).await?;
+    }
+    remove_finalizer(&identities, name, &what).await
+}
+
+/// The JSON patch operations that add our finalizer to `obj`, if it lacks it.
+fn finalizer_ops<K: Resource>(obj: &K) -> Vec<Value> {
+    if has_finalizer(obj, IDENTITY_FINALIZER) {
+        return vec![];
+    }
+    let current = obj.finalizers();
+    if current.is_empty() {
+        vec![
+            json!({"op": "test", "path": "/metadata/finalizers", "value": null}),
+            json!({"op": "add", "path": "/metadata/finalizers", "value": [IDENTITY_FINALIZER]}),
+        ]
+    } else {
+        vec![
+            json!({"op": "test", "path": "/metadata/finalizers", "value": current}),
+            json!({"op": "add", "path": "/metadata/finalizers/-", "value": IDENTITY_FINALIZER}),
+        ]
+    }
+}
+
+async fn remove_finalizer<K>(api: &Api<K>, name: &str, what: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let Some(obj) = api.get_opt(name).await.map_err(Error::read(what.to_string()))? else {
+        return Ok(());
+    };
+    let Some(i) = obj.finalizers().iter().position(|f| f == IDENTITY_FINALIZER) else {
+        return Ok(());
+    };
+    let path = format!("/metadata/finalizers/{i}");
+    let ops = vec![
+        json!({"op": "test", "path": path, "value": IDENTITY_FINALIZER}),
+        json!({"op": "remove", "path": path}),
+    ];
+    info!(identity = %what, "no cluster uses the identity any more; releasing it");
+    match json_patch(api, name, ops).await {
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        other => other.map_err(Error::write("identity")),
+    }
+}
+
+async fn apply<K>(api: &Api<K>, name: &str, ops: Vec<Value>, what: &str) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    if ops.is_empty() {
+        return Ok(());
+    }
+    info!(identity = %what, "protecting the identity while the cluster's VMs exist");
+    json_patch(api, name, ops).await.map_err(Error::write("identity"))
+}
+
+async fn json_patch<K>(api: &Api<K>, name: &str, ops: Vec<Value>) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).map_err(kube::Error::SerdeError)?;
+    api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+        .map(|_| ())
+}
