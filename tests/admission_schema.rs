@@ -207,7 +207,7 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             "KaironClusterTemplate",
             tmpl(json!({"identityRef": {"kind": "Secret", "name": "Not A Name"}})),
             "spec.template.spec.identityRef.name",
-            "must be a Secret name",
+            "must be an object name",
         ),
     ];
     assert!(cases.len() >= 15);

@@ -282,7 +282,7 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
                 "  # The Kairon API of this cluster's VMs: a Secret of the cluster's namespace whose key",
                 "  # `kubeconfig` holds a kubeconfig for it (embedded credentials; no exec plugin, no file).",
                 "  identityRef:",
-                "    kind: Secret",
+                "    kind: ${KAIRON_IDENTITY_KIND:=Secret}",
                 "    name: ${KAIRON_IDENTITY_SECRET_NAME}",
             ]
             .contains(l)
