@@ -46,8 +46,14 @@ test-unit:
 	$(CARGO) test --workspace --lib --bins
 	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_kaironcluster
 
+# Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
+# a binary is one job of one test thread, the CAPI e2e suite one of two; longest first; logs in
+# target/test-logs/).
+TEST_FIRST := e2e_capi_suite distribution_image e2e_templates e2e_move e2e_identity
 test: check-generate lint test-tools build
-	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) test --workspace -- --test-threads=$${TEST_THREADS:-2}
+	$(CARGO) test --workspace --doc
+	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-test-runner -- \
+		--slots $${TEST_THREADS:-2} --wide e2e_capi_suite $(addprefix --first ,$(TEST_FIRST))
 
 demo: test-tools build
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo -- $(DEMO_ARGS)

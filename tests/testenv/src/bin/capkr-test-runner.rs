@@ -1,0 +1,280 @@
+//! `make test`'s runner: builds every test binary of the workspace (`cargo test --no-run`) and
+//! runs them with a fixed number of test threads *in all*, instead of one binary after the
+//! other each with its own threads.
+//!
+//! `cargo test -- --test-threads=2` keeps two test threads busy only inside a binary: a binary
+//! with one long test (most of the real-control-plane files) leaves the second idle, and the
+//! next binary waits. Here each binary is a job of one slot (`--test-threads=1`), except those
+//! named with `--wide`, which take two slots and two threads (the CAPI e2e suite, whose two
+//! halves are meant to run side by side); jobs start, longest first, whenever enough slots are
+//! free. So at most `--slots` tests (each with its environment) run at once, as before, and no
+//! slot idles while work is left.
+//!
+//! Each binary's output goes to `target/test-logs/<binary>.log`; a failed binary's panics and
+//! summary are printed, and the run ends with a table of every binary's time. Exit status 1
+//! when any binary failed; every binary runs regardless (as `--no-fail-fast`).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// A test binary built by cargo.
+#[derive(Clone, Debug)]
+struct Binary {
+    /// `<package>::<target>` as shown; the log file's name.
+    name: String,
+    target: String,
+    executable: PathBuf,
+    /// The package's directory: cargo runs a test binary there.
+    cwd: PathBuf,
+}
+
+struct Options {
+    slots: usize,
+    wide: Vec<String>,
+    first: Vec<String>,
+    log_dir: PathBuf,
+}
+
+fn usage() -> &'static str {
+    "usage: capkr-test-runner [--slots N] [--wide TARGET]... [--first TARGET]... [--log-dir DIR]"
+}
+
+fn parse_args() -> Result<Options> {
+    let mut opts = Options {
+        slots: 2,
+        wide: vec![],
+        first: vec![],
+        log_dir: PathBuf::from("target/test-logs"),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{a} wants a value\n{}", usage()));
+        match a.as_str() {
+            "--slots" => opts.slots = value()?.parse().context("--slots wants a number")?,
+            "--wide" => opts.wide.push(value()?),
+            "--first" => opts.first.push(value()?),
+            "--log-dir" => opts.log_dir = PathBuf::from(value()?),
+            "-h" | "--help" => {
+                println!("{}", usage());
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other:?}\n{}", usage()),
+        }
+    }
+    if opts.slots == 0 {
+        bail!("--slots must be at least 1");
+    }
+    Ok(opts)
+}
+
+/// Builds the workspace's test binaries and lists them, in cargo's order.
+fn build() -> Result<Vec<Binary>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args([
+            "test",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("cargo test --no-run failed");
+    }
+    let mut binaries = vec![];
+    for line in out.stdout.lines() {
+        let line = line?;
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(executable) = msg["executable"].as_str() else {
+            continue;
+        };
+        let target = msg["target"]["name"].as_str().unwrap_or_default().to_string();
+        let manifest = PathBuf::from(msg["manifest_path"].as_str().unwrap_or_default());
+        let package = msg["package_id"]
+            .as_str()
+            .and_then(|id| id.rsplit('/').next())
+            .and_then(|tail| tail.split(['#', '@']).next())
+            .unwrap_or_default()
+            .to_string();
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or_default();
+        binaries.push(Binary {
+            name: format!("{package}::{kind}::{target}"),
+            target,
+            executable: executable.into(),
+            cwd: manifest.parent().map(Path::to_path_buf).unwrap_or_default(),
+        });
+    }
+    if binaries.is_empty() {
+        bail!("cargo built no test binary");
+    }
+    Ok(binaries)
+}
+
+struct Running {
+    binary: Binary,
+    child: Child,
+    slots: usize,
+    started: Instant,
+    log: PathBuf,
+}
+
+struct Finished {
+    name: String,
+    ok: bool,
+    took: Duration,
+    log: PathBuf,
+}
+
+fn start(b: &Binary, threads: usize, log_dir: &Path) -> Result<Running> {
+    let log = log_dir.join(format!("{}.log", b.name.replace("::", "-")));
+    let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone()?;
+    println!(
+        "start  {} ({threads} thread{})",
+        b.name,
+        if threads == 1 { "" } else { "s" }
+    );
+    let child = Command::new(&b.executable)
+        .arg(format!("--test-threads={threads}"))
+        .current_dir(&b.cwd)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting {}", b.executable.display()))?;
+    Ok(Running {
+        binary: b.clone(),
+        child,
+        slots: threads,
+        started: Instant::now(),
+        log,
+    })
+}
+
+/// What of a failed binary's log is worth printing: every panic with what follows it, and the
+/// summary at the end.
+fn failure_excerpt(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = vec![];
+    for (i, l) in lines.iter().enumerate() {
+        if l.contains("panicked at") {
+            out.extend(lines[i..lines.len().min(i + 12)].iter().copied());
+            out.push("...");
+        }
+    }
+    let tail = lines.len().saturating_sub(40);
+    out.extend(lines[tail..].iter().copied());
+    out.join("\n")
+}
+
+fn main() -> Result<()> {
+    let opts = parse_args()?;
+    std::fs::create_dir_all(&opts.log_dir)?;
+    let t0 = Instant::now();
+    let binaries = build()?;
+    println!(
+        "{} test binaries built in {:.0}s; running them in {} slots",
+        binaries.len(),
+        t0.elapsed().as_secs_f64(),
+        opts.slots
+    );
+    // Longest first (as named), then cargo's order.
+    let mut queue: VecDeque<Binary> = opts
+        .first
+        .iter()
+        .filter_map(|f| binaries.iter().find(|b| &b.target == f).cloned())
+        .collect();
+    queue.extend(binaries.iter().filter(|b| !opts.first.contains(&b.target)).cloned());
+
+    let mut running: Vec<Running> = vec![];
+    let mut finished: Vec<Finished> = vec![];
+    while !queue.is_empty() || !running.is_empty() {
+        let used: usize = running.iter().map(|r| r.slots).sum();
+        let free = opts.slots - used;
+        // The first job that fits: a wide job waits for two free slots while narrow ones run.
+        let fits = |b: &Binary| {
+            let want = if opts.wide.contains(&b.target) {
+                opts.slots.min(2)
+            } else {
+                1
+            };
+            (want <= free).then_some(want)
+        };
+        if let Some(i) = queue.iter().position(|b| fits(b).is_some()) {
+            let b = queue.remove(i).expect("index in range");
+            let threads = fits(&b).expect("fits");
+            running.push(start(&b, threads, &opts.log_dir)?);
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let mut i = 0;
+        while i < running.len() {
+            if let Some(status) = running[i].child.try_wait()? {
+                let r = running.remove(i);
+                let took = r.started.elapsed();
+                let ok = status.success();
+                println!(
+                    "{}   {} in {:.0}s",
+                    if ok { "ok " } else { "FAIL" },
+                    r.binary.name,
+                    took.as_secs_f64()
+                );
+                if !ok {
+                    println!(
+                        "----- {} (whole log: {}) -----\n{}\n-----",
+                        r.binary.name,
+                        r.log.display(),
+                        failure_excerpt(&r.log)
+                    );
+                }
+                finished.push(Finished {
+                    name: r.binary.name,
+                    ok,
+                    took,
+                    log: r.log,
+                });
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    finished.sort_by_key(|f| std::cmp::Reverse(f.took));
+    println!("\n{:>7}  {:<4}  binary", "seconds", "");
+    for f in &finished {
+        println!(
+            "{:>7.0}  {:<4}  {}",
+            f.took.as_secs_f64(),
+            if f.ok { "ok" } else { "FAIL" },
+            f.name
+        );
+    }
+    let failed: Vec<&Finished> = finished.iter().filter(|f| !f.ok).collect();
+    println!(
+        "\n{} binaries, {} failed, {:.1} min in all",
+        finished.len(),
+        failed.len(),
+        t0.elapsed().as_secs_f64() / 60.0
+    );
+    if !failed.is_empty() {
+        for f in failed {
+            println!("failed: {} ({})", f.name, f.log.display());
+        }
+        std::process::exit(1);
+    }
+    Ok(())
+}
