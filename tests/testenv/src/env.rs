@@ -426,7 +426,9 @@ impl Env {
 
     async fn wait_established(&self, crd_names: Vec<String>) -> Result<()> {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        wait_for("CRDs to be Established", Duration::from_secs(30), || {
+        // Generous: on a loaded machine (a release build beside it) a fresh API server takes
+        // tens of seconds per list.
+        wait_for("CRDs to be Established", Duration::from_secs(90), || {
             let crds = crds.clone();
             let names = crd_names.clone();
             async move {
