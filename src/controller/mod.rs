@@ -8,6 +8,7 @@
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage.
 
+pub(crate) mod caches;
 pub mod endpoints;
 mod error;
 mod fresh;

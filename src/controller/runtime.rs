@@ -65,6 +65,13 @@ impl Synced {
         Synced(rx)
     }
 
+    /// A `Synced` set by whoever holds the sender (the fan-out of a shared cache, which sees
+    /// the end of the first list itself).
+    pub(crate) fn channel() -> (tokio::sync::watch::Sender<bool>, Synced) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Synced(rx))
+    }
+
     /// Already synced (for tests that fill stores by hand).
     pub fn ready() -> Synced {
         Synced(tokio::sync::watch::channel(true).1)
