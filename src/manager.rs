@@ -43,7 +43,9 @@ pub struct Args {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub sync_period: Duration,
 
-    /// Number of KaironMachines reconciled at once.
+    /// Number of KaironMachines on their way to a Kairon Machine at once (finalizer, bootstrap
+    /// data, create, providerID); other KaironMachine reconciles (status, deletion) do not wait
+    /// for them.
     #[arg(long, default_value_t = 10)]
     pub kaironmachine_concurrency: u16,
 

@@ -10,6 +10,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use super::gate::CreateGate;
 use super::reconcile::{Context, reconcile};
 use crate::api::{self, KaironMachine};
 use crate::capi;
@@ -180,12 +181,23 @@ pub(crate) fn controller(
         )
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
         .reconcile_on(triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()))
-        .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
+        // No limit here: every reconcile starts at once, and only the create path waits for
+        // one of `--kaironmachine-concurrency` permits (see `gate`).
+        .with_config(ControllerConfig::default().concurrency(0))
         .graceful_shutdown_on(shutdown);
+    let gate = CreateGate::new(settings.machine_concurrency);
+    let gated = move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
+        let gate = gate.clone();
+        async move {
+            // As fresh as we know it: a providerID we just wrote takes it off the create path.
+            let fresh = ctx.fresh.freshest(km.clone());
+            gate.run(&fresh, || reconcile(km, ctx)).await
+        }
+    };
     let backoff = Backoff::default();
     let task = controller
         .run(
-            instrumented("kaironmachine", telemetry.metrics, backoff.clone(), reconcile),
+            instrumented("kaironmachine", telemetry.metrics, backoff.clone(), gated),
             error_policy(backoff),
             ctx,
         )
