@@ -222,8 +222,10 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         let status = &body["status"];
         assert_eq!(
             condition(status, INSTANCE_PROVISIONED)["reason"],
-            reason::INSTANCE_PENDING
+            reason::INSTANCE_PROVISIONING,
+            "just created: being provisioned, as it will be when Kairon says Pending or Provisioning"
         );
+        assert_eq!(status["instance"]["phase"], "Provisioning");
         assert_eq!(condition(status, READY)["status"], "False");
         assert_eq!(condition(status, PAUSED)["status"], "False");
         assert_eq!(status["instance"]["uid"], "vm-uid");
