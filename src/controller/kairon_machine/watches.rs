@@ -105,9 +105,8 @@ pub(crate) fn controller(
         .touched_objects()
         .predicate_filter(machine_trigger, PredicateConfig::default());
     let (instances, w) = reflector::store();
-    let instance_wc = watcher::Config::default()
-        .any_semantic()
-        .labels(&labels::managed_selector());
+    // Paged, as `Settings::watcher_config` says why.
+    let instance_wc = watcher::Config::default().labels(&labels::managed_selector());
     // Untyped, and read one by one: a Kairon Machine we cannot parse is its KaironMachine's
     // problem alone, never the whole list's.
     let instance_events = watcher(kairon.api(settings.namespace.as_deref()), instance_wc)
