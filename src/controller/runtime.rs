@@ -199,11 +199,11 @@ pub(crate) fn instrumented<K, C, F, Fut>(
     metrics: Arc<Metrics>,
     backoff: Backoff,
     reconcile: F,
-) -> impl FnMut(Arc<K>, Arc<C>) -> ReconcileFuture
+) -> impl Fn(Arc<K>, Arc<C>) -> ReconcileFuture + Send + Sync + 'static
 where
     K: ResourceExt + Send + Sync + 'static,
     C: Send + Sync + 'static,
-    F: Fn(Arc<K>, Arc<C>) -> Fut + Send + 'static,
+    F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
 {
     move |obj, ctx| {

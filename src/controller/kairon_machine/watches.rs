@@ -184,23 +184,28 @@ pub(crate) fn controller(
         // one of `--kaironmachine-concurrency` permits (see `gate`).
         .with_config(ControllerConfig::default().concurrency(0))
         .graceful_shutdown_on(shutdown);
+    let backoff = Backoff::default();
+    // The gate is outside the span and metrics of a reconcile: a reconcile waiting for a
+    // permit is not in flight yet, and holds no more than its wait.
     let gate = CreateGate::new(settings.machine_concurrency);
+    let instrumented = Arc::new(instrumented(
+        "kaironmachine",
+        telemetry.metrics,
+        backoff.clone(),
+        reconcile,
+    ));
     let gated = move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
-        let gate = gate.clone();
+        let (gate, start) = (gate.clone(), instrumented.clone());
         async move {
+            // Before anything else, and small: after a restart every KaironMachine is
+            // reconciled at once, and all of them wait here for the caches' first lists.
+            Synced::all(&ctx.synced).await?;
             // As fresh as we know it: a providerID we just wrote takes it off the create path.
             let fresh = ctx.fresh.freshest(km.clone());
-            gate.run(&fresh, || reconcile(km, ctx)).await
+            gate.run(&fresh, || start(km, ctx)).await
         }
     };
-    let backoff = Backoff::default();
-    let task = controller
-        .run(
-            instrumented("kaironmachine", telemetry.metrics, backoff.clone(), gated),
-            error_policy(backoff),
-            ctx,
-        )
-        .for_each(log_outcome);
+    let task = controller.run(gated, error_policy(backoff), ctx).for_each(log_outcome);
     async move {
         let sweeper = async move {
             if let Some(s) = sweeper {
