@@ -43,7 +43,9 @@ pub struct Args {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub sync_period: Duration,
 
-    /// Number of KaironMachines reconciled at once.
+    /// Number of KaironMachines on their way to a Kairon Machine at once (finalizer, bootstrap
+    /// data, create, providerID); other KaironMachine reconciles (status, deletion) do not wait
+    /// for them.
     #[arg(long, default_value_t = 10)]
     pub kaironmachine_concurrency: u16,
 
@@ -499,13 +501,17 @@ pub async fn run(args: Args) -> Result<()> {
         triggers_tx,
         telemetry.clone(),
     ));
-    let (clusters, clusters_synced, machines) = controller::kairon_machine::controller(
+    // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
+    // controllers.
+    let (caches, watches) = controller::caches::Caches::new(&client, &settings, &telemetry);
+    let machines = controller::kairon_machine::controller(
         client.clone(),
         Instances::new(kairon).with_owner(owner),
         Some(controller::kairon_machine::Remote {
             endpoints: endpoints.clone(),
             triggers,
         }),
+        &caches,
         settings.clone(),
         telemetry.clone(),
         shutdown.clone(),
@@ -513,6 +519,7 @@ pub async fn run(args: Args) -> Result<()> {
     let kcs = controller::kairon_cluster::controller(
         client.clone(),
         Some(endpoints),
+        &caches,
         settings.clone(),
         telemetry.clone(),
         shutdown.clone(),
@@ -520,13 +527,17 @@ pub async fn run(args: Args) -> Result<()> {
     let templates = controller::kairon_machine_template::controller(
         client,
         settings,
-        clusters,
-        clusters_synced,
+        caches.clusters.store(),
+        caches.clusters.synced(),
         telemetry,
         shutdown.clone(),
     );
     let controllers = async {
-        tokio::join!(machines, kcs, templates);
+        // The shared watches run until every controller has stopped.
+        tokio::select! {
+            _ = async { tokio::join!(machines, kcs, templates) } => {}
+            _ = watches => {}
+        }
     };
     match elector {
         None => controllers.await,

@@ -13,7 +13,6 @@ use capkr::controller::{Settings, Synced};
 use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Client;
-use kube::api::{PartialObjectMeta, PartialObjectMetaExt};
 use kube::client::Body;
 use serde_json::json;
 use tower_test::mock::{self, Handle};
@@ -82,8 +81,8 @@ fn cluster(paused: bool) -> capi::Cluster {
     c
 }
 
-/// A KaironMachine of cluster `demo` owned by a Machine, as the membership cache holds it.
-fn member(name: &str) -> PartialObjectMeta<KaironMachine> {
+/// A KaironMachine of cluster `demo` owned by a Machine.
+fn member(name: &str) -> KaironMachine {
     let mut m = orphan(name);
     m.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "cluster.x-k8s.io/v1beta2".into(),
@@ -96,21 +95,23 @@ fn member(name: &str) -> PartialObjectMeta<KaironMachine> {
 }
 
 /// A KaironMachine of cluster `demo` that no Machine owns (CAPI will never delete it).
-fn orphan(name: &str) -> PartialObjectMeta<KaironMachine> {
-    ObjectMeta {
-        name: Some(name.into()),
-        namespace: Some(NS.into()),
-        labels: Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into()),
+fn orphan(name: &str) -> KaironMachine {
+    KaironMachine {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            labels: Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into()),
+            ..Default::default()
+        },
         ..Default::default()
     }
-    .into_response_partial()
 }
 
 /// Runs one reconcile of `kc` against a mock API server driven by `server`.
 async fn run<F, Fut>(
     kc: KaironCluster,
     clusters: Vec<capi::Cluster>,
-    members: Vec<PartialObjectMeta<KaironMachine>>,
+    members: Vec<KaironMachine>,
     server: F,
 ) -> Result<(), capkr::controller::Error>
 where

@@ -163,7 +163,8 @@ fn with_status(mut km: KaironMachine, observed: Observed) -> KaironMachine {
 
 #[tokio::test]
 async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_records_provider_id_and_status() {
-    let km = kaironmachine();
+    let mut km = kaironmachine();
+    km.metadata.resource_version = Some("10".into());
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -174,9 +175,28 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         v.status = None;
         serde_json::to_value(&v).unwrap()
     };
-    let km_json = serde_json::to_value(kaironmachine()).unwrap();
+    // What the API server answers to the two patches: the finalizer (metadata: same
+    // generation), then the providerID (spec: the generation goes up).
+    let with_finalizer = {
+        let mut k = km.clone();
+        k.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+        k.metadata.resource_version = Some("11".into());
+        k
+    };
+    let with_provider_id = {
+        let mut k = with_finalizer.clone();
+        k.spec.provider_id = Some("kairon://vm-uid".into());
+        k.metadata.resource_version = Some("12".into());
+        k.metadata.generation = Some(2);
+        k
+    };
+    let km_json = serde_json::to_value(&with_provider_id).unwrap();
+    let (with_finalizer, with_provider_id) = (
+        serde_json::to_value(with_finalizer).unwrap(),
+        serde_json::to_value(with_provider_id).unwrap(),
+    );
     run(km, world, move |mut h| async move {
-        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, with_finalizer).await;
         assert_eq!(
             patch[1],
             json!({"op": "add", "path": "/metadata/finalizers", "value": [MACHINE_FINALIZER]})
@@ -211,7 +231,7 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         );
         assert_eq!(body["spec"]["cpus"], 2);
 
-        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, with_provider_id).await;
         assert_eq!(patch, json!({"spec": {"providerID": "kairon://vm-uid"}}));
 
         let (query, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
@@ -222,8 +242,15 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         let status = &body["status"];
         assert_eq!(
             condition(status, INSTANCE_PROVISIONED)["reason"],
-            reason::INSTANCE_PENDING
+            reason::INSTANCE_PROVISIONING,
+            "just created: being provisioned, as it will be when Kairon says Pending or Provisioning"
         );
+        assert_eq!(status["instance"]["phase"], "Provisioning");
+        // Against the generation the providerID patch made: conditions naming the old one
+        // would be written again, with nothing else changed, by the next reconcile.
+        for c in status["conditions"].as_array().unwrap() {
+            assert_eq!(c["observedGeneration"], 2, "{c}");
+        }
         assert_eq!(condition(status, READY)["status"], "False");
         assert_eq!(condition(status, PAUSED)["status"], "False");
         assert_eq!(status["instance"]["uid"], "vm-uid");

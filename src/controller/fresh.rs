@@ -61,6 +61,20 @@ impl<K: Resource> Fresher<K> {
         }
     }
 
+    /// What we last wrote of `obj`, if that write replaced `obj`'s version; else `obj`. For a
+    /// second look within one reconcile, after its own writes: unlike [`Fresher::freshest`] it
+    /// never forgets the record.
+    pub(crate) fn after_our_writes(&self, obj: Arc<K>) -> Arc<K> {
+        let (Some(uid), Some(rv)) = (obj.meta().uid.as_deref(), obj.meta().resource_version.as_deref()) else {
+            return obj;
+        };
+        let written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        match written.get(uid) {
+            Some(w) if w.replaced.iter().any(|r| r == rv) => w.object.clone(),
+            _ => obj,
+        }
+    }
+
     /// Records that a write replaced `before` (the version it was made against, as far as we
     /// know) with `after`.
     pub(crate) fn wrote(&self, before: &K, mut after: K) {

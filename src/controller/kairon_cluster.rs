@@ -8,20 +8,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Future, StreamExt, TryStreamExt};
+use futures::{Future, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::Api;
+use kube::runtime::Controller;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
+use super::caches::Caches;
 use super::endpoints::EndpointError;
-use super::runtime::{
-    Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, owning_cluster, pause_step,
-    strip_managed_fields, watch_error,
-};
+use super::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, pause_step};
 use super::write::{Writer, has_finalizer};
 use super::{Endpoints, Error, Settings, Synced, identity_protection};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
@@ -47,8 +45,9 @@ pub struct Context {
     pub endpoints: Option<Arc<Endpoints>>,
     pub settings: Settings,
     pub clusters: Store<capi::Cluster>,
-    /// Metadata of all KaironMachines: enough to know which clusters still have machines.
-    pub members: Store<PartialObjectMeta<KaironMachine>>,
+    /// All KaironMachines (the cache the KaironMachine controller reconciles from): which
+    /// clusters still have machines.
+    pub members: Store<KaironMachine>,
     /// First lists of `clusters` and `members`.
     pub synced: Vec<Synced>,
     /// Events on KaironClusters (disabled in mock tests).
@@ -298,65 +297,35 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
     )))
 }
 
-/// Builds the controller; it runs until `shutdown` resolves and the future is driven.
+/// Builds the controller; it runs until `shutdown` resolves and the future is driven. It
+/// reads Clusters, KaironClusters and KaironMachines from the shared `caches` (whose watches
+/// are driven elsewhere).
 pub(crate) fn controller(
     client: Client,
     endpoints: Option<Arc<Endpoints>>,
+    caches: &Caches,
     settings: Settings,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
-    let wc = settings.watcher_config();
-    let (clusters, w) = reflector::store();
-    let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
-        .inspect_err(watch_error("clusters.cluster.x-k8s.io", &telemetry))
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .touched_objects()
-        .predicate_filter(cluster_trigger, PredicateConfig::default());
-    let (members, w) = reflector::store();
-    let member_events = watcher(settings.api::<PartialObjectMeta<KaironMachine>>(&client), wc.clone())
-        .inspect_err(watch_error(
-            "kaironmachines.infrastructure.cluster.x-k8s.io",
-            &telemetry,
-        ))
-        .default_backoff()
-        // Read: namespace, name, the cluster-name label and whether a Machine owns it.
-        .modify(|m: &mut PartialObjectMeta<KaironMachine>| {
-            let machine_owner = capi::owner(&m.metadata, "Machine").cloned();
-            keep_only_labels(m, &[capi::CLUSTER_NAME_LABEL]);
-            m.metadata.owner_references = machine_owner.map(|o| vec![o]);
-        })
-        .reflect(w)
-        .touched_objects();
-    let (kcs, w) = reflector::store();
-    let kc_events = watcher(settings.api::<KaironCluster>(&client), wc)
-        .inspect_err(watch_error(
-            "kaironclusters.infrastructure.cluster.x-k8s.io",
-            &telemetry,
-        ))
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .applied_objects();
-
+    let clusters = caches.clusters.store();
     let cluster_lookup = clusters.clone();
-    let synced = vec![Synced::of(&clusters), Synced::of(&members)];
-    synced.iter().for_each(|s| telemetry.caches.register(s));
+    let synced = vec![caches.clusters.synced(), caches.kaironmachines.synced()];
     let ctx = Arc::new(Context {
         events: telemetry.recorder("capkr-kaironcluster-controller"),
         client,
         endpoints,
         settings: settings.clone(),
         clusters,
-        members,
+        members: caches.kaironmachines.store(),
         synced,
     });
     let backoff = Backoff::default();
-    Controller::for_stream(kc_events, kcs)
-        .watches_stream(cluster_events, |c| kaironcluster_for_cluster(&c))
-        .watches_stream(member_events, move |m: PartialObjectMeta<KaironMachine>| {
+    Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())
+        .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), |c| {
+            kaironcluster_for_cluster(&c)
+        })
+        .watches_shared_stream(caches.kaironmachines.touched(), move |m: Arc<KaironMachine>| {
             // A KaironMachine went or came: its cluster's KaironCluster may be waiting on it.
             let ns = m.namespace()?;
             let cluster = capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL)?;

@@ -10,6 +10,7 @@
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage.
 
+pub(crate) mod caches;
 pub mod endpoints;
 mod error;
 mod fresh;
@@ -80,8 +81,13 @@ impl Settings {
     }
 
     /// Watch configuration for CAPI objects and ours: the watch filter, if any.
+    ///
+    /// Lists are paged (500 objects a page) and consistent. The "any" semantic (resourceVersion
+    /// 0, served from the API server's watch cache) would ignore the page size and answer with
+    /// every object in one response: at a restart with thousands of machines, tens of MB of
+    /// JSON held and parsed at once, most of the manager's peak memory.
     pub(crate) fn watcher_config(&self) -> watcher::Config {
-        let wc = watcher::Config::default().any_semantic();
+        let wc = watcher::Config::default();
         match &self.watch_filter {
             Some(v) => wc.labels(&format!("{WATCH_FILTER_LABEL}={v}")),
             None => wc,

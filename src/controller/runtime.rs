@@ -65,6 +65,13 @@ impl Synced {
         Synced(rx)
     }
 
+    /// A `Synced` set by whoever holds the sender (the fan-out of a shared cache, which sees
+    /// the end of the first list itself).
+    pub(crate) fn channel() -> (tokio::sync::watch::Sender<bool>, Synced) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Synced(rx))
+    }
+
     /// Already synced (for tests that fill stores by hand).
     pub fn ready() -> Synced {
         Synced(tokio::sync::watch::channel(true).1)
@@ -192,11 +199,11 @@ pub(crate) fn instrumented<K, C, F, Fut>(
     metrics: Arc<Metrics>,
     backoff: Backoff,
     reconcile: F,
-) -> impl FnMut(Arc<K>, Arc<C>) -> ReconcileFuture
+) -> impl Fn(Arc<K>, Arc<C>) -> ReconcileFuture + Send + Sync + 'static
 where
     K: ResourceExt + Send + Sync + 'static,
     C: Send + Sync + 'static,
-    F: Fn(Arc<K>, Arc<C>) -> Fut + Send + 'static,
+    F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
 {
     move |obj, ctx| {

@@ -107,7 +107,9 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             reason::PROVISIONED,
             format!("Kairon Machine {name} is running"),
         ),
-        phase::PROVISIONING => (
+        // One state for the KaironMachine: Kairon is bringing the machine up (see
+        // `status_phase`).
+        phase::PENDING | phase::PROVISIONING => (
             Status::False,
             reason::INSTANCE_PROVISIONING,
             format!("Kairon Machine {name} is being provisioned"),
@@ -131,11 +133,6 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
                 format!("Kairon Machine {name} failed: {detail}"),
             )
         }
-        phase::PENDING => (
-            Status::False,
-            reason::INSTANCE_PENDING,
-            format!("Kairon Machine {name} is pending"),
-        ),
         other => (
             Status::Unknown,
             reason::INSTANCE_PENDING,
@@ -174,18 +171,34 @@ pub(crate) fn failure_domain(vm: &Machine) -> Option<String> {
 }
 
 /// `status.instance` of the KaironMachine.
+///
+/// A Kairon Machine that is being brought up (Kairon's Pending, then Provisioning with a host
+/// chosen) is recorded as one state: phase `Provisioning`, no host. Nothing the contract reads
+/// changes between the two, and without this the status written depended on how many of the
+/// steps a reconcile happened to see (all of them without a client limit, none under it, as the
+/// reconciles queue): one more status write per machine exactly when the API server is busiest.
 pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
+    let phase = status_phase(vm);
     InstanceRef {
         name: vm.name_any(),
         namespace: vm.namespace().unwrap_or_default(),
         uid: vm.metadata.uid.clone(),
-        phase: Some(effective_phase(vm).to_string()),
+        phase: Some(phase.to_string()),
         host: vm
             .status
             .as_ref()
             .and_then(|s| s.host_name.clone())
-            .filter(|h| !h.is_empty()),
+            .filter(|h| !h.is_empty() && phase != phase::PROVISIONING),
         identity_ref: None,
+    }
+}
+
+/// The phase as the KaironMachine records it: [`effective_phase`], with Pending recorded as
+/// Provisioning.
+pub(crate) fn status_phase(vm: &Machine) -> &str {
+    match effective_phase(vm) {
+        phase::PENDING => phase::PROVISIONING,
+        other => other,
     }
 }
 
@@ -199,8 +212,8 @@ mod tests {
     #[test]
     fn instance_condition_for_every_phase() {
         let cases = [
-            (None, Status::False, reason::INSTANCE_PENDING),
-            (Some("Pending"), Status::False, reason::INSTANCE_PENDING),
+            (None, Status::False, reason::INSTANCE_PROVISIONING),
+            (Some("Pending"), Status::False, reason::INSTANCE_PROVISIONING),
             (Some("Provisioning"), Status::False, reason::INSTANCE_PROVISIONING),
             (Some("Running"), Status::True, reason::PROVISIONED),
             (Some("Stopped"), Status::False, reason::INSTANCE_STOPPED),

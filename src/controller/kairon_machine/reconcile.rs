@@ -276,8 +276,12 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
         }
         Err(e) => return Err(e),
     };
-    if let Some(next) = write_status(&ctx, km, StatusInput::Live(&observed), Some(&target)).await? {
-        report_transitions(km, &next, &ctx).await;
+    // The status goes against the KaironMachine as this reconcile's own writes left it: the
+    // providerID patch raised the generation, and conditions naming the old one would be
+    // written again, with nothing else changed, by the next reconcile.
+    let km = ctx.fresh.after_our_writes(scope.km.clone());
+    if let Some(next) = write_status(&ctx, &km, StatusInput::Live(&observed), Some(&target)).await? {
+        report_transitions(&km, &next, &ctx).await;
     }
     Ok(action)
 }

@@ -171,8 +171,8 @@ mod tests {
             Case {
                 name: "pending",
                 observed: Observed::Instance(vm("Pending")),
-                ready: ("False", reason::INSTANCE_PENDING),
-                instance: ("False", reason::INSTANCE_PENDING),
+                ready: ("False", reason::INSTANCE_PROVISIONING),
+                instance: ("False", reason::INSTANCE_PROVISIONING),
                 provisioned: false,
                 failure_reason: None,
             },
@@ -320,6 +320,38 @@ mod tests {
             let second = next_status(Some(&first), StatusInput::Live(&observed), Some(1), &at(20));
             assert_eq!(first, second, "{observed:?}");
         }
+    }
+
+    #[test]
+    fn pending_and_provisioning_are_one_status() {
+        // Whether a reconcile sees Kairon's Pending, its Provisioning (with the host chosen),
+        // or both, depends on how fast reconciles follow the watch: the status must not, or
+        // the writes per machine grow when the client limit is lifted.
+        let just_created = {
+            let mut v = vm("Pending");
+            v.status = None;
+            Box::new(*v)
+        };
+        let mut provisioning = vm("Provisioning");
+        provisioning.status.as_mut().unwrap().host_name = Some("kairon-node-7".into());
+        let first = next_status(
+            None,
+            StatusInput::Live(&Observed::Instance(just_created)),
+            Some(1),
+            &at(10),
+        );
+        for later in [vm("Pending"), provisioning] {
+            let next = next_status(
+                Some(&first),
+                StatusInput::Live(&Observed::Instance(later)),
+                Some(1),
+                &at(20),
+            );
+            assert_eq!(next, first);
+        }
+        let i = first.instance.as_ref().unwrap();
+        assert_eq!((i.phase.as_deref(), i.host.as_deref()), (Some("Provisioning"), None));
+        assert_eq!(cond(&first, READY).reason, reason::INSTANCE_PROVISIONING);
     }
 
     #[test]

@@ -10,14 +10,16 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use super::gate::CreateGate;
 use super::reconcile::{Context, reconcile};
-use crate::api::{self, KaironCluster, KaironMachine};
+use crate::api::{self, KaironMachine};
 use crate::capi;
+use crate::controller::caches::Caches;
 use crate::controller::endpoints::{Endpoints, sweep_every};
 use crate::controller::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields, watch_error,
 };
-use crate::controller::{Fresher, Settings, Synced};
+use crate::controller::{Settings, Synced};
 use crate::hashing::hash_of;
 use crate::kairon::{self, Instances, labels, observe};
 
@@ -80,19 +82,21 @@ pub(crate) struct Remote {
 const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Builds the controller. It runs until `shutdown` resolves and the returned future is
-/// driven; the Cluster cache is returned for the other controllers to read.
+/// driven; it reads Clusters, KaironClusters and KaironMachines from the shared `caches`
+/// (whose watches are driven elsewhere) and watches Machines and Kairon Machines itself.
 pub(crate) fn controller(
     client: Client,
     kairon: Instances,
     remote: Option<Remote>,
+    caches: &Caches,
     settings: Settings,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + Clone + 'static,
-) -> (Store<capi::Cluster>, Synced, impl Future<Output = ()> + Send) {
+) -> impl Future<Output = ()> + Send {
     let wc = settings.watcher_config();
 
     let (machines, w) = reflector::store();
-    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
+    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc)
         .inspect_err(watch_error("machines.cluster.x-k8s.io", &telemetry))
         .default_backoff()
         // Read: the spec view, the control-plane label, deletion.
@@ -100,18 +104,9 @@ pub(crate) fn controller(
         .reflect(w)
         .touched_objects()
         .predicate_filter(machine_trigger, PredicateConfig::default());
-    let (clusters, w) = reflector::store();
-    let cluster_events = watcher(settings.api::<capi::Cluster>(&client), wc.clone())
-        .inspect_err(watch_error("clusters.cluster.x-k8s.io", &telemetry))
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .touched_objects()
-        .predicate_filter(cluster_trigger, PredicateConfig::default());
     let (instances, w) = reflector::store();
-    let instance_wc = watcher::Config::default()
-        .any_semantic()
-        .labels(&labels::managed_selector());
+    // Paged, as `Settings::watcher_config` says why.
+    let instance_wc = watcher::Config::default().labels(&labels::managed_selector());
     // Untyped, and read one by one: a Kairon Machine we cannot parse is its KaironMachine's
     // problem alone, never the whole list's.
     let instance_events = watcher(kairon.api(settings.namespace.as_deref()), instance_wc)
@@ -125,40 +120,17 @@ pub(crate) fn controller(
         })
         .reflect(w)
         .touched_objects();
-    let (kaironclusters, w) = reflector::store();
-    // Read: the identity. The stream only fills the cache.
-    let kc_events = watcher(settings.api::<KaironCluster>(&client), wc.clone())
-        .inspect_err(watch_error(
-            "kaironclusters.infrastructure.cluster.x-k8s.io",
-            &telemetry,
-        ))
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .boxed()
-        .for_each(|_| futures::future::ready(()));
-    let (kms, w) = reflector::store();
-    let fresh = Fresher::default();
-    let forgetter = fresh.clone();
-    let km_events = watcher(settings.api::<KaironMachine>(&client), wc)
-        .inspect_err(watch_error(
-            "kaironmachines.infrastructure.cluster.x-k8s.io",
-            &telemetry,
-        ))
-        .default_backoff()
-        .modify(strip_managed_fields)
-        .reflect(w)
-        .inspect_ok(move |event| forgetter.observe(event))
-        .applied_objects();
+    let kms = caches.kaironmachines.store();
+    let kaironclusters = caches.kaironclusters.store();
 
     let synced = vec![
         Synced::of(&machines),
-        Synced::of(&clusters),
+        caches.clusters.synced(),
         Synced::of(&instances),
-        Synced::of(&kaironclusters),
+        caches.kaironclusters.synced(),
     ];
-    synced.iter().for_each(|s| telemetry.caches.register(s));
-    let clusters_synced = synced[1].clone();
+    telemetry.caches.register(&synced[0]);
+    telemetry.caches.register(&synced[2]);
     let counted = instances.clone();
     telemetry.metrics.count_phases_with(Box::new(move || {
         let mut counts = std::collections::BTreeMap::new();
@@ -183,50 +155,71 @@ pub(crate) fn controller(
         kaironclusters,
         settings: settings.clone(),
         machines,
-        clusters: clusters.clone(),
+        clusters: caches.clusters.store(),
         instances,
         synced,
-        fresh,
+        fresh: caches.fresh.clone(),
     });
     let km_store: Store<KaironMachine> = kms.clone();
-    let controller = Controller::for_stream(km_events, kms)
+    let controller = Controller::for_shared_stream(caches.kaironmachines.applied(), kms)
         .watches_stream(machine_events, |m| kaironmachine_for_machine(&m))
-        .watches_stream(cluster_events, move |c: capi::Cluster| {
-            let (name, ns) = (c.name_any(), c.namespace());
-            km_store
-                .state()
-                .into_iter()
-                .filter(|km| {
-                    km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
-                })
-                .map(|km| ObjectRef::from_obj(km.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        .watches_shared_stream(
+            caches.clusters.touched_when(cluster_trigger),
+            move |c: Arc<capi::Cluster>| {
+                let (name, ns) = (c.name_any(), c.namespace());
+                km_store
+                    .state()
+                    .into_iter()
+                    .filter(|km| {
+                        km.namespace() == ns
+                            && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
+                    })
+                    .map(|km| ObjectRef::from_obj(km.as_ref()))
+                    .collect::<Vec<_>>()
+            },
+        )
         .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
         .reconcile_on(triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()))
-        .with_config(ControllerConfig::default().concurrency(settings.machine_concurrency))
+        // No limit here: every reconcile starts at once, and only the create path waits for
+        // one of `--kaironmachine-concurrency` permits (see `gate`).
+        .with_config(ControllerConfig::default().concurrency(0))
         .graceful_shutdown_on(shutdown);
     let backoff = Backoff::default();
-    let task = controller
-        .run(
-            instrumented("kaironmachine", telemetry.metrics, backoff.clone(), reconcile),
-            error_policy(backoff),
-            ctx,
-        )
-        .for_each(log_outcome);
-    let task = async move {
+    // The gate is outside the span and metrics of a reconcile: a reconcile waiting for a
+    // permit is not in flight yet, and holds no more than its wait.
+    let gate = CreateGate::new(settings.machine_concurrency);
+    let instrumented = Arc::new(instrumented(
+        "kaironmachine",
+        telemetry.metrics,
+        backoff.clone(),
+        reconcile,
+    ));
+    let gated = move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
+        let (gate, start) = (gate.clone(), instrumented.clone());
+        async move {
+            // Before anything else, and small: after a restart every KaironMachine is
+            // reconciled at once, and all of them wait here for the caches' first lists.
+            Synced::all(&ctx.synced).await?;
+            // As fresh as we know it: a providerID we just wrote takes it off the create path.
+            let fresh = ctx.fresh.freshest(km.clone());
+            gate.run(&fresh, || start(km, ctx)).await
+        }
+    };
+    let task = controller.run(gated, error_policy(backoff), ctx).for_each(log_outcome);
+    async move {
         let sweeper = async move {
             if let Some(s) = sweeper {
                 s.await;
             }
+            // Done at shutdown: the controller still finishes its reconciles.
+            std::future::pending::<()>().await
         };
-        // The KaironCluster cache and the sweeper live as long as the controller.
+        // The sweeper lives as long as the controller.
         tokio::select! {
             _ = task => {}
-            _ = futures::future::join(kc_events, sweeper) => {}
+            _ = sweeper => {}
         }
-    };
-    (clusters, clusters_synced, task)
+    }
 }
 
 #[cfg(test)]

@@ -2,13 +2,16 @@
 //! per machine, at the manager's concurrency and under the same client-side rate limit, against
 //! the same API server and simulator:
 //!
-//! 1. `GET` the bootstrap data Secret (the payload has to be read);
-//! 2. `create` the Kairon Machine (the same object the manager builds);
-//! 3. one `patch` of the KaironMachine recording the finalizer and `spec.providerID`;
-//! 4. once the Kairon Machine runs, one server-side apply of the status the manager writes.
+//! 1. one `patch` of the KaironMachine adding the finalizer, before anything exists outside
+//!    the management cluster (the contract's rule: a deletion must not miss what was created);
+//! 2. `GET` the bootstrap data Secret (the payload has to be read);
+//! 3. `create` the Kairon Machine (the same object the manager builds);
+//! 4. one `patch` of the KaironMachine recording `spec.providerID` (known only once Kairon has
+//!    given the Kairon Machine its UID);
+//! 5. once the Kairon Machine runs, one server-side apply of the status the manager writes.
 //!
 //! Like the manager it learns about KaironMachines, Machines and Kairon Machines from watches,
-//! so its only per-machine requests are those four: three writes, one read.
+//! so its only per-machine requests are those five: four writes, one read.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -269,7 +272,7 @@ impl Shared {
         self.errors.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
     }
 
-    /// Steps 1–3: read the bootstrap data, create the Kairon Machine, patch the KaironMachine.
+    /// Steps 1–4: the finalizer, the bootstrap data, the Kairon Machine, the providerID.
     async fn create_instance(&self, km: &KaironMachine) -> Result<KaironMachine> {
         let name = km.name_any();
         let machine = self.owner_machine(km).await?;
@@ -278,6 +281,15 @@ impl Shared {
             .ok_or_else(|| anyhow!("Machine {name} has no dataSecretName"))?
             .to_string();
         let _permit = self.permits.acquire().await?;
+        let kms: Api<KaironMachine> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let patch_params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let finalizer = json!({"metadata": {"finalizers": [MACHINE_FINALIZER]}});
+        kms.patch(&name, &patch_params, &Patch::Merge(&finalizer))
+            .await
+            .context("adding the finalizer")?;
         let secrets: Api<Secret> = Api::namespaced(self.client.clone(), NAMESPACE);
         let secret = secrets
             .get(&secret_name)
@@ -299,18 +311,10 @@ impl Shared {
         let uid = vm
             .uid()
             .ok_or_else(|| anyhow!("the created Kairon Machine has no uid"))?;
-        let kms: Api<KaironMachine> = Api::namespaced(self.client.clone(), NAMESPACE);
-        let body = json!({
-            "metadata": {"finalizers": [MACHINE_FINALIZER]},
-            "spec": {"providerID": provider_id(&uid)},
-        });
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        kms.patch(&name, &pp, &Patch::Merge(&body))
+        let body = json!({"spec": {"providerID": provider_id(&uid)}});
+        kms.patch(&name, &patch_params, &Patch::Merge(&body))
             .await
-            .context("recording the finalizer and providerID")
+            .context("recording the providerID")
     }
 
     /// The owning Machine from the watch cache; it is created before its KaironMachine, so

@@ -45,19 +45,25 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
 
     // The floor makes exactly the requests it is defined by.
     let floor = &r.floor.requests;
-    assert_eq!(floor.writes, 3 * N as u64, "{floor:?}");
-    for k in [
-        "get secrets",
-        "create machines.kairon.zyvor.dev",
-        "patch kaironmachines.infrastructure.cluster.x-k8s.io",
-        "patch kaironmachines.infrastructure.cluster.x-k8s.io/status",
+    assert_eq!(floor.writes, 4 * N as u64, "{floor:?}");
+    for (k, per_machine) in [
+        ("get secrets", 1),
+        ("create machines.kairon.zyvor.dev", 1),
+        // The finalizer before the create, the providerID after it.
+        ("patch kaironmachines.infrastructure.cluster.x-k8s.io", 2),
+        ("patch kaironmachines.infrastructure.cluster.x-k8s.io/status", 1),
     ] {
-        assert_eq!(floor.by_resource.get(k).copied(), Some(N as u64), "{k}: {floor:?}");
+        assert_eq!(
+            floor.by_resource.get(k).copied(),
+            Some(per_machine * N as u64),
+            "{k}: {floor:?}"
+        );
     }
-    assert_eq!(r.floor.per_machine.writes, 3.0);
-    // Created, patched, status applied: every floor write changes its KaironMachine.
-    assert_eq!(r.floor.kaironmachine_versions, 3.0);
-    assert!(p.kaironmachine_versions >= 3.0, "{p:?}");
+    assert_eq!(r.floor.per_machine.writes, 4.0);
+    // Created, finalizer, providerID, status applied: every floor write changes its
+    // KaironMachine.
+    assert_eq!(r.floor.kaironmachine_versions, 4.0);
+    assert!(p.kaironmachine_versions >= 4.0, "{p:?}");
 
     let steady = r.steady.as_ref().expect("steady state measured with the first limit");
     assert!(steady.idle_s >= 2.0);

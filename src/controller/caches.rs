@@ -1,0 +1,349 @@
+//! One watch and one cache per resource, shared by every controller that reads it.
+//!
+//! Clusters, KaironClusters and KaironMachines are read by more than one controller (the
+//! KaironMachine controller, the KaironCluster controller, the template controller, the sweeper
+//! of Kairon API endpoints). Each resource is watched once, into one store; each controller
+//! subscribes to the objects that watch applies or deletes and filters them with its own
+//! trigger (see [`Shared::touched_when`]).
+//!
+//! kube-runtime's own shared streams (`reflect_shared`, `Writer::subscribe`) pass on applied
+//! objects only, not deletions, which the KaironCluster controller waits for; and a subscriber
+//! that is handed an object already gone from the store is not woken again. So the fan-out is
+//! done here: after the reflector has updated the store, every subscriber gets the store's own
+//! `Arc` of the object (no copy), a deleted object is passed on as deleted, and after a full
+//! list every object of the store is passed on once, as the per-controller watches did.
+//!
+//! The first full list is signalled by the fan-out itself ([`Shared::synced`]), not by waiting
+//! on the store: kube's `Store::wait_until_ready` wakes only one waiter, and that one is the
+//! controller runtime of the controller whose main store it is.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::channel::mpsc;
+use futures::{Future, Stream, StreamExt, TryStreamExt, future};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event, watcher};
+use kube::{Client, Resource};
+
+use super::runtime::{Telemetry, strip_managed_fields, watch_error};
+use super::{Fresher, Settings, Synced};
+use crate::api::{KaironCluster, KaironMachine};
+use crate::capi;
+
+/// The caches more than one controller reads, one watch each.
+pub(crate) struct Caches {
+    /// Read by all three controllers (owning Cluster, pause) and mapped to the KaironMachines
+    /// and KaironClusters of each Cluster.
+    pub clusters: Shared<capi::Cluster>,
+    /// The KaironCluster controller's own objects; the KaironMachine controller reads the
+    /// identity and the sweeper the identities in use.
+    pub kaironclusters: Shared<KaironCluster>,
+    /// The KaironMachine controller's own objects; the KaironCluster controller counts the
+    /// machines of a cluster being deleted, the sweeper the identities in use.
+    pub kaironmachines: Shared<KaironMachine>,
+    /// What the KaironMachine controller last wrote, forgotten as the watch follows.
+    pub fresh: Fresher<KaironMachine>,
+}
+
+impl Caches {
+    /// The caches and the future that drives their watches (for as long as it is polled).
+    /// Each cache's first list counts for readiness (`/readyz`).
+    pub(crate) fn new(
+        client: &Client,
+        settings: &Settings,
+        telemetry: &Telemetry,
+    ) -> (Caches, impl Future<Output = ()> + Send + 'static) {
+        let wc = settings.watcher_config();
+        let (clusters, clusters_watch) = Shared::new(
+            watcher(settings.api::<capi::Cluster>(client), wc.clone())
+                .inspect_err(watch_error("clusters.cluster.x-k8s.io", telemetry))
+                .default_backoff()
+                .modify(strip_managed_fields),
+        );
+        let (kaironclusters, kc_watch) = Shared::new(
+            watcher(settings.api::<KaironCluster>(client), wc.clone())
+                .inspect_err(watch_error("kaironclusters.infrastructure.cluster.x-k8s.io", telemetry))
+                .default_backoff()
+                .modify(strip_managed_fields),
+        );
+        let fresh = Fresher::default();
+        let forgetter = fresh.clone();
+        let (kaironmachines, km_watch) = Shared::new(
+            watcher(settings.api::<KaironMachine>(client), wc)
+                .inspect_err(watch_error("kaironmachines.infrastructure.cluster.x-k8s.io", telemetry))
+                .default_backoff()
+                .modify(strip_managed_fields)
+                .inspect_ok(move |event| forgetter.observe(event)),
+        );
+        for synced in [clusters.synced(), kaironclusters.synced(), kaironmachines.synced()] {
+            telemetry.caches.register(&synced);
+        }
+        let caches = Caches {
+            clusters,
+            kaironclusters,
+            kaironmachines,
+            fresh,
+        };
+        let watches = async move {
+            futures::join!(clusters_watch, kc_watch, km_watch);
+        };
+        (caches, watches)
+    }
+}
+
+/// An object a watch applied or deleted.
+struct Touched<K> {
+    obj: Arc<K>,
+    deleted: bool,
+}
+
+impl<K> Clone for Touched<K> {
+    fn clone(&self) -> Self {
+        Touched {
+            obj: self.obj.clone(),
+            deleted: self.deleted,
+        }
+    }
+}
+
+type Subscribers<K> = Arc<Mutex<Vec<mpsc::UnboundedSender<Touched<K>>>>>;
+
+/// The one cache of a resource and the subscriptions to its watch.
+pub(crate) struct Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store: Store<K>,
+    synced: Synced,
+    subscribers: Subscribers<K>,
+}
+
+impl<K> Shared<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// The cache filled by `events` (a watch, already trimmed of what is never read), and the
+    /// future that drives the watch; it runs until `events` ends. Subscribe before driving it:
+    /// a subscription sees what the watch does from then on.
+    pub(crate) fn new(
+        events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (store, writer) = reflector::store::<K>();
+        let (ready, synced) = Synced::channel();
+        let subscribers: Subscribers<K> = Arc::default();
+        let shared = Shared {
+            store: store.clone(),
+            synced,
+            subscribers: subscribers.clone(),
+        };
+        let driver = events.reflect(writer).for_each(move |event| {
+            match event {
+                Ok(Event::Apply(obj)) => {
+                    if let Some(obj) = store.get(&ObjectRef::from_obj(&obj)) {
+                        dispatch(&subscribers, &Touched { obj, deleted: false });
+                    }
+                }
+                Ok(Event::Delete(obj)) => dispatch(
+                    &subscribers,
+                    &Touched {
+                        obj: Arc::new(obj),
+                        deleted: true,
+                    },
+                ),
+                Ok(Event::InitDone) => {
+                    let _ = ready.send(true);
+                    for obj in store.state() {
+                        dispatch(&subscribers, &Touched { obj, deleted: false });
+                    }
+                }
+                // Objects of a list go into the store at its end (InitDone); errors are
+                // reported and retried by the watch itself.
+                Ok(Event::Init | Event::InitApply(_)) | Err(_) => {}
+            }
+            future::ready(())
+        });
+        (shared, driver)
+    }
+
+    /// The store, for reads.
+    pub(crate) fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Whether the first full list is in the store, for any number of waiters.
+    pub(crate) fn synced(&self) -> Synced {
+        self.synced.clone()
+    }
+
+    fn subscribe(&self) -> mpsc::UnboundedReceiver<Touched<K>> {
+        let (tx, rx) = mpsc::unbounded();
+        self.subscribers.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+        rx
+    }
+
+    /// Every object applied (created or changed, and all of them after each full list).
+    pub(crate) fn applied(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.subscribe()
+            .filter_map(|t| future::ready((!t.deleted).then_some(t.obj)))
+    }
+
+    /// Every object applied or deleted.
+    pub(crate) fn touched(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.subscribe().map(|t| t.obj)
+    }
+
+    /// Objects applied or deleted, but only those whose `trigger` differs from the last one
+    /// seen of the same object (name and UID): what the subscriber reacts to changed. An object
+    /// seen for the first time always passes. Like kube's `predicate_filter`, with the entry of
+    /// an object dropped when it is deleted.
+    pub(crate) fn touched_when<F>(&self, trigger: F) -> impl Stream<Item = Arc<K>> + Send + 'static
+    where
+        F: Fn(&K) -> Option<u64> + Send + 'static,
+    {
+        let mut last = Triggers::default();
+        self.subscribe()
+            .filter_map(move |t| future::ready(last.changed(&t, &trigger).then_some(t.obj)))
+    }
+}
+
+fn dispatch<K>(subscribers: &Subscribers<K>, touched: &Touched<K>) {
+    // A subscriber whose stream was dropped (its controller stopped) is let go.
+    subscribers
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|s| s.unbounded_send(touched.clone()).is_ok());
+}
+
+/// The last trigger value seen per object.
+#[derive(Default)]
+struct Triggers {
+    last: HashMap<(Option<String>, String, Option<String>), u64>,
+}
+
+impl Triggers {
+    fn changed<K: Resource>(&mut self, t: &Touched<K>, trigger: impl Fn(&K) -> Option<u64>) -> bool {
+        let Some(value) = trigger(&t.obj) else {
+            return true;
+        };
+        let meta = t.obj.meta();
+        let key = (
+            meta.namespace.clone(),
+            meta.name.clone().unwrap_or_default(),
+            meta.uid.clone(),
+        );
+        if t.deleted {
+            return self.last.remove(&key) != Some(value);
+        }
+        self.last.insert(key, value) != Some(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn cm(name: &str, rv: &str, data: &str) -> ConfigMap {
+        let mut c = ConfigMap::default();
+        c.metadata.name = Some(name.into());
+        c.metadata.namespace = Some("ns".into());
+        c.metadata.uid = Some(format!("{name}-uid"));
+        c.metadata.resource_version = Some(rv.into());
+        c.data = Some([("k".to_string(), data.to_string())].into());
+        c
+    }
+
+    fn data(c: &ConfigMap) -> Option<u64> {
+        Some(crate::hashing::hash_of(&c.data))
+    }
+
+    /// Everything a stream has ready now, by name.
+    fn drain(s: &mut (impl Stream<Item = Arc<ConfigMap>> + Unpin)) -> Vec<String> {
+        let mut names = vec![];
+        while let Some(Some(c)) = s.next().now_or_never() {
+            names.push(c.metadata.name.clone().unwrap());
+        }
+        names
+    }
+
+    #[tokio::test]
+    async fn one_watch_feeds_every_subscriber_with_its_own_trigger_and_deletions() {
+        let (tx, rx) = mpsc::unbounded::<Result<Event<ConfigMap>, watcher::Error>>();
+        let (shared, driver) = Shared::new(rx);
+        let mut applied = Box::pin(shared.applied());
+        let mut touched = Box::pin(shared.touched());
+        let mut on_data = Box::pin(shared.touched_when(data));
+        let synced = shared.synced();
+        let driver = tokio::spawn(driver);
+        let settle = || async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+
+        for e in [
+            Event::Init,
+            Event::InitApply(cm("a", "1", "x")),
+            Event::InitApply(cm("b", "1", "x")),
+        ] {
+            tx.unbounded_send(Ok(e)).unwrap();
+        }
+        settle().await;
+        assert!(!synced.is_synced(), "not before the list is complete");
+        assert_eq!(
+            drain(&mut touched),
+            Vec::<String>::new(),
+            "nothing before the list ends"
+        );
+        tx.unbounded_send(Ok(Event::InitDone)).unwrap();
+        settle().await;
+        assert!(synced.is_synced());
+        assert_eq!(shared.store().len(), 2);
+        let sorted = |mut v: Vec<String>| {
+            v.sort();
+            v
+        };
+        assert_eq!(sorted(drain(&mut applied)), ["a", "b"]);
+        assert_eq!(sorted(drain(&mut touched)), ["a", "b"]);
+        assert_eq!(sorted(drain(&mut on_data)), ["a", "b"], "first sight always passes");
+
+        // A change the trigger does not look at: only the unfiltered subscribers see it, and
+        // all of them get the very object the store holds.
+        tx.unbounded_send(Ok(Event::Apply(cm("a", "2", "x")))).unwrap();
+        settle().await;
+        let got = applied.next().now_or_never().flatten().unwrap();
+        let stored = shared.store().get(&ObjectRef::new("a").within("ns")).unwrap();
+        assert!(Arc::ptr_eq(&got, &stored), "no copy per subscriber");
+        assert_eq!(drain(&mut touched), ["a"]);
+        assert_eq!(drain(&mut on_data), Vec::<String>::new(), "trigger unchanged");
+
+        tx.unbounded_send(Ok(Event::Apply(cm("a", "3", "y")))).unwrap();
+        settle().await;
+        assert_eq!(drain(&mut on_data), ["a"], "trigger changed");
+        drain(&mut applied);
+        drain(&mut touched);
+
+        // A deletion: not "applied", but touched; the filtered subscriber forgets the object,
+        // so that one re-created under the same name passes again.
+        tx.unbounded_send(Ok(Event::Delete(cm("b", "2", "x")))).unwrap();
+        settle().await;
+        assert_eq!(drain(&mut applied), Vec::<String>::new());
+        assert_eq!(drain(&mut touched), ["b"]);
+        assert_eq!(drain(&mut on_data), Vec::<String>::new(), "same trigger as last seen");
+        assert_eq!(shared.store().len(), 1);
+        tx.unbounded_send(Ok(Event::Apply(cm("b", "3", "x")))).unwrap();
+        settle().await;
+        assert_eq!(drain(&mut on_data), ["b"], "seen afresh after its deletion");
+
+        // A subscriber that goes away does not stop the others.
+        drop(touched);
+        tx.unbounded_send(Ok(Event::Apply(cm("c", "1", "x")))).unwrap();
+        settle().await;
+        assert_eq!(drain(&mut applied), ["b", "c"]);
+        drop(tx);
+        driver.await.unwrap();
+    }
+}
