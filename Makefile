@@ -47,11 +47,13 @@ test-unit:
 	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_kaironcluster
 
 # Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
-# a binary is one job of one test thread; TEST_WIDE ones take two: the CAPI e2e suite, whose
-# halves run side by side, and the image test, whose release build must not starve the others'
-# API servers; longest first; logs in target/test-logs/).
+# a binary is one job of one test thread; TEST_WIDE ones take two and run alone, as cargo test
+# ran them: the CAPI e2e suite, whose halves run side by side, the image test's release build,
+# and the files whose tests start several API servers each (simulated kubeadm guests, three
+# management clusters per move), which must not starve other tests' API servers; longest
+# first; logs in target/test-logs/).
 TEST_FIRST := e2e_capi_suite distribution_image e2e_templates e2e_move e2e_identity
-TEST_WIDE := e2e_capi_suite distribution_image
+TEST_WIDE := e2e_capi_suite distribution_image e2e_templates e2e_move
 test: check-generate lint test-tools build
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-test-runner -- \
