@@ -377,13 +377,7 @@ async fn two_clusters_on_two_kairon_apis_through_identities() {
         Some(""),
         "moves with the cluster"
     );
-    secrets
-        .delete("identity-a", &DeleteParams::default())
-        .await
-        .expect("delete identity-a");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let pending = secrets.get("identity-a").await.expect("still there");
-    assert!(pending.metadata.deletion_timestamp.is_some());
+    delete_is_only_marked(&secrets, "identity-a").await;
     // The cluster still works on it: scale down removes a VM from a.
     scale(&rig, "c1", 1).await;
     wait_cluster_running(&rig, "c1", 2).await;
@@ -449,6 +443,18 @@ async fn machine_watches(api: &WorkloadCluster) -> u64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+/// Deletes `name`, and checks a few seconds later that it is only marked deleting (a
+/// finalizer of ours holds it).
+async fn delete_is_only_marked<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.delete(name, &DeleteParams::default()).await.expect("delete");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pending = api.get(name).await.expect("still there");
+    assert!(pending.meta().deletion_timestamp.is_some(), "{name} is marked deleting");
 }
 
 fn finalizers(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Vec<String> {
@@ -641,13 +647,7 @@ spec:
     .await;
 
     // Deleting the identity while VMs exist only marks it; the cluster still scales.
-    identities
-        .delete("site-s", &DeleteParams::default())
-        .await
-        .expect("delete the identity");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let pending = identities.get("site-s").await.expect("still there");
-    assert!(pending.metadata.deletion_timestamp.is_some());
+    delete_is_only_marked(&identities, "site-s").await;
     scale(&rig, "c1", 2).await;
     wait_cluster_running(&rig, "c1", 3).await;
     assert_eq!(vms_on(&rig, &kairon_s).await.len(), 3);

@@ -36,8 +36,6 @@ const DELETE_RETRY: Duration = Duration::from_secs(30);
 /// How often to look again at a Kairon API that cannot be used.
 const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
 
-pub use super::identity_protection::{IDENTITY_FINALIZER, MOVE_LABEL};
-
 pub struct Context {
     pub client: Client,
     /// The Kairon APIs of identities; `None`: identities are not looked at (request-sequence
