@@ -15,6 +15,7 @@ use tracing::info;
 use tracing_subscriber::EnvFilter;
 
 use crate::admin::{self, Health};
+use crate::api::KaironMachine;
 use crate::client::{RequestMetrics, TokenBucket};
 use crate::controller::{self, Settings};
 use crate::controller::{CacheReadiness, Telemetry};
@@ -43,9 +44,9 @@ pub struct Args {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub sync_period: Duration,
 
-    /// Number of KaironMachines on their way to a Kairon Machine at once (finalizer, bootstrap
-    /// data, create, providerID); other KaironMachine reconciles (status, deletion) do not wait
-    /// for them.
+    /// KaironMachine reconciles at once in each of two lanes: machines on their way to a
+    /// Kairon Machine (finalizer, bootstrap data, create, providerID), and all others (status,
+    /// deletion), which never queue behind the first.
     #[arg(long, default_value_t = 10)]
     pub kaironmachine_concurrency: u16,
 
@@ -231,6 +232,9 @@ impl Args {
             machine_concurrency: self.kaironmachine_concurrency,
             cluster_concurrency: self.kaironcluster_concurrency,
             template_concurrency: self.kaironmachinetemplate_concurrency,
+            // Found out from the API servers at start.
+            streaming_lists: false,
+            kairon_streaming_lists: false,
         }
     }
 }
@@ -501,6 +505,23 @@ pub async fn run(args: Args) -> Result<()> {
         triggers_tx,
         telemetry.clone(),
     ));
+    // Initial lists streamed where the API servers can: the least memory after a restart.
+    let mut settings = settings;
+    settings.streaming_lists = controller::streams_initial_lists(&settings.api::<KaironMachine>(&client)).await;
+    settings.kairon_streaming_lists = if args.kairon_kubeconfig.is_empty() {
+        settings.streaming_lists
+    } else {
+        controller::streams_initial_lists(&Instances::new(kairon.clone()).api(settings.namespace.as_deref())).await
+    };
+    info!(
+        management = if settings.streaming_lists { "streamed" } else { "paged" },
+        kairon = if settings.kairon_streaming_lists {
+            "streamed"
+        } else {
+            "paged"
+        },
+        "initial lists"
+    );
     // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
     // controllers.
     let (caches, watches) = controller::caches::Caches::new(&client, &settings, &telemetry);

@@ -121,3 +121,116 @@ async fn readyz_is_false_until_the_caches_sync() {
     );
     assert!(manager.is_running());
 }
+
+/// The caches' initial state comes streamed (`sendInitialEvents`: one watch per resource, one
+/// event per object, nothing parsed a page at a time) where the API server can, and in pages of
+/// 500 where it cannot (here: the WatchList feature turned off); either way the caches fill
+/// with what already exists and `/readyz` turns 200.
+#[tokio::test(flavor = "multi_thread")]
+async fn initial_lists_are_streamed_where_the_api_server_can_and_paged_where_not() {
+    for streaming in [true, false] {
+        let mut opts = EnvOptions::new(if streaming { "lists-streamed" } else { "lists-paged" })
+            .capi_managers(CapiManagers::NONE)
+            .audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
+        if !streaming {
+            opts = opts.apiserver_arg("--feature-gates=WatchList=false");
+        }
+        let env = Env::start(opts).await.expect("test environment");
+        // Kairon Machines made before the manager starts: its cache must hold all of them.
+        let vms: kube::Api<kube::api::DynamicObject> = kube::Api::namespaced_with(
+            env.client(),
+            "default",
+            &capkr_testenv::api_resource("kairon.zyvor.dev", "v1alpha1", "Machine", "machines"),
+        );
+        const VMS: usize = 7;
+        for i in 0..VMS {
+            let vm: kube::api::DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+                "metadata": {"name": format!("vm-{i}"), "labels": {
+                    "app.kubernetes.io/managed-by": "cluster-api-provider-kairon"}},
+                "spec": {"cpus": 2, "memory": "1Gi", "image": "img", "diskSize": "10Gi"}
+            }))
+            .unwrap();
+            vms.create(&Default::default(), &vm)
+                .await
+                .expect("create a Kairon Machine");
+        }
+        let manager = env.start_manager(Vec::<String>::new()).unwrap();
+        let port = |flag| manager.spec().loopback_port(flag).unwrap();
+        let (health, metrics) = (port("--health-addr"), port("--metrics-bind-address"));
+        let ready = capkr_testenv::wait_for("/readyz 200", Duration::from_secs(60), || async {
+            Ok::<_, std::io::Error>((http_get(health, "/readyz").await.is_ok_and(|r| r.status == 200)).then_some(()))
+        })
+        .await;
+        if let Err(e) = ready {
+            panic!("{e:#}\n{}", manager.log_tail(40));
+        }
+        let body = http_get(metrics, "/metrics").await.expect("/metrics").body;
+        let cached: f64 = body
+            .lines()
+            .filter(|l| l.starts_with("capkr_kairon_machines{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert_eq!(cached as usize, VMS, "every Kairon Machine is in the cache:\n{body}");
+        let log = std::fs::read_to_string(manager.log_path()).unwrap();
+        let said = if streaming {
+            "management=\"streamed\""
+        } else {
+            "management=\"paged\""
+        };
+        assert!(
+            log.lines().any(|l| l.contains("initial lists") && l.contains(said)),
+            "the manager says {said}:\n{}",
+            manager.log_tail(40)
+        );
+
+        // How the manager read the initial state, from the API server's audit log.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let events: Vec<_> = capkr_testenv::audit::AuditLog::open(env.audit_log_path().unwrap())
+            .read_new()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.from_manager(None) && e.counts_request())
+            .collect();
+        let of = |resource: &str| -> Vec<&capkr_testenv::audit::AuditEvent> {
+            events
+                .iter()
+                .filter(|e| e.resource_path() == resource)
+                // Not the probe that found out.
+                .filter(|e| !e.request_uri.contains("streaming-list-probe"))
+                .collect()
+        };
+        for resource in [
+            "kaironmachines.infrastructure.cluster.x-k8s.io",
+            "machines.cluster.x-k8s.io",
+            "machines.kairon.zyvor.dev",
+            "clusters.cluster.x-k8s.io",
+        ] {
+            let requests = of(resource);
+            let lists = requests.iter().filter(|e| e.verb == "list").count();
+            let streamed = requests
+                .iter()
+                .filter(|e| e.verb == "watch" && e.request_uri.contains("sendInitialEvents=true"))
+                .count();
+            let described: Vec<String> = requests
+                .iter()
+                .map(|e| format!("{} {}", e.verb, e.request_uri))
+                .collect();
+            if streaming {
+                assert_eq!(
+                    (lists, streamed),
+                    (0, 1),
+                    "{resource}: one streamed watch, no list: {described:#?}"
+                );
+            } else {
+                assert_eq!(streamed, 0, "{resource}: no streamed watch: {described:#?}");
+                assert!(
+                    requests
+                        .iter()
+                        .any(|e| e.verb == "list" && e.request_uri.contains("limit=500")),
+                    "{resource}: a list in pages of 500: {described:#?}"
+                );
+            }
+        }
+    }
+}

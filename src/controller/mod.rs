@@ -52,6 +52,11 @@ pub struct Settings {
     pub machine_concurrency: u16,
     pub cluster_concurrency: u16,
     pub template_concurrency: u16,
+    /// Initial lists of the management API server come as a stream of watch events
+    /// (`sendInitialEvents`, see [`streams_initial_lists`]), else as pages.
+    pub streaming_lists: bool,
+    /// The same for the Kairon API server of the manager (`--kairon-kubeconfig`).
+    pub kairon_streaming_lists: bool,
 }
 
 impl Default for Settings {
@@ -64,6 +69,8 @@ impl Default for Settings {
             machine_concurrency: 10,
             cluster_concurrency: 10,
             template_concurrency: 2,
+            streaming_lists: false,
+            kairon_streaming_lists: false,
         }
     }
 }
@@ -80,18 +87,72 @@ impl Settings {
         }
     }
 
-    /// Watch configuration for CAPI objects and ours: the watch filter, if any.
-    ///
-    /// Lists are paged (500 objects a page) and consistent. The "any" semantic (resourceVersion
-    /// 0, served from the API server's watch cache) would ignore the page size and answer with
-    /// every object in one response: at a restart with thousands of machines, tens of MB of
-    /// JSON held and parsed at once, most of the manager's peak memory.
+    /// Watch configuration for CAPI objects and ours: the watch filter, if any, and how the
+    /// initial state is read ([`initial_lists`]).
     pub(crate) fn watcher_config(&self) -> watcher::Config {
-        let wc = watcher::Config::default();
+        let wc = initial_lists(self.streaming_lists);
         match &self.watch_filter {
             Some(v) => wc.labels(&format!("{WATCH_FILTER_LABEL}={v}")),
             None => wc,
         }
+    }
+}
+
+/// How a watch reads the initial state: streamed when the API server can (`streaming`), else
+/// in consistent pages of 500.
+///
+/// After a restart with thousands of machines, the initial lists are the manager's peak of
+/// memory: a page is held as one response and parsed whole, managedFields and (for Kairon
+/// Machines) bootstrap payloads included, before anything is dropped from it, and the
+/// Machine, KaironMachine and Kairon Machine lists run at once. Streamed, the API server sends
+/// the initial state as one watch event per object, each parsed and trimmed alone, in one
+/// request per watch. (The "any" list semantic, resourceVersion 0 served from the watch cache,
+/// would be worse than pages: it ignores the page size and answers with every object at once.)
+pub(crate) fn initial_lists(streaming: bool) -> watcher::Config {
+    let wc = watcher::Config::default();
+    if streaming { wc.streaming_lists() } else { wc }
+}
+
+/// A selector no object carries: the probe of [`streams_initial_lists`] must see nothing.
+const PROBE_SELECTOR: &str = "capkr.zyvor.dev/streaming-list-probe=none";
+
+/// Whether the API server behind `api` streams a watch's initial state (`sendInitialEvents`,
+/// the WatchList feature: on by default in Kubernetes 1.32 and from 1.34, off by default in
+/// 1.33, absent before 1.27, and a gate an administrator can turn off). One short watch with
+/// a selector nothing matches: a server that streams answers with the bookmark that ends the
+/// (empty) initial state; one that does not rejects the parameters, or ignores them and sends
+/// no such bookmark within a few seconds. Any error counts as no: pages always work.
+pub(crate) async fn streams_initial_lists<K>(api: &Api<K>) -> bool
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    use futures::TryStreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    const WAIT: Duration = Duration::from_secs(5);
+
+    let wp = WatchParams::streaming_lists()
+        .labels(PROBE_SELECTOR)
+        .timeout(WAIT.as_secs() as u32);
+    let probe = async {
+        let mut events = std::pin::pin!(api.watch(&wp, "0").await?);
+        loop {
+            match events.try_next().await? {
+                Some(WatchEvent::Bookmark(b)) => {
+                    return Ok::<bool, kube::Error>(b.metadata.annotations.contains_key("k8s.io/initial-events-end"));
+                }
+                Some(WatchEvent::Error(e)) => return Err(kube::Error::Api(e)),
+                Some(_) => continue,
+                None => return Ok(false),
+            }
+        }
+    };
+    match tokio::time::timeout(WAIT, probe).await {
+        Ok(Ok(streams)) => streams,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "the API server does not stream initial lists");
+            false
+        }
+        Err(_) => false,
     }
 }
 

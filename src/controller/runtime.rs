@@ -82,7 +82,7 @@ impl Synced {
     }
 
     /// Waits for the first full list.
-    async fn wait(&self) -> Result<(), Error> {
+    pub(crate) async fn wait(&self) -> Result<(), Error> {
         let mut rx = self.0.clone();
         rx.wait_for(|synced| *synced)
             .await

@@ -1,54 +1,101 @@
-//! The create lane: at most `--kaironmachine-concurrency` KaironMachines on their way to a
-//! Kairon Machine at once, while every other reconcile starts at once.
+//! Two lanes of reconciles: first-time creates in one, everything else in the other.
 //!
-//! kube-runtime's queue is first in, first out, and its concurrency limit counts every
-//! reconcile alike. During a burst of new machines, a machine whose Kairon Machine just turned
-//! Running (one status write away from being provisioned) would wait behind every first
-//! reconcile queued before it: minutes, under the client's rate limit. So the controller runs
-//! without a limit of its own, and only the create path waits here, in order of arrival, for one
-//! of `concurrency` permits. A reconcile of a machine whose Kairon Machine is already recorded
-//! (`spec.providerID`) or that is being deleted does not wait: at most `concurrency` creates are
-//! ahead of it at the client's token bucket. kube-runtime still never runs two reconciles of the
-//! same object at once.
+//! kube-runtime's queue is first in, first out. During a burst of new machines, a machine
+//! whose Kairon Machine just turned Running (one status write away from being provisioned)
+//! would wait behind every first reconcile queued before it: minutes, under the client's rate
+//! limit. So every trigger is routed, when it arrives, by the KaironMachine it names:
+//!
+//! - **create lane**: no Kairon Machine recorded yet (`spec.providerID`) and not being deleted:
+//!   the reconciles that add the finalizer, read the bootstrap data and create;
+//! - **urgent lane**: everything else — status mapping, deletion, and the reconciles after a
+//!   restart. Its reconciles' requests are also urgent at the client's token bucket
+//!   ([`crate::client::urgent`]), so they do not queue behind the creates' requests either.
+//!
+//! Each lane is a kube-runtime applier of its own, with `--kaironmachine-concurrency`
+//! reconciles at once: a waiting reconcile is an entry in its lane's queue, not a future, so
+//! thousands of them cost little. An object can be queued in both lanes (routed to the create
+//! lane, then changed); kube-runtime never runs two reconciles of one object at once within a
+//! lane, and [`ObjectLocks`] keeps the two lanes from doing so between them.
 
-use std::future::Future;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
-use tokio::sync::Semaphore;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::OwnedMutexGuard;
 
 use crate::api::KaironMachine;
 
 /// Whether a reconcile of `km` may create its Kairon Machine: not deleted, and no Kairon
-/// Machine recorded yet. These reconciles add the finalizer, read the bootstrap data and create;
-/// they are the ones that wait for a permit.
+/// Machine recorded yet. These go to the create lane.
 pub(crate) fn on_create_path(km: &KaironMachine) -> bool {
     km.metadata.deletion_timestamp.is_none() && km.spec.provider_id.is_none()
 }
 
-/// The permits of the create path, handed out in order of arrival.
-#[derive(Clone)]
-pub(crate) struct CreateGate(Arc<Semaphore>);
+/// The lanes, by index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Create = 0,
+    Urgent = 1,
+}
 
-impl CreateGate {
-    pub(crate) fn new(permits: u16) -> Self {
-        CreateGate(Arc::new(Semaphore::new(usize::from(permits.max(1)))))
+impl Lane {
+    /// The lane of a trigger of `km` (as fresh as we know it); an object no longer in the
+    /// cache goes to the urgent lane, whose applier drops it at once.
+    pub(crate) fn of(km: Option<&KaironMachine>) -> Lane {
+        match km {
+            Some(km) if on_create_path(km) => Lane::Create,
+            _ => Lane::Urgent,
+        }
+    }
+}
+
+type Key = ObjectRef<KaironMachine>;
+
+/// One lock per object being reconciled, so that the two lanes never reconcile one object at
+/// once. An entry lives only while someone holds or waits for it.
+#[derive(Clone, Default)]
+pub(crate) struct ObjectLocks {
+    locks: Arc<Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+/// The lock of one object, released on drop.
+pub(crate) struct Held {
+    guard: Option<OwnedMutexGuard<()>>,
+    key: Key,
+    locks: ObjectLocks,
+}
+
+impl ObjectLocks {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<tokio::sync::Mutex<()>>>> {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs the reconcile `start` makes: on the create path after a permit (held until it
-    /// ends), otherwise at once. The reconcile is only made once it may run, so that a
-    /// thousand waiting reconciles cost a thousand small waits, not a thousand reconciles.
-    pub(crate) async fn run<F, Fut>(&self, km: &KaironMachine, start: F) -> Fut::Output
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future,
-    {
-        let _permit = if on_create_path(km) {
-            // Never closed: the semaphore lives as long as the gate.
-            self.0.acquire().await.ok()
-        } else {
-            None
-        };
-        Box::pin(start()).await
+    /// Waits until no other reconcile of `key` runs, and holds it off until the returned value
+    /// is dropped.
+    pub(crate) async fn lock(&self, key: Key) -> Held {
+        let lock = self.map().entry(key.clone()).or_default().clone();
+        let guard = lock.lock_owned().await;
+        Held {
+            guard: Some(guard),
+            key,
+            locks: self.clone(),
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.map().len()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut map = self.locks.map();
+        // Only the map's own reference left: nobody holds or waits for it.
+        if map.get(&self.key).is_some_and(|l| Arc::strong_count(l) == 1) {
+            map.remove(&self.key);
+        }
     }
 }
 
@@ -74,55 +121,35 @@ mod tests {
     }
 
     #[test]
-    fn only_machines_without_a_kairon_machine_take_the_create_path() {
-        assert!(on_create_path(&km(None, false)), "first reconcile");
-        assert!(!on_create_path(&km(Some("kairon://u1"), false)), "status mapping");
-        assert!(!on_create_path(&km(None, true)), "deletion");
-        assert!(!on_create_path(&km(Some("kairon://u1"), true)), "deletion");
+    fn only_machines_without_a_kairon_machine_take_the_create_lane() {
+        assert_eq!(Lane::of(Some(&km(None, false))), Lane::Create, "first reconcile");
+        assert_eq!(
+            Lane::of(Some(&km(Some("kairon://u1"), false))),
+            Lane::Urgent,
+            "status mapping"
+        );
+        assert_eq!(Lane::of(Some(&km(None, true))), Lane::Urgent, "deletion");
+        assert_eq!(Lane::of(Some(&km(Some("kairon://u1"), true))), Lane::Urgent, "deletion");
+        assert_eq!(Lane::of(None), Lane::Urgent, "gone");
     }
 
     #[tokio::test]
-    async fn a_status_reconcile_is_not_held_by_waiting_creates() {
-        let gate = CreateGate::new(2);
-        let (release, released) = tokio::sync::oneshot::channel::<()>();
-        let released = released.shared();
-        let new = km(None, false);
-        // Two creates hold the permits until released, a hundred more wait in line.
-        let mut creates: Vec<_> = (0..102)
-            .map(|_| {
-                let (gate, new, released) = (gate.clone(), new.clone(), released.clone());
-                tokio::spawn(async move {
-                    gate.run(&new, || async move {
-                        let _ = released.await;
-                    })
-                    .await
-                })
-            })
-            .collect();
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-        assert_eq!(gate.0.available_permits(), 0, "the creates hold every permit");
-
-        // A reconcile of a provisioned machine and a deletion run at once.
-        let provisioned = km(Some("kairon://u1"), false);
-        let ran = gate.run(&provisioned, || async { "status" }).now_or_never();
-        assert_eq!(ran, Some("status"), "a status reconcile does not wait");
-        let ran = gate.run(&km(None, true), || async { "delete" }).now_or_never();
-        assert_eq!(ran, Some("delete"), "a deletion does not wait");
-
-        // Another create waits: nothing of it runs before a permit is free.
-        let started = std::sync::atomic::AtomicBool::new(false);
-        let waiting = gate.run(&new, || async {
-            started.store(true, std::sync::atomic::Ordering::SeqCst);
-        });
-        assert!(waiting.now_or_never().is_none(), "a create waits for a permit");
-        assert!(!started.load(std::sync::atomic::Ordering::SeqCst));
-
-        release.send(()).unwrap();
-        for c in creates.drain(..) {
-            c.await.unwrap();
-        }
-        assert_eq!(gate.0.available_permits(), 2, "every permit returned");
+    async fn one_reconcile_of_an_object_at_a_time_across_lanes() {
+        let locks = ObjectLocks::default();
+        let a = ObjectRef::<KaironMachine>::new("a").within("ns");
+        let b = ObjectRef::<KaironMachine>::new("b").within("ns");
+        let held_a = locks.lock(a.clone()).await;
+        // Another object is not held up.
+        let held_b = locks.lock(b.clone()).now_or_never().expect("b is free");
+        // The same object waits until the first reconcile of it ends.
+        let mut second = Box::pin(locks.lock(a.clone()));
+        assert!((&mut second).now_or_never().is_none(), "a is held");
+        assert_eq!(locks.len(), 2);
+        drop(held_a);
+        let held_a2 = second.await;
+        drop(held_b);
+        assert_eq!(locks.len(), 1, "b's entry is gone with its holder");
+        drop(held_a2);
+        assert_eq!(locks.len(), 0, "nothing is kept once nobody holds a lock");
     }
 }

@@ -17,7 +17,7 @@
 //! What triggers a reconcile, and the caches it reads, are in [`watches`]; every request to
 //! Kairon goes through [`crate::kairon::Instances`].
 
-mod gate;
+mod lanes;
 mod reconcile;
 pub(crate) mod status;
 mod watches;

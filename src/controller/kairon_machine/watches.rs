@@ -6,11 +6,12 @@ use std::sync::Arc;
 
 use futures::{Future, StreamExt, TryStreamExt};
 use kube::runtime::controller::Config as ControllerConfig;
+use kube::runtime::controller::applier;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{Controller, PredicateConfig, WatchStreamExt, watcher};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
-use super::gate::CreateGate;
+use super::lanes::{Lane, ObjectLocks};
 use super::reconcile::{Context, reconcile};
 use crate::api::{self, KaironMachine};
 use crate::capi;
@@ -19,7 +20,7 @@ use crate::controller::endpoints::{Endpoints, sweep_every};
 use crate::controller::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, strip_managed_fields, watch_error,
 };
-use crate::controller::{Settings, Synced};
+use crate::controller::{Settings, Synced, initial_lists};
 use crate::hashing::hash_of;
 use crate::kairon::{self, Instances, labels, observe};
 
@@ -83,7 +84,8 @@ const SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Builds the controller. It runs until `shutdown` resolves and the returned future is
 /// driven; it reads Clusters, KaironClusters and KaironMachines from the shared `caches`
-/// (whose watches are driven elsewhere) and watches Machines and Kairon Machines itself.
+/// (whose watches are driven elsewhere) and watches Machines and Kairon Machines itself. Its
+/// reconciles run in two lanes (see [`super::lanes`]).
 pub(crate) fn controller(
     client: Client,
     kairon: Instances,
@@ -105,8 +107,8 @@ pub(crate) fn controller(
         .touched_objects()
         .predicate_filter(machine_trigger, PredicateConfig::default());
     let (instances, w) = reflector::store();
-    // Paged, as `Settings::watcher_config` says why.
-    let instance_wc = watcher::Config::default().labels(&labels::managed_selector());
+    // Streamed or paged, as `initial_lists` says why.
+    let instance_wc = initial_lists(settings.kairon_streaming_lists).labels(&labels::managed_selector());
     // Untyped, and read one by one: a Kairon Machine we cannot parse is its KaironMachine's
     // problem alone, never the whole list's.
     let instance_events = watcher(kairon.api(settings.namespace.as_deref()), instance_wc)
@@ -160,63 +162,115 @@ pub(crate) fn controller(
         synced,
         fresh: caches.fresh.clone(),
     });
+    let km_synced = caches.kaironmachines.synced();
     let km_store: Store<KaironMachine> = kms.clone();
-    let controller = Controller::for_shared_stream(caches.kaironmachines.applied(), kms)
-        .watches_stream(machine_events, |m| kaironmachine_for_machine(&m))
-        .watches_shared_stream(
-            caches.clusters.touched_when(cluster_trigger),
-            move |c: Arc<capi::Cluster>| {
-                let (name, ns) = (c.name_any(), c.namespace());
-                km_store
-                    .state()
-                    .into_iter()
-                    .filter(|km| {
-                        km.namespace() == ns
-                            && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
-                    })
-                    .map(|km| ObjectRef::from_obj(km.as_ref()))
-                    .collect::<Vec<_>>()
-            },
-        )
-        .watches_stream(instance_events, |vm| kaironmachine_for_instance(&vm))
-        .reconcile_on(triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()))
-        // No limit here: every reconcile starts at once, and only the create path waits for
-        // one of `--kaironmachine-concurrency` permits (see `gate`).
-        .with_config(ControllerConfig::default().concurrency(0))
-        .graceful_shutdown_on(shutdown);
+    // Every trigger, as the KaironMachine it names.
+    let on_cluster = move |c: Arc<capi::Cluster>| {
+        let (name, ns) = (c.name_any(), c.namespace());
+        km_store
+            .state()
+            .into_iter()
+            .filter(|km| {
+                km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
+            })
+            .map(|km| ObjectRef::from_obj(km.as_ref()))
+            .collect::<Vec<_>>()
+    };
+    // Watch errors are reported and retried by the watches themselves.
+    let mapped = |r: Option<ObjectRef<KaironMachine>>| futures::future::ready(r);
+    let triggers = futures::stream::select_all([
+        caches
+            .kaironmachines
+            .applied()
+            .map(|km| ObjectRef::from_obj(km.as_ref()))
+            .boxed(),
+        machine_events
+            .filter_map(move |m| mapped(m.ok().and_then(|m| kaironmachine_for_machine(&m))))
+            .boxed(),
+        caches
+            .clusters
+            .touched_when(cluster_trigger)
+            .flat_map(move |c| futures::stream::iter(on_cluster(c)))
+            .boxed(),
+        instance_events
+            .filter_map(move |vm| mapped(vm.ok().and_then(|vm| kaironmachine_for_instance(&vm))))
+            .boxed(),
+        triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()),
+    ])
+    // At shutdown no new reconciles start; the lanes finish the ones running.
+    .take_until(shutdown.clone());
+
     let backoff = Backoff::default();
-    // The gate is outside the span and metrics of a reconcile: a reconcile waiting for a
-    // permit is not in flight yet, and holds no more than its wait.
-    let gate = CreateGate::new(settings.machine_concurrency);
     let instrumented = Arc::new(instrumented(
         "kaironmachine",
         telemetry.metrics,
         backoff.clone(),
         reconcile,
     ));
-    let gated = move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
-        let (gate, start) = (gate.clone(), instrumented.clone());
-        async move {
-            // Before anything else, and small: after a restart every KaironMachine is
-            // reconciled at once, and all of them wait here for the caches' first lists.
-            Synced::all(&ctx.synced).await?;
-            // As fresh as we know it: a providerID we just wrote takes it off the create path.
-            let fresh = ctx.fresh.freshest(km.clone());
-            gate.run(&fresh, || start(km, ctx)).await
+    let locks = ObjectLocks::default();
+    let lane = |urgent: bool| {
+        let (instrumented, locks) = (instrumented.clone(), locks.clone());
+        move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
+            let (start, locks) = (instrumented.clone(), locks.clone());
+            Box::pin(async move {
+                Synced::all(&ctx.synced).await?;
+                // Not while the other lane reconciles the same object.
+                let _held = locks.lock(ObjectRef::from_obj(km.as_ref())).await;
+                if urgent {
+                    crate::client::urgent(start(km, ctx)).await
+                } else {
+                    start(km, ctx).await
+                }
+            }) as crate::controller::runtime::ReconcileFuture
         }
     };
-    let task = controller.run(gated, error_policy(backoff), ctx).for_each(log_outcome);
+    let (create_tx, create_rx) = futures::channel::mpsc::unbounded::<ObjectRef<KaironMachine>>();
+    let (urgent_tx, urgent_rx) = futures::channel::mpsc::unbounded::<ObjectRef<KaironMachine>>();
+    let concurrency = ControllerConfig::default().concurrency(settings.machine_concurrency.max(1));
+    let run_lane = |rx: futures::channel::mpsc::UnboundedReceiver<ObjectRef<KaironMachine>>, urgent: bool| {
+        applier(
+            lane(urgent),
+            error_policy(backoff.clone()),
+            ctx.clone(),
+            kms.clone(),
+            rx.map(Ok::<_, std::convert::Infallible>),
+            concurrency.clone(),
+        )
+        .for_each(log_outcome)
+    };
+    let create_lane = run_lane(create_rx, false);
+    let urgent_lane = run_lane(urgent_rx, true);
+    let router_ctx = ctx.clone();
+    let route = async move {
+        let mut triggers = std::pin::pin!(triggers);
+        while let Some(r) = triggers.next().await {
+            let km = kms.get(&r).map(|km| router_ctx.fresh.freshest(km));
+            let tx = match Lane::of(km.as_deref()) {
+                Lane::Create => &create_tx,
+                Lane::Urgent => &urgent_tx,
+            };
+            // Only fails once the lane stopped, at shutdown.
+            let _ = tx.unbounded_send(r);
+        }
+        // Dropping the senders ends the lanes' queues: they finish what runs, then stop.
+    };
     async move {
+        // The lanes' appliers wait for the KaironMachine cache with kube's
+        // `Store::wait_until_ready`, which wakes only one waiter: they start once it is ready
+        // (then it answers at once), and triggers wait in their streams until then.
+        if km_synced.wait().await.is_err() {
+            return;
+        }
         let sweeper = async move {
             if let Some(s) = sweeper {
                 s.await;
             }
-            // Done at shutdown: the controller still finishes its reconciles.
+            // Done at shutdown: the lanes still finish their reconciles.
             std::future::pending::<()>().await
         };
-        // The sweeper lives as long as the controller.
+        // The sweeper lives as long as the lanes.
         tokio::select! {
-            _ = task => {}
+            _ = async { tokio::join!(route, create_lane, urgent_lane) } => {}
             _ = sweeper => {}
         }
     }
