@@ -118,41 +118,29 @@ const PROBE_SELECTOR: &str = "capkr.zyvor.dev/streaming-list-probe=none";
 
 /// Whether the API server behind `api` streams a watch's initial state (`sendInitialEvents`,
 /// the WatchList feature: on by default in Kubernetes 1.32 and from 1.34, off by default in
-/// 1.33, absent before 1.27, and a gate an administrator can turn off). One short watch with
-/// a selector nothing matches: a server that streams answers with the bookmark that ends the
-/// (empty) initial state; one that does not rejects the parameters, or ignores them and sends
-/// no such bookmark within a few seconds. Any error counts as no: pages always work.
+/// 1.33, and a gate an administrator can turn off). One watch request with a selector nothing
+/// matches, dropped as soon as it is answered: an API server without the feature refuses the
+/// parameters (422) before it starts the watch. (Servers before 1.27 ignored them; Cluster API
+/// does not support management clusters that old.) Any error counts as no: pages always work.
 pub(crate) async fn streams_initial_lists<K>(api: &Api<K>) -> bool
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    use futures::TryStreamExt;
-    use kube::api::{WatchEvent, WatchParams};
-    const WAIT: Duration = Duration::from_secs(5);
+    use kube::api::WatchParams;
+    const WAIT: Duration = Duration::from_secs(10);
 
-    let wp = WatchParams::streaming_lists()
-        .labels(PROBE_SELECTOR)
-        .timeout(WAIT.as_secs() as u32);
-    let probe = async {
-        let mut events = std::pin::pin!(api.watch(&wp, "0").await?);
-        loop {
-            match events.try_next().await? {
-                Some(WatchEvent::Bookmark(b)) => {
-                    return Ok::<bool, kube::Error>(b.metadata.annotations.contains_key("k8s.io/initial-events-end"));
-                }
-                Some(WatchEvent::Error(e)) => return Err(kube::Error::Api(e)),
-                Some(_) => continue,
-                None => return Ok(false),
-            }
-        }
-    };
-    match tokio::time::timeout(WAIT, probe).await {
-        Ok(Ok(streams)) => streams,
+    let wp = WatchParams::streaming_lists().labels(PROBE_SELECTOR).timeout(1);
+    match tokio::time::timeout(WAIT, api.watch(&wp, "0")).await {
+        // Answered (200): the watch is dropped unread.
+        Ok(Ok(_)) => true,
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "the API server does not stream initial lists");
+            tracing::info!(error = %e, "the API server does not stream initial lists");
             false
         }
-        Err(_) => false,
+        Err(_) => {
+            tracing::warn!(wait = ?WAIT, "no answer to the streamed-list probe; lists are paged");
+            false
+        }
     }
 }
 

@@ -65,7 +65,8 @@ struct Args {
     #[arg(long)]
     font: Option<PathBuf>,
 
-    /// Run nothing: write results.md and the plots again from this results.json.
+    /// Run nothing: check the targets and write results.md and the plots again from this
+    /// results.json (e.g. one merged from several runs).
     #[arg(long)]
     render: Option<PathBuf>,
 }
@@ -83,7 +84,10 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     if let Some(json) = &args.render {
         let text = std::fs::read_to_string(json).with_context(|| format!("reading {}", json.display()))?;
-        let results: Results = serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+        let mut results: Results =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", json.display()))?;
+        // Checked again: results merged from several runs, or targets stated anew.
+        results.targets = capkr_bench::results::check_targets(&results.runs);
         let font = capkr_bench::plot::load_font(args.font.as_deref())?;
         std::fs::create_dir_all(&args.out_dir)?;
         return capkr_bench::write_results(&results, &args.out_dir, &font);
