@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::{Future, StreamExt, TryStreamExt};
 use kube::runtime::controller::Config as ControllerConfig;
-use kube::runtime::controller::applier;
+use kube::runtime::controller::{Action, applier};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -209,13 +209,21 @@ pub(crate) fn controller(
     ));
     let locks = ObjectLocks::default();
     let lane = |urgent: bool| {
-        let (instrumented, locks) = (instrumented.clone(), locks.clone());
+        let (instrumented, locks, kms) = (instrumented.clone(), locks.clone(), kms.clone());
         move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
-            let (start, locks) = (instrumented.clone(), locks.clone());
+            let (start, locks, kms) = (instrumented.clone(), locks.clone(), kms.clone());
             Box::pin(async move {
                 Synced::all(&ctx.synced).await?;
                 // Not while the other lane reconciles the same object.
-                let _held = locks.lock(ObjectRef::from_obj(km.as_ref())).await;
+                let key = ObjectRef::from_obj(km.as_ref());
+                let _held = locks.lock(key.clone()).await;
+                // The object as the cache has it now: `km` is from when the reconcile was
+                // started, and while it waited the other lane may have written it and the cache
+                // caught up, so that the record of those writes is gone (see `Fresher`) and
+                // `km` would look older than what we wrote. Gone meanwhile: nothing to do.
+                let Some(km) = kms.get(&key) else {
+                    return Ok(Action::await_change());
+                };
                 if urgent {
                     crate::client::urgent(start(km, ctx)).await
                 } else {
