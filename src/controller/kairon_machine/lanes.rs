@@ -15,13 +15,15 @@
 //! reconciles at once: a waiting reconcile is an entry in its lane's queue, not a future, so
 //! thousands of them cost little. An object can be queued in both lanes (routed to the create
 //! lane, then changed); kube-runtime never runs two reconciles of one object at once within a
-//! lane, and [`ObjectLocks`] keeps the two lanes from doing so between them.
+//! lane, and [`ObjectLocks`] keeps the two lanes from doing so between them (the second is
+//! triggered again when the first ends).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 
+use futures::channel::mpsc::UnboundedSender;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::OwnedMutexGuard;
 
 use crate::api::KaironMachine;
 
@@ -51,34 +53,53 @@ impl Lane {
 
 type Key = ObjectRef<KaironMachine>;
 
-/// One lock per object being reconciled, so that the two lanes never reconcile one object at
-/// once. An entry lives only while someone holds or waits for it.
-#[derive(Clone, Default)]
+/// The objects being reconciled, so that the two lanes never reconcile one object at once.
+///
+/// A reconcile of an object the other lane is reconciling does not wait (it would hold one of
+/// its lane's places meanwhile, and a lane whose places all wait for the other lane's creates
+/// stops serving): it marks the object and ends, and when the running reconcile ends, the object
+/// is triggered again, through `requeue`, and routed anew.
+#[derive(Clone)]
 pub(crate) struct ObjectLocks {
-    locks: Arc<Mutex<HashMap<Key, Arc<tokio::sync::Mutex<()>>>>>,
+    /// Objects being reconciled, and whether a reconcile of them was turned away meanwhile.
+    running: Arc<Mutex<HashMap<Key, bool>>>,
+    requeue: UnboundedSender<Key>,
 }
 
-/// The lock of one object, released on drop.
+/// One object being reconciled; its end (drop) triggers it again if that was asked for.
 pub(crate) struct Held {
-    guard: Option<OwnedMutexGuard<()>>,
     key: Key,
     locks: ObjectLocks,
 }
 
 impl ObjectLocks {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<tokio::sync::Mutex<()>>>> {
-        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+    /// Turned-away objects are triggered again through `requeue`.
+    pub(crate) fn new(requeue: UnboundedSender<Key>) -> Self {
+        ObjectLocks {
+            running: Arc::default(),
+            requeue,
+        }
     }
 
-    /// Waits until no other reconcile of `key` runs, and holds it off until the returned value
-    /// is dropped.
-    pub(crate) async fn lock(&self, key: Key) -> Held {
-        let lock = self.map().entry(key.clone()).or_default().clone();
-        let guard = lock.lock_owned().await;
-        Held {
-            guard: Some(guard),
-            key,
-            locks: self.clone(),
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Key, bool>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The object, unless a reconcile of it runs already; then it is triggered again once
+    /// that one ends.
+    pub(crate) fn try_lock(&self, key: Key) -> Option<Held> {
+        match self.map().entry(key.clone()) {
+            Entry::Occupied(mut again) => {
+                again.insert(true);
+                None
+            }
+            Entry::Vacant(free) => {
+                free.insert(false);
+                Some(Held {
+                    key,
+                    locks: self.clone(),
+                })
+            }
         }
     }
 
@@ -90,11 +111,10 @@ impl ObjectLocks {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        drop(self.guard.take());
-        let mut map = self.locks.map();
-        // Only the map's own reference left: nobody holds or waits for it.
-        if map.get(&self.key).is_some_and(|l| Arc::strong_count(l) == 1) {
-            map.remove(&self.key);
+        let again = self.locks.map().remove(&self.key).unwrap_or(false);
+        if again {
+            // Only fails once the controller stopped.
+            let _ = self.locks.requeue.unbounded_send(self.key.clone());
         }
     }
 }
@@ -103,7 +123,6 @@ impl Drop for Held {
 mod tests {
     use super::*;
     use crate::api::KaironMachineSpec;
-    use futures::FutureExt;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn km(provider_id: Option<&str>, deleting: bool) -> KaironMachine {
@@ -133,23 +152,27 @@ mod tests {
         assert_eq!(Lane::of(None), Lane::Urgent, "gone");
     }
 
-    #[tokio::test]
-    async fn one_reconcile_of_an_object_at_a_time_across_lanes() {
-        let locks = ObjectLocks::default();
+    #[test]
+    fn one_reconcile_of_an_object_at_a_time_across_lanes() {
+        let (tx, mut requeued) = futures::channel::mpsc::unbounded();
+        let locks = ObjectLocks::new(tx);
         let a = ObjectRef::<KaironMachine>::new("a").within("ns");
         let b = ObjectRef::<KaironMachine>::new("b").within("ns");
-        let held_a = locks.lock(a.clone()).await;
+        let held_a = locks.try_lock(a.clone()).expect("a is free");
         // Another object is not held up.
-        let held_b = locks.lock(b.clone()).now_or_never().expect("b is free");
-        // The same object waits until the first reconcile of it ends.
-        let mut second = Box::pin(locks.lock(a.clone()));
-        assert!((&mut second).now_or_never().is_none(), "a is held");
+        let held_b = locks.try_lock(b.clone()).expect("b is free");
+        // The same object is turned away, and triggered again once the first reconcile ends.
+        assert!(locks.try_lock(a.clone()).is_none(), "a is being reconciled");
+        assert!(locks.try_lock(a.clone()).is_none(), "still");
         assert_eq!(locks.len(), 2);
-        drop(held_a);
-        let held_a2 = second.await;
         drop(held_b);
-        assert_eq!(locks.len(), 1, "b's entry is gone with its holder");
-        drop(held_a2);
-        assert_eq!(locks.len(), 0, "nothing is kept once nobody holds a lock");
+        assert!(requeued.try_next().is_err(), "nothing asked for b again");
+        drop(held_a);
+        assert_eq!(requeued.try_next().unwrap(), Some(a.clone()), "a again, once");
+        assert!(requeued.try_next().is_err());
+        assert_eq!(locks.len(), 0, "nothing is kept once no reconcile runs");
+        let again = locks.try_lock(a).expect("a is free again");
+        drop(again);
+        assert!(requeued.try_next().is_err(), "a free reconcile asks for nothing");
     }
 }

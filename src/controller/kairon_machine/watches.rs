@@ -178,6 +178,8 @@ pub(crate) fn controller(
     };
     // Watch errors are reported and retried by the watches themselves.
     let mapped = |r: Option<ObjectRef<KaironMachine>>| futures::future::ready(r);
+    // Reconciles turned away because the other lane was reconciling the same object.
+    let (requeue_tx, requeue_rx) = futures::channel::mpsc::unbounded::<ObjectRef<KaironMachine>>();
     let triggers = futures::stream::select_all([
         caches
             .kaironmachines
@@ -196,6 +198,7 @@ pub(crate) fn controller(
             .filter_map(move |vm| mapped(vm.ok().and_then(|vm| kaironmachine_for_instance(&vm))))
             .boxed(),
         triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()),
+        requeue_rx.boxed(),
     ])
     // At shutdown no new reconciles start; the lanes finish the ones running.
     .take_until(shutdown.clone());
@@ -207,20 +210,24 @@ pub(crate) fn controller(
         backoff.clone(),
         reconcile,
     ));
-    let locks = ObjectLocks::default();
+    let locks = ObjectLocks::new(requeue_tx);
     let lane = |urgent: bool| {
         let (instrumented, locks, kms) = (instrumented.clone(), locks.clone(), kms.clone());
         move |km: Arc<KaironMachine>, ctx: Arc<Context>| {
             let (start, locks, kms) = (instrumented.clone(), locks.clone(), kms.clone());
             Box::pin(async move {
                 Synced::all(&ctx.synced).await?;
-                // Not while the other lane reconciles the same object.
+                // Not while the other lane reconciles the same object: it is triggered again
+                // when that reconcile ends.
                 let key = ObjectRef::from_obj(km.as_ref());
-                let _held = locks.lock(key.clone()).await;
+                let Some(_held) = locks.try_lock(key.clone()) else {
+                    return Ok(Action::await_change());
+                };
                 // The object as the cache has it now: `km` is from when the reconcile was
-                // started, and while it waited the other lane may have written it and the cache
-                // caught up, so that the record of those writes is gone (see `Fresher`) and
-                // `km` would look older than what we wrote. Gone meanwhile: nothing to do.
+                // started, and while it waited for the caches the other lane may have written
+                // it and the cache caught up, so that the record of those writes is gone (see
+                // `Fresher`) and `km` would look older than what we wrote. Gone meanwhile:
+                // nothing to do.
                 let Some(km) = kms.get(&key) else {
                     return Ok(Action::await_change());
                 };
