@@ -166,13 +166,13 @@ mod tests {
         assert!(locks.try_lock(a.clone()).is_none(), "still");
         assert_eq!(locks.len(), 2);
         drop(held_b);
-        assert!(requeued.try_next().is_err(), "nothing asked for b again");
+        assert!(requeued.try_recv().is_err(), "nothing asked for b again");
         drop(held_a);
-        assert_eq!(requeued.try_next().unwrap(), Some(a.clone()), "a again, once");
-        assert!(requeued.try_next().is_err());
+        assert_eq!(requeued.try_recv().unwrap(), a.clone(), "a again, once");
+        assert!(requeued.try_recv().is_err());
         assert_eq!(locks.len(), 0, "nothing is kept once no reconcile runs");
         let again = locks.try_lock(a).expect("a is free again");
         drop(again);
-        assert!(requeued.try_next().is_err(), "a free reconcile asks for nothing");
+        assert!(requeued.try_recv().is_err(), "a free reconcile asks for nothing");
     }
 }
