@@ -103,6 +103,21 @@ impl ObjectLocks {
         }
     }
 
+    /// Whether a reconcile of the object runs; if so, it is triggered again once that one
+    /// ends. A trigger of an object being reconciled waits for that end rather than a lane:
+    /// routed now, by an object that reconcile is about to change (a VM that turned Running
+    /// before the create wrote the providerID), it could land in the create lane behind a
+    /// burst of creates.
+    pub(crate) fn defer_if_running(&self, key: &Key) -> bool {
+        match self.map().get_mut(key) {
+            Some(again) => {
+                *again = true;
+                true
+            }
+            None => false,
+        }
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         self.map().len()
@@ -171,6 +186,13 @@ mod tests {
         assert_eq!(requeued.try_recv().unwrap(), a.clone(), "a again, once");
         assert!(requeued.try_recv().is_err());
         assert_eq!(locks.len(), 0, "nothing is kept once no reconcile runs");
+        // A trigger of an object being reconciled waits for the end of that reconcile.
+        assert!(!locks.defer_if_running(&b), "b is not being reconciled: route it now");
+        let held_b = locks.try_lock(b.clone()).expect("b is free");
+        assert!(locks.defer_if_running(&b));
+        assert!(requeued.try_recv().is_err());
+        drop(held_b);
+        assert_eq!(requeued.try_recv().unwrap(), b.clone(), "b again, once it ended");
         let again = locks.try_lock(a).expect("a is free again");
         drop(again);
         assert!(requeued.try_recv().is_err(), "a free reconcile asks for nothing");

@@ -255,10 +255,13 @@ pub(crate) fn controller(
     };
     let create_lane = run_lane(create_rx, false);
     let urgent_lane = run_lane(urgent_rx, true);
-    let router_ctx = ctx.clone();
+    let (router_ctx, router_locks) = (ctx.clone(), locks.clone());
     let route = async move {
         let mut triggers = std::pin::pin!(triggers);
         while let Some(r) = triggers.next().await {
+            if router_locks.defer_if_running(&r) {
+                continue;
+            }
             let km = kms.get(&r).map(|km| router_ctx.fresh.freshest(km));
             let tx = match Lane::of(km.as_deref()) {
                 Lane::Create => &create_tx,
