@@ -33,11 +33,11 @@ pub(crate) fn on_create_path(km: &KaironMachine) -> bool {
     km.metadata.deletion_timestamp.is_none() && km.spec.provider_id.is_none()
 }
 
-/// The lanes, by index.
+/// The two lanes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lane {
-    Create = 0,
-    Urgent = 1,
+    Create,
+    Urgent,
 }
 
 impl Lane {
