@@ -10,9 +10,12 @@
 //! free. So at most `--slots` tests (each with its environment) run at once, as before, and no
 //! slot idles while work is left.
 //!
-//! Each binary's output goes to `target/test-logs/<binary>.log`; a failed binary's panics and
-//! summary are printed, and the run ends with a table of every binary's time. Exit status 1
-//! when any binary failed; every binary runs regardless (as `--no-fail-fast`).
+//! Each binary's output goes to `target/test-logs/<binary>.log`. When a binary ends, its
+//! libtest lines are printed as cargo would print them (`running N tests`, a line per test,
+//! `test result: …`), a failed binary's panics too; the run ends with a table of every binary's
+//! time and the tests counted over all binaries. Exit status 1 when any binary failed, or when
+//! a binary that exited 0 printed no `test result` line; every binary runs regardless (as
+//! `--no-fail-fast`).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -136,6 +139,53 @@ struct Finished {
     ok: bool,
     took: Duration,
     log: PathBuf,
+    counts: Option<Counts>,
+}
+
+/// A binary's `test result:` line, as numbers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+    ignored: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, o: Counts) {
+        self.passed += o.passed;
+        self.failed += o.failed;
+        self.ignored += o.ignored;
+    }
+}
+
+/// The lines libtest writes about the tests (not what the tests themselves print), and the
+/// counts of its `test result:` line.
+fn libtest_report(log: &str) -> (Vec<&str>, Option<Counts>) {
+    let mut lines = vec![];
+    let mut counts = None;
+    for l in log.lines() {
+        let is_count = l.starts_with("running ") && (l.ends_with(" test") || l.ends_with(" tests"));
+        let is_test = l.starts_with("test ")
+            && [" ... ok", " ... FAILED", " ... ignored"]
+                .iter()
+                .any(|end| l.contains(end));
+        if let Some(rest) = l.strip_prefix("test result: ") {
+            let number = |what: &str| {
+                rest.split(';')
+                    .find_map(|part| part.trim().strip_suffix(what)?.trim().rsplit(' ').next()?.parse().ok())
+                    .unwrap_or(0)
+            };
+            counts = Some(Counts {
+                passed: number("passed"),
+                failed: number("failed"),
+                ignored: number("ignored"),
+            });
+            lines.push(l);
+        } else if is_count || is_test {
+            lines.push(l);
+        }
+    }
+    (lines, counts)
 }
 
 fn start(b: &Binary, threads: usize, log_dir: &Path) -> Result<Running> {
@@ -226,13 +276,19 @@ fn main() -> Result<()> {
             if let Some(status) = running[i].child.try_wait()? {
                 let r = running.remove(i);
                 let took = r.started.elapsed();
-                let ok = status.success();
+                let text = std::fs::read_to_string(&r.log).unwrap_or_default();
+                let (lines, counts) = libtest_report(&text);
+                // A binary that exits 0 without libtest's summary ran no test harness at all.
+                let ok = status.success() && counts.is_some();
                 println!(
                     "{}   {} in {:.0}s",
                     if ok { "ok " } else { "FAIL" },
                     r.binary.name,
                     took.as_secs_f64()
                 );
+                for l in lines {
+                    println!("    {l}");
+                }
                 if !ok {
                     println!(
                         "----- {} (whole log: {}) -----\n{}\n-----",
@@ -246,6 +302,7 @@ fn main() -> Result<()> {
                     ok,
                     took,
                     log: r.log,
+                    counts,
                 });
             } else {
                 i += 1;
@@ -264,11 +321,23 @@ fn main() -> Result<()> {
         );
     }
     let failed: Vec<&Finished> = finished.iter().filter(|f| !f.ok).collect();
+    let mut all = Counts::default();
+    for c in finished.iter().filter_map(|f| f.counts) {
+        all += c;
+    }
     println!(
         "\n{} binaries, {} failed, {:.1} min in all",
         finished.len(),
         failed.len(),
         t0.elapsed().as_secs_f64() / 60.0
+    );
+    println!(
+        "test result: {}. {} passed; {} failed; {} ignored (all {} binaries)",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        all.passed,
+        all.failed,
+        all.ignored,
+        finished.len()
     );
     if !failed.is_empty() {
         for f in failed {
@@ -277,4 +346,37 @@ fn main() -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_lines_and_counts_are_read_from_a_log() {
+        let log = "\nrunning 3 tests\nsome output of a test\ntest a ... ok\n\
+                   [rig] test b is starting\ntest b ... FAILED\ntest c ... ignored\n\n\
+                   test result: FAILED. 1 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; \
+                   finished in 12.01s\n";
+        let (lines, counts) = libtest_report(log);
+        assert_eq!(
+            lines,
+            [
+                "running 3 tests",
+                "test a ... ok",
+                "test b ... FAILED",
+                "test c ... ignored",
+                "test result: FAILED. 1 passed; 1 failed; 1 ignored; 0 measured; 0 filtered out; finished in 12.01s",
+            ]
+        );
+        assert_eq!(
+            counts,
+            Some(Counts {
+                passed: 1,
+                failed: 1,
+                ignored: 1
+            })
+        );
+        assert_eq!(libtest_report("no harness here\n").1, None);
+    }
 }
