@@ -29,6 +29,11 @@ pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// Annotation marking an infrastructure cluster as managed by someone else (an annotation in
 /// the code, although the contract document calls it a label).
 pub(crate) const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
+/// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
+pub(crate) const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
+/// Every annotation the provider reads of its own objects (KaironClusters, KaironMachines):
+/// their caches keep these and no other.
+pub(crate) const READ_ANNOTATIONS: [&str; 3] = [PAUSED_ANNOTATION, MANAGED_BY_ANNOTATION, DELETE_FOR_MOVE_ANNOTATION];
 /// Label selecting which objects a provider instance reconciles (`--watch-filter`).
 pub(crate) const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 

@@ -27,7 +27,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 
-use super::runtime::{Telemetry, strip_managed_fields, watch_error};
+use super::runtime::{Telemetry, keep_read_annotations, strip_managed_fields, watch_error};
 use super::{Fresher, Settings, Synced};
 use crate::api::{KaironCluster, KaironMachine};
 use crate::capi;
@@ -66,7 +66,7 @@ impl Caches {
             watcher(settings.api::<KaironCluster>(client), wc.clone())
                 .inspect_err(watch_error("kaironclusters.infrastructure.cluster.x-k8s.io", telemetry))
                 .default_backoff()
-                .modify(strip_managed_fields),
+                .modify(keep_read_annotations),
         );
         let fresh = Fresher::default();
         let forgetter = fresh.clone();
@@ -74,7 +74,7 @@ impl Caches {
             watcher(settings.api::<KaironMachine>(client), wc)
                 .inspect_err(watch_error("kaironmachines.infrastructure.cluster.x-k8s.io", telemetry))
                 .default_backoff()
-                .modify(strip_managed_fields)
+                .modify(keep_read_annotations)
                 .inspect_ok(move |event| forgetter.observe(event)),
         );
         for synced in [clusters.synced(), kaironclusters.synced(), kaironmachines.synced()] {

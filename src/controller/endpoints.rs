@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use super::Synced;
 use super::kairon_machine::kaironmachine_for_instance;
-use super::runtime::{Telemetry, strip_managed_fields};
+use super::runtime::Telemetry;
 use crate::api::{
     IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster,
     KaironClusterIdentity, KaironIdentityReference, KaironMachine,
@@ -396,10 +396,8 @@ impl Endpoints {
             })
             .default_backoff()
             .map_ok(kairon::read_event)
-            .modify(|vm: &mut kairon::Machine| {
-                vm.spec.cloud_init = None;
-                strip_managed_fields(vm);
-            })
+            // Never hold bootstrap payloads in memory, nor what is never read back.
+            .modify(kairon::keep_what_is_read)
             .reflect(writer);
         let task = tokio::spawn(events.for_each(move |event| {
             if let Ok(event) = event {

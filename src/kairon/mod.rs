@@ -65,10 +65,97 @@ pub fn machine_from_value(mut value: serde_json::Value) -> Machine {
     }
 }
 
+/// What the caches keep of a Kairon Machine: the link-back and management-cluster labels, the
+/// failure-domain annotation, deletion and status — all the provider reads of a cached one.
+/// Its spec (we never read it back: a VM is not updated), user-data, managedFields, other
+/// labels and annotations, owner references and finalizers go before the object is stored; at
+/// thousands of machines the labels and spec alone are a third of what a cached VM weighs.
+pub(crate) fn keep_what_is_read(vm: &mut Machine) {
+    vm.spec = MachineSpec::default();
+    let meta = &mut vm.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(labels) = meta.labels.as_mut() {
+        labels.retain(|k, _| {
+            [
+                labels::KAIRONMACHINE_NAME,
+                labels::KAIRONMACHINE_NAMESPACE,
+                labels::KAIRONMACHINE_UID,
+                labels::MANAGEMENT_CLUSTER,
+            ]
+            .contains(&k.as_str())
+        });
+    }
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.retain(|k, _| k == FAILURE_DOMAIN_ANNOTATION);
+    }
+    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
+        meta.annotations = None;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
     use serde_json::json;
+
+    /// A cached VM reads as the VM itself for everything the provider decides from it.
+    #[test]
+    fn a_cached_kairon_machine_keeps_what_is_read() {
+        let mut vm = fixtures::vm(Some(phase::RUNNING));
+        vm.spec = MachineSpec {
+            cpus: 2,
+            memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity("4Gi".into()),
+            image: "img".into(),
+            ..Default::default()
+        };
+        vm.metadata.labels = Some(
+            [
+                (labels::KAIRONMACHINE_NAME, "km1"),
+                (labels::KAIRONMACHINE_NAMESPACE, "ns"),
+                (labels::KAIRONMACHINE_UID, "km-uid"),
+                (labels::MANAGEMENT_CLUSTER, "mgmt"),
+                (labels::CLUSTER_NAME, "c1"),
+                (labels::MANAGED_BY, labels::MANAGED_BY_VALUE),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+        );
+        vm.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("kairon.zyvor.dev/scheduled-at".into(), "t".into());
+        vm.metadata.finalizers = Some(vec!["kairon.zyvor.dev/machine".into()]);
+        vm.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        ));
+        let mut cached = vm.clone();
+        keep_what_is_read(&mut cached);
+
+        let mut km = crate::api::KaironMachine::new("km1", Default::default());
+        km.metadata.uid = Some("km-uid".into());
+        assert_eq!(ownership(&cached, &km), ownership(&vm, &km));
+        assert_eq!(ownership(&cached, &km), Ownership::Ours);
+        assert_eq!(observe::effective_phase(&cached), observe::effective_phase(&vm));
+        assert_eq!(observe::addresses(&cached), observe::addresses(&vm));
+        assert_eq!(observe::failure_domain(&cached).as_deref(), Some("zone-a"));
+        assert_eq!(observe::instance_ref(&cached), observe::instance_ref(&vm));
+        assert_eq!(observe::status_phase(&cached), observe::status_phase(&vm));
+        for label in [
+            labels::KAIRONMACHINE_NAME,
+            labels::KAIRONMACHINE_NAMESPACE,
+            labels::KAIRONMACHINE_UID,
+            labels::MANAGEMENT_CLUSTER,
+        ] {
+            assert_eq!(cached.labels().get(label), vm.labels().get(label), "{label}");
+        }
+        assert_eq!(cached.labels().len(), 4, "no other label");
+        assert_eq!(cached.annotations().len(), 1, "the failure domain only");
+        assert_eq!(cached.spec, MachineSpec::default());
+        assert!(cached.metadata.finalizers.is_none());
+    }
 
     #[test]
     fn odd_kairon_machines_are_read_each_on_its_own() {

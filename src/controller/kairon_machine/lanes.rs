@@ -1,9 +1,11 @@
 //! Two lanes of reconciles: first-time creates in one, everything else in the other.
 //!
-//! kube-runtime's queue is first in, first out. During a burst of new machines, a machine
-//! whose Kairon Machine just turned Running (one status write away from being provisioned)
-//! would wait behind every first reconcile queued before it: minutes, under the client's rate
-//! limit. So every trigger is routed, when it arrives, by the KaironMachine it names:
+//! In one kube-runtime queue, a machine whose Kairon Machine just turned Running (one status
+//! write away from being provisioned) waits among the first reconciles of a burst of new
+//! machines: once all of the queue's places are taken, kube-runtime starts the waiting objects
+//! in the order of a hash set, so behind an arbitrary share of them — minutes, under the
+//! client's rate limit. So every trigger is routed, when it arrives, by the KaironMachine it
+//! names:
 //!
 //! - **create lane**: no Kairon Machine recorded yet (`spec.providerID`) and not being deleted:
 //!   the reconciles that add the finalizer, read the bootstrap data and create;
@@ -16,7 +18,8 @@
 //! thousands of them cost little. An object can be queued in both lanes (routed to the create
 //! lane, then changed); kube-runtime never runs two reconciles of one object at once within a
 //! lane, and [`ObjectLocks`] keeps the two lanes from doing so between them (the second is
-//! triggered again when the first ends).
+//! triggered again when the first ends). A reconcile of the create lane whose create moved
+//! the object on leaves its resync to the urgent lane, so that one resync per object waits.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;

@@ -25,9 +25,6 @@ use crate::kairon::{
 };
 use crate::metrics::Metrics;
 
-/// Annotation clusterctl puts on objects it deletes after moving them elsewhere.
-const DELETE_FOR_MOVE_ANNOTATION: &str = "clusterctl.cluster.x-k8s.io/delete-for-move";
-
 /// How often to look again for a bootstrap Secret that is named but missing (Secrets are read
 /// with a single GET, never watched).
 const SECRET_RETRY: Duration = Duration::from_secs(20);
@@ -604,7 +601,7 @@ async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error>
         ctx.writer(ns).remove_finalizer(km, MACHINE_FINALIZER).await?;
         Ok::<_, Error>(Action::await_change())
     };
-    if capi::has_annotation(&km.metadata, DELETE_FOR_MOVE_ANNOTATION) {
+    if capi::has_annotation(&km.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
         // Moved to another management cluster: the VM lives on there.
         info!("deleted for clusterctl move; the Kairon Machine is kept");
         return release().await;
