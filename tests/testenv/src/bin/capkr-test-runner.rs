@@ -287,7 +287,7 @@ fn main() -> Result<()> {
                     took.as_secs_f64()
                 );
                 for l in lines {
-                    println!("    {l}");
+                    println!("{l}");
                 }
                 if !ok {
                     println!(
