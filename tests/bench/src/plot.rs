@@ -85,6 +85,17 @@ fn log_bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     (!v.is_empty()).then(|| (lo / 1.6, hi * 1.6))
 }
 
+/// A label on the N axis at 1, 2 and 5 times a power of ten only: on a log axis the other
+/// ticks crowd into each other (`9001000`).
+fn n_label(x: &f64) -> String {
+    let mantissa = x / 10f64.powf(x.log10().floor());
+    if [1.0, 2.0, 5.0, 10.0].iter().any(|m| (mantissa - m).abs() < 0.05) {
+        format!("{x:.0}")
+    } else {
+        String::new()
+    }
+}
+
 fn draw_err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("drawing: {e}")
 }
@@ -129,7 +140,8 @@ pub fn time_vs_n(results: &Results, path: &Path, _font: &Font) -> Result<()> {
         .configure_mesh()
         .x_desc("machines (N)")
         .y_desc("seconds")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&n_label)
+            .light_line_style(WHITE)
         .y_label_formatter(&|y| {
             if *y >= 10.0 {
                 format!("{y:.0}")
@@ -195,7 +207,8 @@ pub fn rss_vs_n(results: &Results, path: &Path, _font: &Font) -> Result<()> {
         .configure_mesh()
         .x_desc("machines (N)")
         .y_desc("MiB")
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&n_label)
+            .light_line_style(WHITE)
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style((FAMILY, 14))
         .draw()
@@ -295,7 +308,8 @@ pub fn peer_vs_n(results: &Results, path: &Path, _font: &Font) -> Result<()> {
             .configure_mesh()
             .x_desc("machines (N)")
             .y_desc(unit)
-            .x_label_formatter(&|x| format!("{x:.0}"))
+            .x_label_formatter(&n_label)
+            .light_line_style(WHITE)
             .y_label_formatter(&|y| {
                 if top >= 10.0 {
                     format!("{y:.0}")
