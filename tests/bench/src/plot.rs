@@ -141,7 +141,7 @@ pub fn time_vs_n(results: &Results, path: &Path, _font: &Font) -> Result<()> {
         .x_desc("machines (N)")
         .y_desc("seconds")
         .x_label_formatter(&n_label)
-            .light_line_style(WHITE)
+        .light_line_style(WHITE)
         .y_label_formatter(&|y| {
             if *y >= 10.0 {
                 format!("{y:.0}")
@@ -208,7 +208,7 @@ pub fn rss_vs_n(results: &Results, path: &Path, _font: &Font) -> Result<()> {
         .x_desc("machines (N)")
         .y_desc("MiB")
         .x_label_formatter(&n_label)
-            .light_line_style(WHITE)
+        .light_line_style(WHITE)
         .y_label_formatter(&|y| format!("{y:.0}"))
         .label_style((FAMILY, 14))
         .draw()
