@@ -181,12 +181,7 @@ pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
 pub(crate) fn keep_read_annotations<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
     meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| capi::READ_ANNOTATIONS.contains(&k.as_str()));
-        if annotations.is_empty() {
-            meta.annotations = None;
-        }
-    }
+    capi::retain_keys(&mut meta.annotations, &capi::READ_ANNOTATIONS);
 }
 
 /// For caches of objects we only read a few labels of (CAPI Machines, the KaironMachine
@@ -199,9 +194,7 @@ pub(crate) fn keep_only_labels<K: Resource>(obj: &mut K, keep: &[&str]) {
     meta.annotations = None;
     meta.owner_references = None;
     meta.finalizers = None;
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|k, _| keep.contains(&k.as_str()));
-    }
+    capi::retain_keys(&mut meta.labels, keep);
 }
 
 pub(crate) type ReconcileFuture = std::pin::Pin<Box<dyn Future<Output = Result<Action, Error>> + Send>>;

@@ -76,23 +76,16 @@ pub(crate) fn keep_what_is_read(vm: &mut Machine) {
     meta.managed_fields = None;
     meta.owner_references = None;
     meta.finalizers = None;
-    if let Some(labels) = meta.labels.as_mut() {
-        labels.retain(|k, _| {
-            [
-                labels::KAIRONMACHINE_NAME,
-                labels::KAIRONMACHINE_NAMESPACE,
-                labels::KAIRONMACHINE_UID,
-                labels::MANAGEMENT_CLUSTER,
-            ]
-            .contains(&k.as_str())
-        });
-    }
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|k, _| k == FAILURE_DOMAIN_ANNOTATION);
-    }
-    if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
-        meta.annotations = None;
-    }
+    crate::capi::retain_keys(
+        &mut meta.labels,
+        &[
+            labels::KAIRONMACHINE_NAME,
+            labels::KAIRONMACHINE_NAMESPACE,
+            labels::KAIRONMACHINE_UID,
+            labels::MANAGEMENT_CLUSTER,
+        ],
+    );
+    crate::capi::retain_keys(&mut meta.annotations, &[FAILURE_DOMAIN_ANNOTATION]);
 }
 
 #[cfg(test)]
