@@ -216,6 +216,8 @@ fn rss_kib(pid: u32) -> u64 {
 async fn two_clusters_on_two_kairon_apis_through_identities() {
     let rig = Rig::start(RigOptions {
         create: false,
+        // Its manager watches every namespace.
+        own_env: true,
         ..RigOptions::new("identity")
     })
     .await;
@@ -474,6 +476,8 @@ async fn shared_identity_serves_the_namespaces_it_allows_and_ten_endpoints() {
     const FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io/identity";
     let rig = Rig::start(RigOptions {
         create: false,
+        // Its manager watches every namespace.
+        own_env: true,
         manager_args: vec![format!("--identity-secret-namespace={OPS}")],
         ..RigOptions::new("shared-identity")
     })

@@ -180,6 +180,7 @@ async fn running_machines_are_marked_provisioned_ahead_of_a_queued_burst_of_crea
     let rig = Rig::start(RigOptions {
         workers: 0,
         audit: true,
+        own_env: true,
         manager_args: ["--kube-api-qps=3", "--kube-api-burst=3"].map(String::from).to_vec(),
         sim_args: ["--provision-delay", "200ms", "--boot-delay", "8s"]
             .map(String::from)

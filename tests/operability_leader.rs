@@ -56,6 +56,7 @@ async fn one_leader_writes_and_hands_over_on_sigterm_and_sigkill() {
     let rig = Rig::start(RigOptions {
         workers: 1,
         audit: true,
+        own_env: true,
         manager_args: args(ns, "mgr-a"),
         ..RigOptions::new("operability_leader")
     })

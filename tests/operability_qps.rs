@@ -23,6 +23,7 @@ async fn qps_limit_spreads_a_burst_as_the_api_server_sees_it() {
     let rig = Rig::start(RigOptions {
         workers: 0,
         audit: true,
+        own_env: true,
         manager_args: ["--kube-api-qps=5", "--kube-api-burst=5"].map(String::from).to_vec(),
         sim_args: ["--provision-delay", "0s", "--boot-delay", "0s"]
             .map(String::from)

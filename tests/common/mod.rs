@@ -36,8 +36,12 @@ pub struct RigOptions {
     /// Create the cluster objects right away.
     pub create: bool,
     /// The manager talks to the API server through a fault proxy that faults this share of
-    /// its requests (`capkr_testenv::faults`).
+    /// its requests (`capkr_testenv::faults`). Such a rig has an environment of its own.
     pub api_faults: Option<f64>,
+    /// An environment of its own instead of the one the tests of the binary share: for tests
+    /// that change the environment itself, watch every namespace, or time what all requests
+    /// of the API server cost (`tests/README.md` lists them).
+    pub own_env: bool,
 }
 
 impl RigOptions {
@@ -53,12 +57,13 @@ impl RigOptions {
             health_check: false,
             create: true,
             api_faults: None,
+            own_env: false,
         }
     }
 }
 
 pub struct Rig {
-    pub env: Env,
+    pub env: RigEnv,
     pub ns: String,
     pub cluster: String,
     pub workload: WorkloadCluster,
@@ -66,6 +71,31 @@ pub struct Rig {
     pub manager: Process,
     /// The proxy between the manager and the API server, with `api_faults`.
     pub faults: Option<FaultProxy>,
+    /// In a shared environment, the manager's identity (`--leader-elect-identity`): the audit
+    /// log's requests of this rig's manager are those with it in their User-Agent.
+    identity: Option<String>,
+}
+
+/// The environment of a rig: the binary's shared one, or its own.
+pub enum RigEnv {
+    Shared(&'static Env),
+    Own(Env),
+}
+
+impl std::ops::Deref for RigEnv {
+    type Target = Env;
+    fn deref(&self) -> &Env {
+        match self {
+            RigEnv::Shared(env) => env,
+            RigEnv::Own(env) => env,
+        }
+    }
+}
+
+/// The options of the environment the rigs of a test binary share: every rig may read the
+/// audit log (its own manager's requests are told apart by identity).
+fn shared_env_options() -> EnvOptions {
+    EnvOptions::new("shared").audit_policy(capkr_testenv::AUDIT_POLICY_METADATA)
 }
 
 /// Fast simulator delays, hosts in two zones.
@@ -86,18 +116,39 @@ pub fn default_sim_args() -> Vec<String> {
 
 impl Rig {
     pub async fn start(opts: RigOptions) -> Rig {
-        let mut env_opts = EnvOptions::new(opts.name);
-        if opts.audit {
-            env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
-        }
-        let env = Env::start(env_opts).await.expect("test environment");
         let ns = opts.name.replace('_', "-");
+        let own = opts.own_env || opts.api_faults.is_some();
+        let env = if own {
+            let mut env_opts = EnvOptions::new(opts.name);
+            if opts.audit {
+                env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
+            }
+            RigEnv::Own(Env::start(env_opts).await.expect("test environment"))
+        } else {
+            RigEnv::Shared(
+                Env::shared(shared_env_options())
+                    .await
+                    .expect("shared test environment"),
+            )
+        };
         let cluster = "c1".to_string();
-        env.create_namespace(&ns).await.expect("namespace");
+        env.create_namespace(&ns)
+            .await
+            .expect("namespace (a name no other test of the binary uses)");
         let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
-        let sim_args = merged_args(default_sim_args(), &opts.sim_args);
+        // In a shared environment the simulator and the manager keep to the rig's namespace.
+        let scope = |defaults: Vec<String>| match own {
+            true => defaults,
+            false => [defaults, vec!["--namespace".to_string(), ns.clone()]].concat(),
+        };
+        let identity = (!own).then(|| format!("rig-{ns}"));
+        let sim_args = merged_args(scope(default_sim_args()), &opts.sim_args);
         let sim = env.start_simulator(sim_args).expect("simulator");
-        let mut manager_args = merged_args(vec!["-v".to_string(), "1".to_string()], &opts.manager_args);
+        let mut manager_defaults = scope(vec!["-v".to_string(), "1".to_string()]);
+        if let Some(id) = &identity {
+            manager_defaults.extend(["--leader-elect-identity".to_string(), id.clone()]);
+        }
+        let mut manager_args = merged_args(manager_defaults, &opts.manager_args);
         let faults = match opts.api_faults {
             Some(share) => {
                 let proxy = FaultProxy::start(env.client(), share, 0x5eed, env.dir())
@@ -117,6 +168,7 @@ impl Rig {
             sim,
             manager,
             faults,
+            identity,
         };
         // A process that rejects its flags exits at once; say so instead of timing out later.
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -217,8 +269,9 @@ impl Rig {
     /// The manager's writes (create, update, patch, delete) in the audit log from byte `from`
     /// on, of one replica `identity` if given; Lease writes (leader election) are left out.
     /// Requests are told apart by the manager's User-Agent, `capkr-manager/<version> (<identity>)`.
+    /// In a shared environment `None` means this rig's manager, not every test's.
     pub fn manager_writes(&self, from: u64, identity: Option<&str>) -> Vec<String> {
-        capkr_testenv::audit::manager_writes(&self.audit_events(from), identity)
+        capkr_testenv::audit::manager_writes(&self.audit_events(from), identity.or(self.identity.as_deref()))
     }
 
     /// Every request of the manager (any verb, Leases included) that reached the API server
@@ -227,7 +280,7 @@ impl Rig {
         let mut reqs: Vec<AuditEvent> = self
             .audit_events(from)
             .into_iter()
-            .filter(|e| e.from_manager(None) && e.counts_request())
+            .filter(|e| e.from_manager(self.identity.as_deref()) && e.counts_request())
             .collect();
         reqs.sort_by(|a, b| a.request_received_timestamp.cmp(&b.request_received_timestamp));
         reqs
@@ -335,6 +388,35 @@ impl Rig {
                 self.fail(format!("Kairon Machine {name} has no KaironMachine (leaked)"));
             }
         }
+    }
+}
+
+/// A rig of the shared environment leaves it as it found it for the tests still running: its
+/// Clusters paused (CAPI's controllers leave them alone), its workload API server stopped; its
+/// simulator and manager stop with it. On a failure it prints the environment first.
+impl Drop for Rig {
+    fn drop(&mut self) {
+        let env: &'static Env = match &self.env {
+            RigEnv::Shared(env) => env,
+            RigEnv::Own(_) => return,
+        };
+        if std::thread::panicking() {
+            env.dump();
+        }
+        let ns = self.ns.clone();
+        // Drop runs inside the test's runtime, which cannot be blocked on: pause from a thread.
+        let paused = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .and_then(|rt| rt.block_on(env.pause_clusters(&ns)))
+        })
+        .join();
+        if let Ok(Err(e)) = paused {
+            eprintln!("[rig {}] pausing its Clusters: {e:#}", self.ns);
+        }
+        env.stop_workload(&self.workload);
     }
 }
 

@@ -271,6 +271,7 @@ impl Fleet {
             "kube-apiserver",
             spawn(&self.tools.bin_dir.join("kube-apiserver"), &api_args, &api_log)?,
         ));
+        tally_guest_api_server();
         let client = admin_client(&pki, &format!("https://{ip}:{}", plan.api_port)).await?;
         wait_api(&mut vm, &client, &api_log).await?;
 
@@ -454,6 +455,19 @@ async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, 
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One line in the test runner's tally (`CAPKR_TESTENV_TALLY`, see `capkr_testenv::tally`):
+/// a guest's kube-apiserver is an API server the tests started too.
+fn tally_guest_api_server() {
+    use std::io::Write;
+    let Some(dir) = std::env::var_os("CAPKR_TESTENV_TALLY") else {
+        return;
+    };
+    let path = Path::new(&dir).join(format!("sim-{}", std::process::id()));
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "guest-api-server");
+    }
 }
 
 fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetError> {

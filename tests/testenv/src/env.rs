@@ -17,7 +17,8 @@ use serde_json::{Value, json};
 
 use crate::bins::{Binaries, own_binary, workspace_root};
 use crate::certs::{Ca, CertPair, service_account_keys};
-use crate::kube_util::{apply_yaml, client_from_kubeconfig, get_text, render_kubeconfig, resolve_kind};
+use crate::clients::RuntimeClients;
+use crate::kube_util::{apply_yaml, config_from_kubeconfig, get_text, render_kubeconfig, resolve_kind};
 use crate::manifests::{
     WebhookTarget, prepare_capi_crd, prepare_webhook_configuration, read_yaml_dir, read_yaml_documents,
 };
@@ -145,7 +146,7 @@ pub struct Env {
     pub(crate) ca: Ca,
     pub(crate) server_url: String,
     pub(crate) kubeconfig_path: PathBuf,
-    client: Client,
+    clients: RuntimeClients,
     pub(crate) etcd_url: String,
     audit_log: Option<PathBuf>,
     etcd: Mutex<Option<Process>>,
@@ -188,7 +189,7 @@ impl Env {
         let kubeconfig = render_kubeconfig(&safe, &server_url, &ca.pair.cert_pem, &admin);
         let kubeconfig_path = dir.join("admin.kubeconfig");
         write_file(&kubeconfig_path, &kubeconfig)?;
-        let client = client_from_kubeconfig(&kubeconfig).await?;
+        let config = config_from_kubeconfig(&kubeconfig).await?;
 
         let mut env = Env {
             name: opts.name.clone(),
@@ -198,7 +199,7 @@ impl Env {
             ca,
             server_url,
             kubeconfig_path,
-            client,
+            clients: RuntimeClients::new(config),
             etcd_url: String::new(),
             audit_log: None,
             etcd: Mutex::new(None),
@@ -211,6 +212,11 @@ impl Env {
         match env.boot(&opts, api_port, t0).await {
             Ok(()) => {
                 env.startup = t0.elapsed();
+                crate::tally::record(if opts.capi == CapiManagers::default() {
+                    crate::tally::Started::FullEnvironment
+                } else {
+                    crate::tally::Started::ApiServerEnvironment
+                });
                 let phases: Vec<String> = env
                     .phases
                     .iter()
@@ -293,7 +299,7 @@ impl Env {
         args.extend(opts.apiserver_args.iter().cloned());
         let apiserver = ProcessSpec::new("kube-apiserver", &self.bins.kube_apiserver, &logs).args(args);
         self.push(Process::spawn(apiserver)?);
-        let client = self.client.clone();
+        let client = self.client();
         self.wait_apiserver("kube-apiserver", &client).await?;
         phase(&mut self.phases, "kube-apiserver");
 
@@ -417,7 +423,7 @@ impl Env {
             .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
             .collect();
         let creates = docs.into_iter().map(|doc| {
-            let client = self.client.clone();
+            let client = self.client();
             async move { create_value(&client, doc).await }
         });
         futures::future::try_join_all(creates).await?;
@@ -425,7 +431,7 @@ impl Env {
     }
 
     async fn wait_established(&self, crd_names: Vec<String>) -> Result<()> {
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let crds: Api<CustomResourceDefinition> = Api::all(self.client());
         // Generous: on a loaded machine (a release build beside it) a fresh API server takes
         // tens of seconds per list.
         wait_for("CRDs to be Established", Duration::from_secs(90), || {
@@ -454,8 +460,8 @@ impl Env {
     /// webhook (`spec.replicas`); without the webhook it stays nil.
     async fn check_machinedeployment_defaulting(&self) -> Result<()> {
         let md = machine_deployment_probe("default");
-        let (ar, caps) = resolve_kind(&self.client, "cluster.x-k8s.io/v1beta2", "MachineDeployment").await?;
-        let api = crate::kube_util::dynamic_api(&self.client, &ar, &caps, Some("default"));
+        let (ar, caps) = resolve_kind(&self.client(), "cluster.x-k8s.io/v1beta2", "MachineDeployment").await?;
+        let api = crate::kube_util::dynamic_api(&self.client(), &ar, &caps, Some("default"));
         let pp = PostParams {
             dry_run: true,
             field_manager: None,
@@ -538,7 +544,7 @@ impl Env {
 
     /// An admin (`system:masters`) client of the management cluster.
     pub fn client(&self) -> Client {
-        self.client.clone()
+        self.clients.get()
     }
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
@@ -599,7 +605,7 @@ impl Env {
     // ----- helpers for tests -------------------------------------------------------------
 
     pub async fn create_namespace(&self, name: &str) -> Result<Namespace> {
-        let api: Api<Namespace> = Api::all(self.client.clone());
+        let api: Api<Namespace> = Api::all(self.client());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
         api.create(&PostParams::default(), &ns)
             .await
@@ -608,7 +614,7 @@ impl Env {
 
     /// Server-side applies multi-document YAML (see [`crate::apply_yaml`]).
     pub async fn apply(&self, yaml: &str, default_namespace: Option<&str>) -> Result<Vec<DynamicObject>> {
-        apply_yaml(&self.client, yaml, default_namespace).await
+        apply_yaml(&self.client(), yaml, default_namespace).await
     }
 
     /// Starts `capkr-manager --kubeconfig <admin> <extra_args>`; logs to `logs/capkr-manager*.log`.
@@ -689,15 +695,36 @@ impl Env {
         crate::dump::dump_logs(self, lines);
     }
 
-    /// Stops everything now (also done on drop).
-    pub fn shutdown(&mut self) {
+    /// Stops every process: API servers and managers first (kube-apiserver hangs on SIGTERM
+    /// once etcd is gone), then etcd.
+    fn stop_processes(&self) {
         let procs: Vec<Process> = std::mem::take(&mut *self.procs.lock().unwrap_or_else(|e| e.into_inner()));
-        // API servers and managers first: kube-apiserver hangs on SIGTERM once etcd is gone.
         stop_all(&procs.iter().collect::<Vec<_>>(), Duration::from_secs(3));
         drop(procs);
         if let Some(etcd) = self.etcd.lock().unwrap_or_else(|e| e.into_inner()).take() {
             etcd.stop(Duration::from_secs(3));
         }
+    }
+
+    /// Stops everything and removes the temp dir (unless `CAPKR_TEST_KEEP`) of an environment
+    /// that is never dropped ([`Env::shared`]).
+    pub(crate) fn close(&self) {
+        self.stop_processes();
+        if keep_requested() {
+            let _ = std::fs::remove_file(self.dir.join(OWNER_FILE));
+            eprintln!(
+                "capkr-testenv[{}]: CAPKR_TEST_KEEP is set, kept {}",
+                self.name,
+                self.dir.display()
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// Stops everything now (also done on drop).
+    pub fn shutdown(&mut self) {
+        self.stop_processes();
         if let Some(mut dir) = self.tempdir.take() {
             if keep_requested() {
                 // A kept dir is the user's: never swept.

@@ -48,13 +48,19 @@ pub fn render_kubeconfig(name: &str, server: &str, ca_pem: &str, user: &CertPair
 
 /// A client from kubeconfig text.
 pub async fn client_from_kubeconfig(text: &str) -> Result<Client> {
+    Client::try_from(config_from_kubeconfig(text).await?).context("building a client")
+}
+
+/// The client configuration of a kubeconfig: unlike a [`Client`], not bound to the tokio
+/// runtime that made it.
+pub(crate) async fn config_from_kubeconfig(text: &str) -> Result<kube::Config> {
     let kc = Kubeconfig::from_yaml(text).context("parsing kubeconfig")?;
     let mut config = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .context("kubeconfig to client config")?;
     // Many tests run at once on a small machine; be patient with slow responses.
     config.read_timeout = Some(Duration::from_secs(60));
-    Client::try_from(config).context("building a client")
+    Ok(config)
 }
 
 pub async fn client_from_kubeconfig_file(path: &Path) -> Result<Client> {

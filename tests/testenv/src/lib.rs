@@ -22,6 +22,7 @@
 pub mod audit;
 mod bins;
 mod certs;
+mod clients;
 pub mod cluster;
 pub mod demo;
 mod dump;
@@ -33,6 +34,8 @@ mod manifests;
 mod net;
 mod process;
 mod scratch;
+mod shared;
+pub mod tally;
 mod wait;
 mod workload;
 

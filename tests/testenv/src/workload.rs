@@ -29,6 +29,8 @@ pub struct WorkloadCluster {
     client: Client,
     kubeconfig_path: PathBuf,
     ca: CertPair,
+    /// Its kube-apiserver among the environment's processes.
+    pub(crate) process_name: String,
 }
 
 impl WorkloadCluster {
@@ -110,6 +112,7 @@ impl Env {
         let proc_name = format!("kube-apiserver-{label}");
         let spec = ProcessSpec::new(&proc_name, &self.bins.kube_apiserver, &self.log_dir()).args(args);
         self.push(Process::spawn(spec)?);
+        crate::tally::record(crate::tally::Started::ApiServer);
 
         // The Secret goes in while the API server starts.
         let secrets: Api<Secret> = Api::namespaced(self.client(), namespace);
@@ -146,6 +149,7 @@ impl Env {
             client,
             kubeconfig_path,
             ca: ca.pair.clone(),
+            process_name: proc_name,
         })
     }
 }

@@ -6,16 +6,18 @@
 //! with one long test (most of the real-control-plane files) leaves the second idle, and the
 //! next binary waits. Here each binary is a job of one slot (`--test-threads=1`), except those
 //! named with `--wide`, which take two slots and two threads (the CAPI e2e suite, whose two
-//! halves are meant to run side by side); jobs start, longest first, whenever enough slots are
-//! free. So at most `--slots` tests (each with its environment) run at once, as before, and no
-//! slot idles while work is left.
+//! halves are meant to run side by side), and those named with `--threads TARGET=N`, which take
+//! N slots and N threads (a binary whose tests share one environment and run side by side in
+//! it); jobs start, longest first, whenever enough slots are free. So at most `--slots` tests
+//! run at once, and no slot idles while work is left.
 //!
 //! Each binary's output goes to `target/test-logs/<binary>.log`. When a binary ends, its
 //! libtest lines are printed as cargo would print them (`running N tests`, a line per test,
 //! `test result: …`), a failed binary's panics too; the run ends with a table of every binary's
 //! time and the tests counted over all binaries. Exit status 1 when any binary failed, or when
 //! a binary that exited 0 printed no `test result` line; every binary runs regardless (as
-//! `--no-fail-fast`).
+//! `--no-fail-fast`). The last line says how many environments and API servers the tests
+//! started (`capkr_testenv::tally`).
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -40,18 +42,21 @@ struct Binary {
 struct Options {
     slots: usize,
     wide: Vec<String>,
+    /// Binaries that run with more than one thread (and take as many slots).
+    threads: Vec<(String, usize)>,
     first: Vec<String>,
     log_dir: PathBuf,
 }
 
 fn usage() -> &'static str {
-    "usage: capkr-test-runner [--slots N] [--wide TARGET]... [--first TARGET]... [--log-dir DIR]"
+    "usage: capkr-test-runner [--slots N] [--wide TARGET]... [--threads TARGET=N]... [--first TARGET]... [--log-dir DIR]"
 }
 
 fn parse_args() -> Result<Options> {
     let mut opts = Options {
         slots: 2,
         wide: vec![],
+        threads: vec![],
         first: vec![],
         log_dir: PathBuf::from("target/test-logs"),
     };
@@ -61,6 +66,17 @@ fn parse_args() -> Result<Options> {
         match a.as_str() {
             "--slots" => opts.slots = value()?.parse().context("--slots wants a number")?,
             "--wide" => opts.wide.push(value()?),
+            "--threads" => {
+                let v = value()?;
+                let (target, n) = v
+                    .split_once('=')
+                    .with_context(|| format!("--threads wants TARGET=N, not {v:?}"))?;
+                let n: usize = n.parse().with_context(|| format!("--threads {v}: N is a number"))?;
+                if n == 0 {
+                    bail!("--threads {v}: at least one thread");
+                }
+                opts.threads.push((target.to_string(), n));
+            }
             "--first" => opts.first.push(value()?),
             "--log-dir" => opts.log_dir = PathBuf::from(value()?),
             "-h" | "--help" => {
@@ -234,6 +250,13 @@ fn failure_excerpt(log: &Path) -> String {
 fn main() -> Result<()> {
     let opts = parse_args()?;
     std::fs::create_dir_all(&opts.log_dir)?;
+    // Every test process (and what it starts) writes what it started here.
+    let tally_dir = opts.log_dir.join("tally");
+    let _ = std::fs::remove_dir_all(&tally_dir);
+    std::fs::create_dir_all(&tally_dir)?;
+    let tally_dir = tally_dir.canonicalize()?;
+    // SAFETY: set before any thread is started.
+    unsafe { std::env::set_var(capkr_testenv::tally::TALLY_DIR_ENV, &tally_dir) };
     let t0 = Instant::now();
     let binaries = build()?;
     println!(
@@ -257,7 +280,9 @@ fn main() -> Result<()> {
         let free = opts.slots - used;
         // The first job that fits: a wide job waits for two free slots while narrow ones run.
         let fits = |b: &Binary| {
-            let want = if opts.wide.contains(&b.target) {
+            let want = if let Some((_, n)) = opts.threads.iter().find(|(t, _)| t == &b.target) {
+                opts.slots.min(*n)
+            } else if opts.wide.contains(&b.target) {
                 opts.slots.min(2)
             } else {
                 1
@@ -339,6 +364,7 @@ fn main() -> Result<()> {
         all.ignored,
         finished.len()
     );
+    println!("{}", Tally::read(&tally_dir).line());
     if !failed.is_empty() {
         for f in failed {
             println!("failed: {} ({})", f.name, f.log.display());
@@ -348,9 +374,71 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// What the tests started, counted from the tally files.
+#[derive(Debug, Default, PartialEq)]
+struct Tally {
+    full: usize,
+    api_server_only: usize,
+    api_servers: usize,
+    /// Of `api_servers`, those simulated control-plane VMs ran.
+    guest_api_servers: usize,
+}
+
+impl Tally {
+    fn read(dir: &Path) -> Tally {
+        let mut t = Tally::default();
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            t.add(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+        }
+        t
+    }
+
+    fn add(&mut self, text: &str) {
+        use capkr_testenv::tally::Started;
+        for line in text.lines() {
+            if line == Started::FullEnvironment.word() {
+                self.full += 1;
+                self.api_servers += 1;
+            } else if line == Started::ApiServerEnvironment.word() {
+                self.api_server_only += 1;
+                self.api_servers += 1;
+            } else if line == Started::ApiServer.word() {
+                self.api_servers += 1;
+            } else if line == Started::GuestApiServer.word() {
+                self.api_servers += 1;
+                self.guest_api_servers += 1;
+            }
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "started: {} full environments (etcd, kube-apiserver, kube-controller-manager, CAPI core, CABPK, KCP), \
+             {} with fewer CAPI managers, {} kube-apiservers in all ({} of them in simulated control-plane VMs)",
+            self.full, self.api_server_only, self.api_servers, self.guest_api_servers
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tally_counts_environments_and_every_api_server() {
+        let mut t = Tally::default();
+        t.add("full-environment\napi-server\napi-server\n");
+        t.add("api-server-environment\nfull-environment\nsomething else\nguest-api-server\n");
+        assert_eq!(
+            t,
+            Tally {
+                full: 2,
+                api_server_only: 1,
+                api_servers: 6,
+                guest_api_servers: 1
+            }
+        );
+    }
 
     #[test]
     fn libtest_lines_and_counts_are_read_from_a_log() {

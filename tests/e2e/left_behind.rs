@@ -4,11 +4,9 @@
 //! Machines owned). The VMs live on for the moved cluster: the provider keeps them, lets the
 //! KaironMachines go, and says so.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Rig, RigOptions};
+use crate::common::{Rig, RigOptions};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
@@ -70,7 +68,7 @@ async fn kaironmachines_deleted_after_their_cluster_is_gone_keep_their_vms() {
         .filter(|e| e.reason.as_deref() == Some("InstanceKept") && e.type_.as_deref() == Some("Warning"))
         .count();
     assert_eq!(kept, 2, "one Warning event per KaironMachine");
-    let port = common::port_of(&rig.manager, "--metrics-bind-address");
+    let port = crate::common::port_of(&rig.manager, "--metrics-bind-address");
     let metrics = capkr_testenv::http_get(port, "/metrics")
         .await
         .expect("metrics served")

@@ -1,11 +1,9 @@
 //! Cluster lifecycle against the real CAPI controllers: create, steady state, scale, delete.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{Rig, RigOptions, condition, km_ready};
+use crate::common::{Rig, RigOptions, condition, km_ready};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
 

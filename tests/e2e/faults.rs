@@ -1,13 +1,11 @@
 //! When Kairon misbehaves, and when bootstrap data is bad: against the real CAPI controllers.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::common::{Rig, RigOptions, km_ready};
 use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
 use capkr::api::{KaironMachine, KaironMachineSpec};
-use common::{Rig, RigOptions, km_ready};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -139,7 +137,7 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
     // CAPI mirrors it into the Machine.
     let m = rig.machines().get(vanishing).await.unwrap();
     assert_eq!(
-        common::condition(&m, "InfrastructureReady").map(|c| c["reason"].clone()),
+        crate::common::condition(&m, "InfrastructureReady").map(|c| c["reason"].clone()),
         Some(reason::INSTANCE_NOT_FOUND.into())
     );
 

@@ -4,12 +4,10 @@
 //! KaironMachine provisioned and Ready with the Node's providerID, its Kairon Machine Running —
 //! and deleting the Cluster leaves no Kairon Machine behind.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{Rig, RigOptions, condition};
 use capkr::api::conditions::{self, READY};
-use common::{Rig, RigOptions, condition};
 use kube::api::{DeleteParams, ListParams};
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,13 +4,11 @@
 //! Kairon Machine replaced under the same name (new UID) after provisioning, and a
 //! `spec.providerID` naming a VM that is not ours to adopt.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{Rig, RigOptions, km_instance, km_ready};
 use capkr::api::conditions::reason;
 use capkr::api::{KaironMachine, KaironMachineSpec};
-use common::{Rig, RigOptions, km_instance, km_ready};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;

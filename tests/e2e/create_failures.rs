@@ -4,12 +4,10 @@
 //! a Warning event is published, the create is retried with a growing interval rather than at
 //! a fixed rate, and the machine comes up once the quota allows it.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{Rig, RigOptions, km_instance};
 use capkr::api::conditions::reason;
-use common::{Rig, RigOptions, km_instance};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};

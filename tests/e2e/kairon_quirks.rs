@@ -5,13 +5,11 @@
 //! - a Kairon Machine whose schema is not what we know affects its own KaironMachine alone
 //!   (a typed list failed whole: the Kairon Machine cache went stale for every cluster).
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{Rig, RigOptions};
 use capkr::api::KaironMachine;
 use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
-use common::{Rig, RigOptions};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{CustomResourceDefinition, JSONSchemaProps};
 use kube::ResourceExt;
@@ -110,6 +108,8 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
     let rig = Rig::start(RigOptions {
         workers: 1,
         sim_args: vec!["--namespace".into(), "kairon-odd".into()],
+        // It loosens the Kairon Machine CRD's schema, and its manager watches every namespace.
+        own_env: true,
         ..RigOptions::new("kairon_odd")
     })
     .await;

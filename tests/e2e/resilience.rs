@@ -1,16 +1,14 @@
 //! Pause, move-safety and the resilience checks of CAPI's e2e framework, against the real CAPI
 //! controllers.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use crate::common::{Rig, RigOptions, km_ready};
 use capkr::api::conditions::{self, PAUSED};
 use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon::labels;
 use capkr_testenv::Signal;
-use common::{Rig, RigOptions, km_ready};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;

@@ -1,0 +1,21 @@
+//! The end-to-end tests that share one environment: one binary, one management control plane
+//! (`capkr_testenv::Env::shared`: etcd, kube-apiserver with an audit log,
+//! kube-controller-manager, CAPI core, CABPK and KCP with their webhooks), and for each test a
+//! namespace of its own with its workload API server, simulator and manager, both watching that
+//! namespace only (`common::Rig`). So the tests run side by side, as CAPI's own suites run theirs
+//! in one envtest. A test that changes the environment itself, or whose manager must watch every
+//! namespace, asks for an environment of its own (`RigOptions::own_env`).
+//!
+//! One module per topic, as the files were: see `tests/README.md`.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod create_failures;
+mod faults;
+mod kairon_quirks;
+mod left_behind;
+mod lifecycle;
+mod resilience;
+mod smoke;
+mod trust;
