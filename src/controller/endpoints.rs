@@ -29,7 +29,6 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::Synced;
-use super::kairon_machine::kaironmachine_for_instance;
 use super::runtime::Telemetry;
 use crate::api::{
     IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster,
@@ -388,7 +387,7 @@ impl Endpoints {
                 if first {
                     // The machines on this endpoint say so at once, not at their next resync.
                     for vm in known.state() {
-                        if let Some(km) = kaironmachine_for_instance(&vm) {
+                        if let Some(km) = kairon::kaironmachine_for_instance(&vm) {
                             let _ = on_problem.unbounded_send(km);
                         }
                     }
@@ -407,7 +406,7 @@ impl Endpoints {
                     Event::Apply(vm) | Event::Delete(vm) | Event::InitApply(vm) => Some(vm),
                     Event::Init | Event::InitDone => None,
                 };
-                if let Some(km) = vm.as_ref().and_then(kaironmachine_for_instance) {
+                if let Some(km) = vm.as_ref().and_then(kairon::kaironmachine_for_instance) {
                     let _ = trigger.unbounded_send(km);
                 }
             }

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 
 use super::{
     CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, Network, PROVIDER_ID_PREFIX, UserData, labels,
@@ -12,6 +13,21 @@ use crate::api::{FailureDomainSpec, KaironMachine};
 
 /// Longest value a label can hold.
 const MAX_LABEL_VALUE: usize = 63;
+
+/// The KaironMachine a Kairon Machine links back to: the inverse of the labels
+/// [`desired_kairon_machine`] writes, or the Kairon Machine's own name and namespace.
+pub(crate) fn kaironmachine_for_instance(vm: &Machine) -> Option<ObjectRef<KaironMachine>> {
+    let l = vm.labels();
+    let ns = l
+        .get(labels::KAIRONMACHINE_NAMESPACE)
+        .cloned()
+        .or_else(|| vm.namespace())?;
+    let name = l
+        .get(labels::KAIRONMACHINE_NAME)
+        .cloned()
+        .unwrap_or_else(|| vm.name_any());
+    Some(ObjectRef::new(&name).within(&ns))
+}
 
 /// The provider ID for a Kairon Machine with this uid.
 pub fn provider_id(kairon_uid: &str) -> String {

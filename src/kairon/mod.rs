@@ -17,6 +17,7 @@ mod types;
 
 pub(crate) use client::read_event;
 pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
+pub(crate) use desired::kaironmachine_for_instance;
 pub use desired::{desired_kairon_machine, provider_id};
 pub(crate) use observe::{Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};

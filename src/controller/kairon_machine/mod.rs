@@ -24,4 +24,4 @@ mod watches;
 
 pub use reconcile::{Context, reconcile};
 pub use status::{Observed, StatusInput, next_status};
-pub(crate) use watches::{Remote, controller, kaironmachine_for_instance};
+pub(crate) use watches::{Remote, controller};

@@ -34,20 +34,6 @@ pub(crate) fn kaironmachine_for_machine(m: &capi::Machine) -> Option<ObjectRef<K
     Some(ObjectRef::new(&r.name).within(&m.namespace()?))
 }
 
-/// The KaironMachine for a Kairon Machine: its link-back labels, or its own name.
-pub(crate) fn kaironmachine_for_instance(vm: &kairon::Machine) -> Option<ObjectRef<KaironMachine>> {
-    let l = vm.labels();
-    let ns = l
-        .get(labels::KAIRONMACHINE_NAMESPACE)
-        .cloned()
-        .or_else(|| vm.namespace())?;
-    let name = l
-        .get(labels::KAIRONMACHINE_NAME)
-        .cloned()
-        .unwrap_or_else(|| vm.name_any());
-    Some(ObjectRef::new(&name).within(&ns))
-}
-
 /// What of a Cluster a KaironMachine reacts to: pause, provisioning state, deletion. Cluster
 /// status changes all the time while a cluster comes up; without this every change would
 /// reconcile every machine of the cluster.
@@ -192,7 +178,7 @@ pub(crate) fn controller(
             .flat_map(move |c| futures::stream::iter(on_cluster(c)))
             .boxed(),
         instance_events
-            .filter_map(move |vm| mapped(vm.ok().and_then(|vm| kaironmachine_for_instance(&vm))))
+            .filter_map(move |vm| mapped(vm.ok().and_then(|vm| kairon::kaironmachine_for_instance(&vm))))
             .boxed(),
         triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()),
         requeue_rx.boxed(),
@@ -373,7 +359,7 @@ mod tests {
 
         let mut v = kairon::fixtures::vm(Some("Running"));
         assert_eq!(
-            kaironmachine_for_instance(&v),
+            kairon::kaironmachine_for_instance(&v),
             Some(ObjectRef::new("m1").within("ns")),
             "falls back to its own name"
         );
@@ -385,7 +371,7 @@ mod tests {
             .into(),
         );
         assert_eq!(
-            kaironmachine_for_instance(&v),
+            kairon::kaironmachine_for_instance(&v),
             Some(ObjectRef::new("km9").within("other"))
         );
     }
