@@ -400,22 +400,7 @@ impl Drop for Rig {
             RigEnv::Shared(env) => env,
             RigEnv::Own(_) => return,
         };
-        if std::thread::panicking() {
-            env.dump();
-        }
-        let ns = self.ns.clone();
-        // Drop runs inside the test's runtime, which cannot be blocked on: pause from a thread.
-        let paused = std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .and_then(|rt| rt.block_on(env.pause_clusters(&ns)))
-        })
-        .join();
-        if let Ok(Err(e)) = paused {
-            eprintln!("[rig {}] pausing its Clusters: {e:#}", self.ns);
-        }
+        env.leave_namespace(&self.ns);
         env.stop_workload(&self.workload);
     }
 }

@@ -59,7 +59,8 @@ impl Network {
 }
 
 pub struct GuestRig {
-    pub env: Env,
+    /// The environment the tests of the binary share; the rig keeps to its namespace.
+    pub env: &'static Env,
     pub ns: String,
     pub cluster: String,
     pub net: Network,
@@ -73,11 +74,13 @@ impl GuestRig {
     /// The management control plane, the simulator running control-plane VMs for real, and
     /// the manager; nothing of the workload cluster exists yet.
     pub async fn start(name: &str) -> GuestRig {
-        let env = Env::start(EnvOptions::new(name)).await.expect("test environment");
+        let env = Env::shared(EnvOptions::new("templates"))
+            .await
+            .expect("shared test environment");
         let ns = name.replace('_', "-");
         env.create_namespace(&ns).await.expect("namespace");
         let net = Network::new();
-        let guest_dir = env.dir().join("guests");
+        let guest_dir = env.dir().join(format!("guests-{ns}"));
         std::fs::create_dir_all(&guest_dir).expect("guest dir");
         let bin_dir = env.binaries().dir.clone();
         assert!(
@@ -99,9 +102,11 @@ impl GuestRig {
                 bin_dir.display().to_string(),
                 "--guest-dir".into(),
                 guest_dir.display().to_string(),
+                "--namespace".into(),
+                ns.clone(),
             ])
             .expect("simulator");
-        let manager = env.start_manager(["-v", "1"]).expect("manager");
+        let manager = env.start_manager(["-v", "1", "--namespace", &ns]).expect("manager");
         let repo = LocalRepo::new();
         tokio::time::sleep(Duration::from_millis(500)).await;
         for p in [&sim, &manager] {
@@ -150,7 +155,10 @@ impl GuestRig {
 
     /// `kubectl apply -f <file>` of the generated YAML.
     pub fn kubectl_apply(&self, yaml: &str) {
-        let file = self.env.dir().join(format!("generated-{}.yaml", self.cluster));
+        let file = self
+            .env
+            .dir()
+            .join(format!("generated-{}-{}.yaml", self.ns, self.cluster));
         std::fs::write(&file, yaml).expect("writing the generated cluster");
         run_ok(self.kubectl().arg("apply").arg("-f").arg(&file));
     }
@@ -231,6 +239,14 @@ impl GuestRig {
             panic!("timed out after {timeout:?} waiting for {what}; last: {last}");
         }
         started.elapsed()
+    }
+}
+
+/// The rig leaves the shared environment to the tests still running: its Clusters paused, its
+/// simulator (and the guests' processes with it) and manager stopped.
+impl Drop for GuestRig {
+    fn drop(&mut self) {
+        self.env.leave_namespace(&self.ns);
     }
 }
 
