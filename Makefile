@@ -47,17 +47,20 @@ test-unit:
 	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_kaironcluster
 
 # Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
-# a binary is one job of one test thread; TEST_WIDE ones take two and run alone, as cargo test
-# ran them: the CAPI e2e suite, whose halves run side by side, the image test's release build,
-# and the files whose tests start several API servers each (simulated kubeadm guests, three
-# management clusters per move), which must not starve other tests' API servers; longest
-# first; logs in target/test-logs/).
-TEST_FIRST := e2e_capi_suite distribution_image e2e_templates e2e_move e2e_identity
+# a binary is one job of one test thread; TEST_WIDE ones take two: the CAPI e2e suite, whose
+# halves run side by side, the image test's release build, and the files whose tests start
+# several API servers each (simulated kubeadm guests, management clusters per move);
+# TEST_SHARED ones (TARGET=N) take N: binaries whose tests share one environment and run side
+# by side in it; longest first; logs in target/test-logs/). The last line counts the
+# environments and API servers the tests started.
+TEST_FIRST := e2e_capi_suite e2e distribution_image e2e_templates e2e_move e2e_identity
 TEST_WIDE := e2e_capi_suite distribution_image e2e_templates e2e_move
+TEST_SHARED := e2e=3
 test: check-generate lint test-tools build
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-test-runner -- \
-		--slots $${TEST_THREADS:-2} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --first ,$(TEST_FIRST))
+		--slots $${TEST_THREADS:-3} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
+		$(addprefix --first ,$(TEST_FIRST))
 
 demo: test-tools build
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo -- $(DEMO_ARGS)

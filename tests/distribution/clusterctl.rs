@@ -3,15 +3,14 @@
 //! for every flavor (then `kubectl apply --dry-run=server` against a test environment with
 //! CAPI's CRDs and webhooks), and `clusterctl init` of core, CABPK, KCP and kairon.
 
-mod distribution_support;
-
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::distribution_support::*;
+use crate::shared_env_options;
 use capkr_testenv::{CapiManagers, Env, EnvOptions, KUBERNETES_VERSION, api_resource, wait_for};
-use distribution_support::*;
 use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
 
@@ -361,9 +360,9 @@ fn server_dry_run(env: &Env, file: &std::path::Path) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_generated_flavor_passes_a_server_side_dry_run_with_capi_webhooks() {
     let repo = LocalRepo::new();
-    let env = Env::start(EnvOptions::new("distribution-dry-run"))
+    let env = Env::shared(shared_env_options())
         .await
-        .expect("test environment");
+        .expect("shared test environment");
     for flavor in FLAVORS {
         let ns = format!("dry-run-{}", if flavor.is_empty() { "default" } else { flavor });
         env.create_namespace(&ns).await.unwrap();

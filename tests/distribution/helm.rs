@@ -4,16 +4,15 @@
 //! the chart's RBAC (impersonating its ServiceAccount) — proving that RBAC sufficient and
 //! least-privilege (no list/watch on Secrets).
 
-mod distribution_support;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::distribution_support::*;
+use crate::shared_env_options;
 use capkr::api::KaironMachine;
 use capkr::kairon;
-use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, Process, ProcessSpec, capi_resource, own_binary, wait_for};
-use distribution_support::*;
+use capkr_testenv::{Env, KUBERNETES_VERSION, Process, ProcessSpec, capi_resource, own_binary, wait_for};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
@@ -350,9 +349,9 @@ fn sar(user: &str, verb: &str, resource: &str, group: &str) -> SubjectAccessRevi
 
 #[tokio::test(flavor = "multi_thread")]
 async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secrets() {
-    let env = Env::start(EnvOptions::new("distribution-helm"))
+    let env = Env::shared(shared_env_options())
         .await
-        .expect("test environment");
+        .expect("shared test environment");
     env.create_namespace("capkr-system").await.unwrap();
 
     // The whole rendering (CRDs included) passes a server-side dry run.

@@ -4,12 +4,12 @@
 //! run carrying `topology.cluster.x-k8s.io/dry-run` (what CAPI's topology controller sends)
 //! passes, and neither the annotation alone nor a dry run alone does.
 
-mod distribution_support;
-
 use std::time::Duration;
 
-use capkr_testenv::{CapiManagers, Env, EnvOptions, infrastructure_resource, machine_image, wait_for};
-use distribution_support::*;
+use capkr_testenv::{Env, infrastructure_resource, machine_image, wait_for};
+
+use crate::distribution_support::*;
+use crate::shared_env_options;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
@@ -52,9 +52,9 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
         })
         .map(|d| serde_json::to_string(&d).unwrap() + "\n---\n")
         .collect();
-    let env = Env::start(EnvOptions::new("distribution-admission").capi_managers(CapiManagers::NONE))
+    let env = Env::shared(shared_env_options())
         .await
-        .expect("test environment");
+        .expect("shared test environment");
     env.create_namespace(NS).await.unwrap();
     let kmts = api(&env, "KaironMachineTemplate", "kaironmachinetemplates");
     kmts.create(&PostParams::default(), &machine_template(2, json!({})))
