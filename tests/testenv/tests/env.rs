@@ -46,9 +46,11 @@ fn is_established(crd: &CustomResourceDefinition) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Established" && c.status == "True"))
 }
 
+// This test and the next share one environment (`Env::shared`), each from its own runtime:
+// whichever runs second uses the environment from a runtime other than the one that started it.
 #[tokio::test]
 async fn crds_are_established_with_contract_labels_and_capi_webhooks_default_and_validate() {
-    let env = Env::start(EnvOptions::new("crds_and_webhooks")).await.unwrap();
+    let env = Env::shared(EnvOptions::new("shared")).await.unwrap();
     let client = env.client();
 
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -154,7 +156,7 @@ async fn crds_are_established_with_contract_labels_and_capi_webhooks_default_and
 
 #[tokio::test]
 async fn workload_cluster_serves_version_and_garbage_collection_works() {
-    let env = Env::start(EnvOptions::new("workload_and_gc")).await.unwrap();
+    let env = Env::shared(EnvOptions::new("shared")).await.unwrap();
     let client = env.client();
     env.create_namespace("wl").await.unwrap();
 
