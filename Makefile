@@ -13,6 +13,7 @@
 
 CARGO ?= cargo
 SHELL := /bin/bash
+DEBUG_DIR = $${CARGO_TARGET_DIR:-$(CURDIR)/target}/debug
 
 .PHONY: all build test test-unit test-tools generate check-generate lint fmt demo clean release-manifests release-build bench
 
@@ -56,14 +57,19 @@ test-unit:
 TEST_FIRST := e2e_capi_suite e2e distribution_image e2e_templates e2e_move e2e_identity
 TEST_WIDE := e2e_capi_suite distribution_image e2e_templates e2e_move
 TEST_SHARED := e2e=3
-test: check-generate lint test-tools build
+# The test binaries are built before the upstream binaries are asked for: on a new machine
+# .ci/run builds those in the background meanwhile (hack/test-tools.sh waits on its lock).
+test: check-generate lint build
+	$(CARGO) test --workspace --no-run -q
 	$(CARGO) test --workspace --doc
-	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-test-runner -- \
+	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-test-runner \
 		--slots $${TEST_THREADS:-3} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
 		$(addprefix --first ,$(TEST_FIRST))
 
+# The demo binary as `make build` built it: `cargo run -p capkr-testenv` would build it again
+# with that package's features alone.
 demo: test-tools build
-	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(CARGO) run -q -p capkr-testenv --bin capkr-demo -- $(DEMO_ARGS)
+	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-demo $(DEMO_ARGS)
 
 # Scale benchmark (docs/benchmarks.md): release builds of the manager, the simulator and the
 # benchmark against the real control plane, CAPD's manager (hack/capd-manager.sh) for the
