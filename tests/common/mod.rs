@@ -14,7 +14,7 @@ use capkr::api::conditions::{self, INSTANCE_PROVISIONED, READY};
 use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
-use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::faults::FaultProxy;
 use capkr_testenv::{Env, EnvOptions, Process, SIMULATOR_HOSTS, WorkloadCluster, capi_resource, merged_args, wait_for};
 use k8s_openapi::api::core::v1::Node;
@@ -79,7 +79,7 @@ pub struct Rig {
 /// The environment of a rig: the binary's shared one, or its own.
 pub enum RigEnv {
     Shared(&'static Env),
-    Own(Env),
+    Own(Box<Env>),
 }
 
 impl std::ops::Deref for RigEnv {
@@ -123,7 +123,7 @@ impl Rig {
             if opts.audit {
                 env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
             }
-            RigEnv::Own(Env::start(env_opts).await.expect("test environment"))
+            RigEnv::Own(Box::new(Env::start(env_opts).await.expect("test environment")))
         } else {
             RigEnv::Shared(
                 Env::shared(shared_env_options())
@@ -291,25 +291,14 @@ impl Rig {
         let machines = self.machines();
         self.wait(&format!("{n} Machines Running with a nodeRef"), timeout, || async {
             let list = machines.list(&ListParams::default()).await?;
-            let ok = list.items.len() == n
-                && list.items.iter().all(|m| {
-                    m.metadata.deletion_timestamp.is_none()
-                        && m.data["status"]["phase"] == "Running"
-                        && m.data["status"]["nodeRef"]["name"].is_string()
-                });
-            Ok::<_, kube::Error>(ok.then_some(list.items))
+            Ok::<_, kube::Error>(all_running_with_a_node(&list.items, n).then_some(list.items))
         })
         .await
     }
 
     pub async fn scale(&self, replicas: usize) {
         let md = format!("{}-md-0", self.cluster);
-        self.machine_deployments()
-            .patch(
-                &md,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
+        scale_machine_deployment(&self.env.client(), &self.ns, &md, replicas)
             .await
             .expect("scale MachineDeployment");
     }

@@ -56,7 +56,7 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
         .await
         .expect("shared test environment");
     env.create_namespace(NS).await.unwrap();
-    let kmts = api(&env, "KaironMachineTemplate", "kaironmachinetemplates");
+    let kmts = api(env, "KaironMachineTemplate", "kaironmachinetemplates");
     kmts.create(&PostParams::default(), &machine_template(2, json!({})))
         .await
         .unwrap();
@@ -125,7 +125,7 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
     );
 
     // KaironClusterTemplates alike.
-    let kcts = api(&env, "KaironClusterTemplate", "kaironclustertemplates");
+    let kcts = api(env, "KaironClusterTemplate", "kaironclustertemplates");
     let kct = object(json!({
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "KaironClusterTemplate",

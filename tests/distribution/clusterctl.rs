@@ -369,7 +369,7 @@ async fn every_generated_flavor_passes_a_server_side_dry_run_with_capi_webhooks(
         let yaml = repo.generate_cluster("c1", &ns, flavor);
         let file = repo.path().join(format!("{ns}.yaml"));
         std::fs::write(&file, &yaml).unwrap();
-        let out = server_dry_run(&env, &file);
+        let out = server_dry_run(env, &file);
         let n = docs(&yaml).len();
         let accepted = out.lines().filter(|l| l.contains("(server dry run)")).count();
         assert_eq!(accepted, n, "flavor {flavor:?}: every document accepted:\n{out}");

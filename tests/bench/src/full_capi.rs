@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, AuditEvent, RequestCounts};
-use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::cluster::{
+    ClusterOptions, all_running_with_a_node, cluster_yaml, running_with_a_node, scale_machine_deployment,
+};
 use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, capi_resource};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::{Api, DynamicObject, ListParams};
 
 use crate::procstat::{cpu_seconds, peak_rss_kib};
 use crate::provider::{health_port, mib, wait_ready};
@@ -123,18 +124,9 @@ pub async fn scale(
     traffic.until_quiet(is_provider, quiet, Duration::from_secs(30)).await?;
     let cpu0 = cpu_seconds(pid)?;
     let t0 = Instant::now();
-    let mds: Api<DynamicObject> = Api::namespaced_with(
-        env.client(),
-        namespace,
-        &capi_resource("MachineDeployment", "machinedeployments"),
-    );
-    mds.patch(
-        md,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": n}})),
-    )
-    .await
-    .context("scaling the MachineDeployment")?;
+    scale_machine_deployment(&env.client(), namespace, md, n)
+        .await
+        .context("scaling the MachineDeployment")?;
     wait_running(&machines, n + 1, Duration::from_secs(180 + 3 * n as u64)).await?;
     let scale_s = t0.elapsed().as_secs_f64();
     let (events, _) = traffic.until_quiet(is_provider, quiet, Duration::from_secs(60)).await?;
@@ -151,18 +143,10 @@ pub async fn wait_running(machines: &Api<DynamicObject>, n: usize, timeout: Dura
     let start = Instant::now();
     loop {
         let list = machines.list(&ListParams::default()).await?;
-        let running = list
-            .items
-            .iter()
-            .filter(|m| {
-                m.metadata.deletion_timestamp.is_none()
-                    && m.data["status"]["phase"] == "Running"
-                    && m.data["status"]["nodeRef"]["name"].is_string()
-            })
-            .count();
-        if (list.items.len(), running) == (n, n) {
+        if all_running_with_a_node(&list.items, n) {
             return Ok(());
         }
+        let running = list.items.iter().filter(|m| running_with_a_node(m)).count();
         if start.elapsed() > timeout {
             bail!(
                 "{running} of {} Machines Running with a nodeRef after {timeout:?} (wanted {n})",

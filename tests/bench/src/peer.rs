@@ -15,9 +15,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, AuditEvent};
+use capkr_testenv::cluster::{ClusterOptions, Infrastructure, cluster_yaml_of};
 use capkr_testenv::{
-    Env, EnvOptions, KUBERNETES_VERSION, Process, ProcessSpec, Signal, capi_resource, free_port, http_get,
-    parse_yaml_documents, workspace_root,
+    Env, EnvOptions, Process, ProcessSpec, Signal, capi_resource, free_port, http_get, parse_yaml_documents,
+    workspace_root,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -217,137 +218,46 @@ async fn install_crds(env: &Env, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The in-memory backend's timings: everything at once, as the simulator runs here.
-const IN_MEMORY: &str = r#"backend:
-        inMemory:
-          vm:
-            provisioning:
-              startupDuration: 0s
-          node:
-            provisioning:
-              startupDuration: 0s
-          apiServer:
-            provisioning:
-              startupDuration: 0s
-          etcd:
-            provisioning:
-              startupDuration: 0s"#;
+/// The in-memory backend's timings: everything at once, as the simulator runs here (a machine's
+/// spec, indented as under a machine).
+const IN_MEMORY: &str = "  backend:
+    inMemory:
+      vm:
+        provisioning:
+          startupDuration: 0s
+      node:
+        provisioning:
+          startupDuration: 0s
+      apiServer:
+        provisioning:
+          startupDuration: 0s
+      etcd:
+        provisioning:
+          startupDuration: 0s";
 
-/// The shape of `capkr_testenv::cluster::cluster_yaml` with CAPD's in-memory types: a Cluster
-/// with a DevCluster, one control-plane Machine with kubeadm init data and a DevMachine, and a
-/// MachineDeployment of 0 workers with join data and a DevMachineTemplate.
+/// CAPD's in-memory kinds for the shape of `capkr_testenv::cluster::cluster_yaml_of`: a
+/// DevCluster, DevMachines and a DevMachineTemplate with `backend.inMemory`.
+pub fn in_memory() -> Infrastructure {
+    Infrastructure {
+        api_version: "infrastructure.cluster.x-k8s.io/v1beta2".into(),
+        cluster_kind: "DevCluster".into(),
+        machine_kind: "DevMachine".into(),
+        machine_template_kind: "DevMachineTemplate".into(),
+        // CAPD's in-memory backend records its listener in an annotation and expects the map
+        // to exist (the topology controller always sets some).
+        cluster_annotations: "bench.capkr.zyvor.dev/shape: one-control-plane-machine".into(),
+        cluster_spec: "  backend:\n    inMemory: {}".into(),
+        machine_spec: IN_MEMORY.into(),
+        provider_id: false,
+    }
+}
+
+/// The cluster of the benchmark with CAPD's in-memory kinds: one control-plane Machine with
+/// kubeadm init data and a MachineDeployment of 0 workers with join data.
 pub fn cluster_yaml(namespace: &str, cluster: &str) -> String {
-    let machine_spec = IN_MEMORY.replace("\n    ", "\n");
-    format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-spec:
-  clusterNetwork:
-    pods:
-      cidrBlocks: [192.168.0.0/16]
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: DevCluster
-    name: {cluster}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1beta2
-kind: DevCluster
-metadata:
-  name: {cluster}
-  namespace: {namespace}
-  annotations:
-    # CAPD's in-memory backend records its listener in an annotation and expects the map
-    # to exist (the topology controller always sets some).
-    bench.capkr.zyvor.dev/shape: one-control-plane-machine
-spec:
-  backend:
-    inMemory: {{}}
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfig
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-spec:
-  initConfiguration:
-    nodeRegistration:
-      name: '{{{{ ds.meta_data.local_hostname }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1beta2
-kind: DevMachine
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-spec:
-  {machine_spec}
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: Machine
-metadata:
-  name: {cluster}-control-plane-0
-  namespace: {namespace}
-  labels:
-    cluster.x-k8s.io/cluster-name: {cluster}
-    cluster.x-k8s.io/control-plane: ""
-spec:
-  clusterName: {cluster}
-  version: {KUBERNETES_VERSION}
-  bootstrap:
-    configRef:
-      apiGroup: bootstrap.cluster.x-k8s.io
-      kind: KubeadmConfig
-      name: {cluster}-control-plane-0
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: DevMachine
-    name: {cluster}-control-plane-0
----
-apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
-kind: KubeadmConfigTemplate
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  template:
-    spec:
-      joinConfiguration:
-        nodeRegistration:
-          name: '{{{{ ds.meta_data.local_hostname }}}}'
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1beta2
-kind: DevMachineTemplate
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  template:
-    spec:
-      {IN_MEMORY}
----
-apiVersion: cluster.x-k8s.io/v1beta2
-kind: MachineDeployment
-metadata:
-  name: {cluster}-md-0
-  namespace: {namespace}
-spec:
-  clusterName: {cluster}
-  replicas: 0
-  template:
-    spec:
-      clusterName: {cluster}
-      version: {KUBERNETES_VERSION}
-      bootstrap:
-        configRef:
-          apiGroup: bootstrap.cluster.x-k8s.io
-          kind: KubeadmConfigTemplate
-          name: {cluster}-md-0
-      infrastructureRef:
-        apiGroup: infrastructure.cluster.x-k8s.io
-        kind: DevMachineTemplate
-        name: {cluster}-md-0
-"#
-    )
+    let shape = ClusterOptions {
+        workers: 0,
+        ..ClusterOptions::default()
+    };
+    cluster_yaml_of(namespace, cluster, &in_memory(), &shape)
 }

@@ -1,7 +1,12 @@
 //! The test clusters: a Cluster with a KaironCluster (two failure domains, zone-a and
 //! zone-b), one control-plane Machine with kubeadm init data (`<cluster>-control-plane-0`) and
 //! a MachineDeployment (`<cluster>-md-0`) of workers with join data, optionally under a
-//! MachineHealthCheck. Used by the demo and by the end-to-end tests.
+//! MachineHealthCheck. Used by the demo, the end-to-end tests and the benchmark, which builds
+//! the same shape of CAPD's in-memory kinds ([`Infrastructure`]).
+
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::json;
 
 /// The Kubernetes version of the test environment: the kube-apiserver that `hack/test-tools.sh`
 /// builds (`tests/tools/k8s`), and the version the test clusters' Machines ask for.
@@ -39,8 +44,66 @@ impl Default for ClusterOptions {
     }
 }
 
-/// The cluster's objects (CAPI v1beta2), with the control plane endpoint at `host:port`.
+/// The infrastructure kinds of a test cluster, and what goes into their specs.
+#[derive(Clone, Debug)]
+pub struct Infrastructure {
+    /// `apiVersion` of the infrastructure kinds.
+    pub api_version: String,
+    pub cluster_kind: String,
+    pub machine_kind: String,
+    pub machine_template_kind: String,
+    /// The infrastructure cluster's `metadata.annotations`, as YAML mapping lines (not
+    /// indented; empty: none).
+    pub cluster_annotations: String,
+    /// The infrastructure cluster's `spec`, as a YAML mapping indented by two spaces.
+    pub cluster_spec: String,
+    /// A machine's `spec`, as a YAML mapping indented by two spaces (as under a machine; the
+    /// template indents it further).
+    pub machine_spec: String,
+    /// Whether kubelet is told its provider ID (`kairon://<instance id>`).
+    pub provider_id: bool,
+}
+
+impl Infrastructure {
+    /// Kairon's kinds: the KaironCluster's control-plane endpoint at `host:port` and its two
+    /// failure domains (zone-a, zone-b).
+    pub fn kairon(host: &str, port: u16) -> Infrastructure {
+        Infrastructure {
+            api_version: "infrastructure.cluster.x-k8s.io/v1alpha1".into(),
+            cluster_kind: "KaironCluster".into(),
+            machine_kind: "KaironMachine".into(),
+            machine_template_kind: "KaironMachineTemplate".into(),
+            cluster_annotations: String::new(),
+            cluster_spec: format!(
+                r#"  controlPlaneEndpoint:
+    host: {host}
+    port: {port}
+  failureDomains:
+  - name: zone-a
+    controlPlane: true
+    nodeSelector:
+      topology.kairon.zyvor.dev/zone: zone-a
+  - name: zone-b
+    nodeSelector:
+      topology.kairon.zyvor.dev/zone: zone-b"#
+            ),
+            machine_spec: format!(
+                "  cpus: 2\n  memory: 4Gi\n  image: {}\n  diskSize: 20Gi",
+                machine_image()
+            ),
+            provider_id: true,
+        }
+    }
+}
+
+/// The cluster's objects (CAPI v1beta2) on Kairon, with the control plane endpoint at
+/// `host:port`.
 pub fn cluster_yaml(namespace: &str, cluster: &str, host: &str, port: u16, opts: &ClusterOptions) -> String {
+    cluster_yaml_of(namespace, cluster, &Infrastructure::kairon(host, port), opts)
+}
+
+/// The cluster's objects (CAPI v1beta2) with the infrastructure kinds of `infra`.
+pub fn cluster_yaml_of(namespace: &str, cluster: &str, infra: &Infrastructure, opts: &ClusterOptions) -> String {
     let fd = |f: Option<&String>| f.map(|f| format!("\n  failureDomain: {f}")).unwrap_or_default();
     let md_fd = opts
         .md_failure_domain
@@ -49,7 +112,31 @@ pub fn cluster_yaml(namespace: &str, cluster: &str, host: &str, port: u16, opts:
         .unwrap_or_default();
     let cp_fd = fd(opts.cp_failure_domain.as_ref());
     let workers = opts.workers;
-    let image = machine_image();
+    let Infrastructure {
+        api_version,
+        cluster_kind,
+        machine_kind,
+        machine_template_kind,
+        ..
+    } = infra;
+    let annotations = match infra.cluster_annotations.as_str() {
+        "" => String::new(),
+        a => format!("\n  annotations:\n{}", indent(a, 4)),
+    };
+    let cluster_spec = infra.cluster_spec.as_str();
+    let machine_spec = infra.machine_spec.as_str();
+    let template_spec = indent(machine_spec, 4);
+    let provider_id = |n: usize| match infra.provider_id {
+        true => format!(
+            "\n{}",
+            indent(
+                "kubeletExtraArgs:\n- name: provider-id\n  value: 'kairon://{{ ds.meta_data.instance_id }}'",
+                n
+            )
+        ),
+        false => String::new(),
+    };
+    let (init_provider_id, join_provider_id) = (provider_id(6), provider_id(10));
     let mhc = if opts.health_check {
         format!(
             r#"
@@ -96,26 +183,16 @@ spec:
       cidrBlocks: [192.168.0.0/16]
   infrastructureRef:
     apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
+    kind: {cluster_kind}
     name: {cluster}
 ---
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
+apiVersion: {api_version}
+kind: {cluster_kind}
 metadata:
   name: {cluster}
-  namespace: {namespace}
+  namespace: {namespace}{annotations}
 spec:
-  controlPlaneEndpoint:
-    host: {host}
-    port: {port}
-  failureDomains:
-  - name: zone-a
-    controlPlane: true
-    nodeSelector:
-      topology.kairon.zyvor.dev/zone: zone-a
-  - name: zone-b
-    nodeSelector:
-      topology.kairon.zyvor.dev/zone: zone-b
+{cluster_spec}
 ---
 apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
 kind: KubeadmConfig
@@ -125,21 +202,15 @@ metadata:
 spec:
   initConfiguration:
     nodeRegistration:
-      name: '{{{{ ds.meta_data.local_hostname }}}}'
-      kubeletExtraArgs:
-      - name: provider-id
-        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+      name: '{{{{ ds.meta_data.local_hostname }}}}'{init_provider_id}
 ---
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachine
+apiVersion: {api_version}
+kind: {machine_kind}
 metadata:
   name: {cluster}-control-plane-0
   namespace: {namespace}
 spec:
-  cpus: 2
-  memory: 4Gi
-  image: {image}
-  diskSize: 20Gi
+{machine_spec}
 ---
 apiVersion: cluster.x-k8s.io/v1beta2
 kind: Machine
@@ -159,7 +230,7 @@ spec:
       name: {cluster}-control-plane-0
   infrastructureRef:
     apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironMachine
+    kind: {machine_kind}
     name: {cluster}-control-plane-0
 ---
 apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
@@ -172,23 +243,17 @@ spec:
     spec:
       joinConfiguration:
         nodeRegistration:
-          name: '{{{{ ds.meta_data.local_hostname }}}}'
-          kubeletExtraArgs:
-          - name: provider-id
-            value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+          name: '{{{{ ds.meta_data.local_hostname }}}}'{join_provider_id}
 ---
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironMachineTemplate
+apiVersion: {api_version}
+kind: {machine_template_kind}
 metadata:
   name: {cluster}-md-0
   namespace: {namespace}
 spec:
   template:
     spec:
-      cpus: 2
-      memory: 4Gi
-      image: {image}
-      diskSize: 20Gi
+{template_spec}
 ---
 apiVersion: cluster.x-k8s.io/v1beta2
 kind: MachineDeployment
@@ -209,8 +274,48 @@ spec:
           name: {cluster}-md-0
       infrastructureRef:
         apiGroup: infrastructure.cluster.x-k8s.io
-        kind: KaironMachineTemplate
+        kind: {machine_template_kind}
         name: {cluster}-md-0{mhc}
 "#
     )
+}
+
+/// Whether `machines` are exactly `n`, every one `Running` with a nodeRef and none being
+/// deleted: "the cluster is up" of every test and of the benchmark.
+pub fn all_running_with_a_node(machines: &[DynamicObject], n: usize) -> bool {
+    machines.len() == n && machines.iter().filter(|m| running_with_a_node(m)).count() == n
+}
+
+/// Whether a Machine is `Running` with a nodeRef and not being deleted.
+pub fn running_with_a_node(m: &DynamicObject) -> bool {
+    m.metadata.deletion_timestamp.is_none()
+        && m.data["status"]["phase"] == "Running"
+        && m.data["status"]["nodeRef"]["name"].is_string()
+}
+
+/// Sets `spec.replicas` of MachineDeployment `namespace/name`.
+pub async fn scale_machine_deployment(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    replicas: usize,
+) -> kube::Result<()> {
+    let mds: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        namespace,
+        &crate::capi_resource("MachineDeployment", "machinedeployments"),
+    );
+    mds.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+    )
+    .await
+    .map(|_| ())
+}
+
+/// `text` with every line indented by `n` more spaces.
+fn indent(text: &str, n: usize) -> String {
+    let pad = " ".repeat(n);
+    text.lines().map(|l| format!("{pad}{l}")).collect::<Vec<_>>().join("\n")
 }
