@@ -79,7 +79,8 @@ pub struct Rig {
 /// The environment of a rig: the binary's shared one, or its own.
 pub enum RigEnv {
     Shared(&'static Env),
-    Own(Env),
+    /// Boxed: an `Env` is large beside a reference.
+    Own(Box<Env>),
 }
 
 impl std::ops::Deref for RigEnv {
@@ -123,7 +124,7 @@ impl Rig {
             if opts.audit {
                 env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
             }
-            RigEnv::Own(Env::start(env_opts).await.expect("test environment"))
+            RigEnv::Own(Box::new(Env::start(env_opts).await.expect("test environment")))
         } else {
             RigEnv::Shared(
                 Env::shared(shared_env_options())
