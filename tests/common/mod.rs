@@ -79,7 +79,6 @@ pub struct Rig {
 /// The environment of a rig: the binary's shared one, or its own.
 pub enum RigEnv {
     Shared(&'static Env),
-    /// Boxed: an `Env` is large beside a reference.
     Own(Box<Env>),
 }
 
