@@ -1,6 +1,11 @@
 //! Identities (`KaironCluster.spec.identityRef`): one manager, two Kairon API servers (each a
 //! kube-apiserver of its own with a simulator), two clusters, each on its own; a shared
 //! `KaironClusterIdentity` and the namespaces it allows; what ten endpoints cost.
+//!
+//! The tests share the binary's environment, but their managers watch every namespace (as
+//! installed): they run one after the other ([`ONE_AT_A_TIME`]), and each ends by deleting the
+//! namespaces it made while its manager still runs (what our finalizers hold is released) and
+//! stopping the API servers it started, so the next test's manager finds nothing of it.
 
 mod common;
 
@@ -10,16 +15,96 @@ use capkr::api::conditions::{self, READY};
 use capkr::api::{AllowedNamespaces, KaironClusterIdentity, KaironClusterIdentitySpec, KaironMachine};
 use capkr::kairon;
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
-use capkr_testenv::{WorkloadCluster, merged_args, parse_yaml_documents};
+use capkr_testenv::{Env, WorkloadCluster, merged_args, parse_yaml_documents};
 use common::{Rig, RigOptions, default_sim_args};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 
 const LONG: Duration = Duration::from_secs(240);
+
+/// Held by each test for its whole run: a manager watching every namespace would act on the
+/// other test's clusters.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The manager's `--namespace` emptied (the rig's default in a shared environment is the
+/// rig's namespace): every namespace, as installed.
+fn every_namespace() -> Vec<String> {
+    vec!["--namespace".to_string(), String::new()]
+}
+
+/// The API servers a test starts beside the rig's workload cluster (Kairon APIs, a second
+/// workload cluster): stopped when the test ends, also when it fails.
+struct Started<'a> {
+    env: &'a Env,
+    apis: Vec<WorkloadCluster>,
+}
+
+impl<'a> Started<'a> {
+    fn new(env: &'a Env) -> Self {
+        Started { env, apis: vec![] }
+    }
+    fn keep(&mut self, api: WorkloadCluster) -> WorkloadCluster {
+        self.apis.push(api.clone());
+        api
+    }
+}
+
+impl Drop for Started<'_> {
+    fn drop(&mut self) {
+        for api in &self.apis {
+            self.env.stop_workload(api);
+        }
+    }
+}
+
+/// Fails if a Cluster of the other test is still there and not paused (a failed test pauses
+/// its own): its manager would be acting on it beside this test's.
+async fn assert_nothing_left(rig: &Rig) {
+    let clusters: Api<kube::api::DynamicObject> =
+        Api::all_with(rig.env.client(), &capkr_testenv::capi_resource("Cluster", "clusters"));
+    let active: Vec<String> = clusters
+        .list(&ListParams::default())
+        .await
+        .expect("list Clusters")
+        .items
+        .into_iter()
+        .filter(|c| c.data["spec"]["paused"] != true)
+        .map(|c| {
+            format!(
+                "{}/{}",
+                c.metadata.namespace.unwrap_or_default(),
+                c.metadata.name.unwrap_or_default()
+            )
+        })
+        .collect();
+    assert!(active.is_empty(), "Clusters of the other test: {active:?}");
+}
+
+/// Deletes the rig's namespace and `others` while the manager still runs (it releases what
+/// our finalizers hold) and waits until they are gone: nothing of the test is left for the
+/// next test's manager.
+async fn leave_nothing(rig: &Rig, others: &[&str]) {
+    let nss: Api<Namespace> = Api::all(rig.env.client());
+    let names: Vec<&str> = std::iter::once(rig.ns.as_str()).chain(others.iter().copied()).collect();
+    for ns in &names {
+        nss.delete(ns, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting namespace {ns}: {e}"));
+    }
+    rig.wait(&format!("namespaces {names:?} gone"), LONG, || async {
+        for ns in &names {
+            if nss.get_opt(ns).await?.is_some() {
+                return Ok(false);
+            }
+        }
+        Ok::<_, kube::Error>(true)
+    })
+    .await;
+}
 
 /// A TCP forwarder that can be stopped and started again on the same port: a Kairon API that
 /// goes away for a while.
@@ -214,16 +299,18 @@ fn rss_kib(pid: u32) -> u64 {
 /// gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_clusters_on_two_kairon_apis_through_identities() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let rig = Rig::start(RigOptions {
         create: false,
-        // Its manager watches every namespace.
-        own_env: true,
+        manager_args: every_namespace(),
         ..RigOptions::new("identity")
     })
     .await;
+    let mut started = Started::new(&rig.env);
+    assert_nothing_left(&rig).await;
     let manager_pid = rig.manager.pid().expect("manager pid");
-    let kairon_a = rig.env.kairon_api(&rig.ns, "kairon-a").await.expect("Kairon API a");
-    let kairon_b = rig.env.kairon_api(&rig.ns, "kairon-b").await.expect("Kairon API b");
+    let kairon_a = started.keep(rig.env.kairon_api(&rig.ns, "kairon-a").await.expect("Kairon API a"));
+    let kairon_b = started.keep(rig.env.kairon_api(&rig.ns, "kairon-b").await.expect("Kairon API b"));
     let mut forwarder_a = Forwarder::start(kairon_a.port).await;
     // One simulator per Kairon API; they stop when dropped at the end of the test.
     let _sims: Vec<_> = [&kairon_a, &kairon_b]
@@ -236,7 +323,7 @@ async fn two_clusters_on_two_kairon_apis_through_identities() {
             rig.env.start_simulator(args).expect("simulator")
         })
         .collect();
-    let c2 = rig.env.workload_cluster(&rig.ns, "c2").await.expect("workload c2");
+    let c2 = started.keep(rig.env.workload_cluster(&rig.ns, "c2").await.expect("workload c2"));
     let secrets: Api<Secret> = Api::namespaced(rig.env.client(), &rig.ns);
     let a_kubeconfig = kubeconfig(&kairon_a, Some(forwarder_a.port));
     secrets
@@ -430,6 +517,7 @@ async fn two_clusters_on_two_kairon_apis_through_identities() {
     eprintln!(
         "manager RSS: {rss_before} KiB before any identity, {rss_one} KiB with one endpoint, {rss_two} KiB with two"
     );
+    leave_nothing(&rig, &[]).await;
 }
 
 /// Watches of Kairon Machines open on `api` (its API server's own gauge).
@@ -474,16 +562,17 @@ fn finalizers(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta)
 async fn shared_identity_serves_the_namespaces_it_allows_and_ten_endpoints() {
     const OPS: &str = "capkr-ops";
     const FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io/identity";
+    let _alone = ONE_AT_A_TIME.lock().await;
     let rig = Rig::start(RigOptions {
         create: false,
-        // Its manager watches every namespace.
-        own_env: true,
-        manager_args: vec![format!("--identity-secret-namespace={OPS}")],
+        manager_args: [every_namespace(), vec![format!("--identity-secret-namespace={OPS}")]].concat(),
         ..RigOptions::new("shared-identity")
     })
     .await;
+    let mut started = Started::new(&rig.env);
+    assert_nothing_left(&rig).await;
     let manager_pid = rig.manager.pid().expect("manager pid");
-    let kairon_s = rig.env.kairon_api(&rig.ns, "kairon-s").await.expect("Kairon API s");
+    let kairon_s = started.keep(rig.env.kairon_api(&rig.ns, "kairon-s").await.expect("Kairon API s"));
     let _sim = rig
         .env
         .start_simulator(merged_args(
@@ -752,4 +841,6 @@ spec:
         "manager RSS: {rss_none} KiB without endpoints, {rss_ten} KiB with ten ({} KiB per endpoint); {watches} Kairon Machine watches",
         (rss_ten.saturating_sub(rss_none)) / 10
     );
+    // The ten clusters are being deleted: the namespace goes once they are.
+    leave_nothing(&rig, &[OPS]).await;
 }

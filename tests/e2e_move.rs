@@ -2,15 +2,22 @@
 //! share one Kairon API, with the provider installed each way a user installs it — by
 //! `clusterctl init` from the release components, and by `helm install` of the chart.
 //!
-//! Three API servers: the source and the target management clusters (each an `Env` with CAPI
-//! core, CABPK and KCP running), and the Kairon API the simulator serves, which both managers
-//! reach with `--kairon-kubeconfig`. On each management cluster the provider's CRDs, RBAC and
-//! Deployment come only from the installation under test (the environment's own copies of our
-//! CRDs are removed first); the Deployment cannot run without kubelets, so its manager runs as
-//! a process with the Deployment's flags, acting as the installed ServiceAccount. CAPI's
-//! providers are registered in clusterctl's inventory the way `clusterctl init` leaves them
-//! (a `Provider` each, the clusterctl labels on their CRDs), their controllers running as the
-//! environment runs them.
+//! Three API servers per test: the source and the target management clusters (each an `Env`
+//! with CAPI core, CABPK and KCP running), and the Kairon API the simulator serves, which both
+//! managers reach with `--kairon-kubeconfig` or through an identity. On each management cluster
+//! the provider's CRDs, RBAC and Deployment come only from the installation under test (the
+//! environment's own copies of our CRDs are removed first); the Deployment cannot run without
+//! kubelets, so its manager runs as a process with the Deployment's flags, acting as the
+//! installed ServiceAccount. CAPI's providers are registered in clusterctl's inventory the way
+//! `clusterctl init` leaves them (a `Provider` each, the clusterctl labels on their CRDs),
+//! their controllers running as the environment runs them.
+//!
+//! The environments are shared by the tests of this file: one Kairon API for all, where each
+//! test keeps to a namespace of its own (its simulator watches only that one), and one
+//! source/target pair per install kind, the provider installed into it once. The managers of a
+//! test watch every namespace, as installed, and the test restarts the source's: the tests of
+//! one pair run one after the other ([`Install::serial`]), each leaving the pair without
+//! anything of its own for the next test's managers to act on.
 
 mod common;
 mod distribution_support;
@@ -24,7 +31,7 @@ use capkr::api::{KaironClusterIdentity, KaironMachine};
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
 use capkr_testenv::{
-    CapiManagers, Env, EnvOptions, Process, capi_resource, merged_args, parse_yaml_documents, wait_for,
+    CapiManagers, Env, EnvOptions, Process, WorkloadCluster, capi_resource, merged_args, parse_yaml_documents, wait_for,
 };
 use common::{default_sim_args, km_ready};
 use distribution_support::{CERT_MANAGER_STUB_CRDS, LocalRepo, VERSION, capi_module, run_ok, stdout};
@@ -37,12 +44,11 @@ use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(240);
-const NS: &str = "moved";
 const CLUSTER: &str = "c1";
 const PROVIDER_NS: &str = "capkr-system";
 const SA: &str = "system:serviceaccount:capkr-system:capkr-manager";
-/// Our CRDs, which the environment installs from `config/crd/bases` and the test removes so
-/// that the installation under test provides them.
+/// Our CRDs, which the environment installs from `config/crd/bases` and the pair's setup
+/// removes so that the installation under test provides them.
 const OUR_CRDS: [&str; 5] = [
     "kaironclusters.infrastructure.cluster.x-k8s.io",
     "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
@@ -57,6 +63,28 @@ enum Install {
     Clusterctl,
     /// `helm install` of `charts/cluster-api-provider-kairon`.
     Helm,
+}
+
+impl Install {
+    fn label(self) -> &'static str {
+        match self {
+            Install::Clusterctl => "clusterctl",
+            Install::Helm => "helm",
+        }
+    }
+
+    /// Held by a test of this install kind for its whole run: the managers it starts watch
+    /// every namespace of the pair and it restarts the source's, so a second test on the same
+    /// pair at the same time would see them act on its cluster. The other pair's test may run
+    /// beside it.
+    fn serial(self) -> &'static tokio::sync::Mutex<()> {
+        static CLUSTERCTL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        static HELM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        match self {
+            Install::Clusterctl => &CLUSTERCTL,
+            Install::Helm => &HELM,
+        }
+    }
 }
 
 /// Move with the provider installed by `clusterctl init`: the target owns every VM afterwards,
@@ -101,13 +129,89 @@ enum Reach {
     SharedIdentity,
 }
 
-/// The identity Secret of [`Reach::Identity`].
-const IDENTITY: &str = "kairon-identity";
+/// The Kairon API the tests share: an API server with the Kairon Machine CRD, no CAPI.
+fn kairon_options() -> EnvOptions {
+    EnvOptions::new("move-kairon").capi_managers(CapiManagers::NONE)
+}
 
-/// One management cluster: its environment, the manager running with the installed
-/// ServiceAccount's identity, and its identity on Kairon.
+/// The source and the target management clusters of `install`, started side by side by the
+/// first test that asks, each with CAPI registered in clusterctl's inventory and our provider
+/// installed (the target's adopting from the source, with the chart); `repo` serves that
+/// setup.
+async fn pair(install: Install, repo: &LocalRepo) -> (&'static Env, &'static Env) {
+    let options = |side: &str| EnvOptions::new(format!("move-{}-{side}", install.label()));
+    let source = || Env::shared_with(options("source"), move |env| prepare(env, repo, install, None));
+    let target = Env::shared_with(options("target"), move |env| async move {
+        // The chart takes the source's identity at install time: the source first.
+        let source = source().await?;
+        let source_id = kube_system_uid(source).await;
+        prepare(env, repo, install, Some(&source_id)).await
+    });
+    let (source, target) = tokio::join!(source(), target);
+    (
+        source.expect("the source environment"),
+        target.expect("the target environment"),
+    )
+}
+
+/// The setup of one side of a pair, run once. A setup that failed half-way is not tried again
+/// on what it left (its namespaces exist, our CRDs are gone): the next test says so instead.
+async fn prepare(
+    env: &'static Env,
+    repo: &LocalRepo,
+    install: Install,
+    adopt_from: Option<&str>,
+) -> anyhow::Result<()> {
+    static TRIED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    {
+        let mut tried = TRIED.lock().unwrap_or_else(|e| e.into_inner());
+        if tried.iter().any(|n| n == env.name()) {
+            anyhow::bail!("the setup of {} failed in an earlier test (see its output)", env.name());
+        }
+        tried.push(env.name().to_string());
+    }
+    let started = Instant::now();
+    register_capi_providers(env).await;
+    remove_our_crds(env).await;
+    match install {
+        Install::Clusterctl => clusterctl_init(repo, env),
+        Install::Helm => helm_install(repo, env, adopt_from),
+    }
+    eprintln!(
+        "{}: provider installed ({install:?}) in {:.1}s",
+        env.name(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What a test leaves on the environments it shares, also when it fails: its workload API
+/// server stopped, and on a failure the environments printed and its Clusters paused, so that
+/// the next test's managers (watching every namespace) leave what is left of it alone. Its
+/// simulator and managers stop with their `Process`es.
+struct Leave {
+    envs: [&'static Env; 3],
+    source: &'static Env,
+    ns: String,
+    workload: Option<WorkloadCluster>,
+}
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        for env in self.envs {
+            env.leave_namespace(&self.ns);
+        }
+        if let Some(w) = &self.workload {
+            self.source.stop_workload(w);
+        }
+    }
+}
+
+/// One management cluster: its environment, the test's namespace on it, the manager running
+/// with the installed ServiceAccount's identity, and its identity on Kairon.
 struct Management {
-    env: Env,
+    env: &'static Env,
+    ns: String,
     manager: Process,
     /// `--management-cluster-id`'s default: the UID of `kube-system`.
     id: String,
@@ -115,73 +219,94 @@ struct Management {
 
 impl Management {
     fn machines(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.env.client(), NS, &capi_resource("Machine", "machines"))
+        Api::namespaced_with(self.env.client(), &self.ns, &capi_resource("Machine", "machines"))
     }
     fn clusters(&self) -> Api<DynamicObject> {
-        Api::namespaced_with(self.env.client(), NS, &capi_resource("Cluster", "clusters"))
+        Api::namespaced_with(self.env.client(), &self.ns, &capi_resource("Cluster", "clusters"))
     }
     fn kms(&self) -> Api<KaironMachine> {
-        Api::namespaced(self.env.client(), NS)
+        Api::namespaced(self.env.client(), &self.ns)
     }
 }
 
 async fn move_between_management_clusters(install: Install, reach: Reach) {
     let t0 = Instant::now();
-    let name = match (install, reach) {
+    // The test's namespace on all three API servers.
+    let ns = match (install, reach) {
         (_, Reach::Identity) => "move-identity",
         (_, Reach::SharedIdentity) => "move-shared",
         (Install::Clusterctl, _) => "move-clusterctl",
         (Install::Helm, _) => "move-helm",
-    };
-    let repo = LocalRepo::new();
-    let (kairon_env, src_env, dst_env) = tokio::join!(
-        Env::start(EnvOptions::new(format!("{name}-kairon")).capi_managers(CapiManagers::NONE)),
-        Env::start(EnvOptions::new(format!("{name}-source"))),
-        Env::start(EnvOptions::new(format!("{name}-target"))),
-    );
-    let kairon_env = kairon_env.expect("the Kairon API server");
-    let (src_env, dst_env) = (
-        src_env.expect("source environment"),
-        dst_env.expect("target environment"),
-    );
-    eprintln!("three API servers up in {:.1}s", t0.elapsed().as_secs_f64());
-
-    register_capi_providers(&repo, &[&src_env, &dst_env]).await;
-    let src_id = kube_system_uid(&src_env).await;
-    for (env, adopt_from) in [(&src_env, None), (&dst_env, Some(src_id.as_str()))] {
-        remove_our_crds(env).await;
-        match install {
-            Install::Clusterctl => clusterctl_init(&repo, env),
-            Install::Helm => helm_install(&repo, env, adopt_from),
-        }
     }
-    eprintln!("provider installed ({install:?}) at {:.1}s", t0.elapsed().as_secs_f64());
+    .to_string();
+    let ns = ns.as_str();
+    let _serial = install.serial().lock().await;
+    let waited = t0.elapsed();
+    let repo = LocalRepo::new();
+    add_capi_providers(&repo);
+    let (kairon_env, (src_env, dst_env)) = tokio::join!(Env::shared(kairon_options()), pair(install, &repo));
+    let kairon_env = kairon_env.expect("the Kairon API server");
+    let mut leave = Leave {
+        envs: [kairon_env, src_env, dst_env],
+        source: src_env,
+        ns: ns.to_string(),
+        workload: None,
+    };
+    eprintln!(
+        "the pair's turn after {:.1}s, environments ready at {:.1}s",
+        waited.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    // What an earlier test of the pair left is paused or gone.
+    for env in [src_env, dst_env] {
+        let clusters: Api<DynamicObject> = Api::all_with(env.client(), &capi_resource("Cluster", "clusters"));
+        let running: Vec<String> = clusters
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|c| c.data["spec"]["paused"] != true)
+            .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        assert!(
+            running.is_empty(),
+            "{}: Clusters of an earlier test: {running:?}",
+            env.name()
+        );
+    }
 
     // The Kairon API: the namespace of the cluster's VMs, and the simulator with its way into
     // the workload cluster (what a guest's kubelet gets from its bootstrap data), given here
     // once so that it does not depend on which management cluster holds CAPI's Secrets.
-    kairon_env.create_namespace(NS).await.unwrap();
-    src_env.create_namespace(NS).await.unwrap();
-    let workload = src_env.workload_cluster(NS, CLUSTER).await.expect("workload cluster");
+    kairon_env.create_namespace(ns).await.unwrap();
+    src_env.create_namespace(ns).await.unwrap();
+    let workload = src_env.workload_cluster(ns, CLUSTER).await.expect("workload cluster");
+    leave.workload = Some(workload.clone());
     let workload_kubeconfig = std::fs::read(workload.kubeconfig_path()).unwrap();
     let sim_secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": format!("{CLUSTER}-kubeconfig"), "namespace": NS},
+        "metadata": {"name": format!("{CLUSTER}-kubeconfig"), "namespace": ns},
         "data": {"value": k8s_openapi::ByteString(workload_kubeconfig)},
     }))
     .unwrap();
-    Api::<Secret>::namespaced(kairon_env.client(), NS)
+    Api::<Secret>::namespaced(kairon_env.client(), ns)
         .create(&PostParams::default(), &sim_secret)
         .await
         .unwrap();
-    let _sim = kairon_env.start_simulator(default_sim_args()).expect("simulator");
+    let sim_args = [default_sim_args(), vec!["--namespace".to_string(), ns.to_string()]].concat();
+    let _sim = kairon_env.start_simulator(sim_args).expect("simulator");
 
+    let src_id = kube_system_uid(src_env).await;
     let flag = (reach == Reach::Flag).then(|| kairon_env.kubeconfig_path());
-    let src = start_management(src_env, flag, install, None).await;
-    let dst = start_management(dst_env, flag, install, Some(&src_id)).await;
-    let secrets = |m: &Management| Api::<Secret>::namespaced(m.env.client(), NS);
+    let src = start_management(src_env, ns, flag, install, None).await;
+    let dst = start_management(dst_env, ns, flag, install, Some(&src_id)).await;
+    // The identity's name: the KaironClusterIdentity is cluster-scoped, so one a test's own.
+    let identity_name = format!("{ns}-identity");
+    let identity_name = identity_name.as_str();
+    let secrets = |m: &Management| Api::<Secret>::namespaced(m.env.client(), ns);
     if reach == Reach::Identity {
         let identity: Secret = serde_json::from_value(json!({
-            "metadata": {"name": IDENTITY, "namespace": NS},
+            "metadata": {"name": identity_name, "namespace": ns},
             "data": {"kubeconfig": k8s_openapi::ByteString(std::fs::read(kairon_env.kubeconfig_path()).unwrap())},
         }))
         .unwrap();
@@ -191,7 +316,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     let identities = |m: &Management| Api::<KaironClusterIdentity>::all(m.env.client());
     if reach == Reach::SharedIdentity {
         let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": IDENTITY, "namespace": PROVIDER_NS},
+            "metadata": {"name": identity_name, "namespace": PROVIDER_NS},
             "data": {"kubeconfig": k8s_openapi::ByteString(std::fs::read(kairon_env.kubeconfig_path()).unwrap())},
         }))
         .unwrap();
@@ -200,8 +325,8 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             .await
             .unwrap();
         let identity: KaironClusterIdentity = serde_json::from_value(json!({
-            "metadata": {"name": IDENTITY},
-            "spec": {"secretName": IDENTITY, "allowedNamespaces": {"list": [NS]}},
+            "metadata": {"name": identity_name},
+            "spec": {"secretName": identity_name, "allowedNamespaces": {"list": [ns]}},
         }))
         .unwrap();
         identities(&src)
@@ -210,14 +335,14 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             .unwrap();
     }
     assert_ne!(src.id, dst.id, "two management clusters, two identities");
-    let vms: Api<kairon::Machine> = Api::namespaced(kairon_env.client(), NS);
+    let vms: Api<kairon::Machine> = Api::namespaced(kairon_env.client(), ns);
 
     // A running cluster on the source: one control-plane Machine, two workers.
     let shape = ClusterOptions {
         workers: 2,
         ..Default::default()
     };
-    let mut objects = cluster_yaml(NS, CLUSTER, &workload.host, workload.port, &shape);
+    let mut objects = cluster_yaml(ns, CLUSTER, &workload.host, workload.port, &shape);
     if reach != Reach::Flag {
         let kind = if reach == Reach::Identity {
             "Secret"
@@ -229,14 +354,14 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             .into_iter()
             .map(|mut d| {
                 if d["kind"] == "KaironCluster" {
-                    d["spec"]["identityRef"] = json!({"kind": kind, "name": IDENTITY});
+                    d["spec"]["identityRef"] = json!({"kind": kind, "name": identity_name});
                 }
                 serde_json::to_string(&d).unwrap()
             })
             .collect::<Vec<_>>()
             .join("\n---\n");
     }
-    src.env.apply(&objects, Some(NS)).await.expect("cluster objects apply");
+    src.env.apply(&objects, Some(ns)).await.expect("cluster objects apply");
     wait_running(&src, 3).await;
     let before = vm_uids(&vms).await;
     assert_eq!(before.len(), 3, "one VM per Machine: {before:?}");
@@ -258,7 +383,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             .arg(src.env.kubeconfig_path())
             .arg("--to-kubeconfig")
             .arg(dst.env.kubeconfig_path())
-            .args(["--namespace", NS, "-v", "1"]),
+            .args(["--namespace", ns, "-v", "1"]),
     );
     eprintln!(
         "clusterctl move took {:.1}s:\n{}{}",
@@ -281,18 +406,18 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     );
     if reach == Reach::Identity {
         assert!(
-            secrets(&src).get_opt(IDENTITY).await.unwrap().is_none(),
+            secrets(&src).get_opt(identity_name).await.unwrap().is_none(),
             "the identity Secret left on the source"
         );
-        let moved = secrets(&dst).get_opt(IDENTITY).await.unwrap();
+        let moved = secrets(&dst).get_opt(identity_name).await.unwrap();
         assert!(moved.is_some(), "the identity Secret did not move to the target");
     }
     if reach == Reach::SharedIdentity {
-        let copied = identities(&dst).get_opt(IDENTITY).await.unwrap();
+        let copied = identities(&dst).get_opt(identity_name).await.unwrap();
         let copied_uid = copied
             .and_then(|i| i.metadata.uid)
             .expect("the identity copied to the target");
-        let secret = provider_secrets(&dst).get_opt(IDENTITY).await.unwrap();
+        let secret = provider_secrets(&dst).get_opt(identity_name).await.unwrap();
         let secret = secret.expect("the identity's Secret copied to the target");
         assert!(
             secret.owner_references().iter().any(|o| o.uid == copied_uid),
@@ -300,17 +425,17 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             secret.owner_references()
         );
         assert!(
-            identities(&src).get_opt(IDENTITY).await.unwrap().is_some(),
+            identities(&src).get_opt(identity_name).await.unwrap().is_some(),
             "left on the source"
         );
         assert!(
-            provider_secrets(&src).get_opt(IDENTITY).await.unwrap().is_some(),
+            provider_secrets(&src).get_opt(identity_name).await.unwrap().is_some(),
             "left on the source"
         );
         // The source's manager no longer has a cluster on it: it releases the identity.
         wait("the source's identity and Secret released", || async {
-            let id = identities(&src).get(IDENTITY).await?;
-            let secret = provider_secrets(&src).get(IDENTITY).await?;
+            let id = identities(&src).get(identity_name).await?;
+            let secret = provider_secrets(&src).get(identity_name).await?;
             Ok::<_, kube::Error>(id.finalizers().is_empty() && secret.finalizers().is_empty())
         })
         .await;
@@ -342,7 +467,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             km.name_any()
         );
     }
-    let adoptions = Api::<Event>::namespaced(dst.env.client(), NS)
+    let adoptions = Api::<Event>::namespaced(dst.env.client(), ns)
         .list(&ListParams::default())
         .await
         .unwrap()
@@ -386,7 +511,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
 
     if reach == Reach::SharedIdentity {
         wait("the target protects the identity its VMs use", || async {
-            let id = identities(&dst).get(IDENTITY).await?;
+            let id = identities(&dst).get(identity_name).await?;
             Ok::<_, kube::Error>(
                 id.finalizers()
                     .iter()
@@ -418,8 +543,8 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     })
     .await;
     if reach == Reach::SharedIdentity {
-        let id = identities(&dst).get(IDENTITY).await.unwrap();
-        let secret = provider_secrets(&dst).get(IDENTITY).await.unwrap();
+        let id = identities(&dst).get(identity_name).await.unwrap();
+        let secret = provider_secrets(&dst).get(identity_name).await.unwrap();
         assert!(
             id.finalizers().is_empty() && secret.finalizers().is_empty(),
             "the target's identity keeps a finalizer after its cluster is gone: {:?} {:?}",
@@ -429,7 +554,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     }
     if reach == Reach::Identity {
         // On the target the identity was protected while it had VMs, and is released now.
-        let identity = secrets(&dst).get(IDENTITY).await.unwrap();
+        let identity = secrets(&dst).get(identity_name).await.unwrap();
         assert!(
             identity.finalizers().is_empty(),
             "the identity Secret keeps a finalizer after its cluster is gone: {:?}",
@@ -448,7 +573,35 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             "a manager was refused something with the installed RBAC:\n{log}"
         );
     }
+
+    // Nothing of this test is left for the next test's managers on the pair: its namespace
+    // (the templates, the moved Secrets) and its KaironClusterIdentity with the Secret, on
+    // both sides.
+    for m in [&src, &dst] {
+        if reach == Reach::SharedIdentity {
+            delete_and_wait(&identities(m), identity_name).await;
+            delete_and_wait(&provider_secrets(m), identity_name).await;
+        }
+        delete_and_wait(&Api::<Namespace>::all(m.env.client()), ns).await;
+    }
+    delete_and_wait(&Api::<Namespace>::all(kairon_env.client()), ns).await;
     eprintln!("done in {:.1}s", t0.elapsed().as_secs_f64());
+}
+
+/// Deletes `name` (gone already is fine) and waits until it is gone.
+async fn delete_and_wait<K>(api: &Api<K>, name: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => panic!("deleting {name}: {e}"),
+    }
+    wait(&format!("{name} gone"), || async {
+        api.get_opt(name).await.map(|o| o.is_none())
+    })
+    .await;
 }
 
 async fn wait<T, R, F, Fut>(what: &str, check: F) -> T
@@ -491,7 +644,7 @@ async fn wait_running(m: &Management, n: usize) {
 async fn scale(m: &Management, replicas: usize) {
     let mds: Api<DynamicObject> = Api::namespaced_with(
         m.env.client(),
-        NS,
+        &m.ns,
         &capi_resource("MachineDeployment", "machinedeployments"),
     );
     mds.patch(
@@ -541,7 +694,8 @@ async fn kube_system_uid(env: &Env) -> String {
 /// components have no variable for it, so the flag is added as a user adds it to the
 /// Deployment.
 async fn start_management(
-    env: Env,
+    env: &'static Env,
+    ns: &str,
     kairon_kubeconfig: Option<&Path>,
     install: Install,
     adopt_from: Option<&str>,
@@ -578,7 +732,7 @@ async fn start_management(
     }
     let args = merged_args(args, &flags);
     let manager = env.start_manager(args).expect("manager");
-    let id = kube_system_uid(&env).await;
+    let id = kube_system_uid(env).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
         manager.is_running(),
@@ -586,7 +740,12 @@ async fn start_management(
         manager.name(),
         manager.log_tail(30)
     );
-    Management { env, manager, id }
+    Management {
+        env,
+        ns: ns.to_string(),
+        manager,
+        id,
+    }
 }
 
 async fn remove_our_crds(env: &Env) {
@@ -605,38 +764,44 @@ async fn remove_our_crds(env: &Env) {
     .await;
 }
 
-/// What `clusterctl init` leaves of CAPI's core, kubeadm bootstrap and kubeadm control-plane
-/// providers besides their Deployments (their controllers run as processes here): the
-/// inventory, and the clusterctl labels on their CRDs, by which `clusterctl move` finds the
-/// kinds to move. The local repository gets their `metadata.yaml`, which `clusterctl init`
-/// reads for the management cluster's contract.
-async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
+/// CAPI's core, kubeadm bootstrap and kubeadm control-plane providers in the local
+/// repository's config, with their `metadata.yaml`, which `clusterctl init` reads for the
+/// management cluster's contract (never installed from here: [`register_capi_providers`]
+/// registers them as installed).
+fn add_capi_providers(repo: &LocalRepo) {
     let (module, version) = capi_module();
-    let providers = [
-        ("cluster-api", "CoreProvider", "cluster-api", "core-components.yaml"),
-        (
-            "kubeadm",
-            "BootstrapProvider",
-            "bootstrap-kubeadm",
-            "bootstrap-components.yaml",
-        ),
-        (
-            "kubeadm",
-            "ControlPlaneProvider",
-            "control-plane-kubeadm",
-            "control-plane-components.yaml",
-        ),
-    ];
     let mut extra: Vec<(&str, &str, PathBuf)> = Vec::new();
-    for (name, typ, label, file) in providers {
+    for (name, typ, label, file) in CAPI_PROVIDERS {
         let dir = repo.version_dir(label, &version);
         std::fs::copy(module.join("metadata.yaml"), dir.join("metadata.yaml")).unwrap();
-        // Never installed from here: the providers are registered as installed.
         std::fs::write(dir.join(file), "").unwrap();
         extra.push((name, typ, dir.join(file)));
     }
     repo.write_config(&extra);
+}
 
+/// CAPI's providers as clusterctl knows them: name, type, label, components file.
+const CAPI_PROVIDERS: [(&str, &str, &str, &str); 3] = [
+    ("cluster-api", "CoreProvider", "cluster-api", "core-components.yaml"),
+    (
+        "kubeadm",
+        "BootstrapProvider",
+        "bootstrap-kubeadm",
+        "bootstrap-components.yaml",
+    ),
+    (
+        "kubeadm",
+        "ControlPlaneProvider",
+        "control-plane-kubeadm",
+        "control-plane-components.yaml",
+    ),
+];
+
+/// What `clusterctl init` leaves of CAPI's providers on a management cluster besides their
+/// Deployments (their controllers run as processes here): the inventory, and the clusterctl
+/// labels on their CRDs, by which `clusterctl move` finds the kinds to move.
+async fn register_capi_providers(env: &Env) {
+    let (module, version) = capi_module();
     let inventory_crd =
         std::fs::read_to_string(module.join("cmd/clusterctl/config/manifest/clusterctl-api.yaml")).unwrap();
     let group_provider = |group: &str| match group {
@@ -647,43 +812,41 @@ async fn register_capi_providers(repo: &LocalRepo, envs: &[&Env]) {
         }
         _ => None,
     };
-    for env in envs {
-        env.apply(&inventory_crd, None).await.expect("the inventory CRD");
-        env.apply(CERT_MANAGER_STUB_CRDS, None)
-            .await
-            .expect("cert-manager stub CRDs");
-        for (name, typ, label, _) in providers {
-            let ns = format!("{label}-system");
-            env.create_namespace(&ns).await.unwrap();
-            let provider = json!({
-                "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
-                "kind": "Provider",
-                "metadata": {"name": label, "namespace": ns, "labels": {
-                    "clusterctl.cluster.x-k8s.io": "",
-                    "clusterctl.cluster.x-k8s.io/core": "inventory",
-                    "cluster.x-k8s.io/provider": label,
-                }},
-                "providerName": name,
-                "type": typ,
-                "version": version,
-            });
-            let yaml = serde_json::to_string(&provider).unwrap();
-            wait("the inventory CRD served", || async {
-                env.apply(&yaml, None).await.is_ok()
-            })
-            .await;
-        }
-        let crds: Api<CustomResourceDefinition> = Api::all(env.client());
-        for crd in crds.list(&ListParams::default()).await.unwrap() {
-            if let Some(label) = group_provider(&crd.spec.group) {
-                let patch = json!({"metadata": {"labels": {
-                    "clusterctl.cluster.x-k8s.io": "",
-                    "cluster.x-k8s.io/provider": label,
-                }}});
-                crds.patch(&crd.name_any(), &PatchParams::default(), &Patch::Merge(patch))
-                    .await
-                    .unwrap();
-            }
+    env.apply(&inventory_crd, None).await.expect("the inventory CRD");
+    env.apply(CERT_MANAGER_STUB_CRDS, None)
+        .await
+        .expect("cert-manager stub CRDs");
+    for (name, typ, label, _) in CAPI_PROVIDERS {
+        let ns = format!("{label}-system");
+        env.create_namespace(&ns).await.unwrap();
+        let provider = json!({
+            "apiVersion": "clusterctl.cluster.x-k8s.io/v1alpha3",
+            "kind": "Provider",
+            "metadata": {"name": label, "namespace": ns, "labels": {
+                "clusterctl.cluster.x-k8s.io": "",
+                "clusterctl.cluster.x-k8s.io/core": "inventory",
+                "cluster.x-k8s.io/provider": label,
+            }},
+            "providerName": name,
+            "type": typ,
+            "version": version,
+        });
+        let yaml = serde_json::to_string(&provider).unwrap();
+        wait("the inventory CRD served", || async {
+            env.apply(&yaml, None).await.is_ok()
+        })
+        .await;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client());
+    for crd in crds.list(&ListParams::default()).await.unwrap() {
+        if let Some(label) = group_provider(&crd.spec.group) {
+            let patch = json!({"metadata": {"labels": {
+                "clusterctl.cluster.x-k8s.io": "",
+                "cluster.x-k8s.io/provider": label,
+            }}});
+            crds.patch(&crd.name_any(), &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
         }
     }
 }
