@@ -14,7 +14,7 @@ use std::time::Duration;
 use capkr::api::conditions::{self, READY};
 use capkr::api::{AllowedNamespaces, KaironClusterIdentity, KaironClusterIdentitySpec, KaironMachine};
 use capkr::kairon;
-use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::{Env, WorkloadCluster, merged_args, parse_yaml_documents};
 use common::{Rig, RigOptions, default_sim_args};
 use k8s_openapi::ByteString;
@@ -237,25 +237,13 @@ async fn wait_cluster_running(rig: &Rig, cluster: &str, n: usize) {
     let lp = ListParams::default().labels(&format!("cluster.x-k8s.io/cluster-name={cluster}"));
     rig.wait(&format!("{n} Machines of {cluster} Running"), LONG, || async {
         let list = machines.list(&lp).await?;
-        Ok::<_, kube::Error>(
-            list.items.len() == n
-                && list.items.iter().all(|m| {
-                    m.metadata.deletion_timestamp.is_none()
-                        && m.data["status"]["phase"] == "Running"
-                        && m.data["status"]["nodeRef"]["name"].is_string()
-                }),
-        )
+        Ok::<_, kube::Error>(all_running_with_a_node(&list.items, n))
     })
     .await
 }
 
 async fn scale(rig: &Rig, cluster: &str, replicas: usize) {
-    rig.machine_deployments()
-        .patch(
-            &format!("{cluster}-md-0"),
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-        )
+    scale_machine_deployment(&rig.env.client(), &rig.ns, &format!("{cluster}-md-0"), replicas)
         .await
         .expect("scale");
 }

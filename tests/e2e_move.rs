@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use capkr::api::{KaironClusterIdentity, KaironMachine};
 use capkr::kairon::{self, labels};
-use capkr_testenv::cluster::{ClusterOptions, cluster_yaml};
+use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::{
     CapiManagers, Env, EnvOptions, Process, WorkloadCluster, capi_resource, merged_args, parse_yaml_documents, wait_for,
 };
@@ -629,31 +629,15 @@ async fn wait_running(m: &Management, n: usize) {
     let machines = m.machines();
     wait(&format!("{n} Machines Running on {}", m.env.name()), || async {
         let list = machines.list(&ListParams::default()).await?.items;
-        Ok::<_, kube::Error>(
-            list.len() == n
-                && list.iter().all(|m| {
-                    m.metadata.deletion_timestamp.is_none()
-                        && m.data["status"]["phase"] == "Running"
-                        && m.data["status"]["nodeRef"]["name"].is_string()
-                }),
-        )
+        Ok::<_, kube::Error>(all_running_with_a_node(&list, n))
     })
     .await;
 }
 
 async fn scale(m: &Management, replicas: usize) {
-    let mds: Api<DynamicObject> = Api::namespaced_with(
-        m.env.client(),
-        &m.ns,
-        &capi_resource("MachineDeployment", "machinedeployments"),
-    );
-    mds.patch(
-        &format!("{CLUSTER}-md-0"),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-    )
-    .await
-    .expect("scale the MachineDeployment");
+    scale_machine_deployment(&m.env.client(), &m.ns, &format!("{CLUSTER}-md-0"), replicas)
+        .await
+        .expect("scale the MachineDeployment");
 }
 
 /// `n` Machines running, exactly `n` VMs, each carrying the UID of the KaironMachine of its name
