@@ -310,7 +310,7 @@ pub(crate) fn controller(
         members: caches.kaironmachines.store(),
         synced,
     });
-    let backoff = Backoff::default();
+    let backoff = Backoff::new(caches.kaironclusters.store());
     Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())
         .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), |c| {
             kaironcluster_for_cluster(&c)

@@ -204,11 +204,11 @@ pub(crate) type ReconcileFuture = std::pin::Pin<Box<dyn Future<Output = Result<A
 pub(crate) fn instrumented<K, C, F, Fut>(
     controller: &'static str,
     metrics: Arc<Metrics>,
-    backoff: Backoff,
+    backoff: Backoff<K>,
     reconcile: F,
 ) -> impl Fn(Arc<K>, Arc<C>) -> ReconcileFuture + Send + Sync + 'static
 where
-    K: ResourceExt + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     C: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
@@ -241,7 +241,9 @@ where
 }
 
 /// Every controller's error policy: log where it failed, try again after the object's backoff.
-pub(crate) fn error_policy<K: ResourceExt, C>(backoff: Backoff) -> impl Fn(Arc<K>, &Error, Arc<C>) -> Action {
+pub(crate) fn error_policy<K: Resource<DynamicType = ()> + Clone + 'static, C>(
+    backoff: Backoff<K>,
+) -> impl Fn(Arc<K>, &Error, Arc<C>) -> Action {
     move |obj, error, _ctx| {
         let wait = backoff.failed(obj.as_ref());
         tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, retry_in = ?wait, "reconcile failed");
