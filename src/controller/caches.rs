@@ -236,11 +236,15 @@ fn dispatch<K>(subscribers: &Subscribers<K>, touched: &Touched<K>) {
         .retain(|s| s.unbounded_send(touched.clone()).is_ok());
 }
 
+/// A trigger value, and the full list it was last seen in.
+type Seen = (u64, u64);
+
 /// The last trigger value seen per object, and the full list it was last seen in (an object
 /// not passed on by the latest full list is gone).
 #[derive(Default)]
 struct Triggers {
-    last: HashMap<(Option<String>, String, Option<String>), (u64, u64)>,
+    /// By namespace, name and UID: the trigger value and the full list it was last seen in.
+    last: HashMap<(Option<String>, String, Option<String>), Seen>,
     /// Full lists begun.
     lists: u64,
 }
