@@ -62,6 +62,7 @@ rm -f "$manager.1" "$manager.2"
   done
   for f in "$ROOT"/config/rbac/service_account.yaml "$ROOT"/config/rbac/role.yaml "$ROOT"/config/rbac/role_binding.yaml \
            "$ROOT"/config/rbac/leader_election_role.yaml "$ROOT"/config/rbac/leader_election_role_binding.yaml \
+           "$ROOT"/config/rbac/identity_secret_role.yaml "$ROOT"/config/rbac/identity_secret_role_binding.yaml \
            "$ROOT"/config/rbac/metrics_reader_role.yaml "$ROOT"/config/admission/*.yaml; do
     echo "---"
     cat "$f"

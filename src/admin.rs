@@ -20,6 +20,7 @@ use axum::routing::get;
 use tracing::{info, warn};
 
 mod secure;
+mod tls;
 
 use crate::controller::CacheReadiness;
 use crate::metrics::Metrics;
@@ -128,7 +129,8 @@ pub(crate) enum MetricsAccess {
     Insecure,
 }
 
-pub(crate) use secure::{Gate, tls_config};
+pub(crate) use secure::{Gate, REVIEW_BURST, REVIEW_QPS};
+pub(crate) use tls::tls_config;
 
 /// Binds and serves `/metrics` in the background.
 pub(crate) async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>, access: MetricsAccess) -> std::io::Result<()> {
@@ -141,7 +143,7 @@ pub(crate) async fn spawn_metrics(addr: SocketAddr, m: Arc<Metrics>, access: Met
         }
         MetricsAccess::Secure { gate, tls } => {
             info!(addr = %listener.local_addr()?, "serving /metrics over HTTPS to authorized callers");
-            tokio::spawn(secure::serve_tls(listener, secure::guarded(app, gate), *tls));
+            tokio::spawn(tls::serve_tls(listener, secure::guarded(app, gate), *tls));
         }
     }
     Ok(())

@@ -432,8 +432,16 @@ pub async fn run(args: Args) -> Result<()> {
             admin::MetricsAccess::Insecure
         } else {
             let dir = (!args.metrics_cert_dir.is_empty()).then(|| std::path::Path::new(&args.metrics_cert_dir));
+            // Anyone who reaches the port can make the manager review tokens: on a client of
+            // their own with a small rate limit, never delaying lease renewals or reconciles.
+            let review_limits = Limits {
+                qps: admin::REVIEW_QPS,
+                burst: admin::REVIEW_BURST,
+                metrics: metrics.clone(),
+            };
+            let reviews = client_from(&args.kubeconfig, &identity, Some(&review_limits)).await?;
             admin::MetricsAccess::Secure {
-                gate: admin::Gate::new(plain.clone()),
+                gate: admin::Gate::new(reviews),
                 tls: Box::new(admin::tls_config(dir)?),
             }
         };

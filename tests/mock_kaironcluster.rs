@@ -321,3 +321,117 @@ async fn deletion_waits_for_the_clusters_kaironmachines_then_releases_the_finali
     .await
     .expect("reconcile succeeds");
 }
+
+/// A transient error reading a KaironClusterIdentity (or the labels of the namespace its
+/// selector needs) says nothing about whether it allows the namespace: nothing of it is
+/// touched. Before, the reconcile went on to protect it, which put our finalizer on an identity
+/// the namespace is not allowed to use and the identity as owner of its Secret.
+#[tokio::test]
+async fn a_transient_error_reading_an_identity_leaves_the_identity_untouched() {
+    use capkr::api::{
+        AllowedNamespaces, IDENTITY_KIND_CLUSTER_IDENTITY, KaironClusterIdentity, KaironClusterIdentitySpec,
+        KaironIdentityReference,
+    };
+    use capkr::controller::Endpoints;
+    use mock_support::status_error;
+
+    const IDENTITY_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/kaironclusteridentities/site-a";
+    const SECRET_PATH: &str = "/api/v1/namespaces/capkr-system/secrets/site-a";
+    const NS_PATH: &str = "/api/v1/namespaces/ns";
+    let mut identity = KaironClusterIdentity::new(
+        "site-a",
+        KaironClusterIdentitySpec {
+            secret_name: "site-a".into(),
+            // Namespace `ns` is neither listed nor labelled `site: a`.
+            allowed_namespaces: Some(AllowedNamespaces {
+                list: Some(vec!["team-a".into()]),
+                selector: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                    match_labels: Some([("site".to_string(), "a".to_string())].into()),
+                    match_expressions: None,
+                }),
+            }),
+        },
+    );
+    identity.metadata.uid = Some("identity-uid".into());
+    let identity_json = serde_json::to_value(&identity).unwrap();
+    let secret_json = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "site-a", "namespace": "capkr-system", "uid": "secret-uid"}});
+
+    for (case, identity_fails_first) in [
+        ("reading the identity fails once", true),
+        ("reading the namespace's labels fails", false),
+    ] {
+        let mut kc = with_finalizer(kaironcluster(true));
+        kc.spec.identity_ref = Some(KaironIdentityReference {
+            kind: IDENTITY_KIND_CLUSTER_IDENTITY.into(),
+            name: "site-a".into(),
+        });
+        let kc_json = serde_json::to_value(&kc).unwrap();
+        let (service, mut h) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let (clusters, _w1) = filled(vec![cluster(false)]);
+        let (members, _w2) = filled(vec![]);
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            endpoints: Some(Arc::new(Endpoints::for_request_tests(client, "capkr-system"))),
+            settings: Settings::default(),
+            clusters,
+            members,
+            synced: vec![Synced::ready()],
+            events: capkr::events::Events::disabled(),
+        });
+        let (identity_json, secret_json) = (identity_json.clone(), secret_json.clone());
+        // Answers whatever comes, the identity's first read with a 500 in the first case and
+        // the namespace's with a 500 always; returns the requests and the status written.
+        let server = tokio::spawn(async move {
+            let mut seen = vec![];
+            let mut status = None;
+            let mut identity_reads = 0;
+            while let Ok(Some((req, send))) = tokio::time::timeout(Duration::from_millis(300), h.next_request()).await {
+                let (method, path) = (req.method().to_string(), req.uri().path().to_string());
+                let sent = req.into_body().collect_bytes().await.expect("body");
+                let (code, body) = match (method.as_str(), path.as_str()) {
+                    ("GET", IDENTITY_PATH) => {
+                        identity_reads += 1;
+                        if identity_fails_first && identity_reads == 1 {
+                            (500, status_error(500, "InternalError"))
+                        } else {
+                            (200, identity_json.clone())
+                        }
+                    }
+                    ("GET", NS_PATH) => (500, status_error(500, "InternalError")),
+                    (_, IDENTITY_PATH) => (200, identity_json.clone()),
+                    (_, SECRET_PATH) => (200, secret_json.clone()),
+                    ("PATCH", p) if p == format!("{KC_PATH}/status") => {
+                        status = Some(serde_json::from_slice::<serde_json::Value>(&sent).unwrap()["status"].clone());
+                        (200, kc_json.clone())
+                    }
+                    _ => (404, status_error(404, "NotFound")),
+                };
+                seen.push(format!("{method} {path}"));
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+            }
+            (seen, status)
+        });
+        let result = reconcile(Arc::new(kc), ctx).await;
+        let (seen, status) = server.await.expect("mock server");
+        result.unwrap_or_else(|e| panic!("{case}: reconcile failed: {e}; requests {seen:?}"));
+        let writes: Vec<_> = seen
+            .iter()
+            .filter(|r| !r.starts_with("GET ") && (r.contains("/kaironclusteridentities/") || r.contains("/secrets/")))
+            .collect();
+        assert!(
+            writes.is_empty(),
+            "{case}: wrote to the identity or its Secret: {writes:?} (all requests {seen:?})"
+        );
+        let status = status.unwrap_or_else(|| panic!("{case}: no status written; requests {seen:?}"));
+        let ready = condition(&status, READY);
+        assert_eq!(ready["reason"], reason::KAIRON_API_UNAVAILABLE, "{case}: {ready}");
+        assert!(ready["message"].as_str().unwrap().contains("site-a"), "{case}: {ready}");
+    }
+}

@@ -3,6 +3,7 @@
 //! ServiceAccount under the shipped RBAC — so the RBAC is proven to be enough.
 
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use capkr_testenv::{CapiManagers, Env, EnvOptions};
@@ -48,11 +49,17 @@ async fn token_of(env: &Env, ns: &str, name: &str) -> String {
         .token
 }
 
-/// Plain HTTP gets no answer; HTTPS without a token is 401, with a token of a ServiceAccount
-/// not bound to `capkr-metrics-reader` 403, with one bound to it 200 and the metrics.
-#[tokio::test(flavor = "multi_thread")]
-async fn metrics_are_served_over_https_only_to_callers_allowed_to_read_them() {
-    let env = Env::start(EnvOptions::new("operability-metrics").capi_managers(CapiManagers::NONE))
+/// What the tests share: an environment with the shipped RBAC, a reader and a stranger.
+struct Setup {
+    env: Env,
+    /// Token of `monitoring/prometheus`, bound to `capkr-metrics-reader`.
+    prometheus: String,
+    /// Token of `monitoring/stranger`, bound to nothing.
+    stranger: String,
+}
+
+async fn setup(opts: EnvOptions) -> Setup {
+    let env = Env::start(opts.capi_managers(CapiManagers::NONE))
         .await
         .expect("test environment");
     env.create_namespace("capkr-system").await.unwrap();
@@ -77,7 +84,16 @@ async fn metrics_are_served_over_https_only_to_callers_allowed_to_read_them() {
     )
     .await
     .unwrap();
+    Setup {
+        env,
+        prometheus,
+        stranger,
+    }
+}
 
+/// The manager as its ServiceAccount with `/metrics` as shipped (HTTPS, reviewed callers),
+/// plus `extra` flags; and the port of `/metrics`.
+fn start_secure_manager(env: &Env, extra: &[String]) -> (capkr_testenv::Process, u16) {
     let kubeconfig = env
         .impersonating_kubeconfig(
             "system:serviceaccount:capkr-system:capkr-manager",
@@ -85,23 +101,40 @@ async fn metrics_are_served_over_https_only_to_callers_allowed_to_read_them() {
         )
         .unwrap();
     // The environment picks the ports; the flag turns the shipped (secure) default back on.
-    let manager = env
-        .start_manager([
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--insecure-diagnostics=false".to_string(),
-        ])
-        .unwrap();
-    let metrics = manager.spec().loopback_port("--metrics-bind-address").unwrap();
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--insecure-diagnostics=false".to_string(),
+    ];
+    args.extend(extra.iter().cloned());
+    let manager = env.start_manager(args).unwrap();
+    let port = manager.spec().loopback_port("--metrics-bind-address").unwrap();
+    (manager, port)
+}
 
+/// Waits until the reader gets `/metrics`; returns the body.
+async fn first_scrape(manager: &capkr_testenv::Process, port: u16, token: &str) -> String {
     let allowed = capkr_testenv::wait_for("/metrics 200 for the reader", Duration::from_secs(30), || async {
-        let (code, body) = scrape(metrics, Some(&prometheus), "https");
+        let (code, body) = scrape(port, Some(token), "https");
         Ok::<_, std::io::Error>((code == 200).then_some(body))
     })
     .await;
-    let body = match allowed {
+    match allowed {
         Ok(b) => b,
         Err(e) => panic!("{e:#}\n{}", manager.log_tail(40)),
-    };
+    }
+}
+
+/// Plain HTTP gets no answer; HTTPS without a token is 401, with a token of a ServiceAccount
+/// not bound to `capkr-metrics-reader` 403, with one bound to it 200 and the metrics.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_are_served_over_https_only_to_callers_allowed_to_read_them() {
+    let Setup {
+        env,
+        prometheus,
+        stranger,
+    } = setup(EnvOptions::new("operability-metrics")).await;
+    let (manager, metrics) = start_secure_manager(&env, &[]);
+    let body = first_scrape(&manager, metrics, &prometheus).await;
     assert!(body.contains("capkr_"), "the provider's metrics: {body}");
     assert_eq!(scrape(metrics, None, "https").0, 401, "no token");
     assert_eq!(scrape(metrics, Some("not-a-token"), "https").0, 401, "an invalid token");
@@ -115,5 +148,206 @@ async fn metrics_are_served_over_https_only_to_callers_allowed_to_read_them() {
         !body.contains("capkr_"),
         "plain HTTP gets no metrics (status {code}): {body}"
     );
+    assert!(manager.is_running());
+}
+
+/// A certificate for `/metrics` (`--metrics-cert-dir`) and a TLS client that trusts it.
+fn metrics_tls() -> (capkr_testenv::ScratchDir, Arc<rustls::ClientConfig>) {
+    let dir = capkr_testenv::ScratchDir::new("metrics-cert").unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    std::fs::write(dir.path().join("tls.crt"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("tls.key"), cert.signing_key.serialize_pem()).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    (dir, Arc::new(config))
+}
+
+type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// A TLS connection to `/metrics`, handshake done.
+async fn connect(port: u16, tls: &Arc<rustls::ClientConfig>) -> std::io::Result<Tls> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp).await
+}
+
+/// `GET /metrics` on a connection of its own, within 5 s: the HTTP status, 0 when none came.
+async fn get_metrics(port: u16, tls: &Arc<rustls::ClientConfig>, token: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = connect(port, tls).await?;
+        let request = format!(
+            "GET /metrics HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut head = [0u8; 12];
+        stream.read_exact(&mut head).await?;
+        let mut rest = vec![];
+        // The body, until the server closes; a TLS close without close_notify is fine here.
+        let _ = stream.read_to_end(&mut rest).await;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&head[9..12]).parse().unwrap_or(0))
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0)
+}
+
+/// Distinct tokens no API server issued.
+fn random_tokens(n: usize) -> Vec<String> {
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    (0..n)
+        .map(|i| {
+            // xorshift64*: enough to make every token new to the manager.
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            format!("flood{i}.{:016x}.{:016x}", x, x.wrapping_mul(0x2545_f491_4f6c_dd1d))
+        })
+        .collect()
+}
+
+/// Flood: 2,000 random tokens over a bit more than a minute (longer than an answer is reused,
+/// so the reader's answer has to be renewed during the flood). The manager asks the API
+/// server about them at a bounded rate (TokenReviews counted in the audit log), answers the
+/// others with 429 at once, and the reader, scraping every second, is served throughout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_of_random_tokens_causes_a_bounded_number_of_reviews_and_the_reader_keeps_its_access() {
+    const FLOOD: usize = 2000;
+    const SPACING: Duration = Duration::from_millis(33);
+    let Setup { env, prometheus, .. } = setup(
+        EnvOptions::new("operability-metrics-flood")
+            .audit_policy(capkr_testenv::audit::AUDIT_POLICY_METADATA_RESPONSES),
+    )
+    .await;
+    let (cert_dir, tls) = metrics_tls();
+    let (manager, port) = start_secure_manager(&env, &[format!("--metrics-cert-dir={}", cert_dir.path().display())]);
+    first_scrape(&manager, port, &prometheus).await;
+    let mut audit = capkr_testenv::audit::AuditLog::from_end(env.audit_log_path().unwrap()).unwrap();
+
+    let tokens = Arc::new(random_tokens(FLOOD));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = tokio::time::Instant::now();
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (tokens, next, tls) = (tokens.clone(), next.clone(), tls.clone());
+        flood.spawn(async move {
+            let mut codes = std::collections::BTreeMap::<u16, usize>::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(token) = tokens.get(i) else { return codes };
+                tokio::time::sleep_until(started + SPACING * i as u32).await;
+                *codes.entry(get_metrics(port, &tls, token).await).or_default() += 1;
+            }
+        });
+    }
+    let reader = {
+        let (tls, token) = (tls.clone(), prometheus.clone());
+        tokio::spawn(async move {
+            let mut scrapes = vec![];
+            while started.elapsed() < SPACING * FLOOD as u32 {
+                scrapes.push((started.elapsed().as_secs(), get_metrics(port, &tls, &token).await));
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            scrapes
+        })
+    };
+    let mut codes = std::collections::BTreeMap::<u16, usize>::new();
+    while let Some(c) = flood.join_next().await {
+        for (code, n) in c.unwrap() {
+            *codes.entry(code).or_default() += n;
+        }
+    }
+    let took = started.elapsed();
+    let scrapes = reader.await.unwrap();
+
+    let events = audit.read_new().unwrap();
+    let reviews = |resource: &str| {
+        events
+            .iter()
+            .filter(|e| e.counts_request() && e.from_manager(None) && e.resource().as_deref() == Some(resource))
+            .count()
+    };
+    let (token_reviews, access_reviews) = (reviews("tokenreviews"), reviews("subjectaccessreviews"));
+    println!(
+        "{FLOOD} random tokens in {took:.1?}: answers {codes:?}; {token_reviews} TokenReviews, \
+         {access_reviews} SubjectAccessReviews; reader: {scrapes:?}"
+    );
+    let refused: usize = codes
+        .iter()
+        .filter(|(c, _)| [401, 429].contains(*c))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(
+        refused, FLOOD,
+        "every random token is refused, none errs or hangs: {codes:?}"
+    );
+    let failed: Vec<_> = scrapes.iter().filter(|(_, code)| *code != 200).collect();
+    assert!(
+        failed.is_empty() && scrapes.len() >= 30,
+        "the reader is served throughout: failed (second, status) {failed:?} of {}\n{}",
+        scrapes.len(),
+        manager.log_tail(30)
+    );
+    // The reviews' own client: a burst of 10, then 2 a second (and the reader's renewal).
+    let bound = 10 + (2.0 * took.as_secs_f64()).ceil() as usize + 4;
+    assert!(
+        token_reviews <= bound,
+        "{token_reviews} TokenReviews for {FLOOD} random tokens in {took:.1?}: more than {bound}"
+    );
+    assert!(manager.is_running());
+}
+
+/// Idle connections: 500 TLS connections that never send a request are closed within a
+/// minute, and a scrape made while they are open is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn idle_tls_connections_are_closed_within_a_minute_and_do_not_block_a_scrape() {
+    const IDLE: usize = 500;
+    let Setup { env, prometheus, .. } = setup(EnvOptions::new("operability-metrics-idle")).await;
+    let (cert_dir, tls) = metrics_tls();
+    let (manager, port) = start_secure_manager(&env, &[format!("--metrics-cert-dir={}", cert_dir.path().display())]);
+    first_scrape(&manager, port, &prometheus).await;
+
+    let opened = tokio::time::Instant::now();
+    let mut idle = tokio::task::JoinSet::new();
+    for _ in 0..IDLE {
+        let mut stream = connect(port, &tls).await.expect("an idle connection");
+        // Done when the server closes it (EOF or reset); never sends a byte.
+        idle.spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 1];
+            let _ = stream.read(&mut buf).await;
+            opened.elapsed()
+        });
+    }
+    let connected = opened.elapsed();
+    let scrape_status = get_metrics(port, &tls, &prometheus).await;
+
+    let deadline = opened + Duration::from_secs(60);
+    let mut closed = vec![];
+    while let Ok(Some(done)) = tokio::time::timeout_at(deadline, idle.join_next()).await {
+        closed.push(done.unwrap());
+    }
+    let still_open = IDLE - closed.len();
+    idle.abort_all();
+    println!(
+        "{IDLE} idle connections opened in {connected:.1?}; a scrape meanwhile: {scrape_status}; \
+         {} closed by the server within 60 s (last after {:.1?}), {still_open} still open",
+        closed.len(),
+        closed.iter().max().copied().unwrap_or_default()
+    );
+    assert_eq!(scrape_status, 200, "a scrape while {IDLE} idle connections are open");
+    assert_eq!(still_open, 0, "idle connections still open after 60 s");
     assert!(manager.is_running());
 }

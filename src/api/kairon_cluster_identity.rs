@@ -40,7 +40,8 @@ pub struct KaironClusterIdentitySpec {
     pub secret_name: String,
 
     /// The namespaces whose KaironClusters may use this identity. Absent: none.
-    /// `{}`: all. Otherwise the namespaces listed and those the selector matches.
+    /// `{}`: all. Otherwise the namespaces listed and those the selector matches (an empty
+    /// selector matches none, as in CAPA and CAPZ).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_namespaces: Option<AllowedNamespaces>,
 }
@@ -52,7 +53,9 @@ pub struct AllowedNamespaces {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1000))]
     pub list: Option<Vec<String>>,
-    /// A label selector of allowed namespaces; `{}` matches every namespace.
+    /// A label selector of allowed namespaces. An empty selector (`{}`, no labels and no
+    /// expressions) matches no namespace, as in CAPA and CAPZ; to allow every namespace, set
+    /// `allowedNamespaces: {}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub selector: Option<LabelSelector>,
 }
@@ -60,10 +63,10 @@ pub struct AllowedNamespaces {
 impl KaironClusterIdentity {
     /// Whether [`Self::allows`] needs the labels of namespace `ns`.
     pub fn needs_labels(&self, ns: &str) -> bool {
-        self.spec
-            .allowed_namespaces
-            .as_ref()
-            .is_some_and(|a| a.selector.is_some() && !a.list.as_ref().is_some_and(|l| l.iter().any(|n| n == ns)))
+        self.spec.allowed_namespaces.as_ref().is_some_and(|a| {
+            a.selector.as_ref().is_some_and(|s| !selector_is_empty(s))
+                && !a.list.as_ref().is_some_and(|l| l.iter().any(|n| n == ns))
+        })
     }
 
     /// Whether namespace `ns`, with labels `labels` (if [`Self::needs_labels`]), may use this
@@ -85,11 +88,23 @@ impl KaironClusterIdentity {
         let Some(selector) = &allowed.selector else {
             return Ok(false);
         };
+        // An empty selector selects nothing here, though Kubernetes reads it as "everything"
+        // elsewhere: CAPA and CAPZ, whose shape this is, read it so, and a manifest ported from
+        // them must not open the identity to every namespace.
+        if selector_is_empty(selector) {
+            return Ok(false);
+        }
         let selector = kube::core::Selector::try_from(selector.clone())
             .map_err(|e| format!("spec.allowedNamespaces.selector is not a valid label selector: {e}"))?;
         use kube::core::SelectorExt;
-        Ok(selector.selects_all() || labels.is_some_and(|l| selector.matches(l)))
+        Ok(labels.is_some_and(|l| selector.matches(l)))
     }
+}
+
+/// A selector with no label and no expression.
+fn selector_is_empty(selector: &LabelSelector) -> bool {
+    selector.match_labels.as_ref().is_none_or(|l| l.is_empty())
+        && selector.match_expressions.as_ref().is_none_or(|e| e.is_empty())
 }
 
 #[cfg(test)]
@@ -118,15 +133,61 @@ mod tests {
         assert_eq!(none.allows("a", Some(&labels(&[]))), Ok(false), "absent: no namespace");
         let all = identity(Some(AllowedNamespaces::default()));
         assert_eq!(all.allows("a", Some(&labels(&[]))), Ok(true), "{{}}: every namespace");
-        let empty_selector = identity(Some(AllowedNamespaces {
-            list: None,
+        // CAPA's and CAPZ's reading: an empty selector selects nothing, so a manifest ported
+        // from them opens the identity to no namespace, not to every one.
+        let no_expressions = || LabelSelector {
+            match_labels: Some(BTreeMap::new()),
+            match_expressions: Some(vec![]),
+        };
+        for (name, allowed) in [
+            (
+                "selector {}",
+                AllowedNamespaces {
+                    list: None,
+                    selector: Some(LabelSelector::default()),
+                },
+            ),
+            (
+                "selector with empty matchLabels and matchExpressions",
+                AllowedNamespaces {
+                    list: None,
+                    selector: Some(no_expressions()),
+                },
+            ),
+            (
+                "empty list, selector {}",
+                AllowedNamespaces {
+                    list: Some(vec![]),
+                    selector: Some(LabelSelector::default()),
+                },
+            ),
+            (
+                "empty list",
+                AllowedNamespaces {
+                    list: Some(vec![]),
+                    selector: None,
+                },
+            ),
+        ] {
+            let id = identity(Some(allowed));
+            assert_eq!(id.allows("a", None), Ok(false), "{name}: no namespace");
+            assert_eq!(
+                id.allows("a", Some(&labels(&[("k", "v")]))),
+                Ok(false),
+                "{name}: no namespace"
+            );
+            assert!(!id.needs_labels("a"), "{name}: no labels needed to say no");
+        }
+        let listed_and_empty_selector = identity(Some(AllowedNamespaces {
+            list: Some(vec!["team-a".into()]),
             selector: Some(LabelSelector::default()),
         }));
         assert_eq!(
-            empty_selector.allows("a", None),
+            listed_and_empty_selector.allows("team-a", None),
             Ok(true),
-            "empty selector: every namespace"
+            "the list still counts"
         );
+        assert_eq!(listed_and_empty_selector.allows("b", Some(&labels(&[]))), Ok(false));
 
         let listed = identity(Some(AllowedNamespaces {
             list: Some(vec!["team-a".into()]),

@@ -93,17 +93,34 @@ impl Caches {
     }
 }
 
-/// An object a watch applied or deleted.
-struct Touched<K> {
-    obj: Arc<K>,
-    deleted: bool,
+/// What a watch did, as the subscribers are told.
+enum Touched<K> {
+    Applied(Arc<K>),
+    Deleted(Arc<K>),
+    /// A full list is passed on: every object of the store follows, then [`Touched::Listed`].
+    Listing,
+    /// The end of a full list: an object not passed on since [`Touched::Listing`] is gone,
+    /// whether or not a delete was seen (none is sent for what went during a watch gap).
+    Listed,
 }
 
 impl<K> Clone for Touched<K> {
     fn clone(&self) -> Self {
-        Touched {
-            obj: self.obj.clone(),
-            deleted: self.deleted,
+        match self {
+            Touched::Applied(obj) => Touched::Applied(obj.clone()),
+            Touched::Deleted(obj) => Touched::Deleted(obj.clone()),
+            Touched::Listing => Touched::Listing,
+            Touched::Listed => Touched::Listed,
+        }
+    }
+}
+
+impl<K> Touched<K> {
+    /// The object applied or deleted, if this is one.
+    fn object(self) -> Option<Arc<K>> {
+        match self {
+            Touched::Applied(obj) | Touched::Deleted(obj) => Some(obj),
+            Touched::Listing | Touched::Listed => None,
         }
     }
 }
@@ -142,21 +159,17 @@ where
             match event {
                 Ok(Event::Apply(obj)) => {
                     if let Some(obj) = store.get(&ObjectRef::from_obj(&obj)) {
-                        dispatch(&subscribers, &Touched { obj, deleted: false });
+                        dispatch(&subscribers, &Touched::Applied(obj));
                     }
                 }
-                Ok(Event::Delete(obj)) => dispatch(
-                    &subscribers,
-                    &Touched {
-                        obj: Arc::new(obj),
-                        deleted: true,
-                    },
-                ),
+                Ok(Event::Delete(obj)) => dispatch(&subscribers, &Touched::Deleted(Arc::new(obj))),
                 Ok(Event::InitDone) => {
                     let _ = ready.send(true);
+                    dispatch(&subscribers, &Touched::Listing);
                     for obj in store.state() {
-                        dispatch(&subscribers, &Touched { obj, deleted: false });
+                        dispatch(&subscribers, &Touched::Applied(obj));
                     }
+                    dispatch(&subscribers, &Touched::Listed);
                 }
                 // Objects of a list go into the store at its end (InitDone); errors are
                 // reported and retried by the watch itself.
@@ -185,26 +198,33 @@ where
 
     /// Every object applied (created or changed, and all of them after each full list).
     pub(crate) fn applied(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
-        self.subscribe()
-            .filter_map(|t| future::ready((!t.deleted).then_some(t.obj)))
+        self.subscribe().filter_map(|t| {
+            future::ready(match t {
+                Touched::Applied(obj) => Some(obj),
+                _ => None,
+            })
+        })
     }
 
     /// Every object applied or deleted.
     pub(crate) fn touched(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
-        self.subscribe().map(|t| t.obj)
+        self.subscribe().filter_map(|t| future::ready(t.object()))
     }
 
     /// Objects applied or deleted, but only those whose `trigger` differs from the last one
     /// seen of the same object (name and UID): what the subscriber reacts to changed. An object
     /// seen for the first time always passes. Like kube's `predicate_filter`, with the entry of
-    /// an object dropped when it is deleted.
+    /// an object dropped when it is deleted, or when a full list no longer has it (it went
+    /// during a watch gap).
     pub(crate) fn touched_when<F>(&self, trigger: F) -> impl Stream<Item = Arc<K>> + Send + 'static
     where
         F: Fn(&K) -> Option<u64> + Send + 'static,
     {
         let mut last = Triggers::default();
-        self.subscribe()
-            .filter_map(move |t| future::ready(last.changed(&t, &trigger).then_some(t.obj)))
+        self.subscribe().filter_map(move |t| {
+            let pass = last.changed(&t, &trigger);
+            future::ready(t.object().filter(|_| pass))
+        })
     }
 }
 
@@ -216,27 +236,55 @@ fn dispatch<K>(subscribers: &Subscribers<K>, touched: &Touched<K>) {
         .retain(|s| s.unbounded_send(touched.clone()).is_ok());
 }
 
-/// The last trigger value seen per object.
+/// A trigger value, and the full list it was last seen in.
+type Seen = (u64, u64);
+
+/// The last trigger value seen per object, and the full list it was last seen in (an object
+/// not passed on by the latest full list is gone).
 #[derive(Default)]
 struct Triggers {
-    last: HashMap<(Option<String>, String, Option<String>), u64>,
+    /// By namespace, name and UID: the trigger value and the full list it was last seen in.
+    last: HashMap<(Option<String>, String, Option<String>), Seen>,
+    /// Full lists begun.
+    lists: u64,
 }
 
 impl Triggers {
     fn changed<K: Resource>(&mut self, t: &Touched<K>, trigger: impl Fn(&K) -> Option<u64>) -> bool {
-        let Some(value) = trigger(&t.obj) else {
+        let (obj, deleted) = match t {
+            Touched::Applied(obj) => (obj, false),
+            Touched::Deleted(obj) => (obj, true),
+            Touched::Listing => {
+                self.lists += 1;
+                return false;
+            }
+            Touched::Listed => {
+                let list = self.lists;
+                self.last.retain(|_, (_, seen)| *seen == list);
+                return false;
+            }
+        };
+        let Some(value) = trigger(obj) else {
             return true;
         };
-        let meta = t.obj.meta();
+        let meta = obj.meta();
         let key = (
             meta.namespace.clone(),
             meta.name.clone().unwrap_or_default(),
             meta.uid.clone(),
         );
-        if t.deleted {
-            return self.last.remove(&key) != Some(value);
-        }
-        self.last.insert(key, value) != Some(value)
+        let before = if deleted {
+            self.last.remove(&key)
+        } else {
+            self.last.insert(key, (value, self.lists))
+        };
+        before.map(|(v, _)| v) != Some(value)
+    }
+
+    /// Objects remembered.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.last.len()
     }
 }
 
@@ -345,5 +393,29 @@ mod tests {
         assert_eq!(drain(&mut applied), ["b", "c"]);
         drop(tx);
         driver.await.unwrap();
+    }
+
+    /// Objects deleted during a watch gap send no delete; the relist that follows leaves them
+    /// out, and the trigger filter forgets them then.
+    #[tokio::test]
+    async fn a_relist_forgets_the_triggers_of_objects_gone_during_a_watch_gap() {
+        let mut triggers = Triggers::default();
+        let mut pass = |t: Touched<ConfigMap>| triggers.changed(&t, data);
+        assert!(!pass(Touched::Listing), "a marker is no object");
+        for i in 0..100 {
+            assert!(
+                pass(Touched::Applied(Arc::new(cm(&format!("o{i}"), "1", "x")))),
+                "first sight"
+            );
+        }
+        assert!(!pass(Touched::Listed), "a marker is no object");
+        // A watch gap: all but one are deleted meanwhile; the relist has only that one.
+        assert!(!pass(Touched::Listing));
+        assert!(
+            !pass(Touched::Applied(Arc::new(cm("o7", "1", "x")))),
+            "unchanged: filtered"
+        );
+        assert!(!pass(Touched::Listed));
+        assert_eq!(triggers.len(), 1, "only the object still there is remembered");
     }
 }

@@ -151,6 +151,20 @@ pub enum EndpointError {
     UnknownKind(String),
 }
 
+impl EndpointError {
+    /// Whether the identity was seen to allow the namespace before this went wrong: only then
+    /// may a cluster of the namespace protect it. A Secret named directly is the namespace's
+    /// own; a KaironClusterIdentity allowed it when what failed is its Secret. An identity
+    /// that could not be read, or whose namespace's labels could not be, said nothing.
+    pub(crate) fn identity_allowed(&self) -> bool {
+        use EndpointError::*;
+        match self {
+            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) => true,
+            IdentityNotFound(_) | ReadIdentity(..) | NotAllowed(..) | BadIdentity(..) | UnknownKind(_) => false,
+        }
+    }
+}
+
 struct Running {
     endpoint: Endpoint,
     content: u64,
@@ -189,6 +203,26 @@ impl Endpoints {
             telemetry,
             running: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Endpoints that read identities with `management`, build plain clients and trigger
+    /// nothing: for the request-sequence tests of the reconcilers.
+    pub fn for_request_tests(management: Client, identity_namespace: &str) -> Self {
+        let telemetry = Telemetry {
+            metrics: crate::metrics::Metrics::new(),
+            caches: Default::default(),
+            events: None,
+        };
+        let factory: ClientFactory = Arc::new(Client::try_from);
+        let (trigger, _) = futures::channel::mpsc::unbounded();
+        Self::new(
+            management,
+            factory,
+            Owner::default(),
+            identity_namespace.into(),
+            trigger,
+            telemetry,
+        )
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IdentityKey, Running>> {

@@ -18,7 +18,6 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
 use super::caches::Caches;
-use super::endpoints::EndpointError;
 use super::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, pause_step};
 use super::write::{Writer, has_finalizer};
 use super::{Endpoints, Error, Settings, Synced, identity_protection};
@@ -214,11 +213,11 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             .is_some_and(|e| e.is_valid());
     let unavailable = match (&kc.spec.identity_ref, &ctx.endpoints) {
         (Some(r), Some(endpoints)) => {
-            let problem = identity_problem(endpoints, &ns, r).await;
-            if !problem.as_ref().is_some_and(|(_, refused)| *refused) {
+            let (problem, allowed) = identity_problem(endpoints, &ns, r).await;
+            if allowed {
                 identity_protection::protect(&ctx.client, &ns, r, endpoints.identity_namespace()).await?;
             }
-            problem.map(|(why, _)| why)
+            problem
         }
         _ => None,
     };
@@ -249,23 +248,16 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
 }
 
 /// Why the Kairon API of identity `r` cannot be used now, if it cannot; and whether the
-/// identity itself refuses the cluster (then nothing of it is touched: a namespace an identity
-/// does not allow must not be able to hold it with a finalizer).
-async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> Option<(String, bool)> {
-    let (why, refused) = match endpoints.endpoint(ns, r).await {
-        Err(e) => {
-            let refused = matches!(
-                e,
-                EndpointError::NotAllowed(..) | EndpointError::IdentityNotFound(_) | EndpointError::BadIdentity(..)
-            );
-            (e.to_string(), refused)
-        }
-        Ok(endpoint) => (endpoint.ready().await.err()?, false),
+/// identity was seen to allow the namespace. Only then is it protected: a namespace an identity
+/// does not allow must not be able to hold it with a finalizer, and an identity that could not
+/// be read (a transient error) has not said yes.
+async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> (Option<String>, bool) {
+    let (why, allowed) = match endpoints.endpoint(ns, r).await {
+        Err(e) => (Some(e.to_string()), e.identity_allowed()),
+        Ok(endpoint) => (endpoint.ready().await.err(), true),
     };
-    Some((
-        format!("the Kairon API of identity {} {}: {why}", r.kind, r.name),
-        refused,
-    ))
+    let why = why.map(|why| format!("the Kairon API of identity {} {}: {why}", r.kind, r.name));
+    (why, allowed)
 }
 
 /// Writes the status that follows from `decision`, if it differs; returns what it wrote.
@@ -318,7 +310,7 @@ pub(crate) fn controller(
         members: caches.kaironmachines.store(),
         synced,
     });
-    let backoff = Backoff::default();
+    let backoff = Backoff::new(caches.kaironclusters.store());
     Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())
         .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), |c| {
             kaironcluster_for_cluster(&c)

@@ -92,7 +92,7 @@ pub(crate) fn controller(
         clusters,
         clusters_synced,
     });
-    let backoff = Backoff::default();
+    let backoff = Backoff::new(templates.clone());
     Controller::for_stream(events, templates)
         .with_config(ControllerConfig::default().concurrency(settings.template_concurrency))
         .graceful_shutdown_on(shutdown)

@@ -3,13 +3,15 @@
 //! - [`kairon_machine`] (a folder: the reconcile workflow, the status mapping, the watches),
 //!   [`kairon_cluster`], [`kairon_machine_template`]: one reconciler each;
 //! - [`runtime`]: what runs them — cache readiness, the first steps of every reconcile (caches,
-//!   owning Cluster, pause), a span and metrics per reconcile, the error policy;
+//!   owning Cluster, pause), a span and metrics per reconcile, the error policy, and
+//!   `backoff`, its per-object delays;
 //! - `identity_protection`: what keeps an identity (`spec.identityRef`) until its cluster's
 //!   VMs are gone, and takes it along on `clusterctl move`;
 //! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage.
 
+mod backoff;
 pub(crate) mod caches;
 pub mod endpoints;
 mod error;

@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::runtime::controller::Action;
@@ -13,6 +12,7 @@ use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
 use super::Error;
+pub(crate) use super::backoff::Backoff;
 use crate::api::conditions;
 use crate::capi;
 use crate::events::{EventSource, Events};
@@ -204,11 +204,11 @@ pub(crate) type ReconcileFuture = std::pin::Pin<Box<dyn Future<Output = Result<A
 pub(crate) fn instrumented<K, C, F, Fut>(
     controller: &'static str,
     metrics: Arc<Metrics>,
-    backoff: Backoff,
+    backoff: Backoff<K>,
     reconcile: F,
 ) -> impl Fn(Arc<K>, Arc<C>) -> ReconcileFuture + Send + Sync + 'static
 where
-    K: ResourceExt + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     C: Send + Sync + 'static,
     F: Fn(Arc<K>, Arc<C>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, Error>> + Send + 'static,
@@ -240,47 +240,10 @@ where
     }
 }
 
-/// Per-object exponential backoff after failed reconciles, as controller-runtime's default
-/// rate limiter does: an object that keeps failing (a create Kairon rejects, an API that is
-/// down) is retried ever more rarely, up to [`Backoff::CAP`], while other objects are not
-/// slowed; its first success resets it.
-#[derive(Clone, Default)]
-pub(crate) struct Backoff {
-    failures: Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>,
-}
-
-impl Backoff {
-    const BASE: Duration = Duration::from_millis(500);
-    const CAP: Duration = Duration::from_secs(300);
-
-    /// The wait after the `failures`-th failure in a row (1-based).
-    fn delay(failures: u32) -> Duration {
-        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
-        Self::BASE.saturating_mul(factor).min(Self::CAP)
-    }
-
-    fn key<K: ResourceExt>(obj: &K) -> String {
-        format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
-    }
-
-    /// Counts a failure of `obj`; returns how long to wait before the next try.
-    fn failed<K: ResourceExt>(&self, obj: &K) -> Duration {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = failures.entry(Self::key(obj)).or_default();
-        *n = n.saturating_add(1);
-        Self::delay(*n)
-    }
-
-    fn succeeded<K: ResourceExt>(&self, obj: &K) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if !failures.is_empty() {
-            failures.remove(&Self::key(obj));
-        }
-    }
-}
-
 /// Every controller's error policy: log where it failed, try again after the object's backoff.
-pub(crate) fn error_policy<K: ResourceExt, C>(backoff: Backoff) -> impl Fn(Arc<K>, &Error, Arc<C>) -> Action {
+pub(crate) fn error_policy<K: Resource<DynamicType = ()> + Clone + 'static, C>(
+    backoff: Backoff<K>,
+) -> impl Fn(Arc<K>, &Error, Arc<C>) -> Action {
     move |obj, error, _ctx| {
         let wait = backoff.failed(obj.as_ref());
         tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, retry_in = ?wait, "reconcile failed");
@@ -362,30 +325,6 @@ mod tests {
             1,
             "already said: not written again"
         );
-    }
-
-    #[test]
-    fn backoff_doubles_per_failure_up_to_the_cap_and_resets_on_success() {
-        let s = Duration::from_secs_f64;
-        assert_eq!(
-            (1..=6).map(Backoff::delay).collect::<Vec<_>>(),
-            [s(0.5), s(1.0), s(2.0), s(4.0), s(8.0), s(16.0)]
-        );
-        assert_eq!(Backoff::delay(10), s(256.0));
-        assert_eq!(Backoff::delay(11), Backoff::CAP);
-        assert_eq!(Backoff::delay(u32::MAX), Backoff::CAP, "no overflow");
-
-        let backoff = Backoff::default();
-        let mut a = k8s_openapi::api::core::v1::ConfigMap::default();
-        a.metadata.name = Some("a".into());
-        a.metadata.namespace = Some("ns".into());
-        let mut b = a.clone();
-        b.metadata.name = Some("b".into());
-        assert_eq!(backoff.failed(&a), s(0.5));
-        assert_eq!(backoff.failed(&a), s(1.0));
-        assert_eq!(backoff.failed(&b), s(0.5), "per object");
-        backoff.succeeded(&a);
-        assert_eq!(backoff.failed(&a), s(0.5), "a success resets it");
     }
 
     #[test]

@@ -85,6 +85,8 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
             "ClusterRole",
             "ClusterRoleBinding",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "Deployment",
@@ -123,18 +125,27 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
         binding["subjects"],
         json!([{"kind": "ServiceAccount", "name": "capkr-manager", "namespace": "capkr-system"}])
     );
-    // Leader election: the Lease Role of config/rbac, in the release namespace.
-    let config_lease_role = &docs(&read(&root().join("config/rbac/leader_election_role.yaml")))[0];
-    let lease_role = objs.iter().find(|o| o["kind"] == "Role").unwrap();
-    assert_eq!(lease_role["metadata"]["name"], config_lease_role["metadata"]["name"]);
-    assert_eq!(lease_role["metadata"]["namespace"], "capkr-system");
-    assert_eq!(grants(&lease_role["rules"]), grants(&config_lease_role["rules"]));
-    let lease_binding = objs.iter().find(|o| o["kind"] == "RoleBinding").unwrap();
-    assert_eq!(lease_binding["roleRef"]["name"], config_lease_role["metadata"]["name"]);
-    assert_eq!(
-        lease_binding["subjects"],
-        json!([{"kind": "ServiceAccount", "name": "capkr-manager", "namespace": "capkr-system"}])
-    );
+    // Leader election's Role (the Lease) and the identity Secrets' Role (`delete` on Secrets,
+    // for owner references under OwnerReferencesPermissionEnforcement): as config/rbac has
+    // them, in the release namespace.
+    for file in ["leader_election_role.yaml", "identity_secret_role.yaml"] {
+        let config_role = &docs(&read(&root().join("config/rbac").join(file)))[0];
+        let name = &config_role["metadata"]["name"];
+        let role = objs
+            .iter()
+            .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == *name)
+            .unwrap_or_else(|| panic!("Role {name}"));
+        assert_eq!(role["metadata"]["namespace"], "capkr-system");
+        assert_eq!(grants(&role["rules"]), grants(&config_role["rules"]), "{name}");
+        let binding = objs
+            .iter()
+            .find(|o| o["kind"] == "RoleBinding" && o["roleRef"]["name"] == *name)
+            .unwrap_or_else(|| panic!("a RoleBinding of {name}"));
+        assert_eq!(
+            binding["subjects"],
+            json!([{"kind": "ServiceAccount", "name": "capkr-manager", "namespace": "capkr-system"}])
+        );
+    }
     // Admission policy: the one of config/admission.
     let config_policy = docs(&read(&root().join("config/admission/template_immutability.yaml")));
     for c in &config_policy {
@@ -240,6 +251,13 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
         .unwrap();
     assert_eq!(scoped["metadata"]["namespace"], "team-a");
     assert_eq!(grants(&scoped["rules"]), grants(&config_role["rules"]));
+    // KaironClusterIdentities are not usable when scoped: no `delete` on their Secrets.
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["metadata"]["name"] == "capkr-identity-secret-role"),
+        "no identity Secret Role when scoped"
+    );
     let d = objs.iter().find(|o| o["kind"] == "Deployment").unwrap();
     assert_eq!(
         d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"],
@@ -279,9 +297,20 @@ fn chart_lints_strictly_and_renders_the_config_rbac_and_policy_with_a_restrictiv
         "metrics.enabled=false",
     ]);
     let kinds: BTreeSet<&str> = objs.iter().map(|o| o["kind"].as_str().unwrap()).collect();
-    for k in ["Role", "RoleBinding", "Service"] {
-        assert!(!kinds.contains(k), "{k} in {kinds:?}");
-    }
+    assert!(!kinds.contains("Service"), "{kinds:?}");
+    let roles: Vec<&Value> = objs
+        .iter()
+        .filter(|o| o["kind"] == "Role" || o["kind"] == "RoleBinding")
+        .map(|o| &o["metadata"]["name"])
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            &json!("capkr-identity-secret-role"),
+            &json!("capkr-identity-secret-rolebinding")
+        ],
+        "only the identity Secrets' Role is left"
+    );
     let args = manager_args(&objs);
     assert!(args.iter().any(|x| x == "--metrics-bind-address=0"), "{args:?}");
     assert!(!args.iter().any(|x| x.starts_with("--leader-elect")), "{args:?}");
@@ -405,6 +434,8 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
     // Identity Secrets get a finalizer and the clusterctl move label.
     assert!(allowed("patch", "secrets", "").await);
     assert!(!allowed("list", "secrets", "").await);
+    // `delete` on Secrets only in the manager's namespace (identity Secrets' owner references).
+    assert!(!allowed("delete", "secrets", "").await);
     assert!(!allowed("watch", "secrets", "").await);
     assert!(!allowed("update", "machines", "cluster.x-k8s.io").await);
     assert!(allowed("create", "machines", "kairon.zyvor.dev").await);

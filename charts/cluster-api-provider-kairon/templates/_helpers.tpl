@@ -35,7 +35,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 # Bootstrap data and identities (KaironCluster spec.identityRef): one GET of the one Secret
 # named; patch to put a finalizer, the clusterctl move label (a Secret named directly) or an
 # owner reference (a KaironClusterIdentity's Secret) on an identity Secret while the
-# cluster's VMs exist. No list, no watch.
+# cluster's VMs exist. No list, no watch. The owner reference also needs `delete` under
+# OwnerReferencesPermissionEnforcement: granted in the release namespace only (rbac.yaml).
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, patch]

@@ -186,7 +186,7 @@ pub(crate) fn controller(
     // At shutdown no new reconciles start; the lanes finish the ones running.
     .take_until(shutdown.clone());
 
-    let backoff = Backoff::default();
+    let backoff = Backoff::new(kms.clone());
     let instrumented = Arc::new(instrumented(
         "kaironmachine",
         telemetry.metrics,
