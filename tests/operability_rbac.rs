@@ -12,8 +12,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 
-/// The plugins CAPI v1.14's e2e management cluster enables besides kube-apiserver's defaults.
-const CAPI_E2E_ADMISSION_PLUGINS: &str = "--enable-admission-plugins=OwnerReferencesPermissionEnforcement";
 const IDENTITY_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io/identity";
 
 /// The RBAC objects of the release components (`hack/release-manifests.sh`), as YAML.
@@ -50,9 +48,8 @@ fn release_rbac() -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_manager_as_its_service_account_sets_the_identity_secret_owner_under_capis_admission_plugins() {
     let env = Env::start(
-        EnvOptions::new("operability-rbac")
-            .capi_managers(CapiManagers::NONE)
-            .apiserver_arg(CAPI_E2E_ADMISSION_PLUGINS),
+        // Every environment's API server runs with `capkr_testenv::CAPI_E2E_ADMISSION_PLUGINS`.
+        EnvOptions::new("operability-rbac").capi_managers(CapiManagers::NONE),
     )
     .await
     .expect("test environment");

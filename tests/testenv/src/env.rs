@@ -112,6 +112,12 @@ impl Default for EnvOptions {
     }
 }
 
+/// The admission plugins CAPI v1.14's e2e management cluster (its kind bootstrap,
+/// `test/framework/bootstrap/kind_provider.go`) enables besides kube-apiserver's defaults, as
+/// OpenShift does: changing an object's owner references needs `delete` on it. Every
+/// environment's management API server runs with them.
+pub const CAPI_E2E_ADMISSION_PLUGINS: &str = "--enable-admission-plugins=OwnerReferencesPermissionEnforcement";
+
 /// An audit policy that logs every request at Metadata level.
 pub const AUDIT_POLICY_METADATA: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n";
 
@@ -296,6 +302,9 @@ impl Env {
             args.push("--audit-log-maxsize=1048576".into());
             self.audit_log = Some(log);
         }
+        // The admission plugins Cluster API's own e2e management cluster enables besides the
+        // defaults: the shipped RBAC must work under them.
+        args.push(CAPI_E2E_ADMISSION_PLUGINS.into());
         args.extend(opts.apiserver_args.iter().cloned());
         let apiserver = ProcessSpec::new("kube-apiserver", &self.bins.kube_apiserver, &logs).args(args);
         self.push(Process::spawn(apiserver)?);
