@@ -728,3 +728,48 @@ async fn a_create_kairon_rejects_is_reported_with_code_and_reason_and_is_an_erro
     assert_eq!(e.stage(), "create_instance");
     assert!(!e.to_string().contains("TOPSECRET"), "{e}");
 }
+
+#[tokio::test]
+async fn deletion_keeps_a_vm_another_live_kaironmachine_holds_and_releases_the_finalizer() {
+    // Our providerID names the VM, but its labels name KaironMachine m0, which still exists.
+    let km = deleting(kaironmachine());
+    let mut held = vm("Running");
+    held.metadata.labels = Some(
+        [
+            (labels::KAIRONMACHINE_UID.to_string(), "m0-uid".to_string()),
+            (
+                "infrastructure.cluster.x-k8s.io/kaironmachine-name".to_string(),
+                "m0".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let held_json = serde_json::to_value(&held).unwrap();
+    let mut holder = kaironmachine();
+    holder.metadata.name = Some("m0".into());
+    holder.metadata.uid = Some("m0-uid".into());
+    let holder_json = serde_json::to_value(&holder).unwrap();
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![held],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, held_json).await;
+        expect(
+            &mut h,
+            "GET",
+            "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m0",
+            200,
+            holder_json,
+        )
+        .await;
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+        // No DELETE of the Kairon Machine.
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+}
