@@ -530,3 +530,109 @@ async fn deleting_a_kaironmachine_deletes_no_vm_that_is_not_provably_its_own() {
     }
     assert!(rig.manager.is_running());
 }
+
+/// Another Machine's bootstrap Secret: the control-plane Machine's bootstrap Secret (made by
+/// its KubeadmConfig: the cluster's CA, etcd, service-account and front-proxy keys) named by a
+/// Machine without a bootstrap config, or by one whose configRef names that KubeadmConfig; and
+/// a Secret labelled for another Cluster. Without the checks each got a VM, the first two with
+/// the control plane's private keys in their user-data.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_machines_bootstrap_secret_gets_no_vm() {
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("trust_other_secret")
+    })
+    .await;
+    let machines = rig.wait_running(1, UP).await;
+    let cp = &machines[0];
+    let cp_config = cp.data["spec"]["bootstrap"]["configRef"]["name"]
+        .as_str()
+        .expect("the control-plane Machine's KubeadmConfig")
+        .to_string();
+    let cp_secret = cp.data["spec"]["bootstrap"]["dataSecretName"]
+        .as_str()
+        .expect("the control-plane Machine's bootstrap Secret")
+        .to_string();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    let secret = secrets.get(&cp_secret).await.unwrap();
+    assert!(
+        secret
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "KubeadmConfig" && o.name == cp_config && o.controller == Some(true)),
+        "the control plane's bootstrap Secret is its KubeadmConfig's: {:?}",
+        secret.owner_references()
+    );
+    let payload = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
+    assert!(payload.contains("ca.key"), "it holds the cluster's CA key");
+
+    let mut other = Secret::default();
+    other.metadata.name = Some("other-cluster-data".into());
+    other.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), "c2".to_string())].into());
+    other.string_data = Some([("value".to_string(), "#cloud-config\n".to_string())].into());
+    secrets.create(&PostParams::default(), &other).await.unwrap();
+
+    let bootstraps = [
+        ("bare-takes-cp-data", json!({"dataSecretName": cp_secret})),
+        (
+            "config-takes-cp-data",
+            json!({"dataSecretName": cp_secret,
+                   "configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": cp_config}}),
+        ),
+        ("other-cluster-data", json!({"dataSecretName": "other-cluster-data"})),
+    ];
+    for (name, bootstrap) in &bootstraps {
+        let uid = create_machine(&rig, name, bootstrap.clone(), name).await;
+        create_km(&rig, name, name, &uid).await;
+    }
+    // Why, in the message: made by a bootstrap config; that config is another Machine's; the
+    // Secret's cluster.
+    let cases = [
+        (
+            "bare-takes-cp-data",
+            format!("Secret {cp_secret}"),
+            format!("KubeadmConfig {cp_config}"),
+        ),
+        (
+            "config-takes-cp-data",
+            format!("Secret {cp_secret}"),
+            format!("Machine {}", cp.name_any()),
+        ),
+        (
+            "other-cluster-data",
+            "Secret other-cluster-data".to_string(),
+            "Cluster c2".to_string(),
+        ),
+    ];
+    for (name, secret, why) in &cases {
+        let (_, message) = rig
+            .wait(
+                &format!("{name}: InstanceProvisioned BootstrapDataSecretNotTrusted"),
+                UP,
+                || async {
+                    if rig.vms().get_opt(name).await?.is_some() {
+                        rig.fail(format!("{name}: got a VM"));
+                    }
+                    let km = rig.kms().get(name).await?;
+                    Ok::<_, kube::Error>(
+                        km_instance(&km).filter(|(r, _)| r == reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED),
+                    )
+                },
+            )
+            .await;
+        assert!(message.contains(secret.as_str()), "{name}: names the Secret: {message}");
+        assert!(message.contains(why.as_str()), "{name}: says why ({why}): {message}");
+        assert!(
+            !message.contains("PRIVATE KEY") && !message.contains("cloud-config"),
+            "{name}: never the content"
+        );
+    }
+    // Give the manager time to do anything more it would do, then look.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let vms = rig.vm_map().await;
+    assert_eq!(vms.len(), 1, "the control plane's VM only: {:?}", vms.keys());
+    for (name, _) in &bootstraps {
+        assert!(!vms.contains_key(*name), "{name}: no Kairon Machine created");
+    }
+    assert!(rig.manager.is_running());
+}

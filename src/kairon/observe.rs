@@ -338,6 +338,10 @@ mod tests {
         assert_eq!(failure_reason_v1beta1("DiskError"), "CreateError");
     }
 
+    /// A case: its name, the VM's labels, the KaironMachine's providerID, the manager's
+    /// management cluster, the answer.
+    type OwnershipCase<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>, &'a Owner, Ownership);
+
     #[test]
     fn which_vms_are_this_kaironmachines() {
         let owner = Owner {
@@ -357,7 +361,7 @@ mod tests {
         let this_vm = Some("kairon://vm-uid");
         let no_id = Owner::default();
         #[rustfmt::skip]
-        let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>, &Owner, Ownership)> = vec![
+        let cases: Vec<OwnershipCase> = vec![
             ("its UID label names us", vec![(uid, "km-uid")], None, &owner, Ownership::Ours),
             ("its UID label names us, whatever else", vec![(uid, "km-uid"), (mc, "mc-b")], Some("kairon://x"), &owner, Ownership::Ours),
             ("no label, no providerID", vec![], None, &owner, foreign("no label names this KaironMachine")),

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::Action;
 use tracing::info;
 
@@ -13,7 +14,7 @@ use super::reconcile::{Context, Scope, Step, Target};
 use super::status::Observed;
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironCluster};
-use crate::capi::{self, bootstrap};
+use crate::capi::{self, bootstrap, bootstrap::Source};
 use crate::controller::Error;
 use crate::events::reason as event;
 use crate::kairon::{self, Created, desired_kairon_machine};
@@ -117,8 +118,15 @@ async fn read_bootstrap_data(
         );
         return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY)));
     };
-    let data = bootstrap::check_source(&secret, machine.bootstrap_config())
-        .and_then(|()| bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes));
+    let trusted = match bootstrap::check_source(&secret, machine) {
+        Ok(Source::Given) => Ok(()),
+        Ok(Source::Config(made_by)) => {
+            let config = read_bootstrap_config(ns, made_by, ctx).await?;
+            bootstrap::check_config(&secret, made_by, config.as_ref(), machine)
+        }
+        Err(e) => Err(e),
+    };
+    let data = trusted.and_then(|()| bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes));
     Ok(match data {
         Ok(data) => Step::Continue(data),
         Err(e) if e.is_terminal() => {
@@ -136,6 +144,28 @@ async fn read_bootstrap_data(
             Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY))
         }
     })
+}
+
+/// The metadata of the bootstrap config that made the bootstrap data Secret (its controller
+/// ownerReference `made_by`), in the Machine's namespace; `None` if there is none. Metadata
+/// only: its owner references are what is checked, and its spec may hold secrets too. The
+/// version is the one the bootstrap provider wrote in the ownerReference; the resource name is
+/// the kind's regular plural (CAPI's bootstrap configs all have one: kubeadmconfigs,
+/// talosconfigs, rke2configs, ...).
+async fn read_bootstrap_config(ns: &str, made_by: &OwnerReference, ctx: &Context) -> Result<Option<ObjectMeta>, Error> {
+    let (group, version) = made_by
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &made_by.api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &made_by.kind));
+    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar)
+        .get_metadata_opt(&made_by.name)
+        .await
+        .map(|config| config.map(|c| c.metadata))
+        .map_err(Error::read(format!(
+            "bootstrap config {} {ns}/{}",
+            made_by.kind, made_by.name
+        )))
 }
 
 /// The failure domain named by the Machine, from the KaironCluster.
