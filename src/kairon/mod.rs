@@ -10,6 +10,7 @@
 
 mod client;
 pub mod desired;
+mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod observe;
@@ -18,6 +19,7 @@ mod types;
 pub(crate) use client::read_event;
 pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub use desired::{desired_kairon_machine, provider_id};
+pub(crate) use fingerprint::endpoint_fingerprint;
 pub(crate) use observe::{Holder, Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
 

@@ -235,6 +235,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
             .and_then(|s| s.host_name.clone())
             .filter(|h| !h.is_empty() && phase != phase::PROVISIONING),
         identity_ref: None,
+        endpoint: None,
     }
 }
 

@@ -9,14 +9,14 @@ use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
 use super::ownership::{Verdict, whose};
-use super::reconcile::{Context, Scope, Step, write_status};
+use super::reconcile::{Context, ENDPOINT_RETRY, Scope, Step, write_status};
 use super::status::{Observed, StatusInput};
 use crate::api::MACHINE_FINALIZER;
 use crate::capi;
 use crate::controller::Error;
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
-use crate::kairon::Deletion;
+use crate::kairon::{self, Deletion, provider_id};
 
 /// How often to look again while a Kairon Machine is being deleted, on top of its watch.
 const DELETE_RETRY: Duration = Duration::from_secs(30);
@@ -64,8 +64,21 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
             return Ok(action);
         }
     };
-    // Authoritative read: the finalizer must not go while the VM exists.
-    let Some(vm) = target.instances.get(ns, &name).await? else {
+    // Authoritative read: the finalizer must not go while the VM exists. When the identity
+    // names another Kairon API than the one the VM was recorded on, and the VM (the one our
+    // providerID names) is not there, it lives on where it was: the deletion waits.
+    let vm = target.instances.get(ns, &name).await?;
+    let recorded = |vm: &kairon::Machine| {
+        km.spec.provider_id.is_none() || vm.metadata.uid.as_deref().map(provider_id) == km.spec.provider_id
+    };
+    if !vm.as_ref().is_some_and(recorded)
+        && let Some(elsewhere) = target.elsewhere(&name)
+    {
+        warn!(instance = %name, "the identity names another Kairon API than the one that holds the Kairon Machine; the deletion waits");
+        write_status(ctx, km, StatusInput::Deleting(&elsewhere), None).await?;
+        return Ok(Action::requeue(ENDPOINT_RETRY));
+    }
+    let Some(vm) = vm else {
         info!("Kairon Machine is gone; releasing the finalizer");
         ctx.events
             .normal(

@@ -26,7 +26,7 @@ use crate::kairon::{self, Instances, KaironError, provider_id};
 use crate::metrics::Metrics;
 
 /// How often to look again at a Kairon API that cannot be used (identity Secret, reachability).
-const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
+pub(super) const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
 
 /// What the reconciler needs: clients, settings and the caches its watches fill.
 pub struct Context {
@@ -79,6 +79,37 @@ pub(super) struct Target {
     pub(super) instances: Instances,
     pub(super) store: Store<kairon::Machine>,
     pub(super) identity: Option<KaironIdentityReference>,
+    /// Which Kairon API this is (`None`: the manager's own), recorded with the VM found there.
+    pub(super) endpoint: Option<String>,
+    /// The Kairon API the VM was recorded on, when the identity names another one now: a VM
+    /// not found here is not gone, it is elsewhere ([`Target::elsewhere`]).
+    pub(super) moved_from: Option<String>,
+}
+
+impl Target {
+    /// What is observed of a VM that is not on this Kairon API when the identity has been
+    /// pointed elsewhere since the VM was recorded: the VM lives on (as far as anyone here can
+    /// tell) where it was, so the last known status is kept and nothing is created or released.
+    /// `None` when the identity names the API the VM was recorded on.
+    pub(super) fn elsewhere(&self, name: &str) -> Option<Observed> {
+        let was = self.moved_from.as_deref()?;
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|i| format!("identity {} {}", i.kind, i.name))
+            .unwrap_or_else(|| "the identity".into());
+        Some(Observed::Waiting(Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::Unknown,
+            reason::INSTANCE_ENDPOINT_CHANGED,
+            format!(
+                "Kairon Machine {name} was recorded on Kairon API {was}; {identity} now names another one ({}), \
+                 where it is not: it is not taken as gone, and nothing is created or deleted until the identity \
+                 names the Kairon API that holds it again",
+                self.endpoint.as_deref().unwrap_or_default()
+            ),
+        )))
+    }
 }
 
 /// How the reconcile goes on after a step: with what the step produced, or stopping with what
@@ -131,6 +162,8 @@ impl Context {
             instances: self.kairon.clone(),
             store: self.instances.clone(),
             identity: None,
+            endpoint: None,
+            moved_from: None,
         }
     }
 
@@ -141,12 +174,9 @@ impl Context {
         let Some(endpoints) = &self.endpoints else {
             return Ok(Step::Continue(self.default_target()));
         };
-        let recorded = scope
-            .km
-            .status
-            .as_ref()
-            .and_then(|s| s.instance.as_ref())
-            .map(|i| i.identity_ref.clone());
+        let instance = scope.km.status.as_ref().and_then(|s| s.instance.as_ref());
+        let recorded = instance.map(|i| i.identity_ref.clone());
+        let recorded_endpoint = instance.and_then(|i| i.endpoint.clone());
         let identity = match recorded {
             Some(identity) => identity,
             // No Cluster: nothing will be created (that waits for the Cluster's
@@ -185,7 +215,10 @@ impl Context {
         if let Err(why) = endpoint.ready().await {
             return unavailable(why);
         }
+        let fingerprint = endpoint.fingerprint().to_string();
         Ok(Step::Continue(Target {
+            moved_from: recorded_endpoint.filter(|e| *e != fingerprint),
+            endpoint: Some(fingerprint),
             instances: endpoint.instances,
             store: endpoint.store,
             identity: Some(identity),
@@ -349,12 +382,14 @@ async fn reconcile_instance(
         .store
         .get(&ObjectRef::new(&name).within(ns))
         .map(|vm| (*vm).clone());
-    if vm.is_none() && km.spec.provider_id.is_some() {
+    if vm.is_none() && (km.spec.provider_id.is_some() || target.moved_from.is_some()) {
         // The cache may lag behind a create we just made: ask the API before concluding the
-        // VM is gone.
+        // VM is gone. On a Kairon API other than the one it was recorded on, a VM not found
+        // is elsewhere, not gone, and is not created again here.
         vm = target.instances.get(ns, &name).await?;
         if vm.is_none() {
-            return Ok(Step::Stop(Observed::Gone, ctx.resync()));
+            let observed = target.elsewhere(&name).unwrap_or(Observed::Gone);
+            return Ok(Step::Stop(observed, retry_elsewhere(target, ctx)));
         }
     }
     let vm = match vm {
@@ -370,6 +405,9 @@ async fn reconcile_instance(
     if let Some(pid) = km.spec.provider_id.as_deref()
         && vm.metadata.uid.as_deref().map(provider_id).as_deref() != Some(pid)
     {
+        if let Some(elsewhere) = target.elsewhere(&name) {
+            return Ok(Step::Stop(elsewhere, retry_elsewhere(target, ctx)));
+        }
         warn!(instance = %name, "the Kairon Machine with this name is not the one spec.providerID names");
         return Ok(Step::Stop(Observed::Gone, ctx.resync()));
     }
@@ -403,8 +441,18 @@ async fn reconcile_instance(
     Ok(Step::Continue(vm))
 }
 
+/// When to look again: soon while the VM is elsewhere (the identity may be pointed back, and
+/// nothing else triggers a reconcile then), at the resync otherwise.
+pub(super) fn retry_elsewhere(target: &Target, ctx: &Context) -> Action {
+    if target.moved_from.is_some() {
+        Action::requeue(ENDPOINT_RETRY)
+    } else {
+        ctx.resync()
+    }
+}
+
 /// Writes the status that follows from `input`, if it differs; returns what it wrote.
-/// With the `target` the status observed, the identity its VM lives on is recorded with it.
+/// With the `target` its VM was seen on, the identity and endpoint holding it are recorded.
 pub(super) async fn write_status(
     ctx: &Context,
     km: &KaironMachine,
@@ -412,8 +460,15 @@ pub(super) async fn write_status(
     target: Option<&Target>,
 ) -> Result<Option<KaironMachineStatus>, Error> {
     let mut next = next_status(km.status.as_ref(), input, km.metadata.generation, &conditions::now());
-    if let (Some(target), Some(instance)) = (target, next.instance.as_mut()) {
+    // Only a VM seen on the target's Kairon API records it: a status kept while the VM is
+    // elsewhere keeps the endpoint that holds it.
+    let seen = matches!(
+        input,
+        StatusInput::Live(Observed::Instance(_)) | StatusInput::Deleting(Observed::Instance(_))
+    );
+    if let (Some(target), Some(instance), true) = (target, next.instance.as_mut(), seen) {
         instance.identity_ref = target.identity.clone();
+        instance.endpoint = target.endpoint.clone();
     }
     let ns = km.namespace().ok_or(Error::MissingNamespace)?;
     let wrote = ctx.writer(&ns).apply_status(km, km.status.as_ref(), &next).await?;
