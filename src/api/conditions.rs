@@ -54,6 +54,9 @@ pub mod reason {
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";
+    /// The identity names another Kairon API than the one that holds the VM, and the VM is not
+    /// there: the last known status is kept and a deletion waits (never "the VM is gone").
+    pub const INSTANCE_ENDPOINT_CHANGED: &str = "InstanceEndpointChanged";
     /// The Kairon Machine could not be read (its schema is not what we know).
     pub const INSTANCE_UNREADABLE: &str = "InstanceUnreadable";
     /// Kairon rejected the create (quota, admission, ...): retried with backoff.

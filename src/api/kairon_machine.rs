@@ -153,6 +153,14 @@ pub struct InstanceRef {
     /// time); absent for the manager's own Kairon API. Deletion uses it.
     #[serde(default, rename = "identityRef", skip_serializing_if = "Option::is_none")]
     pub identity_ref: Option<super::KaironIdentityReference>,
+    /// Which Kairon API holds the VM: a fingerprint of the server, TLS server name and CA the
+    /// identity named when the VM was created or found; absent for the manager's own Kairon
+    /// API. When the identity names another server and the VM is not found there, the machine
+    /// reports `InstanceEndpointChanged` and keeps its last known status: the VM is not taken
+    /// as gone, and a deletion waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub endpoint: Option<String>,
 }
 
 /// `status.deprecated`, as CAPI's own v1beta2 types carry it.

@@ -72,12 +72,19 @@ pub(crate) struct Endpoint {
     pub store: Store<kairon::Machine>,
     pub synced: Synced,
     namespace: String,
+    /// Which Kairon API this is ([`kairon::endpoint_fingerprint`]).
+    fingerprint: String,
     problem: Arc<Mutex<Option<String>>>,
     /// When a known problem was last checked with a request of our own.
     probed: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Endpoint {
+    /// Which Kairon API this is: server, TLS server name and CA, not the credentials.
+    pub(crate) fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
     /// What is wrong with the endpoint's watch, if anything.
     pub(crate) fn problem(&self) -> Option<String> {
         self.problem.lock().unwrap_or_else(|e| e.into_inner()).clone()
@@ -346,8 +353,8 @@ impl Endpoints {
                 return Ok(run.endpoint.clone());
             }
         }
-        let client = self.client_from(&what, &bytes).await?;
-        let endpoint = self.start(key, client);
+        let (client, fingerprint) = self.client_from(&what, &bytes).await?;
+        let endpoint = self.start(key, client, fingerprint);
         let mut running = self.lock();
         if let Some(old) = running.get(key)
             && old.content == content
@@ -375,7 +382,7 @@ impl Endpoints {
     /// A client from kubeconfig `bytes`; refuses what would make the manager run a command or
     /// read its own files (exec plugins, auth providers, file paths): the Secret is written by
     /// the cluster's owner, not by the provider's operator.
-    async fn client_from(&self, what: &str, bytes: &[u8]) -> Result<Client, EndpointError> {
+    async fn client_from(&self, what: &str, bytes: &[u8]) -> Result<(Client, String), EndpointError> {
         let bad = |why: &str| EndpointError::BadKubeconfig(what.to_string(), why.to_string());
         let text = std::str::from_utf8(bytes).map_err(|_| bad("the kubeconfig is not UTF-8"))?;
         let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| bad("the kubeconfig cannot be parsed"))?;
@@ -385,12 +392,14 @@ impl Endpoints {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|_| bad("the kubeconfig has no usable context"))?;
-        (self.factory)(config).map_err(|_| bad("no client can be built from the kubeconfig"))
+        let fingerprint = kairon::endpoint_fingerprint(&config);
+        let client = (self.factory)(config).map_err(|_| bad("no client can be built from the kubeconfig"))?;
+        Ok((client, fingerprint))
     }
 
     /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
     /// reconcile of the KaironMachine of every Kairon Machine that changes.
-    fn start(&self, key: &IdentityKey, client: Client) -> (Endpoint, tokio::task::AbortHandle) {
+    fn start(&self, key: &IdentityKey, client: Client, fingerprint: String) -> (Endpoint, tokio::task::AbortHandle) {
         let instances = Instances::new(client).with_owner(self.owner.clone());
         let (store, writer) = reflector::store();
         let problem: Arc<Mutex<Option<String>>> = Arc::default();
@@ -452,6 +461,7 @@ impl Endpoints {
             store,
             synced,
             namespace: key.namespace.clone(),
+            fingerprint,
             problem,
             probed: Arc::default(),
         };

@@ -37,14 +37,19 @@ pub struct Owner {
 }
 
 impl Owner {
-    /// Whether a VM carrying `label` (its management-cluster label) may be adopted here.
-    /// A VM without the label predates the label and counts as this installation's.
+    /// Whether a VM carrying `label` (its management-cluster label) may be adopted (or
+    /// deleted through a providerID) here. A VM without the label was made by no manager of
+    /// this provider (every one labels what it creates or adopts): a plain Kairon VM.
     pub(crate) fn may_adopt(&self, label: Option<&str>) -> Result<(), String> {
+        if self.id.is_empty() {
+            return Ok(());
+        }
         match label {
-            None => Ok(()),
-            Some(l) if self.id.is_empty() || l == self.id || self.adopt_from.iter().any(|a| a == l) => Ok(()),
+            None => Err("it carries no management-cluster label: no manager of this provider made it".into()),
+            Some(l) if l == self.id || self.adopt_from.iter().any(|a| a == l) => Ok(()),
             Some(l) => Err(format!(
-                "it was created by management cluster {l}, which this manager does not adopt from"
+                "it was created by management cluster {}, which this manager does not adopt from",
+                crate::text::bounded(l, 63)
             )),
         }
     }
@@ -285,7 +290,7 @@ mod tests {
             adopt_from: vec!["mc-old".into()],
         };
         let cases = [
-            ("no label: created before the label existed", None, true),
+            ("no label: a plain Kairon VM", None, false),
             ("this management cluster", Some("mc-a"), true),
             ("the source of a move", Some("mc-old"), true),
             ("another installation", Some("mc-b"), false),
@@ -295,7 +300,8 @@ mod tests {
             let got = owner.may_adopt(label);
             assert_eq!(got.is_ok(), ok, "{name}: {got:?}");
             if let Err(why) = got {
-                assert!(why.contains(label.unwrap()), "{name}: says whose it is: {why}");
+                let whose = label.map_or("no management-cluster label", |l| l);
+                assert!(why.contains(whose), "{name}: says whose it is: {why}");
             }
         }
         assert!(

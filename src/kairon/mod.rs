@@ -10,6 +10,7 @@
 
 mod client;
 pub mod desired;
+mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod observe;
@@ -19,7 +20,8 @@ pub(crate) use client::read_event;
 pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub(crate) use desired::kaironmachine_for_instance;
 pub use desired::{desired_kairon_machine, provider_id};
-pub(crate) use observe::{Ownership, ownership};
+pub(crate) use fingerprint::endpoint_fingerprint;
+pub(crate) use observe::{Holder, Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's real schema
@@ -130,8 +132,20 @@ mod tests {
 
         let mut km = crate::api::KaironMachine::new("km1", Default::default());
         km.metadata.uid = Some("km-uid".into());
-        assert_eq!(ownership(&cached, &km), ownership(&vm, &km));
-        assert_eq!(ownership(&cached, &km), Ownership::Ours);
+        let owner = Owner {
+            id: "mgmt".into(),
+            adopt_from: vec![],
+        };
+        assert_eq!(ownership(&cached, &km, &owner), ownership(&vm, &km, &owner));
+        assert_eq!(ownership(&cached, &km, &owner), Ownership::Ours);
+        km.metadata.uid = Some("a-new-incarnation".into());
+        km.spec.provider_id = Some("kairon://vm-uid".into());
+        assert_eq!(ownership(&cached, &km, &owner), ownership(&vm, &km, &owner));
+        assert!(matches!(
+            ownership(&cached, &km, &owner),
+            Ownership::OursBeforeMove { holder: Some(_) }
+        ));
+        assert_eq!(observe::holder(&cached), observe::holder(&vm));
         assert_eq!(observe::effective_phase(&cached), observe::effective_phase(&vm));
         assert_eq!(observe::addresses(&cached), observe::addresses(&vm));
         assert_eq!(observe::failure_domain(&cached).as_deref(), Some("zone-a"));

@@ -2,7 +2,7 @@
 
 use kube::ResourceExt;
 
-use super::{FAILURE_DOMAIN_ANNOTATION, Machine, labels, phase, provider_id};
+use super::{FAILURE_DOMAIN_ANNOTATION, Machine, Owner, labels, phase, provider_id};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{InstanceRef, KaironMachine, MachineAddress};
 use crate::text::bounded;
@@ -18,29 +18,74 @@ const MAX_ADDRESS: usize = 256;
 /// `status.failureDomain` is at most this long (CRD `maxLength`).
 const MAX_FAILURE_DOMAIN: usize = 256;
 
-/// Whose Kairon Machine this is, from the KaironMachine's point of view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Whose Kairon Machine this is, from the KaironMachine's point of view. One rule for every
+/// path that touches a VM: adoption, status and deletion.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Ownership {
     /// Its UID label names this KaironMachine.
     Ours,
     /// Created for an earlier incarnation of this KaironMachine (e.g. before `clusterctl move`,
     /// which re-creates objects with new UIDs): our write-once `spec.providerID` names exactly
-    /// this VM. Adopt it and move the UID label over.
-    OursBeforeMove,
-    /// Someone else's: never touch it.
-    Foreign,
+    /// this VM, and this management cluster (or one it adopts from) made it. Ours only if the
+    /// KaironMachine its labels name, `holder`, no longer exists: that is for the caller to ask.
+    OursBeforeMove { holder: Option<Holder> },
+    /// Someone else's, and why: never touch it.
+    Foreign(String),
 }
 
-/// Decides whether `vm` belongs to `km`.
-pub(crate) fn ownership(vm: &Machine, km: &KaironMachine) -> Ownership {
+/// The KaironMachine a Kairon Machine's labels name (see [`holder`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Holder {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// Decides whether `vm` belongs to `km`, for the manager speaking for management cluster
+/// `owner`.
+///
+/// `spec.providerID` can be set by whoever creates a KaironMachine, so it alone proves
+/// nothing: a VM it names is this KaironMachine's only when this management cluster (or one it
+/// adopts from) labelled it as its own. A plain Kairon VM, or another installation's, is never
+/// adopted and never deleted through a providerID.
+pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Ownership {
     let uid_label = vm.labels().get(labels::KAIRONMACHINE_UID);
     if uid_label.is_some() && uid_label == km.metadata.uid.as_ref() {
         return Ownership::Ours;
     }
-    match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
-        (Some(pid), Some(uid)) if pid == provider_id(uid) => Ownership::OursBeforeMove,
-        _ => Ownership::Foreign,
+    let named = match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
+        (Some(pid), Some(uid)) => pid == provider_id(uid),
+        _ => false,
+    };
+    if !named {
+        return Ownership::Foreign(match uid_label {
+            Some(_) => "its labels name another KaironMachine".into(),
+            None => "no label names this KaironMachine and spec.providerID does not name it".into(),
+        });
     }
+    if let Err(why) = owner.may_adopt(vm.labels().get(labels::MANAGEMENT_CLUSTER).map(String::as_str)) {
+        return Ownership::Foreign(why);
+    }
+    Ownership::OursBeforeMove { holder: holder(vm) }
+}
+
+/// The KaironMachine `vm`'s labels name, if they name one by UID: the inverse of the labels
+/// [`super::desired_kairon_machine`] writes.
+pub(crate) fn holder(vm: &Machine) -> Option<Holder> {
+    let l = vm.labels();
+    let uid = l.get(labels::KAIRONMACHINE_UID)?;
+    Some(Holder {
+        namespace: l
+            .get(labels::KAIRONMACHINE_NAMESPACE)
+            .cloned()
+            .or_else(|| vm.namespace())
+            .unwrap_or_default(),
+        name: l
+            .get(labels::KAIRONMACHINE_NAME)
+            .cloned()
+            .unwrap_or_else(|| vm.name_any()),
+        uid: uid.clone(),
+    })
 }
 
 /// The phase, with a missing one read as Pending and a deleted Machine as Terminating.
@@ -190,6 +235,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
             .and_then(|s| s.host_name.clone())
             .filter(|h| !h.is_empty() && phase != phase::PROVISIONING),
         identity_ref: None,
+        endpoint: None,
     }
 }
 
@@ -293,24 +339,56 @@ mod tests {
         assert_eq!(failure_reason_v1beta1("DiskError"), "CreateError");
     }
 
+    /// A case: its name, the VM's labels, the KaironMachine's providerID, the manager's
+    /// management cluster, the answer.
+    type OwnershipCase<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>, &'a Owner, Ownership);
+
     #[test]
-    fn ownership_by_uid_label_or_provider_id() {
-        let mut km = KaironMachine::new("m1", Default::default());
-        km.metadata.uid = Some("km-uid".into());
-        let mut m = vm(Some("Running"));
-        assert_eq!(ownership(&m, &km), Ownership::Foreign, "no label, no providerID");
-        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "other".to_string())].into());
-        assert_eq!(ownership(&m, &km), Ownership::Foreign, "someone else's label");
-        km.spec.provider_id = Some("kairon://vm-uid".into());
-        assert_eq!(
-            ownership(&m, &km),
-            Ownership::OursBeforeMove,
-            "providerID names this VM"
-        );
-        km.spec.provider_id = Some("kairon://another-vm".into());
-        assert_eq!(ownership(&m, &km), Ownership::Foreign, "providerID names another VM");
-        m.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
-        assert_eq!(ownership(&m, &km), Ownership::Ours);
+    fn which_vms_are_this_kaironmachines() {
+        let owner = Owner {
+            id: "mc-a".into(),
+            adopt_from: vec!["mc-old".into()],
+        };
+        let uid = labels::KAIRONMACHINE_UID;
+        let mc = labels::MANAGEMENT_CLUSTER;
+        let holder = |name: &str, uid: &str| {
+            Some(Holder {
+                namespace: "ns".into(),
+                name: name.into(),
+                uid: uid.into(),
+            })
+        };
+        let foreign = |why: &str| Ownership::Foreign(why.into());
+        let this_vm = Some("kairon://vm-uid");
+        let no_id = Owner::default();
+        #[rustfmt::skip]
+        let cases: Vec<OwnershipCase> = vec![
+            ("its UID label names us", vec![(uid, "km-uid")], None, &owner, Ownership::Ours),
+            ("its UID label names us, whatever else", vec![(uid, "km-uid"), (mc, "mc-b")], Some("kairon://x"), &owner, Ownership::Ours),
+            ("no label, no providerID", vec![], None, &owner, foreign("no label names this KaironMachine")),
+            ("another KaironMachine's", vec![(uid, "other")], None, &owner, foreign("its labels name another KaironMachine")),
+            ("providerID names another VM", vec![(mc, "mc-a")], Some("kairon://another-vm"), &owner, foreign("no label names this KaironMachine")),
+            ("providerID names a plain Kairon VM", vec![], this_vm, &owner, foreign("no management-cluster label")),
+            ("providerID names another installation's VM", vec![(mc, "mc-b"), (uid, "other")], this_vm, &owner, foreign("management cluster mc-b")),
+            ("providerID names a VM of ours no KaironMachine claims", vec![(mc, "mc-a")], this_vm, &owner, Ownership::OursBeforeMove { holder: None }),
+            ("providerID names a VM of ours another KaironMachine claims", vec![(mc, "mc-a"), (uid, "old-uid"), (labels::KAIRONMACHINE_NAME, "m0")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m0", "old-uid") }),
+            ("providerID names a VM of the cluster moved from", vec![(mc, "mc-old"), (uid, "old-uid")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m1", "old-uid") }),
+            ("no management-cluster id (request-sequence tests)", vec![], this_vm, &no_id, Ownership::OursBeforeMove { holder: None }),
+        ];
+        for (name, vm_labels, pid, owner, want) in cases {
+            let mut km = KaironMachine::new("m1", Default::default());
+            km.metadata.uid = Some("km-uid".into());
+            km.spec.provider_id = pid.map(Into::into);
+            let mut m = vm(Some("Running"));
+            m.metadata.labels = Some(vm_labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+            let got = ownership(&m, &km, owner);
+            match (&got, &want) {
+                (Ownership::Foreign(why), Ownership::Foreign(part)) => {
+                    assert!(why.contains(part.as_str()), "{name}: {why}")
+                }
+                _ => assert_eq!(got, want, "{name}"),
+            }
+        }
     }
 
     #[test]

@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::common::{Rig, RigOptions, km_instance, km_ready};
 use capkr::api::conditions::reason;
 use capkr::api::{KaironMachine, KaironMachineSpec};
+use capkr::kairon;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
@@ -286,9 +288,10 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
 
 /// Adoption by providerID: `spec.providerID` is settable by whoever creates a KaironMachine, so
 /// it names a VM to adopt only when that VM was made by this management cluster (or one it
-/// adopts from) and the KaironMachine the VM's labels name is gone. Without these checks both
+/// adopts from) and the KaironMachine the VM's labels name is gone. Without these checks the
 /// VMs below were relabelled to the newcomer, which then reported Ready and would have deleted
-/// them with its Machine.
+/// them with its Machine (the plain VM, without a management-cluster label, until the label
+/// was required).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_provider_id_alone_does_not_take_another_installations_or_a_live_machines_vm() {
     let rig = Rig::start(RigOptions {
@@ -348,8 +351,10 @@ async fn a_provider_id_alone_does_not_take_another_installations_or_a_live_machi
         ],
     );
     let claimed = plant("claimed-vm", vec![]);
+    // And a plain Kairon VM, which no installation of the provider made.
+    let plain = planted_vm(&rig, "plain-vm", vec![]);
     let mut planted = Vec::new();
-    for vm in [foreign, claimed] {
+    for vm in [foreign, claimed, plain] {
         let vm = rig.vms().create(&PostParams::default(), &vm).await.unwrap();
         planted.push((vm.name_any(), vm.uid().unwrap(), vm.labels().clone()));
     }
@@ -361,6 +366,7 @@ async fn a_provider_id_alone_does_not_take_another_installations_or_a_live_machi
     let cases = [
         ("foreign-vm", "created by management cluster another-installation"),
         ("claimed-vm", "which still exists"),
+        ("plain-vm", "carries no management-cluster label"),
     ];
     for (name, why) in cases {
         let (_, message) = rig
@@ -394,6 +400,237 @@ async fn a_provider_id_alone_does_not_take_another_installations_or_a_live_machi
             status.addresses.unwrap_or_default().is_empty(),
             "{name}: no addresses reported"
         );
+    }
+    assert!(rig.manager.is_running());
+}
+
+/// A Kairon Machine of the rig's namespace with no link to us: `labels` only, a minimal spec,
+/// no user-data (the simulator runs it without registering a Node).
+fn planted_vm(rig: &Rig, name: &str, labels: Vec<(&str, String)>) -> kairon::Machine {
+    let mut vm = kairon::Machine::new(
+        name,
+        kairon::MachineSpec {
+            cpus: 1,
+            memory: Quantity("1Gi".into()),
+            image: "img".into(),
+            disk_size: Quantity("10Gi".into()),
+            ..Default::default()
+        },
+    );
+    vm.metadata.namespace = Some(rig.ns.clone());
+    vm.metadata.labels = Some(labels.into_iter().map(|(k, v)| (k.to_string(), v)).collect());
+    vm
+}
+
+/// Deletion by providerID: whoever may create a KaironMachine can give it our finalizer, the
+/// cluster-name label of a Cluster of the namespace and a `spec.providerID` naming any VM of
+/// that Kairon namespace. Its deletion deletes a VM only when that VM is provably its own, by
+/// the rule adoption follows; otherwise the VM is kept, the finalizer released and a Warning
+/// event says why. Without this each of the three VMs below was deleted with the manager's
+/// credentials: a plain Kairon VM no CAPI object made, another installation's, and one whose
+/// labels name a KaironMachine that still exists.
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_kaironmachine_deletes_no_vm_that_is_not_provably_its_own() {
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("trust_delete")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    let ours = rig.vms().list(&Default::default()).await.unwrap().items;
+    assert_eq!(ours.len(), 1, "the control plane's VM");
+    let cp_vm = ours[0].clone();
+    let cp_labels: Vec<(&str, String)> = cp_vm.labels().iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+
+    let plants = [
+        planted_vm(&rig, "plain-vm", vec![]),
+        planted_vm(
+            &rig,
+            "foreign-vm",
+            vec![
+                (kairon::labels::MANAGEMENT_CLUSTER, "another-installation".into()),
+                (kairon::labels::KAIRONMACHINE_UID, "uid-of-a-machine-elsewhere".into()),
+                (
+                    "infrastructure.cluster.x-k8s.io/kaironmachine-name",
+                    "foreign-vm".into(),
+                ),
+                ("app.kubernetes.io/managed-by", "cluster-api-provider-kairon".into()),
+            ],
+        ),
+        // Our management cluster's label, but naming the live control-plane KaironMachine.
+        planted_vm(&rig, "claimed-vm", cp_labels),
+    ];
+    let mut planted = Vec::new();
+    for vm in plants {
+        let vm = rig.vms().create(&PostParams::default(), &vm).await.unwrap();
+        planted.push((vm.name_any(), vm.uid().unwrap(), vm.labels().clone()));
+    }
+    for (name, vm_uid, _) in &planted {
+        let mut km = KaironMachine::new(
+            name,
+            KaironMachineSpec {
+                provider_id: Some(format!("kairon://{vm_uid}")),
+                ..km_spec()
+            },
+        );
+        km.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
+        km.metadata.finalizers = Some(vec![capkr::api::MACHINE_FINALIZER.to_string()]);
+        rig.kms().create(&PostParams::default(), &km).await.unwrap();
+        rig.kms().delete(name, &Default::default()).await.unwrap();
+    }
+
+    for (name, vm_uid, _) in &planted {
+        rig.wait(&format!("{name}: the KaironMachine gone"), UP, || async {
+            let vm = rig.vms().get_opt(name).await?;
+            if vm.as_ref().is_none_or(|v| v.metadata.deletion_timestamp.is_some()) {
+                rig.fail(format!(
+                    "{name}: the VM the KaironMachine's providerID names was deleted"
+                ));
+            }
+            Ok::<_, kube::Error>(rig.kms().get_opt(name).await?.is_none())
+        })
+        .await;
+        assert_eq!(
+            rig.vms().get(name).await.unwrap().uid().as_ref(),
+            Some(vm_uid),
+            "{name}: the same VM"
+        );
+    }
+    // Give a deletion time to start if one were coming, then look.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let vms = rig.vm_map().await;
+    for (name, vm_uid, labels) in &planted {
+        let vm = vms
+            .get(name)
+            .unwrap_or_else(|| rig.fail(format!("Kairon Machine {name} was deleted")));
+        assert_eq!(vm.uid().as_ref(), Some(vm_uid), "{name}: the same VM");
+        assert!(vm.metadata.deletion_timestamp.is_none(), "{name}: not being deleted");
+        assert_eq!(vm.labels(), labels, "{name}: not relabelled");
+    }
+    let cp = vms.get(&cp_vm.name_any()).expect("the control plane's VM");
+    assert!(cp.metadata.deletion_timestamp.is_none());
+    let events: kube::Api<Event> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    let kept: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("InstanceKept") && e.type_.as_deref() == Some("Warning"))
+        .filter_map(|e| e.note)
+        .collect();
+    for (name, _, _) in &planted {
+        assert!(
+            kept.iter()
+                .any(|n| n.contains(&format!("Kairon Machine {}/{name}", rig.ns))),
+            "{name}: a Warning event says the VM is kept: {kept:?}"
+        );
+    }
+    assert!(rig.manager.is_running());
+}
+
+/// Another Machine's bootstrap Secret: the control-plane Machine's bootstrap Secret (made by
+/// its KubeadmConfig: the cluster's CA, etcd, service-account and front-proxy keys) named by a
+/// Machine without a bootstrap config, or by one whose configRef names that KubeadmConfig; and
+/// a Secret labelled for another Cluster. Without the checks each got a VM, the first two with
+/// the control plane's private keys in their user-data.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_machines_bootstrap_secret_gets_no_vm() {
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("trust_other_secret")
+    })
+    .await;
+    let machines = rig.wait_running(1, UP).await;
+    let cp = &machines[0];
+    let cp_config = cp.data["spec"]["bootstrap"]["configRef"]["name"]
+        .as_str()
+        .expect("the control-plane Machine's KubeadmConfig")
+        .to_string();
+    let cp_secret = cp.data["spec"]["bootstrap"]["dataSecretName"]
+        .as_str()
+        .expect("the control-plane Machine's bootstrap Secret")
+        .to_string();
+    let secrets: kube::Api<Secret> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    let secret = secrets.get(&cp_secret).await.unwrap();
+    assert!(
+        secret
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "KubeadmConfig" && o.name == cp_config && o.controller == Some(true)),
+        "the control plane's bootstrap Secret is its KubeadmConfig's: {:?}",
+        secret.owner_references()
+    );
+    let payload = String::from_utf8(secret.data.unwrap()["value"].0.clone()).unwrap();
+    assert!(payload.contains("ca.key"), "it holds the cluster's CA key");
+
+    let mut other = Secret::default();
+    other.metadata.name = Some("other-cluster-data".into());
+    other.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), "c2".to_string())].into());
+    other.string_data = Some([("value".to_string(), "#cloud-config\n".to_string())].into());
+    secrets.create(&PostParams::default(), &other).await.unwrap();
+
+    let bootstraps = [
+        ("bare-takes-cp-data", json!({"dataSecretName": cp_secret})),
+        (
+            "config-takes-cp-data",
+            json!({"dataSecretName": cp_secret,
+                   "configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": cp_config}}),
+        ),
+        ("other-cluster-data", json!({"dataSecretName": "other-cluster-data"})),
+    ];
+    for (name, bootstrap) in &bootstraps {
+        let uid = create_machine(&rig, name, bootstrap.clone(), name).await;
+        create_km(&rig, name, name, &uid).await;
+    }
+    // Why, in the message: made by a bootstrap config; that config is another Machine's; the
+    // Secret's cluster.
+    let cases = [
+        (
+            "bare-takes-cp-data",
+            format!("Secret {cp_secret}"),
+            format!("KubeadmConfig {cp_config}"),
+        ),
+        (
+            "config-takes-cp-data",
+            format!("Secret {cp_secret}"),
+            format!("Machine {}", cp.name_any()),
+        ),
+        (
+            "other-cluster-data",
+            "Secret other-cluster-data".to_string(),
+            "Cluster c2".to_string(),
+        ),
+    ];
+    for (name, secret, why) in &cases {
+        let (_, message) = rig
+            .wait(
+                &format!("{name}: InstanceProvisioned BootstrapDataSecretNotTrusted"),
+                UP,
+                || async {
+                    if rig.vms().get_opt(name).await?.is_some() {
+                        rig.fail(format!("{name}: got a VM"));
+                    }
+                    let km = rig.kms().get(name).await?;
+                    Ok::<_, kube::Error>(
+                        km_instance(&km).filter(|(r, _)| r == reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED),
+                    )
+                },
+            )
+            .await;
+        assert!(message.contains(secret.as_str()), "{name}: names the Secret: {message}");
+        assert!(message.contains(why.as_str()), "{name}: says why ({why}): {message}");
+        assert!(
+            !message.contains("PRIVATE KEY") && !message.contains("cloud-config"),
+            "{name}: never the content"
+        );
+    }
+    // Give the manager time to do anything more it would do, then look.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let vms = rig.vm_map().await;
+    assert_eq!(vms.len(), 1, "the control plane's VM only: {:?}", vms.keys());
+    for (name, _) in &bootstraps {
+        assert!(!vms.contains_key(*name), "{name}: no Kairon Machine created");
     }
     assert!(rig.manager.is_running());
 }

@@ -32,6 +32,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [cluster.x-k8s.io]
   resources: [clusters, machines]
   verbs: [get, list, watch]
+# Bootstrap configs (any bootstrap provider's kinds): one GET of the metadata of the one
+# config that made a Machine's bootstrap data Secret, to check it is that Machine's.
+- apiGroups: [bootstrap.cluster.x-k8s.io]
+  resources: ["*"]
+  verbs: [get]
 # Bootstrap data and identities (KaironCluster spec.identityRef): one GET of the one Secret
 # named; patch to put a finalizer, the clusterctl move label (a Secret named directly) or an
 # owner reference (a KaironClusterIdentity's Secret) on an identity Secret while the

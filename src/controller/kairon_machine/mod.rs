@@ -4,10 +4,12 @@
 //! 1. dereference the owner Machine and the Cluster (from caches);
 //! 2. pause (Cluster `spec.paused` or the annotation) — before deletion, so that
 //!    `clusterctl move` never destroys a VM;
-//! 3. deletion: delete the Kairon Machine, keep the finalizer until it is gone;
+//! 3. deletion: delete the Kairon Machine if it is provably ours ([`ownership`]), keep the
+//!    finalizer until it is gone ([`delete`]);
 //! 4. no owner Machine yet: do nothing, not even add the finalizer;
 //! 5. finalizer, then wait for cluster infrastructure and bootstrap data, create the Kairon
-//!    Machine (deterministic name; adopt only what carries our UID), write `spec.providerID`;
+//!    Machine (deterministic name, [`create`]; adopt only what is provably ours), write
+//!    `spec.providerID`;
 //! 6. status from what Kairon reports ([`status`]), written only when it differs.
 //!
 //! The finalizer is handled by hand rather than with `kube::runtime::finalizer`, because the
@@ -17,7 +19,10 @@
 //! What triggers a reconcile, and the caches it reads, are in [`watches`]; every request to
 //! Kairon goes through [`crate::kairon::Instances`].
 
+mod create;
+mod delete;
 mod lanes;
+mod ownership;
 mod reconcile;
 pub(crate) mod status;
 mod watches;

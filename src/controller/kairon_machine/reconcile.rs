@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -12,26 +11,22 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::create::create_instance;
+use super::delete::reconcile_delete;
+use super::ownership::{Verdict, whose};
 use super::status::{Observed, StatusInput, next_status};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironCluster, KaironIdentityReference, KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
-use crate::capi::{self, bootstrap};
+use crate::capi;
 use crate::controller::runtime::{owning_cluster, pause_step};
 use crate::controller::write::{Writer, has_finalizer};
 use crate::controller::{Endpoints, Error, Fresher, Settings, Synced};
 use crate::events::{Events, reason as event};
-use crate::kairon::{
-    self, Created, Deletion, Instances, KaironError, Ownership, desired_kairon_machine, ownership, provider_id,
-};
+use crate::kairon::{self, Instances, KaironError, provider_id};
 use crate::metrics::Metrics;
 
-/// How often to look again for a bootstrap Secret that is named but missing (Secrets are read
-/// with a single GET, never watched).
-const SECRET_RETRY: Duration = Duration::from_secs(20);
-/// How often to look again while a Kairon Machine is being deleted, on top of its watch.
-const DELETE_RETRY: Duration = Duration::from_secs(30);
 /// How often to look again at a Kairon API that cannot be used (identity Secret, reachability).
-const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
+pub(super) const ENDPOINT_RETRY: Duration = Duration::from_secs(15);
 
 /// What the reconciler needs: clients, settings and the caches its watches fill.
 pub struct Context {
@@ -60,18 +55,18 @@ pub struct Context {
 
 /// What a reconcile has read before deciding anything: the KaironMachine (as fresh as we know
 /// it), its owner Machine and its Cluster from the caches.
-struct Scope {
-    km: Arc<KaironMachine>,
-    ns: String,
-    machine: Option<Arc<capi::Machine>>,
-    cluster: Option<Arc<capi::Cluster>>,
+pub(super) struct Scope {
+    pub(super) km: Arc<KaironMachine>,
+    pub(super) ns: String,
+    pub(super) machine: Option<Arc<capi::Machine>>,
+    pub(super) cluster: Option<Arc<capi::Cluster>>,
     /// From the cluster-name label, else the Machine's `spec.clusterName`; empty if neither.
-    cluster_name: String,
+    pub(super) cluster_name: String,
 }
 
 impl Scope {
     /// The KaironCluster the machine's Cluster names as its infrastructure, if any.
-    fn kaironcluster_name(&self) -> Option<&str> {
+    pub(super) fn kaironcluster_name(&self) -> Option<&str> {
         self.cluster
             .as_deref()
             .and_then(|c| c.infrastructure_name(api::GROUP, "KaironCluster"))
@@ -80,15 +75,46 @@ impl Scope {
 
 /// The Kairon API a KaironMachine's VM lives on, and the identity that names it (`None`:
 /// the manager's own).
-struct Target {
-    instances: Instances,
-    store: Store<kairon::Machine>,
-    identity: Option<KaironIdentityReference>,
+pub(super) struct Target {
+    pub(super) instances: Instances,
+    pub(super) store: Store<kairon::Machine>,
+    pub(super) identity: Option<KaironIdentityReference>,
+    /// Which Kairon API this is (`None`: the manager's own), recorded with the VM found there.
+    pub(super) endpoint: Option<String>,
+    /// The Kairon API the VM was recorded on, when the identity names another one now: a VM
+    /// not found here is not gone, it is elsewhere ([`Target::elsewhere`]).
+    pub(super) moved_from: Option<String>,
+}
+
+impl Target {
+    /// What is observed of a VM that is not on this Kairon API when the identity has been
+    /// pointed elsewhere since the VM was recorded: the VM lives on (as far as anyone here can
+    /// tell) where it was, so the last known status is kept and nothing is created or released.
+    /// `None` when the identity names the API the VM was recorded on.
+    pub(super) fn elsewhere(&self, name: &str) -> Option<Observed> {
+        let was = self.moved_from.as_deref()?;
+        let identity = self
+            .identity
+            .as_ref()
+            .map(|i| format!("identity {} {}", i.kind, i.name))
+            .unwrap_or_else(|| "the identity".into());
+        Some(Observed::Waiting(Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::Unknown,
+            reason::INSTANCE_ENDPOINT_CHANGED,
+            format!(
+                "Kairon Machine {name} was recorded on Kairon API {was}; {identity} now names another one ({}), \
+                 where it is not: it is not taken as gone, and nothing is created or deleted until the identity \
+                 names the Kairon API that holds it again",
+                self.endpoint.as_deref().unwrap_or_default()
+            ),
+        )))
+    }
 }
 
 /// How the reconcile goes on after a step: with what the step produced, or stopping with what
 /// was observed (and when to look again).
-enum Step<T> {
+pub(super) enum Step<T> {
     Continue(T),
     Stop(Observed, Action),
 }
@@ -123,11 +149,11 @@ impl Context {
         })
     }
 
-    fn writer(&self, ns: &str) -> Writer<'_, KaironMachine> {
+    pub(super) fn writer(&self, ns: &str) -> Writer<'_, KaironMachine> {
         Writer::new(Api::namespaced(self.client.clone(), ns), Some(&self.fresh))
     }
 
-    fn resync(&self) -> Action {
+    pub(super) fn resync(&self) -> Action {
         Action::requeue(self.settings.sync_period)
     }
 
@@ -136,22 +162,21 @@ impl Context {
             instances: self.kairon.clone(),
             store: self.instances.clone(),
             identity: None,
+            endpoint: None,
+            moved_from: None,
         }
     }
 
     /// The Kairon API of the KaironMachine: the one its VM was created on (recorded in
     /// status, so that deletion talks to it whatever happened since), else the one its
     /// KaironCluster names. Stops, saying why, when that API cannot be used now.
-    async fn target(&self, scope: &Scope) -> Result<Step<Target>, Error> {
+    pub(super) async fn target(&self, scope: &Scope) -> Result<Step<Target>, Error> {
         let Some(endpoints) = &self.endpoints else {
             return Ok(Step::Continue(self.default_target()));
         };
-        let recorded = scope
-            .km
-            .status
-            .as_ref()
-            .and_then(|s| s.instance.as_ref())
-            .map(|i| i.identity_ref.clone());
+        let instance = scope.km.status.as_ref().and_then(|s| s.instance.as_ref());
+        let recorded = instance.map(|i| i.identity_ref.clone());
+        let recorded_endpoint = instance.and_then(|i| i.endpoint.clone());
         let identity = match recorded {
             Some(identity) => identity,
             // No Cluster: nothing will be created (that waits for the Cluster's
@@ -190,7 +215,10 @@ impl Context {
         if let Err(why) = endpoint.ready().await {
             return unavailable(why);
         }
+        let fingerprint = endpoint.fingerprint().to_string();
         Ok(Step::Continue(Target {
+            moved_from: recorded_endpoint.filter(|e| *e != fingerprint),
+            endpoint: Some(fingerprint),
             instances: endpoint.instances,
             store: endpoint.store,
             identity: Some(identity),
@@ -354,12 +382,14 @@ async fn reconcile_instance(
         .store
         .get(&ObjectRef::new(&name).within(ns))
         .map(|vm| (*vm).clone());
-    if vm.is_none() && km.spec.provider_id.is_some() {
+    if vm.is_none() && (km.spec.provider_id.is_some() || target.moved_from.is_some()) {
         // The cache may lag behind a create we just made: ask the API before concluding the
-        // VM is gone.
+        // VM is gone. On a Kairon API other than the one it was recorded on, a VM not found
+        // is elsewhere, not gone, and is not created again here.
         vm = target.instances.get(ns, &name).await?;
         if vm.is_none() {
-            return Ok(Step::Stop(Observed::Gone, ctx.resync()));
+            let observed = target.elsewhere(&name).unwrap_or(Observed::Gone);
+            return Ok(Step::Stop(observed, retry_elsewhere(target, ctx)));
         }
     }
     let vm = match vm {
@@ -375,21 +405,19 @@ async fn reconcile_instance(
     if let Some(pid) = km.spec.provider_id.as_deref()
         && vm.metadata.uid.as_deref().map(provider_id).as_deref() != Some(pid)
     {
+        if let Some(elsewhere) = target.elsewhere(&name) {
+            return Ok(Step::Stop(elsewhere, retry_elsewhere(target, ctx)));
+        }
         warn!(instance = %name, "the Kairon Machine with this name is not the one spec.providerID names");
         return Ok(Step::Stop(Observed::Gone, ctx.resync()));
     }
 
-    match ownership(&vm, km) {
-        Ownership::Foreign => {
-            warn!(instance = %name, "a Kairon Machine with this name belongs to someone else");
-            let why = "its labels name another KaironMachine".to_string();
+    match whose(&vm, km, &ctx.client, target.instances.owner()).await? {
+        Verdict::NotOurs(why) => {
+            warn!(instance = %name, %why, "a Kairon Machine with this name is not this KaironMachine's");
             return Ok(Step::Stop(Observed::Conflict { name, why }, ctx.resync()));
         }
-        Ownership::OursBeforeMove => {
-            if let Some(why) = refuse_adoption(&vm, km, ctx, target).await? {
-                warn!(instance = %name, %why, "not adopting the Kairon Machine named by spec.providerID");
-                return Ok(Step::Stop(Observed::Conflict { name, why }, ctx.resync()));
-            }
+        Verdict::Adopt => {
             info!(instance = %name, "adopting the Kairon Machine named by spec.providerID");
             target.instances.adopt(&vm, km).await?;
             ctx.events
@@ -401,7 +429,7 @@ async fn reconcile_instance(
                 )
                 .await;
         }
-        Ownership::Ours => {}
+        Verdict::Ours => {}
     }
 
     if km.spec.provider_id.is_none()
@@ -413,287 +441,34 @@ async fn reconcile_instance(
     Ok(Step::Continue(vm))
 }
 
-/// Why `vm`, which `km`'s providerID names, must not be adopted: `spec.providerID` can be set
-/// by whoever creates a KaironMachine, so it alone proves nothing. A VM is adopted only from
-/// this management cluster (or one it adopts from), and only when the KaironMachine its labels
-/// name is gone, as after `clusterctl move`.
-async fn refuse_adoption(
-    vm: &kairon::Machine,
-    km: &KaironMachine,
-    ctx: &Context,
-    target: &Target,
-) -> Result<Option<String>, Error> {
-    let labels = vm.labels();
-    if let Err(why) = target
-        .instances
-        .owner()
-        .may_adopt(labels.get(kairon::labels::MANAGEMENT_CLUSTER).map(String::as_str))
-    {
-        return Ok(Some(why));
+/// When to look again: soon while the VM is elsewhere (the identity may be pointed back, and
+/// nothing else triggers a reconcile then), at the resync otherwise.
+pub(super) fn retry_elsewhere(target: &Target, ctx: &Context) -> Action {
+    if target.moved_from.is_some() {
+        Action::requeue(ENDPOINT_RETRY)
+    } else {
+        ctx.resync()
     }
-    let Some(uid) = labels.get(kairon::labels::KAIRONMACHINE_UID) else {
-        return Ok(None);
-    };
-    let ns = labels
-        .get(kairon::labels::KAIRONMACHINE_NAMESPACE)
-        .cloned()
-        .or_else(|| vm.namespace())
-        .unwrap_or_default();
-    let name = labels
-        .get(kairon::labels::KAIRONMACHINE_NAME)
-        .cloned()
-        .unwrap_or_else(|| vm.name_any());
-    let holder = Api::<KaironMachine>::namespaced(ctx.client.clone(), &ns)
-        .get_opt(&name)
-        .await
-        .map_err(Error::read(format!("KaironMachine {ns}/{name}")))?;
-    Ok(holder
-        .filter(|h| h.metadata.uid.as_ref() == Some(uid) && h.metadata.uid != km.metadata.uid)
-        .map(|_| format!("it belongs to KaironMachine {ns}/{name}, which still exists")))
-}
-
-/// Creates the Kairon Machine once everything it needs is there: cluster infrastructure,
-/// bootstrap data, the failure domain. Stops with what is still missing otherwise.
-async fn create_instance(
-    scope: &Scope,
-    machine: &capi::Machine,
-    ctx: &Context,
-    target: &Target,
-) -> Result<Step<kairon::Machine>, Error> {
-    let cluster = scope.cluster.as_deref();
-    let waiting = |r: &'static str, msg: String| {
-        Ok(Step::Stop(
-            Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, msg)),
-            ctx.resync(),
-        ))
-    };
-
-    if !cluster.is_some_and(capi::Cluster::infrastructure_provisioned) {
-        return waiting(
-            reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
-            format!("waiting for the infrastructure of Cluster {}", scope.cluster_name),
-        );
-    }
-    let Some(secret_name) = machine.data_secret_name() else {
-        if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
-            return waiting(
-                reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED,
-                "waiting for the control plane to be initialized".into(),
-            );
-        }
-        return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
-    };
-    let user_data = match read_bootstrap_data(scope, machine, secret_name, ctx).await? {
-        Step::Continue(data) => data,
-        Step::Stop(observed, action) => return Ok(Step::Stop(observed, action)),
-    };
-
-    let failure_domain = match machine.failure_domain() {
-        None => None,
-        Some(fd) => match find_failure_domain(scope, fd, ctx).await? {
-            Some(spec) => Some(spec),
-            None => {
-                return waiting(
-                    reason::FAILURE_DOMAIN_NOT_FOUND,
-                    format!("failure domain {fd} is not defined on the KaironCluster"),
-                );
-            }
-        },
-    };
-
-    let km = scope.km.as_ref();
-    let desired = desired_kairon_machine(km, &scope.cluster_name, user_data, failure_domain.as_ref());
-    let vm = match target.instances.create(desired).await? {
-        Created::New(vm) => {
-            let (ns, name) = (&scope.ns, km.name_any());
-            info!(instance = %name, "created Kairon Machine");
-            ctx.events
-                .normal(
-                    km,
-                    event::INSTANCE_CREATED,
-                    "Create",
-                    format!("created Kairon Machine {ns}/{name}"),
-                )
-                .await;
-            vm
-        }
-        // Created by an earlier reconcile the cache has not seen yet, or by someone else: the
-        // ownership check decides.
-        Created::Existing(vm) => vm,
-    };
-    Ok(Step::Continue(vm))
-}
-
-/// Reads the bootstrap data with one GET of the one Secret (no cluster-wide Secret cache), if
-/// that Secret may be the Machine's bootstrap data.
-async fn read_bootstrap_data(
-    scope: &Scope,
-    machine: &capi::Machine,
-    secret_name: &str,
-    ctx: &Context,
-) -> Result<Step<String>, Error> {
-    let ns = scope.ns.as_str();
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
-    let secret = secrets
-        .get_opt(secret_name)
-        .await
-        .map_err(Error::read(format!("bootstrap data Secret {ns}/{secret_name}")))?;
-    let Some(secret) = secret else {
-        let d = Decided::new(
-            INSTANCE_PROVISIONED,
-            Status::False,
-            reason::BOOTSTRAP_SECRET_NOT_FOUND,
-            format!("bootstrap data Secret {secret_name} not found"),
-        );
-        return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY)));
-    };
-    let data = bootstrap::check_source(&secret, machine.bootstrap_config())
-        .and_then(|()| bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes));
-    Ok(match data {
-        Ok(data) => Step::Continue(data),
-        Err(e) if e.is_terminal() => {
-            let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
-            Step::Stop(
-                Observed::Terminal {
-                    condition,
-                    failure_reason: "InvalidConfiguration",
-                },
-                Action::await_change(),
-            )
-        }
-        Err(e) => {
-            let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
-            Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY))
-        }
-    })
-}
-
-/// The failure domain named by the Machine, from the KaironCluster.
-async fn find_failure_domain(
-    scope: &Scope,
-    name: &str,
-    ctx: &Context,
-) -> Result<Option<api::FailureDomainSpec>, Error> {
-    let ns = scope.ns.as_str();
-    let Some(kc_name) = scope.kaironcluster_name() else {
-        return Ok(None);
-    };
-    let kcs: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), ns);
-    let kc = kcs
-        .get_opt(kc_name)
-        .await
-        .map_err(Error::read(format!("KaironCluster {ns}/{kc_name}")))?;
-    Ok(kc
-        .and_then(|kc| kc.spec.failure_domains)
-        .into_iter()
-        .flatten()
-        .find(|fd| fd.name == name))
-}
-
-/// Deletion: the Kairon Machine goes first, then the finalizer.
-async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error> {
-    let km = scope.km.as_ref();
-    let ns = scope.ns.as_str();
-    if !has_finalizer(km, MACHINE_FINALIZER) {
-        return Ok(Action::await_change());
-    }
-    let release = || async {
-        ctx.writer(ns).remove_finalizer(km, MACHINE_FINALIZER).await?;
-        Ok::<_, Error>(Action::await_change())
-    };
-    if capi::has_annotation(&km.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
-        // Moved to another management cluster: the VM lives on there.
-        info!("deleted for clusterctl move; the Kairon Machine is kept");
-        return release().await;
-    }
-    let name = km.name_any();
-    if cluster_is_gone(scope, ctx).await? {
-        // In CAPI's own flow the Cluster outlives its machines. A KaironMachine deleted after
-        // its Cluster is gone was left behind (by a `clusterctl move` that did not know our
-        // kinds, say) while the cluster lives on elsewhere: its VM is not ours to destroy.
-        warn!(instance = %name, cluster = %scope.cluster_name, "the Cluster is gone; the Kairon Machine is kept");
-        ctx.metrics.instances_kept.inc();
-        ctx.events
-            .warning(
-                km,
-                event::INSTANCE_KEPT,
-                "Delete",
-                format!(
-                    "Cluster {} no longer exists: Kairon Machine {ns}/{name} is kept, not deleted",
-                    scope.cluster_name
-                ),
-            )
-            .await;
-        return release().await;
-    }
-    let target = match ctx.target(scope).await? {
-        Step::Continue(t) => t,
-        Step::Stop(observed, action) => {
-            write_status(ctx, km, StatusInput::Deleting(&observed), None).await?;
-            return Ok(action);
-        }
-    };
-    // Authoritative read: the finalizer must not go while the VM exists.
-    let Some(vm) = target.instances.get(ns, &name).await? else {
-        info!("Kairon Machine is gone; releasing the finalizer");
-        ctx.events
-            .normal(
-                km,
-                event::INSTANCE_DELETED,
-                "Delete",
-                format!("Kairon Machine {ns}/{name} is deleted"),
-            )
-            .await;
-        return release().await;
-    };
-    if ownership(&vm, km) == Ownership::Foreign {
-        info!(instance = %name, "the Kairon Machine with this name is not ours; releasing the finalizer without deleting it");
-        return release().await;
-    }
-    if vm.metadata.deletion_timestamp.is_none() {
-        match target.instances.delete(&vm).await? {
-            Deletion::Started => info!(instance = %name, "deleting Kairon Machine"),
-            Deletion::Gone => return release().await,
-        }
-    }
-    write_status(
-        ctx,
-        km,
-        StatusInput::Deleting(&Observed::Instance(Box::new(vm))),
-        Some(&target),
-    )
-    .await?;
-    Ok(Action::requeue(DELETE_RETRY))
-}
-
-/// Whether the KaironMachine's Cluster no longer exists, asked of the API server when the cache
-/// does not have it (it may lag behind a Cluster just created).
-async fn cluster_is_gone(scope: &Scope, ctx: &Context) -> Result<bool, Error> {
-    if scope.cluster.is_some() {
-        return Ok(false);
-    }
-    if scope.cluster_name.is_empty() {
-        return Ok(true);
-    }
-    let clusters: Api<capi::Cluster> = Api::namespaced(ctx.client.clone(), &scope.ns);
-    let cluster = clusters
-        .get_opt(&scope.cluster_name)
-        .await
-        .map_err(Error::read(format!("Cluster {}/{}", scope.ns, scope.cluster_name)))?;
-    Ok(cluster.is_none())
 }
 
 /// Writes the status that follows from `input`, if it differs; returns what it wrote.
-/// With the `target` the status observed, the identity its VM lives on is recorded with it.
-async fn write_status(
+/// With the `target` its VM was seen on, the identity and endpoint holding it are recorded.
+pub(super) async fn write_status(
     ctx: &Context,
     km: &KaironMachine,
     input: StatusInput<'_>,
     target: Option<&Target>,
 ) -> Result<Option<KaironMachineStatus>, Error> {
     let mut next = next_status(km.status.as_ref(), input, km.metadata.generation, &conditions::now());
-    if let (Some(target), Some(instance)) = (target, next.instance.as_mut()) {
+    // Only a VM seen on the target's Kairon API records it: a status kept while the VM is
+    // elsewhere keeps the endpoint that holds it.
+    let seen = matches!(
+        input,
+        StatusInput::Live(Observed::Instance(_)) | StatusInput::Deleting(Observed::Instance(_))
+    );
+    if let (Some(target), Some(instance), true) = (target, next.instance.as_mut(), seen) {
         instance.identity_ref = target.identity.clone();
+        instance.endpoint = target.endpoint.clone();
     }
     let ns = km.namespace().ok_or(Error::MissingNamespace)?;
     let wrote = ctx.writer(&ns).apply_status(km, km.status.as_ref(), &next).await?;

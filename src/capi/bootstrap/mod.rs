@@ -4,16 +4,16 @@
 //!
 //! Errors here describe the Secret, never its content: they end up in conditions. The payload
 //! is returned as plain text; whoever forwards it (the Kairon client) wraps it so that it
-//! cannot be printed.
+//! cannot be printed. Which Secret may be read as a Machine's bootstrap data at all is
+//! decided in [`source`].
 
 use k8s_openapi::api::core::v1::Secret;
 
-use super::{ContractVersionedObjectReference, GROUP};
 use crate::api::conditions::reason;
 
-/// CAPI's control-plane providers' group: Secrets they own (CAs, kubeconfig, service-account
-/// keys) are never bootstrap data.
-const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+mod source;
+
+pub use source::{Source, check_config, check_source};
 
 /// Largest payload accepted by default. Kairon forwards it inside the Kairon Machine object,
 /// and objects must stay well below the API server's 1.5 MiB storage limit.
@@ -39,6 +39,28 @@ pub enum BootstrapDataError {
     NotFromBootstrapConfig { secret: String, config: String },
     #[error("Secret {secret} belongs to {owner}, not to a bootstrap provider; it is not used as bootstrap data")]
     BelongsToCapi { secret: String, owner: String },
+    #[error(
+        "Secret {secret} was made by bootstrap config {config} for its own Machine; a Machine without a bootstrap config may not use it"
+    )]
+    MadeForAnotherMachine { secret: String, config: String },
+    #[error(
+        "Secret {secret} was made by {config}, which belongs to {controller}, not to this Machine; it is not used as bootstrap data"
+    )]
+    ConfigOfAnotherMachine {
+        secret: String,
+        config: String,
+        controller: String,
+    },
+    #[error("Secret {secret} was made by {config}, which does not exist; it is not used as bootstrap data")]
+    ConfigNotFound { secret: String, config: String },
+    #[error(
+        "Secret {secret} belongs to Cluster {cluster}, not to this Machine's Cluster {machine_cluster}; it is not used as bootstrap data"
+    )]
+    OtherCluster {
+        secret: String,
+        cluster: String,
+        machine_cluster: String,
+    },
 }
 
 impl BootstrapDataError {
@@ -49,9 +71,12 @@ impl BootstrapDataError {
             Self::TooLarge { .. } => reason::BOOTSTRAP_DATA_TOO_LARGE,
             Self::NotText { .. } => reason::BOOTSTRAP_DATA_INVALID,
             Self::UnsupportedFormat { .. } => reason::UNSUPPORTED_BOOTSTRAP_FORMAT,
-            Self::NotFromBootstrapConfig { .. } | Self::BelongsToCapi { .. } => {
-                reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED
-            }
+            Self::NotFromBootstrapConfig { .. }
+            | Self::BelongsToCapi { .. }
+            | Self::MadeForAnotherMachine { .. }
+            | Self::ConfigOfAnotherMachine { .. }
+            | Self::ConfigNotFound { .. }
+            | Self::OtherCluster { .. } => reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED,
         }
     }
 
@@ -59,50 +84,6 @@ impl BootstrapDataError {
     /// deliver, so the machine must be replaced.
     pub fn is_terminal(&self) -> bool {
         matches!(self, Self::UnsupportedFormat { .. })
-    }
-}
-
-/// Whether `secret` may be read as the bootstrap data of a Machine whose bootstrap config is
-/// `config` (`spec.bootstrap.configRef`).
-///
-/// Anyone who can create a Machine names the Secret, and its content is copied into the VM
-/// where whoever may read Kairon Machines can read it. So with a bootstrap config, only a
-/// Secret that config controls (bootstrap providers set a controller ownerReference) is used;
-/// without one (data given directly, as the contract allows), any Secret of the namespace but
-/// CAPI's own: those a Cluster or a control plane owns (kubeconfig, CAs, service-account keys).
-pub fn check_source(
-    secret: &Secret,
-    config: Option<&ContractVersionedObjectReference>,
-) -> Result<(), BootstrapDataError> {
-    let name = secret.metadata.name.clone().unwrap_or_default();
-    let owners = secret.metadata.owner_references.as_deref().unwrap_or_default();
-    match config {
-        Some(config) => {
-            let controlled = owners.iter().any(|o| {
-                o.controller == Some(true)
-                    && o.kind == config.kind
-                    && o.name == config.name
-                    && super::group_of(&o.api_version) == config.api_group
-            });
-            if controlled {
-                Ok(())
-            } else {
-                Err(BootstrapDataError::NotFromBootstrapConfig {
-                    secret: name,
-                    config: format!("{} {}", config.kind, config.name),
-                })
-            }
-        }
-        None => match owners.iter().find(|o| {
-            let group = super::group_of(&o.api_version);
-            (group == GROUP && o.kind == "Cluster") || group == CONTROL_PLANE_GROUP
-        }) {
-            Some(o) => Err(BootstrapDataError::BelongsToCapi {
-                secret: name,
-                owner: format!("{} {}", o.kind, o.name),
-            }),
-            None => Ok(()),
-        },
     }
 }
 
@@ -212,99 +193,6 @@ mod tests {
                     assert!(!e.to_string().contains("SECRET"), "{name}: {e}");
                 }
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
-            }
-        }
-    }
-
-    fn owned_by(s: &mut Secret, api_version: &str, kind: &str, name: &str, controller: bool) {
-        s.metadata.owner_references.get_or_insert_with(Vec::new).push(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                api_version: api_version.into(),
-                kind: kind.into(),
-                name: name.into(),
-                uid: format!("{name}-uid"),
-                controller: Some(controller),
-                ..Default::default()
-            },
-        );
-    }
-
-    #[test]
-    fn which_secrets_may_be_bootstrap_data() {
-        let config = ContractVersionedObjectReference {
-            api_group: "bootstrap.cluster.x-k8s.io".into(),
-            kind: "KubeadmConfig".into(),
-            name: "m1-config".into(),
-        };
-        let plain = secret(&[("value", b"x")]);
-        let mut from_config = plain.clone();
-        owned_by(
-            &mut from_config,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
-            "KubeadmConfig",
-            "m1-config",
-            true,
-        );
-        let mut from_other_config = plain.clone();
-        owned_by(
-            &mut from_other_config,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
-            "KubeadmConfig",
-            "m2-config",
-            true,
-        );
-        let mut config_not_controller = plain.clone();
-        owned_by(
-            &mut config_not_controller,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
-            "KubeadmConfig",
-            "m1-config",
-            false,
-        );
-        let mut other_group = plain.clone();
-        owned_by(&mut other_group, "example.com/v1", "KubeadmConfig", "m1-config", true);
-        let mut kubeconfig = plain.clone();
-        owned_by(&mut kubeconfig, "cluster.x-k8s.io/v1beta2", "Cluster", "demo", false);
-        let mut ca = plain.clone();
-        owned_by(
-            &mut ca,
-            "controlplane.cluster.x-k8s.io/v1beta2",
-            "KubeadmControlPlane",
-            "demo-cp",
-            true,
-        );
-        let mut app = plain.clone();
-        owned_by(&mut app, "apps/v1", "Deployment", "x", true);
-
-        let cases: Vec<(&str, &Secret, Option<&ContractVersionedObjectReference>, bool)> = vec![
-            ("made by the Machine's config", &from_config, Some(&config), true),
-            ("no owner, but a config is named", &plain, Some(&config), false),
-            ("made by another config", &from_other_config, Some(&config), false),
-            (
-                "owned by the config but not as controller",
-                &config_not_controller,
-                Some(&config),
-                false,
-            ),
-            (
-                "same kind and name in another group",
-                &other_group,
-                Some(&config),
-                false,
-            ),
-            ("user-provided data, no owner", &plain, None, true),
-            ("user-provided data owned by something else", &app, None, true),
-            ("the cluster's kubeconfig", &kubeconfig, None, false),
-            ("a control plane's CA", &ca, None, false),
-            ("a control plane's CA named with a config", &ca, Some(&config), false),
-        ];
-        for (name, s, config, ok) in cases {
-            let got = check_source(s, config);
-            assert_eq!(got.is_ok(), ok, "{name}: {got:?}");
-            if let Err(e) = got {
-                assert_eq!(e.reason(), reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED, "{name}");
-                assert!(!e.is_terminal(), "{name}");
-                assert!(e.to_string().contains("m1-bootstrap"), "{name}: names the Secret: {e}");
             }
         }
     }

@@ -1,0 +1,350 @@
+//! Which Secret may be a Machine's bootstrap data: the one made for this Machine, never
+//! another Machine's, another Cluster's or CAPI's own. Pure: the caller reads the Secret and,
+//! with a bootstrap config, that config's metadata.
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::BootstrapDataError;
+use crate::capi::{CLUSTER_NAME_LABEL, GROUP, Machine, group_of};
+
+/// CAPI's control-plane providers' group: Secrets they own (CAs, kubeconfig, service-account
+/// keys) are never bootstrap data.
+const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+/// CAPI's bootstrap providers' group (CABPK's KubeadmConfig, and every other provider's by
+/// convention): a Secret one of its configs controls was made for the Machine of that config.
+const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
+
+/// Where a bootstrap data Secret comes from, as far as the Secret itself tells.
+#[derive(Debug, PartialEq)]
+pub enum Source<'a> {
+    /// Given directly (the Machine names no bootstrap config): usable as it is.
+    Given,
+    /// Made by the Machine's bootstrap config, which this controller ownerReference of the
+    /// Secret names: usable once that config is known to be this Machine's ([`check_config`]).
+    Config(&'a OwnerReference),
+}
+
+/// Whether `secret` may be read as the bootstrap data of `machine`, as far as the Secret tells.
+///
+/// Anyone who can create a Machine names the Secret, and its content is copied into the VM
+/// where whoever may read Kairon Machines (or whoever runs the Kairon API an identity names)
+/// can read it. So the Secret must be the one made for this Machine:
+/// - its `cluster.x-k8s.io/cluster-name` label, when it has one, names the Machine's Cluster
+///   (absent, the chain of controllers below is the proof: CABPK sets it, others may not);
+/// - with a bootstrap config (`spec.bootstrap.configRef`), the Secret is controlled by that
+///   config (bootstrap providers set a controller ownerReference), and the config by this
+///   Machine ([`check_config`], once the caller has read it);
+/// - without one (data given directly, as the contract allows), no bootstrap config controls
+///   the Secret (that is another Machine's bootstrap data: a control plane's holds the
+///   cluster's CA, etcd, service-account and front-proxy keys) and it is not CAPI's own (owned
+///   by a Cluster or a control plane: kubeconfig, CAs, service-account keys).
+pub fn check_source<'a>(secret: &'a Secret, machine: &Machine) -> Result<Source<'a>, BootstrapDataError> {
+    let name = secret.metadata.name.clone().unwrap_or_default();
+    if let Some(cluster) = secret.metadata.labels.as_ref().and_then(|l| l.get(CLUSTER_NAME_LABEL))
+        && *cluster != machine.spec.cluster_name
+    {
+        return Err(BootstrapDataError::OtherCluster {
+            secret: name,
+            cluster: cluster.clone(),
+            machine_cluster: machine.spec.cluster_name.clone(),
+        });
+    }
+    let owners = secret.metadata.owner_references.as_deref().unwrap_or_default();
+    let Some(config) = machine.bootstrap_config() else {
+        if let Some(o) = owners.iter().find(|o| {
+            let group = group_of(&o.api_version);
+            (group == GROUP && o.kind == "Cluster") || group == CONTROL_PLANE_GROUP
+        }) {
+            return Err(BootstrapDataError::BelongsToCapi {
+                secret: name,
+                owner: format!("{} {}", o.kind, o.name),
+            });
+        }
+        if let Some(o) = owners
+            .iter()
+            .find(|o| o.controller == Some(true) && group_of(&o.api_version) == BOOTSTRAP_GROUP)
+        {
+            return Err(BootstrapDataError::MadeForAnotherMachine {
+                secret: name,
+                config: format!("{} {}", o.kind, o.name),
+            });
+        }
+        return Ok(Source::Given);
+    };
+    owners
+        .iter()
+        .find(|o| {
+            o.controller == Some(true)
+                && o.kind == config.kind
+                && o.name == config.name
+                && group_of(&o.api_version) == config.api_group
+        })
+        .map(Source::Config)
+        .ok_or_else(|| BootstrapDataError::NotFromBootstrapConfig {
+            secret: name,
+            config: format!("{} {}", config.kind, config.name),
+        })
+}
+
+/// Whether the bootstrap config that made `secret` (its controller ownerReference `made_by`,
+/// from [`check_source`]) is `machine`'s: `config` is that config's metadata as read now
+/// (`None`: it does not exist). The very object (UID) the Secret names, controlled by this very
+/// Machine (UID): CAPI makes the Machine its config's controller before it copies the data
+/// Secret's name to the Machine, and refuses to when another Machine is the controller.
+pub fn check_config(
+    secret: &Secret,
+    made_by: &OwnerReference,
+    config: Option<&ObjectMeta>,
+    machine: &Machine,
+) -> Result<(), BootstrapDataError> {
+    let secret = secret.metadata.name.clone().unwrap_or_default();
+    let named = format!("{} {}", made_by.kind, made_by.name);
+    let Some(config) = config.filter(|c| c.uid.as_deref() == Some(made_by.uid.as_str())) else {
+        return Err(BootstrapDataError::ConfigNotFound { secret, config: named });
+    };
+    let controller = config
+        .owner_references
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        Some(o)
+            if o.kind == "Machine"
+                && group_of(&o.api_version) == GROUP
+                && Some(&o.uid) == machine.metadata.uid.as_ref() =>
+        {
+            Ok(())
+        }
+        other => Err(BootstrapDataError::ConfigOfAnotherMachine {
+            secret,
+            config: named,
+            controller: other.map_or_else(|| "no controller".to_string(), |o| format!("{} {}", o.kind, o.name)),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::conditions::reason;
+    use k8s_openapi::ByteString;
+
+    fn secret(entries: &[(&str, &[u8])]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("m1-bootstrap".into()),
+                ..Default::default()
+            },
+            data: Some(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                    .collect(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    fn owned_by(s: &mut Secret, api_version: &str, kind: &str, name: &str, controller: bool) {
+        s.metadata.owner_references.get_or_insert_with(Vec::new).push(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: name.into(),
+                uid: format!("{name}-uid"),
+                controller: Some(controller),
+                ..Default::default()
+            },
+        );
+    }
+
+    /// Machine `m1` (uid `m1-uid`) of Cluster `demo`, with bootstrap config `config` if given.
+    fn machine(config: Option<&str>) -> Machine {
+        let mut m = Machine::new(
+            "m1",
+            crate::capi::MachineSpec {
+                cluster_name: "demo".into(),
+                bootstrap: Some(crate::capi::Bootstrap {
+                    config_ref: config.map(|name| crate::capi::ContractVersionedObjectReference {
+                        api_group: BOOTSTRAP_GROUP.into(),
+                        kind: "KubeadmConfig".into(),
+                        name: name.into(),
+                    }),
+                    data_secret_name: Some("m1-bootstrap".into()),
+                }),
+                ..Default::default()
+            },
+        );
+        m.metadata.uid = Some("m1-uid".into());
+        m
+    }
+
+    fn labelled(s: &Secret, cluster: &str) -> Secret {
+        let mut s = s.clone();
+        s.metadata.labels = Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into());
+        s
+    }
+
+    /// What [`check_source`] should answer.
+    #[derive(Debug)]
+    enum Want {
+        /// Data given directly, usable.
+        Given,
+        /// Made by this config, which is checked next.
+        Made(&'static str),
+        /// Refused, the message saying this.
+        Refused(&'static str),
+    }
+    use Want::*;
+
+    #[test]
+    fn which_secrets_may_be_bootstrap_data() {
+        let with_config = machine(Some("m1-config"));
+        let direct = machine(None);
+        let plain = secret(&[("value", b"x")]);
+        let mut from_config = plain.clone();
+        owned_by(
+            &mut from_config,
+            "bootstrap.cluster.x-k8s.io/v1beta2",
+            "KubeadmConfig",
+            "m1-config",
+            true,
+        );
+        let mut from_other_config = plain.clone();
+        owned_by(
+            &mut from_other_config,
+            "bootstrap.cluster.x-k8s.io/v1beta2",
+            "KubeadmConfig",
+            "m2-config",
+            true,
+        );
+        let mut from_talos_config = plain.clone();
+        owned_by(
+            &mut from_talos_config,
+            "bootstrap.cluster.x-k8s.io/v1alpha3",
+            "TalosConfig",
+            "cp-0",
+            true,
+        );
+        let mut config_not_controller = plain.clone();
+        owned_by(
+            &mut config_not_controller,
+            "bootstrap.cluster.x-k8s.io/v1beta2",
+            "KubeadmConfig",
+            "m1-config",
+            false,
+        );
+        let mut other_group = plain.clone();
+        owned_by(&mut other_group, "example.com/v1", "KubeadmConfig", "m1-config", true);
+        let mut kubeconfig = plain.clone();
+        owned_by(&mut kubeconfig, "cluster.x-k8s.io/v1beta2", "Cluster", "demo", false);
+        let mut ca = plain.clone();
+        owned_by(
+            &mut ca,
+            "controlplane.cluster.x-k8s.io/v1beta2",
+            "KubeadmControlPlane",
+            "demo-cp",
+            true,
+        );
+        let mut app = plain.clone();
+        owned_by(&mut app, "apps/v1", "Deployment", "x", true);
+
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Secret, &Machine, Want)> = vec![
+            ("made by the Machine's config", from_config.clone(), &with_config, Made("m1-config")),
+            ("made by the Machine's config, labelled for its Cluster", labelled(&from_config, "demo"), &with_config, Made("m1-config")),
+            ("made by the Machine's config, labelled for another Cluster", labelled(&from_config, "other"), &with_config, Refused("Cluster other")),
+            ("no owner, but a config is named", plain.clone(), &with_config, Refused("KubeadmConfig m1-config")),
+            ("made by another config", from_other_config.clone(), &with_config, Refused("KubeadmConfig m1-config")),
+            ("owned by the config but not as controller", config_not_controller.clone(), &with_config, Refused("KubeadmConfig m1-config")),
+            ("same kind and name in another group", other_group.clone(), &with_config, Refused("KubeadmConfig m1-config")),
+            ("a control plane's CA named with a config", ca.clone(), &with_config, Refused("KubeadmConfig m1-config")),
+            ("given data, no owner", plain.clone(), &direct, Given),
+            ("given data, labelled for the Machine's Cluster", labelled(&plain, "demo"), &direct, Given),
+            ("given data owned by something else", app.clone(), &direct, Given),
+            ("given data, labelled for another Cluster", labelled(&plain, "other"), &direct, Refused("Cluster other")),
+            ("the cluster's kubeconfig", kubeconfig.clone(), &direct, Refused("Cluster demo")),
+            ("a control plane's CA", ca.clone(), &direct, Refused("KubeadmControlPlane demo-cp")),
+            ("another Machine's bootstrap data", from_other_config.clone(), &direct, Refused("KubeadmConfig m2-config")),
+            ("another Machine's bootstrap data, of another provider", from_talos_config.clone(), &direct, Refused("TalosConfig cp-0")),
+            ("a Machine's bootstrap data, not as controller", config_not_controller.clone(), &direct, Given),
+        ];
+        for (name, s, m, want) in cases {
+            let got = check_source(&s, m);
+            match (&got, want) {
+                (Ok(Source::Given), Given) => {}
+                (Ok(Source::Config(o)), Made(config)) => assert_eq!(o.name, config, "{name}"),
+                (Err(e), Refused(why)) => {
+                    assert_eq!(e.reason(), reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED, "{name}");
+                    assert!(!e.is_terminal(), "{name}");
+                    assert!(e.to_string().contains("m1-bootstrap"), "{name}: names the Secret: {e}");
+                    assert!(e.to_string().contains(why), "{name}: says why ({why}): {e}");
+                }
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn which_bootstrap_configs_are_the_machines() {
+        let m = machine(Some("m1-config"));
+        let mut s = secret(&[("value", b"SECRET")]);
+        owned_by(
+            &mut s,
+            "bootstrap.cluster.x-k8s.io/v1beta2",
+            "KubeadmConfig",
+            "m1-config",
+            true,
+        );
+        let made_by = s.metadata.owner_references.as_ref().unwrap()[0].clone();
+        let config = |uid: &str, owners: Vec<(&str, &str, &str, bool)>| ObjectMeta {
+            name: Some("m1-config".into()),
+            uid: Some(uid.into()),
+            owner_references: Some(
+                owners
+                    .into_iter()
+                    .map(|(api_version, kind, name, controller)| OwnerReference {
+                        api_version: api_version.into(),
+                        kind: kind.into(),
+                        name: name.into(),
+                        uid: format!("{name}-uid"),
+                        controller: Some(controller),
+                        ..Default::default()
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        let machine_ref = ("cluster.x-k8s.io/v1beta2", "Machine", "m1", true);
+        #[rustfmt::skip]
+        let cases: Vec<(&str, Option<ObjectMeta>, Result<(), &str>)> = vec![
+            ("controlled by this Machine", Some(config("m1-config-uid", vec![machine_ref])), Ok(())),
+            ("controlled by this Machine, owned by its control plane too", Some(config("m1-config-uid", vec![("controlplane.cluster.x-k8s.io/v1beta2", "KubeadmControlPlane", "cp", false), machine_ref])), Ok(())),
+            ("controlled by another Machine", Some(config("m1-config-uid", vec![("cluster.x-k8s.io/v1beta2", "Machine", "cp-0", true)])), Err("belongs to Machine cp-0")),
+            ("this Machine owns it, not as controller", Some(config("m1-config-uid", vec![("cluster.x-k8s.io/v1beta2", "Machine", "m1", false)])), Err("no controller")),
+            ("controlled by a Machine of another group", Some(config("m1-config-uid", vec![("example.com/v1", "Machine", "m1", true)])), Err("belongs to Machine m1")),
+            ("controlled by a MachineSet (not yet the Machine's)", Some(config("m1-config-uid", vec![("cluster.x-k8s.io/v1beta2", "MachineSet", "ms", true)])), Err("MachineSet ms")),
+            ("not the config that made the Secret (another UID)", Some(config("a-new-uid", vec![machine_ref])), Err("does not exist")),
+            ("gone", None, Err("does not exist")),
+        ];
+        for (name, meta, want) in cases {
+            let got = check_config(&s, &made_by, meta.as_ref(), &m);
+            match (got, want) {
+                (Ok(()), Ok(())) => {}
+                (Err(e), Err(why)) => {
+                    let msg = e.to_string();
+                    assert_eq!(e.reason(), reason::BOOTSTRAP_DATA_SECRET_NOT_TRUSTED, "{name}");
+                    assert!(
+                        msg.contains("m1-bootstrap") && msg.contains("KubeadmConfig m1-config"),
+                        "{name}: {msg}"
+                    );
+                    assert!(msg.contains(why), "{name}: says why ({why}): {msg}");
+                    assert!(!msg.contains("SECRET"), "{name}: never the content: {msg}");
+                }
+                (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}

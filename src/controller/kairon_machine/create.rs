@@ -1,0 +1,191 @@
+//! The create path: once the cluster's infrastructure, the bootstrap data and the failure
+//! domain are there, one Kairon Machine under the KaironMachine's name.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::controller::Action;
+use tracing::info;
+
+use super::reconcile::{Context, Scope, Step, Target};
+use super::status::Observed;
+use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
+use crate::api::{self, KaironCluster};
+use crate::capi::{self, bootstrap, bootstrap::Source};
+use crate::controller::Error;
+use crate::events::reason as event;
+use crate::kairon::{self, Created, desired_kairon_machine};
+
+/// How often to look again for a bootstrap Secret that is named but missing (Secrets are read
+/// with a single GET, never watched).
+const SECRET_RETRY: Duration = Duration::from_secs(20);
+
+/// Creates the Kairon Machine once everything it needs is there: cluster infrastructure,
+/// bootstrap data, the failure domain. Stops with what is still missing otherwise.
+pub(super) async fn create_instance(
+    scope: &Scope,
+    machine: &capi::Machine,
+    ctx: &Context,
+    target: &Target,
+) -> Result<Step<kairon::Machine>, Error> {
+    let cluster = scope.cluster.as_deref();
+    let waiting = |r: &'static str, msg: String| {
+        Ok(Step::Stop(
+            Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, msg)),
+            ctx.resync(),
+        ))
+    };
+
+    if !cluster.is_some_and(capi::Cluster::infrastructure_provisioned) {
+        return waiting(
+            reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+            format!("waiting for the infrastructure of Cluster {}", scope.cluster_name),
+        );
+    }
+    let Some(secret_name) = machine.data_secret_name() else {
+        if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
+            return waiting(
+                reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED,
+                "waiting for the control plane to be initialized".into(),
+            );
+        }
+        return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
+    };
+    let user_data = match read_bootstrap_data(scope, machine, secret_name, ctx).await? {
+        Step::Continue(data) => data,
+        Step::Stop(observed, action) => return Ok(Step::Stop(observed, action)),
+    };
+
+    let failure_domain = match machine.failure_domain() {
+        None => None,
+        Some(fd) => match find_failure_domain(scope, fd, ctx).await? {
+            Some(spec) => Some(spec),
+            None => {
+                return waiting(
+                    reason::FAILURE_DOMAIN_NOT_FOUND,
+                    format!("failure domain {fd} is not defined on the KaironCluster"),
+                );
+            }
+        },
+    };
+
+    let km = scope.km.as_ref();
+    let desired = desired_kairon_machine(km, &scope.cluster_name, user_data, failure_domain.as_ref());
+    let vm = match target.instances.create(desired).await? {
+        Created::New(vm) => {
+            let (ns, name) = (&scope.ns, km.name_any());
+            info!(instance = %name, "created Kairon Machine");
+            ctx.events
+                .normal(
+                    km,
+                    event::INSTANCE_CREATED,
+                    "Create",
+                    format!("created Kairon Machine {ns}/{name}"),
+                )
+                .await;
+            vm
+        }
+        // Created by an earlier reconcile the cache has not seen yet, or by someone else: the
+        // ownership check decides.
+        Created::Existing(vm) => vm,
+    };
+    Ok(Step::Continue(vm))
+}
+
+/// Reads the bootstrap data with one GET of the one Secret (no cluster-wide Secret cache), if
+/// that Secret may be the Machine's bootstrap data.
+async fn read_bootstrap_data(
+    scope: &Scope,
+    machine: &capi::Machine,
+    secret_name: &str,
+    ctx: &Context,
+) -> Result<Step<String>, Error> {
+    let ns = scope.ns.as_str();
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let secret = secrets
+        .get_opt(secret_name)
+        .await
+        .map_err(Error::read(format!("bootstrap data Secret {ns}/{secret_name}")))?;
+    let Some(secret) = secret else {
+        let d = Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::BOOTSTRAP_SECRET_NOT_FOUND,
+            format!("bootstrap data Secret {secret_name} not found"),
+        );
+        return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY)));
+    };
+    let trusted = match bootstrap::check_source(&secret, machine) {
+        Ok(Source::Given) => Ok(()),
+        Ok(Source::Config(made_by)) => {
+            let config = read_bootstrap_config(ns, made_by, ctx).await?;
+            bootstrap::check_config(&secret, made_by, config.as_ref(), machine)
+        }
+        Err(e) => Err(e),
+    };
+    let data = trusted.and_then(|()| bootstrap::bootstrap_data(&secret, ctx.settings.max_bootstrap_data_bytes));
+    Ok(match data {
+        Ok(data) => Step::Continue(data),
+        Err(e) if e.is_terminal() => {
+            let condition = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            Step::Stop(
+                Observed::Terminal {
+                    condition,
+                    failure_reason: "InvalidConfiguration",
+                },
+                Action::await_change(),
+            )
+        }
+        Err(e) => {
+            let d = Decided::new(INSTANCE_PROVISIONED, Status::False, e.reason(), e.to_string());
+            Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY))
+        }
+    })
+}
+
+/// The metadata of the bootstrap config that made the bootstrap data Secret (its controller
+/// ownerReference `made_by`), in the Machine's namespace; `None` if there is none. Metadata
+/// only: its owner references are what is checked, and its spec may hold secrets too. The
+/// version is the one the bootstrap provider wrote in the ownerReference; the resource name is
+/// the kind's regular plural (CAPI's bootstrap configs all have one: kubeadmconfigs,
+/// talosconfigs, rke2configs, ...).
+async fn read_bootstrap_config(ns: &str, made_by: &OwnerReference, ctx: &Context) -> Result<Option<ObjectMeta>, Error> {
+    let (group, version) = made_by
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &made_by.api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &made_by.kind));
+    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar)
+        .get_metadata_opt(&made_by.name)
+        .await
+        .map(|config| config.map(|c| c.metadata))
+        .map_err(Error::read(format!(
+            "bootstrap config {} {ns}/{}",
+            made_by.kind, made_by.name
+        )))
+}
+
+/// The failure domain named by the Machine, from the KaironCluster.
+async fn find_failure_domain(
+    scope: &Scope,
+    name: &str,
+    ctx: &Context,
+) -> Result<Option<api::FailureDomainSpec>, Error> {
+    let ns = scope.ns.as_str();
+    let Some(kc_name) = scope.kaironcluster_name() else {
+        return Ok(None);
+    };
+    let kcs: Api<KaironCluster> = Api::namespaced(ctx.client.clone(), ns);
+    let kc = kcs
+        .get_opt(kc_name)
+        .await
+        .map_err(Error::read(format!("KaironCluster {ns}/{kc_name}")))?;
+    Ok(kc
+        .and_then(|kc| kc.spec.failure_domains)
+        .into_iter()
+        .flatten()
+        .find(|fd| fd.name == name))
+}
