@@ -61,6 +61,9 @@ pub mod reason {
     /// The Kairon API named by the cluster's identity cannot be used: its Secret is missing or
     /// invalid, or the API cannot be reached or refuses the credentials.
     pub const KAIRON_API_UNAVAILABLE: &str = "KaironAPIUnavailable";
+    /// The identity's kubeconfig names a server the operator does not allow
+    /// (`--identity-allowed-servers`).
+    pub const KAIRON_API_SERVER_NOT_ALLOWED: &str = "KaironAPIServerNotAllowed";
 }
 
 /// Condition status values.

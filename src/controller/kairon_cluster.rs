@@ -80,8 +80,8 @@ pub enum Decision {
     WaitingForEndpoint,
     /// Being deleted while `n` KaironMachines remain.
     Deleting { machines: usize },
-    /// The Kairon API of the cluster's identity cannot be used, for this reason.
-    KaironUnavailable(String),
+    /// The Kairon API of the cluster's identity cannot be used: the condition reason, and why.
+    KaironUnavailable { reason: &'static str, why: String },
 }
 
 /// The status a KaironCluster should have. Pure.
@@ -111,12 +111,7 @@ pub fn next_status(kc: &KaironCluster, decision: &Decision, now: &Time) -> Kairo
             reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT,
             "waiting for a control plane endpoint: set spec.controlPlaneEndpoint here or on the Cluster",
         )),
-        Decision::KaironUnavailable(why) => Some(Decided::new(
-            READY,
-            Status::False,
-            reason::KAIRON_API_UNAVAILABLE,
-            why.clone(),
-        )),
+        Decision::KaironUnavailable { reason, why } => Some(Decided::new(READY, Status::False, reason, why.clone())),
         Decision::Deleting { machines } => Some(Decided::new(
             READY,
             Status::False,
@@ -215,15 +210,18 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     let unavailable = match (&kc.spec.identity_ref, &ctx.endpoints) {
         (Some(r), Some(endpoints)) => {
             let problem = identity_problem(endpoints, &ns, r).await;
-            if !problem.as_ref().is_some_and(|(_, refused)| *refused) {
+            if !problem.as_ref().is_some_and(|p| p.refused) {
                 identity_protection::protect(&ctx.client, &ns, r, endpoints.identity_namespace()).await?;
             }
-            problem.map(|(why, _)| why)
+            problem
         }
         _ => None,
     };
-    let decision = if let Some(why) = unavailable {
-        Decision::KaironUnavailable(why)
+    let decision = if let Some(p) = unavailable {
+        Decision::KaironUnavailable {
+            reason: p.reason,
+            why: p.why,
+        }
     } else if endpoint_known || kc.status.as_ref().is_some_and(|s| s.is_provisioned()) {
         Decision::Provisioned
     } else {
@@ -242,30 +240,42 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             )
             .await;
     }
-    if matches!(decision, Decision::KaironUnavailable(_)) {
+    if matches!(decision, Decision::KaironUnavailable { .. }) {
         return Ok(Action::requeue(ENDPOINT_RETRY));
     }
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
-/// Why the Kairon API of identity `r` cannot be used now, if it cannot; and whether the
-/// identity itself refuses the cluster (then nothing of it is touched: a namespace an identity
-/// does not allow must not be able to hold it with a finalizer).
-async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> Option<(String, bool)> {
-    let (why, refused) = match endpoints.endpoint(ns, r).await {
+/// Why the Kairon API of an identity cannot be used now.
+struct IdentityProblem {
+    reason: &'static str,
+    why: String,
+    /// The identity itself refuses the cluster: then nothing of it is touched (a namespace an
+    /// identity does not allow must not be able to hold it with a finalizer).
+    refused: bool,
+}
+
+/// How much of what is wrong with an identity's Kairon API a condition repeats.
+const MAX_PROBLEM_MESSAGE: usize = 1024;
+
+/// Why the Kairon API of identity `r` cannot be used now, if it cannot.
+async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> Option<IdentityProblem> {
+    let (reason, why, refused) = match endpoints.endpoint(ns, r).await {
         Err(e) => {
             let refused = matches!(
                 e,
                 EndpointError::NotAllowed(..) | EndpointError::IdentityNotFound(_) | EndpointError::BadIdentity(..)
             );
-            (e.to_string(), refused)
+            (e.reason(), e.to_string(), refused)
         }
-        Ok(endpoint) => (endpoint.ready().await.err()?, false),
+        Ok(endpoint) => (reason::KAIRON_API_UNAVAILABLE, endpoint.ready().await.err()?, false),
     };
-    Some((
-        format!("the Kairon API of identity {} {}: {why}", r.kind, r.name),
+    let why = format!("the Kairon API of identity {} {}: {why}", r.kind, r.name);
+    Some(IdentityProblem {
+        reason,
+        why: crate::text::bounded(&why, MAX_PROBLEM_MESSAGE),
         refused,
-    ))
+    })
 }
 
 /// Writes the status that follows from `decision`, if it differs; returns what it wrote.
@@ -411,6 +421,22 @@ mod tests {
                 false,
             ),
             (Decision::Deleting { machines: 0 }, ("False", reason::DELETING), false),
+            (
+                Decision::KaironUnavailable {
+                    reason: reason::KAIRON_API_UNAVAILABLE,
+                    why: "down".into(),
+                },
+                ("False", reason::KAIRON_API_UNAVAILABLE),
+                false,
+            ),
+            (
+                Decision::KaironUnavailable {
+                    reason: reason::KAIRON_API_SERVER_NOT_ALLOWED,
+                    why: "server 10.9.9.9 is not allowed".into(),
+                },
+                ("False", reason::KAIRON_API_SERVER_NOT_ALLOWED),
+                false,
+            ),
         ];
         for (decision, want, provisioned) in cases {
             let s = next_status(&kc(), &decision, &at(1));
