@@ -324,7 +324,7 @@ impl Endpoints {
     /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
     /// reconcile of the KaironMachine of every Kairon Machine that changes.
     fn start(&self, key: &IdentityKey, client: Client) -> (Endpoint, tokio::task::AbortHandle) {
-        let instances = Instances::new(client).with_owner(self.owner.clone());
+        let instances = Instances::new(client).with_owner(self.owner.clone()).with_write_gate();
         let (store, writer) = reflector::store();
         let problem: Arc<Mutex<Option<String>>> = Arc::default();
         // Pages small enough for the client's response limit; watches the server ends before

@@ -6,18 +6,20 @@
 //! - [`desired`]: which Kairon Machine should exist for a KaironMachine (pure);
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
-//!   deletes Kairon Machines.
+//!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes.
 
 mod client;
 pub mod desired;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod gate;
 pub mod observe;
 mod types;
 
 pub(crate) use client::read_event;
 pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub use desired::{desired_kairon_machine, provider_id};
+pub use gate::Refusal;
 pub(crate) use observe::{Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
 

@@ -80,7 +80,7 @@ impl Scope {
 
 /// The Kairon API a KaironMachine's VM lives on, and the identity that names it (`None`:
 /// the manager's own).
-struct Target {
+pub(super) struct Target {
     instances: Instances,
     store: Store<kairon::Machine>,
     identity: Option<KaironIdentityReference>,
@@ -686,7 +686,7 @@ async fn cluster_is_gone(scope: &Scope, ctx: &Context) -> Result<bool, Error> {
 
 /// Writes the status that follows from `input`, if it differs; returns what it wrote.
 /// With the `target` the status observed, the identity its VM lives on is recorded with it.
-async fn write_status(
+pub(super) async fn write_status(
     ctx: &Context,
     km: &KaironMachine,
     input: StatusInput<'_>,
