@@ -1,6 +1,7 @@
 //! The API client of the manager: a User-Agent naming the replica, a client-side token bucket
-//! (`--kube-api-qps`, `--kube-api-burst`, as client-go's) with a lane for urgent requests, and
-//! request metrics by verb and code.
+//! (`--kube-api-qps`, `--kube-api-burst`, as client-go's) with a lane for urgent requests,
+//! request metrics by verb and code, and (for the Kairon APIs of identities) bounds on what a
+//! server sends back ([`BodyLimits`]).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -16,6 +17,9 @@ use tokio::sync::oneshot;
 use tower::{Layer, Service};
 
 use crate::metrics::{Metrics, RequestLabels};
+
+mod bounded;
+pub use bounded::BodyLimits;
 
 tokio::task_local! {
     /// Set while a future runs through [`urgent`]: its requests take the bucket's next tokens.

@@ -16,7 +16,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::admin::{self, Health};
 use crate::api::KaironMachine;
-use crate::client::{RequestMetrics, TokenBucket};
+use crate::client::{BodyLimits, RequestMetrics, TokenBucket};
 use crate::controller::{self, Settings};
 use crate::controller::{CacheReadiness, Telemetry};
 use crate::events::EventSource;
@@ -120,6 +120,11 @@ pub struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system")]
     pub identity_secret_namespace: String,
 
+    /// Kairon API servers an identity's kubeconfig may name (comma-separated): host names,
+    /// `*.domain`, IP addresses, networks (`10.0.0.0/8`); any server when empty.
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    pub identity_allowed_servers: Vec<String>,
+
     /// Name of the leader Lease.
     #[arg(long, default_value = "controller-leader-election-capkr")]
     pub leader_election_id: String,
@@ -198,6 +203,8 @@ impl Args {
                 ));
             }
         }
+        controller::AllowedServers::parse(&self.identity_allowed_servers)
+            .map_err(|e| format!("--identity-allowed-servers: {e}"))?;
         if self.leader_elect {
             let (lease, renew, retry) = (
                 self.leader_elect_lease_duration,
@@ -333,6 +340,8 @@ struct Limits {
     qps: f32,
     burst: u32,
     metrics: Arc<Metrics>,
+    /// Bounds on what the server sends back: for the Kairon APIs of identities.
+    bodies: Option<BodyLimits>,
 }
 
 async fn client_from(path: &str, identity: &str, limits: Option<&Limits>) -> Result<Client> {
@@ -357,7 +366,12 @@ fn client_with(mut config: kube::Config, identity: &str, limits: Option<&Limits>
     let builder = kube::client::ClientBuilder::try_from(config)?;
     Ok(match limits {
         None => builder.build(),
-        Some(l) => builder
+        Some(l @ Limits { bodies: None, .. }) => builder
+            .with_layer(&RequestMetrics(l.metrics.clone()))
+            .with_layer(&TokenBucket::new(l.qps, l.burst))
+            .build(),
+        Some(l @ Limits { bodies: Some(b), .. }) => builder
+            .with_layer(b)
             .with_layer(&RequestMetrics(l.metrics.clone()))
             .with_layer(&TokenBucket::new(l.qps, l.burst))
             .build(),
@@ -393,6 +407,7 @@ pub async fn run(args: Args) -> Result<()> {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         metrics: metrics.clone(),
+        bodies: None,
     };
     let client = client_from(&args.kubeconfig, &identity, Some(&limits)).await?;
     let kairon = if args.kairon_kubeconfig.is_empty() {
@@ -438,6 +453,7 @@ pub async fn run(args: Args) -> Result<()> {
                 qps: admin::REVIEW_QPS,
                 burst: admin::REVIEW_BURST,
                 metrics: metrics.clone(),
+                bodies: None,
             };
             let reviews = client_from(&args.kubeconfig, &identity, Some(&review_limits)).await?;
             admin::MetricsAccess::Secure {
@@ -487,7 +503,8 @@ pub async fn run(args: Args) -> Result<()> {
     };
     info!(management_cluster = %owner.id, adopt_from = ?owner.adopt_from, "identity on Kairon");
     // Kairon APIs of identities: each gets a client of its own, with a token bucket of its own
-    // (a busy or slow endpoint never delays another's requests).
+    // (a busy or slow endpoint never delays another's requests) and bounds on what its server
+    // sends back (the server is a tenant's).
     let factory: controller::endpoints::ClientFactory = {
         let (identity, qps, burst, metrics) = (
             identity.clone(),
@@ -500,19 +517,24 @@ pub async fn run(args: Args) -> Result<()> {
                 qps,
                 burst,
                 metrics: metrics.clone(),
+                bodies: Some(BodyLimits::IDENTITY),
             };
             client_with(config, &identity, Some(&limits))
         })
     };
     let (triggers_tx, triggers) = futures::channel::mpsc::unbounded();
-    let endpoints = Arc::new(controller::Endpoints::new(
-        client.clone(),
-        factory,
-        owner.clone(),
-        args.identity_secret_namespace.clone(),
-        triggers_tx,
-        telemetry.clone(),
-    ));
+    let allowed = controller::AllowedServers::parse(&args.identity_allowed_servers).map_err(anyhow::Error::msg)?;
+    let endpoints = Arc::new(
+        controller::Endpoints::new(
+            client.clone(),
+            factory,
+            owner.clone(),
+            args.identity_secret_namespace.clone(),
+            triggers_tx,
+            telemetry.clone(),
+        )
+        .with_allowed_servers(allowed),
+    );
     // Initial lists streamed where the API servers can: the least memory after a restart.
     let mut settings = settings;
     settings.streaming_lists = controller::streams_initial_lists(&settings.api::<KaironMachine>(&client)).await;
@@ -688,6 +710,45 @@ mod tests {
             ]),
             Ok(())
         );
+    }
+
+    #[test]
+    fn identity_allowed_servers_take_names_domains_and_networks() {
+        let parse = |value: &str| {
+            Args::try_parse_from(["capkr-manager", &format!("--identity-allowed-servers={value}")])
+                .map_err(|e| e.to_string())
+                .and_then(|a| a.validate().map(|()| a.identity_allowed_servers))
+        };
+        assert_eq!(
+            Args::parse_from(["capkr-manager"]).validate(),
+            Ok(()),
+            "none given: any server"
+        );
+        let cases: [(&str, Result<usize, &str>); 9] = [
+            ("kairon.example.com", Ok(1)),
+            ("kairon.example.com,*.sites.example.org", Ok(2)),
+            ("10.0.0.0/8,fd00::/8,192.168.1.7", Ok(3)),
+            ("10.0.0.0/8, kairon.example.com", Ok(2)),
+            ("10.0.0.0/33", Err("10.0.0.0/33")),
+            ("kairon.example.com:6443", Err("kairon.example.com:6443")),
+            ("https://kairon.example.com", Err("https://kairon.example.com")),
+            ("*", Err("\"*\"")),
+            ("bad_name", Err("bad_name")),
+        ];
+        for (value, want) in cases {
+            match (parse(value), want) {
+                (Ok(entries), Ok(n)) => {
+                    assert_eq!(entries.iter().filter(|e| !e.trim().is_empty()).count(), n, "{value}")
+                }
+                (Err(e), Err(names)) => {
+                    assert!(
+                        e.contains("--identity-allowed-servers") && e.contains(names),
+                        "{value}: {e}"
+                    )
+                }
+                (got, _) => panic!("{value}: {got:?}"),
+            }
+        }
     }
 
     #[test]

@@ -64,6 +64,12 @@ pub mod reason {
     /// The Kairon API named by the cluster's identity cannot be used: its Secret is missing or
     /// invalid, or the API cannot be reached or refuses the credentials.
     pub const KAIRON_API_UNAVAILABLE: &str = "KaironAPIUnavailable";
+    /// The Kairon API named by the cluster's identity answered no write (or a reconcile ran out
+    /// of time waiting for it): writes to it wait for a new try after a pause.
+    pub const KAIRON_API_NOT_ANSWERING: &str = "KaironAPINotAnswering";
+    /// The identity's kubeconfig names a server the operator does not allow
+    /// (`--identity-allowed-servers`).
+    pub const KAIRON_API_SERVER_NOT_ALLOWED: &str = "KaironAPIServerNotAllowed";
 }
 
 /// Condition status values.

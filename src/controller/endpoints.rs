@@ -13,7 +13,9 @@
 //! reconcilers report as a condition on the clusters and machines using it, and only there.
 //!
 //! Secret content never reaches a log line, an event or a condition: messages say which Secret
-//! and what is wrong with it, and the watch's own error (an HTTP status, a connection failure).
+//! and what is wrong with it, and the watch's own error (an HTTP status, a connection failure),
+//! cleaned and bounded (the server is the tenant's). What a kubeconfig may name, and the bounds
+//! of its client, are in [`super::endpoint_trust`].
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -29,22 +31,21 @@ use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
 use super::Synced;
+pub(crate) use super::endpoint_health::Endpoint;
+use super::endpoint_health::MAX_PROBLEM;
+use super::endpoint_trust::{self, AllowedServers, ServerRefusal, refusal};
 use super::runtime::Telemetry;
+use crate::api::conditions::reason;
 use crate::api::{
     IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster,
     KaironClusterIdentity, KaironIdentityReference, KaironMachine,
 };
 use crate::hashing::hash_of;
 use crate::kairon::{self, Instances, Owner, labels};
+use crate::text::bounded;
 
 /// How often the Secret of an endpoint in use is read again (credential rotation).
 pub(crate) const RECHECK: Duration = Duration::from_secs(30);
-/// How long a reconcile waits for an endpoint's first list before reporting it unavailable.
-const FIRST_LIST_WAIT: Duration = Duration::from_secs(10);
-/// How often a known problem of an endpoint is checked again by a reconcile, and for how long.
-const PROBE_EVERY: Duration = Duration::from_secs(5);
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// An endpoint: the identity named, and the namespace of the KaironClusters naming it (on the
 /// Kairon API, the namespace of their VMs).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -65,76 +66,6 @@ impl std::fmt::Display for IdentityKey {
 /// Builds a client from a kubeconfig's configuration (user agent, rate limits, metrics).
 pub(crate) type ClientFactory = Arc<dyn Fn(kube::Config) -> Result<Client, kube::Error> + Send + Sync>;
 
-/// One Kairon API as the reconcilers use it.
-#[derive(Clone)]
-pub(crate) struct Endpoint {
-    pub instances: Instances,
-    pub store: Store<kairon::Machine>,
-    pub synced: Synced,
-    namespace: String,
-    /// Which Kairon API this is ([`kairon::endpoint_fingerprint`]).
-    fingerprint: String,
-    problem: Arc<Mutex<Option<String>>>,
-    /// When a known problem was last checked with a request of our own.
-    probed: Arc<Mutex<Option<Instant>>>,
-}
-
-impl Endpoint {
-    /// Which Kairon API this is: server, TLS server name and CA, not the credentials.
-    pub(crate) fn fingerprint(&self) -> &str {
-        &self.fingerprint
-    }
-
-    /// What is wrong with the endpoint's watch, if anything.
-    pub(crate) fn problem(&self) -> Option<String> {
-        self.problem.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// Waits (a while) for the first list; then whether the endpoint can be used, or why not.
-    /// A problem the watch reported is checked again with a request of our own: a watch that
-    /// resumed says nothing until a Kairon Machine changes.
-    ///
-    /// A known problem is answered at once (and probed at most every [`PROBE_EVERY`], for at
-    /// most [`PROBE_TIMEOUT`]): reconciles of a broken endpoint's machines must not hold the
-    /// controller's workers that other clusters need.
-    pub(crate) async fn ready(&self) -> Result<(), String> {
-        let known = self.problem();
-        if let Some(why) = &known {
-            let mut probed = self.probed.lock().unwrap_or_else(|e| e.into_inner());
-            if probed.is_some_and(|at| at.elapsed() < PROBE_EVERY) {
-                return Err(why.clone());
-            }
-            *probed = Some(Instant::now());
-        }
-        if known.is_none() {
-            let synced = Synced::all(std::slice::from_ref(&self.synced));
-            if !matches!(tokio::time::timeout(FIRST_LIST_WAIT, synced).await, Ok(Ok(()))) {
-                return Err(self
-                    .problem()
-                    .unwrap_or_else(|| "no answer from the Kairon API yet".into()));
-            }
-            if self.problem().is_none() {
-                return Ok(());
-            }
-        }
-        let api = self.instances.api(Some(&self.namespace));
-        let lp = kube::api::ListParams::default().limit(1);
-        let probe = api.list_metadata(&lp);
-        let why = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-            // The list succeeded; the cache is usable once the watch has listed too.
-            Ok(Ok(_)) if self.synced.is_synced() => {
-                *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                return Ok(());
-            }
-            Ok(Ok(_)) => "the Kairon API answers; waiting for the first list of its Kairon Machines".to_string(),
-            Ok(Err(e)) => format!("the Kairon API cannot be read: {e}"),
-            Err(_) => "the Kairon API does not answer".to_string(),
-        };
-        *self.problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-        Err(why)
-    }
-}
-
 /// Why the endpoint of an identity cannot be had.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum EndpointError {
@@ -144,6 +75,10 @@ pub enum EndpointError {
     NoKubeconfig(String),
     #[error("identity Secret {0}: {1}")]
     BadKubeconfig(String, String),
+    #[error(
+        "identity Secret {0}: server {1} is not among the servers the operator allows (--identity-allowed-servers)"
+    )]
+    ServerNotAllowed(String, String),
     #[error("reading identity Secret {0}: {1}")]
     Read(String, String),
     #[error("KaironClusterIdentity {0} not found")]
@@ -166,8 +101,16 @@ impl EndpointError {
     pub(crate) fn identity_allowed(&self) -> bool {
         use EndpointError::*;
         match self {
-            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) => true,
+            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) | ServerNotAllowed(..) => true,
             IdentityNotFound(_) | ReadIdentity(..) | NotAllowed(..) | BadIdentity(..) | UnknownKind(_) => false,
+        }
+    }
+
+    /// The condition reason of KaironClusters and KaironMachines that cannot use the endpoint.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            EndpointError::ServerNotAllowed(..) => reason::KAIRON_API_SERVER_NOT_ALLOWED,
+            _ => reason::KAIRON_API_UNAVAILABLE,
         }
     }
 }
@@ -188,6 +131,8 @@ pub struct Endpoints {
     identity_namespace: String,
     trigger: futures::channel::mpsc::UnboundedSender<ObjectRef<KaironMachine>>,
     telemetry: Telemetry,
+    /// The servers identities may name.
+    allowed: AllowedServers,
     running: Mutex<HashMap<IdentityKey, Running>>,
 }
 
@@ -208,6 +153,7 @@ impl Endpoints {
             identity_namespace,
             trigger,
             telemetry,
+            allowed: AllowedServers::default(),
             running: Mutex::new(HashMap::new()),
         }
     }
@@ -230,6 +176,12 @@ impl Endpoints {
             trigger,
             telemetry,
         )
+    }
+
+    /// Identities may name only these servers (`--identity-allowed-servers`).
+    pub(crate) fn with_allowed_servers(mut self, allowed: AllowedServers) -> Self {
+        self.allowed = allowed;
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IdentityKey, Running>> {
@@ -380,8 +332,9 @@ impl Endpoints {
     }
 
     /// A client from kubeconfig `bytes`; refuses what would make the manager run a command or
-    /// read its own files (exec plugins, auth providers, file paths): the Secret is written by
-    /// the cluster's owner, not by the provider's operator.
+    /// read its own files (exec plugins, auth providers, file paths), what would send the
+    /// cluster's bootstrap data unverified, and servers the operator does not allow: the Secret
+    /// is written by the cluster's owner, not by the provider's operator.
     async fn client_from(&self, what: &str, bytes: &[u8]) -> Result<(Client, String), EndpointError> {
         let bad = |why: &str| EndpointError::BadKubeconfig(what.to_string(), why.to_string());
         let text = std::str::from_utf8(bytes).map_err(|_| bad("the kubeconfig is not UTF-8"))?;
@@ -392,6 +345,10 @@ impl Endpoints {
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
             .map_err(|_| bad("the kubeconfig has no usable context"))?;
+        let config = endpoint_trust::checked(config, &self.allowed).map_err(|refused| match refused {
+            ServerRefusal::Unsafe(why) => bad(why),
+            ServerRefusal::NotAllowed(host) => EndpointError::ServerNotAllowed(what.to_string(), host),
+        })?;
         let fingerprint = kairon::endpoint_fingerprint(&config);
         let client = (self.factory)(config).map_err(|_| bad("no client can be built from the kubeconfig"))?;
         Ok((client, fingerprint))
@@ -400,11 +357,14 @@ impl Endpoints {
     /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
     /// reconcile of the KaironMachine of every Kairon Machine that changes.
     fn start(&self, key: &IdentityKey, client: Client, fingerprint: String) -> (Endpoint, tokio::task::AbortHandle) {
-        let instances = Instances::new(client).with_owner(self.owner.clone());
+        let instances = Instances::new(client).with_owner(self.owner.clone()).with_write_gate();
         let (store, writer) = reflector::store();
         let problem: Arc<Mutex<Option<String>>> = Arc::default();
+        // Pages small enough for the client's response limit; watches the server ends before
+        // the client's read timeout would.
         let wc = watcher::Config::default()
-            .any_semantic()
+            .page_size(endpoint_trust::LIST_PAGE)
+            .timeout(endpoint_trust::WATCH_TIMEOUT_SECS)
             .labels(&labels::managed_selector());
         let set_problem = problem.clone();
         let clear_problem = problem.clone();
@@ -415,6 +375,7 @@ impl Endpoints {
         let known = store.clone();
         let events = watcher(instances.api(Some(&key.namespace)), wc)
             .inspect_err(move |e| {
+                let e = bounded(&e.to_string(), MAX_PROBLEM);
                 warn!(identity = %identity, error = %e, "Kairon endpoint watch failed; retrying with backoff");
                 metrics
                     .watch_errors
@@ -456,15 +417,7 @@ impl Endpoints {
             futures::future::ready(())
         }));
         let synced = Synced::of(&store);
-        let endpoint = Endpoint {
-            instances,
-            store,
-            synced,
-            namespace: key.namespace.clone(),
-            fingerprint,
-            problem,
-            probed: Arc::default(),
-        };
+        let endpoint = Endpoint::new(instances, store, synced, key.namespace.clone(), fingerprint, problem);
         (endpoint, task.abort_handle())
     }
 
@@ -512,25 +465,6 @@ impl Endpoints {
     }
 }
 
-/// Why a kubeconfig from an identity Secret is refused, if it is: anything that would make the
-/// manager run a command or read a file of its own.
-fn refusal(kubeconfig: &Kubeconfig) -> Option<&'static str> {
-    for auth in kubeconfig.auth_infos.iter().filter_map(|a| a.auth_info.as_ref()) {
-        if auth.exec.is_some() || auth.auth_provider.is_some() {
-            return Some("exec plugins and auth providers are not allowed");
-        }
-        if auth.token_file.is_some() || auth.client_certificate.is_some() || auth.client_key.is_some() {
-            return Some("file paths are not allowed; embed the data");
-        }
-    }
-    let files = kubeconfig
-        .clusters
-        .iter()
-        .filter_map(|c| c.cluster.as_ref())
-        .any(|c| c.certificate_authority.is_some());
-    files.then_some("file paths are not allowed; embed the data")
-}
-
 /// The identities named by KaironClusters and recorded on KaironMachines.
 pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMachine>) -> HashSet<IdentityKey> {
     let of_clusters = kcs.state().into_iter().filter_map(|kc| {
@@ -563,61 +497,5 @@ pub(crate) async fn sweep_every(
             _ = tokio::time::sleep(period) => {}
         }
         endpoints.sweep(&identities_in_use(&kcs, &kms)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kubeconfigs_that_run_commands_or_read_files_are_refused() {
-        let kubeconfig = |user: &str, cluster: &str| {
-            Kubeconfig::from_yaml(&format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster:\n    server: https://kairon:6443\n{cluster}\
-                 users:\n- name: u\n  user:\n{user}contexts:\n- name: c\n  context: {{cluster: k, user: u}}\ncurrent-context: c\n"
-            ))
-            .unwrap()
-        };
-        let cases = [
-            ("embedded token", "    token: abc\n", "", None),
-            (
-                "embedded certificate",
-                "    client-certificate-data: YQ==\n    client-key-data: YQ==\n",
-                "    certificate-authority-data: YQ==\n",
-                None,
-            ),
-            (
-                "exec plugin",
-                "    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh\n",
-                "",
-                Some("exec"),
-            ),
-            (
-                "token file",
-                "    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n",
-                "",
-                Some("file paths"),
-            ),
-            (
-                "certificate file",
-                "    client-certificate: /etc/cert\n    client-key: /etc/key\n",
-                "",
-                Some("file paths"),
-            ),
-            (
-                "CA file",
-                "    token: abc\n",
-                "    certificate-authority: /etc/ca.crt\n",
-                Some("file paths"),
-            ),
-        ];
-        for (name, user, cluster, want) in cases {
-            let got = refusal(&kubeconfig(user, cluster));
-            match want {
-                None => assert_eq!(got, None, "{name}"),
-                Some(w) => assert!(got.is_some_and(|g| g.contains(w)), "{name}: {got:?}"),
-            }
-        }
     }
 }

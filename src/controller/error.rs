@@ -24,6 +24,8 @@ pub enum Error {
     },
     #[error(transparent)]
     Kairon(#[from] KaironError),
+    #[error("the reconcile did not finish within {}s", .0.as_secs())]
+    Deadline(std::time::Duration),
 }
 
 impl Error {
@@ -35,6 +37,7 @@ impl Error {
             Error::Read { .. } => "read",
             Error::Write { .. } => "write",
             Error::Kairon(e) => e.stage(),
+            Error::Deadline(_) => "deadline",
         }
     }
 

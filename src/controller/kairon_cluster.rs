@@ -79,8 +79,8 @@ pub enum Decision {
     WaitingForEndpoint,
     /// Being deleted while `n` KaironMachines remain.
     Deleting { machines: usize },
-    /// The Kairon API of the cluster's identity cannot be used, for this reason.
-    KaironUnavailable(String),
+    /// The Kairon API of the cluster's identity cannot be used: the condition reason, and why.
+    KaironUnavailable { reason: &'static str, why: String },
 }
 
 /// The status a KaironCluster should have. Pure.
@@ -110,12 +110,7 @@ pub fn next_status(kc: &KaironCluster, decision: &Decision, now: &Time) -> Kairo
             reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT,
             "waiting for a control plane endpoint: set spec.controlPlaneEndpoint here or on the Cluster",
         )),
-        Decision::KaironUnavailable(why) => Some(Decided::new(
-            READY,
-            Status::False,
-            reason::KAIRON_API_UNAVAILABLE,
-            why.clone(),
-        )),
+        Decision::KaironUnavailable { reason, why } => Some(Decided::new(READY, Status::False, reason, why.clone())),
         Decision::Deleting { machines } => Some(Decided::new(
             READY,
             Status::False,
@@ -221,8 +216,11 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         }
         _ => None,
     };
-    let decision = if let Some(why) = unavailable {
-        Decision::KaironUnavailable(why)
+    let decision = if let Some(p) = unavailable {
+        Decision::KaironUnavailable {
+            reason: p.reason,
+            why: p.why,
+        }
     } else if endpoint_known || kc.status.as_ref().is_some_and(|s| s.is_provisioned()) {
         Decision::Provisioned
     } else {
@@ -241,23 +239,49 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             )
             .await;
     }
-    if matches!(decision, Decision::KaironUnavailable(_)) {
+    if matches!(decision, Decision::KaironUnavailable { .. }) {
         return Ok(Action::requeue(ENDPOINT_RETRY));
     }
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
+/// Why the Kairon API of an identity cannot be used now.
+struct IdentityProblem {
+    reason: &'static str,
+    why: String,
+}
+
+/// How much of what is wrong with an identity's Kairon API a condition repeats.
+const MAX_PROBLEM_MESSAGE: usize = 1024;
+
 /// Why the Kairon API of identity `r` cannot be used now, if it cannot; and whether the
 /// identity was seen to allow the namespace. Only then is it protected: a namespace an identity
 /// does not allow must not be able to hold it with a finalizer, and an identity that could not
 /// be read (a transient error) has not said yes.
-async fn identity_problem(endpoints: &Endpoints, ns: &str, r: &KaironIdentityReference) -> (Option<String>, bool) {
-    let (why, allowed) = match endpoints.endpoint(ns, r).await {
-        Err(e) => (Some(e.to_string()), e.identity_allowed()),
-        Ok(endpoint) => (endpoint.ready().await.err(), true),
+async fn identity_problem(
+    endpoints: &Endpoints,
+    ns: &str,
+    r: &KaironIdentityReference,
+) -> (Option<IdentityProblem>, bool) {
+    let (problem, allowed) = match endpoints.endpoint(ns, r).await {
+        Err(e) => (Some((e.reason(), e.to_string())), e.identity_allowed()),
+        Ok(endpoint) => (
+            endpoint
+                .ready()
+                .await
+                .err()
+                .map(|why| (reason::KAIRON_API_UNAVAILABLE, why)),
+            true,
+        ),
     };
-    let why = why.map(|why| format!("the Kairon API of identity {} {}: {why}", r.kind, r.name));
-    (why, allowed)
+    let problem = problem.map(|(reason, why)| IdentityProblem {
+        reason,
+        why: crate::text::bounded(
+            &format!("the Kairon API of identity {} {}: {why}", r.kind, r.name),
+            MAX_PROBLEM_MESSAGE,
+        ),
+    });
+    (problem, allowed)
 }
 
 /// Writes the status that follows from `decision`, if it differs; returns what it wrote.
@@ -403,6 +427,22 @@ mod tests {
                 false,
             ),
             (Decision::Deleting { machines: 0 }, ("False", reason::DELETING), false),
+            (
+                Decision::KaironUnavailable {
+                    reason: reason::KAIRON_API_UNAVAILABLE,
+                    why: "down".into(),
+                },
+                ("False", reason::KAIRON_API_UNAVAILABLE),
+                false,
+            ),
+            (
+                Decision::KaironUnavailable {
+                    reason: reason::KAIRON_API_SERVER_NOT_ALLOWED,
+                    why: "server 10.9.9.9 is not allowed".into(),
+                },
+                ("False", reason::KAIRON_API_SERVER_NOT_ALLOWED),
+                false,
+            ),
         ];
         for (decision, want, provisioned) in cases {
             let s = next_status(&kc(), &decision, &at(1));

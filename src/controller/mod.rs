@@ -7,12 +7,17 @@
 //!   `backoff`, its per-object delays;
 //! - `identity_protection`: what keeps an identity (`spec.identityRef`) until its cluster's
 //!   VMs are gone, and takes it along on `clusterctl move`;
+//! - [`endpoints`] (the Kairon APIs of identities), `endpoint_health` (one of them as the
+//!   reconcilers use it, and whether it can be used now) and `endpoint_trust` (what an
+//!   identity's kubeconfig may name, and the bounds of its client);
 //! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage.
 
 mod backoff;
 pub(crate) mod caches;
+mod endpoint_health;
+pub(crate) mod endpoint_trust;
 pub mod endpoints;
 mod error;
 mod fresh;
@@ -33,6 +38,7 @@ use serde::de::DeserializeOwned;
 
 use crate::capi::WATCH_FILTER_LABEL;
 
+pub use endpoint_trust::AllowedServers;
 pub use endpoints::Endpoints;
 pub use error::Error;
 pub use fresh::Fresher;

@@ -162,6 +162,7 @@ pub(crate) fn watch_error(
 ) -> impl FnMut(&kube::runtime::watcher::Error) + Send + 'static {
     let metrics = telemetry.metrics.clone();
     move |e| {
+        let e = crate::text::bounded(&e.to_string(), MAX_LOGGED_ERROR);
         tracing::warn!(resource, error = %e, "watch failed; retrying with backoff");
         metrics
             .watch_errors
@@ -240,13 +241,19 @@ where
     }
 }
 
+/// How much of an error a log line repeats: errors can quote what a server answered, and a
+/// tenant's Kairon API may answer anything.
+pub(crate) const MAX_LOGGED_ERROR: usize = 1024;
+
 /// Every controller's error policy: log where it failed, try again after the object's backoff.
 pub(crate) fn error_policy<K: Resource<DynamicType = ()> + Clone + 'static, C>(
     backoff: Backoff<K>,
 ) -> impl Fn(Arc<K>, &Error, Arc<C>) -> Action {
     move |obj, error, _ctx| {
         let wait = backoff.failed(obj.as_ref());
-        tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage = error.stage(), %error, retry_in = ?wait, "reconcile failed");
+        let stage = error.stage();
+        let error = crate::text::bounded(&error.to_string(), MAX_LOGGED_ERROR);
+        tracing::warn!(name = %obj.name_any(), namespace = ?obj.namespace(), stage, %error, retry_in = ?wait, "reconcile failed");
         Action::requeue(wait)
     }
 }

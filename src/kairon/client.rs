@@ -5,14 +5,23 @@
 //!
 //! A create carries bootstrap data, and an API error may quote the request: errors of such
 //! requests keep only the answer's code and reason. Answers are read leniently
-//! ([`machine_from_value`]): an odd Kairon Machine is that machine's problem alone.
+//! ([`machine_from_value`]): an odd Kairon Machine is that machine's problem alone. On a Kairon
+//! API named by an identity, writes pass a [`WriteGate`]: one that does not answer them is
+//! not written to again until a pause is over.
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
+use std::sync::Arc;
+
+use super::gate::{Permit, Refusal, WriteGate};
 use super::{Machine, labels, machine_from_value};
 use crate::api::{FIELD_MANAGER, KaironMachine};
+use crate::text::bounded;
+
+/// How much of an API error's reason a create failure repeats (the server chose it).
+const MAX_API_REASON: usize = 64;
 
 /// Kairon Machines, on the API server that serves them (the management cluster unless the
 /// manager was pointed elsewhere).
@@ -20,6 +29,8 @@ use crate::api::{FIELD_MANAGER, KaironMachine};
 pub struct Instances {
     client: Client,
     owner: Owner,
+    /// Whether the API answers writes; `None`: every write is sent (the manager's own API).
+    gate: Option<Arc<WriteGate>>,
 }
 
 /// Which management cluster this manager speaks for on Kairon. Every Kairon Machine it creates
@@ -99,6 +110,13 @@ pub enum KaironError {
         #[source]
         source: kube::Error,
     },
+    /// Not sent: the API did not answer an earlier write ([`WriteGate`]).
+    #[error("{action} Kairon Machine {name}: {refusal}")]
+    Refused {
+        action: &'static str,
+        name: String,
+        refusal: Refusal,
+    },
 }
 
 impl KaironError {
@@ -109,6 +127,7 @@ impl KaironError {
             KaironError::Create { .. } => "create_instance",
             KaironError::Relabel { .. } => "write",
             KaironError::Delete { .. } => "delete_instance",
+            KaironError::Refused { .. } => "kairon_api",
         }
     }
 }
@@ -118,6 +137,25 @@ impl Instances {
         Instances {
             client,
             owner: Owner::default(),
+            gate: None,
+        }
+    }
+
+    /// Writes pass a [`WriteGate`] of their own: for a Kairon API a tenant names.
+    pub(crate) fn with_write_gate(mut self) -> Self {
+        self.gate = Some(Arc::default());
+        self
+    }
+
+    /// Leave to send a write, if the API is gated.
+    fn permit(&self, action: &'static str, name: &str) -> Result<Option<Permit>, KaironError> {
+        match &self.gate {
+            None => Ok(None),
+            Some(gate) => gate.admit().map(Some).map_err(|refusal| KaironError::Refused {
+                action,
+                name: name.to_string(),
+                refusal,
+            }),
         }
     }
 
@@ -184,7 +222,10 @@ impl Instances {
                 name: name.clone(),
                 detail: "the Kairon Machine could not be encoded".into(),
             })?;
-        match self.namespaced(&ns).create(&pp, &body).await {
+        let permit = self.permit("creating", &name)?;
+        let answer = self.namespaced(&ns).create(&pp, &body).await;
+        settle(permit, &answer);
+        match answer {
             Ok(vm) => Ok(Created::New(read(vm))),
             Err(kube::Error::Api(s)) if s.is_already_exists() => match self.get(&ns, &name).await? {
                 Some(vm) => Ok(Created::Existing(vm)),
@@ -197,7 +238,7 @@ impl Instances {
             // code and reason.
             Err(kube::Error::Api(s)) => Err(KaironError::Create {
                 name,
-                detail: format!("the API answered {} {}", s.code, s.reason),
+                detail: format!("the API answered {} {}", s.code, bounded(&s.reason, MAX_API_REASON)),
             }),
             Err(e) => Err(KaironError::Create {
                 name,
@@ -222,9 +263,10 @@ impl Instances {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        self.namespaced(&ns)
-            .patch(&name, &pp, &Patch::Merge(&body))
-            .await
+        let permit = self.permit("relabelling", &name)?;
+        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
+        settle(permit, &answer);
+        answer
             .map(|_| ())
             .map_err(|source| KaironError::Relabel { ns, name, source })
     }
@@ -240,15 +282,25 @@ impl Instances {
             }),
             ..Default::default()
         };
-        match self
+        let permit = self.permit("deleting", &name)?;
+        let answer = self
             .namespaced(&vm.namespace().unwrap_or_default())
             .delete(&name, &dp)
-            .await
-        {
+            .await;
+        settle(permit, &answer);
+        match answer {
             Ok(_) => Ok(Deletion::Started),
             Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Deletion::Gone),
             Err(source) => Err(KaironError::Delete { name, source }),
         }
+    }
+}
+
+/// Tells the gate whether a write got an answer: any answer of the API, an error included;
+/// not a timeout, a failed connection or an answer too large to read.
+fn settle<T>(permit: Option<Permit>, answer: &Result<T, kube::Error>) {
+    if let Some(p) = permit {
+        p.settle(matches!(answer, Ok(_) | Err(kube::Error::Api(_))));
     }
 }
 

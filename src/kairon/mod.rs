@@ -6,13 +6,14 @@
 //! - [`desired`]: which Kairon Machine should exist for a KaironMachine (pure);
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
-//!   deletes Kairon Machines.
+//!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes.
 
 mod client;
 pub mod desired;
 mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod gate;
 pub mod observe;
 mod types;
 
@@ -21,6 +22,7 @@ pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub(crate) use desired::kaironmachine_for_instance;
 pub use desired::{desired_kairon_machine, provider_id};
 pub(crate) use fingerprint::endpoint_fingerprint;
+pub use gate::Refusal;
 pub(crate) use observe::{Holder, Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
 

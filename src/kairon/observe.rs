@@ -17,6 +17,11 @@ const MAX_ADDRESSES: usize = 256;
 const MAX_ADDRESS: usize = 256;
 /// `status.failureDomain` is at most this long (CRD `maxLength`).
 const MAX_FAILURE_DOMAIN: usize = 256;
+/// What `status.instance` repeats of a Kairon Machine: its name, namespace and UID (an object
+/// name is at most 253 characters; a tenant's API server may send anything), its phase and its
+/// host (a DNS name, at most 253).
+const MAX_NAME: usize = 253;
+const MAX_PHASE: usize = 64;
 
 /// Whose Kairon Machine this is, from the KaironMachine's point of view. One rule for every
 /// path that touches a VM: adoption, status and deletion.
@@ -132,7 +137,7 @@ pub(crate) fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
 
 /// The `InstanceProvisioned` condition for the VM's current phase.
 pub(crate) fn instance_condition(vm: &Machine) -> Decided {
-    let name = vm.name_any();
+    let name = bounded(&vm.name_any(), MAX_NAME);
     if effective_phase(vm) == phase::UNREADABLE {
         let why = vm
             .status
@@ -198,7 +203,7 @@ pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
-        .filter(|a| TYPES.contains(&a.type_.as_str()) && !a.address.is_empty() && a.address.len() <= MAX_ADDRESS)
+        .filter(|a| TYPES.contains(&a.type_.as_str()) && is_clean(&a.address, MAX_ADDRESS))
         .take(MAX_ADDRESSES)
         .map(|a| MachineAddress {
             type_: a.type_.clone(),
@@ -211,8 +216,15 @@ pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
 pub(crate) fn failure_domain(vm: &Machine) -> Option<String> {
     vm.annotations()
         .get(FAILURE_DOMAIN_ANNOTATION)
-        .filter(|f| !f.is_empty() && f.len() <= MAX_FAILURE_DOMAIN)
+        .filter(|f| is_clean(f, MAX_FAILURE_DOMAIN))
         .cloned()
+}
+
+/// Whether `value` (an address, a failure domain: a value others act on, which a cut or a
+/// replaced character would make wrong) can be reported as it is: not empty, at most `max`
+/// bytes, no control characters. Otherwise it is not reported at all.
+fn is_clean(value: &str, max: usize) -> bool {
+    !value.is_empty() && value.len() <= max && !value.chars().any(char::is_control)
 }
 
 /// `status.instance` of the KaironMachine.
@@ -222,18 +234,22 @@ pub(crate) fn failure_domain(vm: &Machine) -> Option<String> {
 /// changes between the two, and without this the status written depended on how many of the
 /// steps a reconcile happened to see (all of them without a client limit, none under it, as the
 /// reconciles queue): one more status write per machine exactly when the API server is busiest.
+///
+/// Everything in it comes from the Kairon API, which a tenant's identity can name: each string
+/// is cleaned of control characters and bounded, as Kairon's free text is.
 pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
     let phase = status_phase(vm);
     InstanceRef {
-        name: vm.name_any(),
-        namespace: vm.namespace().unwrap_or_default(),
-        uid: vm.metadata.uid.clone(),
-        phase: Some(phase.to_string()),
+        name: bounded(&vm.name_any(), MAX_NAME),
+        namespace: bounded(&vm.namespace().unwrap_or_default(), MAX_NAME),
+        uid: vm.metadata.uid.as_deref().map(|u| bounded(u, MAX_NAME)),
+        phase: Some(bounded(phase, MAX_PHASE)),
         host: vm
             .status
             .as_ref()
-            .and_then(|s| s.host_name.clone())
-            .filter(|h| !h.is_empty() && phase != phase::PROVISIONING),
+            .and_then(|s| s.host_name.as_deref())
+            .filter(|h| !h.is_empty() && phase != phase::PROVISIONING)
+            .map(|h| bounded(h, MAX_NAME)),
         identity_ref: None,
         endpoint: None,
     }
@@ -330,6 +346,53 @@ mod tests {
 
         m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "z".repeat(300))].into());
         assert_eq!(failure_domain(&m), None, "longer than the CRD allows: not reported");
+        m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a\nzone-b".into())].into());
+        assert_eq!(failure_domain(&m), None, "a control character: not reported");
+    }
+
+    /// What a tenant's Kairon API says of a VM (its phase, host, name, addresses) reaches
+    /// `status.instance`, `status.addresses` and events cleaned and bounded.
+    #[test]
+    fn everything_a_kairon_api_sends_is_cleaned_and_bounded() {
+        let long = |c: &str| format!("{c}\n\u{1b}[31m{}", c.repeat(100_000));
+        let mut m = vm(Some("Running"));
+        m.metadata.name = Some(long("n"));
+        m.metadata.namespace = Some(long("s"));
+        m.metadata.uid = Some(long("u"));
+        let st = m.status.as_mut().unwrap();
+        st.host_name = Some(long("h"));
+        st.addresses = Some(vec![
+            Address {
+                type_: "InternalIP".into(),
+                address: "10.0.0.1\n10.0.0.2".into(),
+            },
+            Address {
+                type_: "InternalIP".into(),
+                address: "10.0.0.3".into(),
+            },
+        ]);
+        let r = instance_ref(&m);
+        let fields = [Some(r.name), Some(r.namespace), r.uid, r.host];
+        for f in fields {
+            let f = f.expect("reported");
+            assert!(f.len() <= MAX_NAME, "{}", f.len());
+            assert!(!f.chars().any(char::is_control), "{f:?}");
+        }
+        let a = addresses(&m);
+        assert_eq!(a.len(), 1, "an address with a newline is left out: {a:?}");
+        assert_eq!(a[0].address, "10.0.0.3");
+        let d = instance_condition(&m);
+        assert!(d.message.len() < 1024, "{}", d.message.len());
+
+        let mut odd = vm(Some("Running"));
+        odd.status.as_mut().unwrap().phase = Some(long("p"));
+        let r = instance_ref(&odd);
+        let phase = r.phase.expect("a phase");
+        assert!(
+            phase.len() <= MAX_PHASE && !phase.chars().any(char::is_control),
+            "{phase:?}"
+        );
+        assert!(instance_condition(&odd).message.len() < 1024);
     }
 
     #[test]

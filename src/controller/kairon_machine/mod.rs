@@ -17,9 +17,11 @@
 //! deletion, and nothing (not even the finalizer) is written before CAPI sets the owner.
 //!
 //! What triggers a reconcile, and the caches it reads, are in [`watches`]; every request to
-//! Kairon goes through [`crate::kairon::Instances`].
+//! Kairon goes through [`crate::kairon::Instances`]; every reconcile has a deadline
+//! ([`deadline`]).
 
 mod create;
+mod deadline;
 mod delete;
 mod lanes;
 mod ownership;
@@ -27,6 +29,7 @@ mod reconcile;
 pub(crate) mod status;
 mod watches;
 
+pub use deadline::reconcile_within_deadline;
 pub use reconcile::{Context, reconcile};
 pub use status::{Observed, StatusInput, next_status};
 pub(crate) use watches::{Remote, controller};

@@ -199,21 +199,22 @@ impl Context {
         let Some(identity) = identity else {
             return Ok(Step::Continue(self.default_target()));
         };
-        let unavailable = |why: String| {
+        let unavailable = |r: &'static str, why: String| {
+            let why = format!("the Kairon API of identity {} {}: {why}", identity.kind, identity.name);
             let d = Decided::new(
                 INSTANCE_PROVISIONED,
                 Status::Unknown,
-                reason::KAIRON_API_UNAVAILABLE,
-                format!("the Kairon API of identity {} {}: {why}", identity.kind, identity.name),
+                r,
+                crate::text::bounded(&why, 1024),
             );
             Ok(Step::Stop(Observed::Waiting(d), Action::requeue(ENDPOINT_RETRY)))
         };
         let endpoint = match endpoints.endpoint(&scope.ns, &identity).await {
             Ok(e) => e,
-            Err(e) => return unavailable(e.to_string()),
+            Err(e) => return unavailable(e.reason(), e.to_string()),
         };
         if let Err(why) = endpoint.ready().await {
-            return unavailable(why);
+            return unavailable(reason::KAIRON_API_UNAVAILABLE, why);
         }
         let fingerprint = endpoint.fingerprint().to_string();
         Ok(Step::Continue(Target {

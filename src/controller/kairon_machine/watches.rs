@@ -11,8 +11,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use super::deadline::reconcile_within_deadline;
 use super::lanes::{Lane, ObjectLocks, on_create_path};
-use super::reconcile::{Context, reconcile};
+use super::reconcile::Context;
 use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::caches::Caches;
@@ -191,7 +192,7 @@ pub(crate) fn controller(
         "kaironmachine",
         telemetry.metrics,
         backoff.clone(),
-        reconcile,
+        reconcile_within_deadline,
     ));
     let locks = ObjectLocks::new(requeue_tx);
     let lane = |urgent: bool| {

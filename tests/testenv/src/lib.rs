@@ -17,7 +17,8 @@
 //! It is also the one support library of every test and of the benchmark: the test cluster
 //! and what it runs on ([`cluster`]: [`KUBERNETES_VERSION`], [`SIMULATOR_HOSTS`]), API
 //! resources by name ([`capi_resource`]), free ports and a plain-HTTP GET ([`free_port`],
-//! [`http_get`]), temp dirs that honour `CAPKR_TEST_KEEP` ([`ScratchDir`]).
+//! [`http_get`]), temp dirs that honour `CAPKR_TEST_KEEP` ([`ScratchDir`]), and a hostile
+//! Kairon API for tenants' identities to point at ([`hostile`]).
 
 pub mod audit;
 mod bins;
@@ -29,6 +30,7 @@ mod dump;
 mod env;
 pub mod faults;
 pub mod flavors;
+pub mod hostile;
 mod kube_util;
 mod manifests;
 mod net;
