@@ -242,6 +242,8 @@ impl Args {
             // Found out from the API servers at start.
             streaming_lists: false,
             kairon_streaming_lists: false,
+            kairon_watch_timeout: (!self.kairon_kubeconfig.is_empty())
+                .then_some(controller::endpoint_trust::WATCH_TIMEOUT_SECS),
         }
     }
 }
@@ -345,17 +347,19 @@ struct Limits {
 }
 
 async fn client_from(path: &str, identity: &str, limits: Option<&Limits>) -> Result<Client> {
-    let config = if path.is_empty() {
-        kube::Config::infer()
+    Ok(client_with(config_from(path).await?, identity, limits)?)
+}
+
+async fn config_from(path: &str) -> Result<kube::Config> {
+    if path.is_empty() {
+        return kube::Config::infer()
             .await
-            .context("no kubeconfig and not running in a cluster")?
-    } else {
-        let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("loading kubeconfig {path}"))?
-    };
-    Ok(client_with(config, identity, limits)?)
+            .context("no kubeconfig and not running in a cluster");
+    }
+    let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?;
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading kubeconfig {path}"))
 }
 
 /// A client of `config` with our User-Agent and, if given, the rate limit and request metrics.
@@ -410,10 +414,12 @@ pub async fn run(args: Args) -> Result<()> {
         bodies: None,
     };
     let client = client_from(&args.kubeconfig, &identity, Some(&limits)).await?;
+    // A Kairon API of its own gives up on connections and silence as the identities' do.
     let kairon = if args.kairon_kubeconfig.is_empty() {
         client.clone()
     } else {
-        client_from(&args.kairon_kubeconfig, &identity, Some(&limits)).await?
+        let config = controller::endpoint_trust::bounded_waits(config_from(&args.kairon_kubeconfig).await?);
+        client_with(config, &identity, Some(&limits))?
     };
     // Lease renewals and probes must not queue behind a burst of reconciles.
     let plain = client_from(&args.kubeconfig, &identity, None).await?;
@@ -636,6 +642,16 @@ mod tests {
         assert_eq!(s.watch_filter, None);
         assert_eq!(s.sync_period, Duration::from_secs(600));
         assert_eq!(s.machine_concurrency, 10);
+        assert_eq!(
+            s.kairon_watch_timeout, None,
+            "the management cluster's client has no read timeout"
+        );
+        let s = Args::parse_from(["capkr-manager", "--kairon-kubeconfig=/k"]).settings();
+        assert_eq!(
+            s.kairon_watch_timeout,
+            Some(controller::endpoint_trust::WATCH_TIMEOUT_SECS),
+            "a Kairon API of its own: watches end before its client's read timeout"
+        );
         let args = Args::parse_from([
             "capkr-manager",
             "--namespace",

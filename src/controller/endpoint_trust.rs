@@ -15,7 +15,9 @@
 //! - the client gives up on a server that does not accept a connection within
 //!   [`CONNECT_TIMEOUT`] or is silent for [`READ_TIMEOUT`] (kube has no read timeout by
 //!   default); its watches ask the server to end them after [`WATCH_TIMEOUT_SECS`], so that a
-//!   quiet watch never runs into the read timeout. What the server sends back is bounded too
+//!   quiet watch never runs into the read timeout. The same holds for the client of
+//!   `--kairon-kubeconfig` ([`bounded_waits`]); the management cluster's client, when it is
+//!   also the Kairon API's, keeps kube's defaults (its watches are the management caches'). What the server sends back is bounded too
 //!   ([`crate::client::BodyLimits::IDENTITY`], added by the manager's client factory).
 
 use std::net::IpAddr;
@@ -62,7 +64,7 @@ pub(crate) enum ServerRefusal {
 
 /// Checks the server `config` (from an identity's kubeconfig) points at, and bounds its
 /// client's waits.
-pub(crate) fn checked(mut config: kube::Config, allowed: &AllowedServers) -> Result<kube::Config, ServerRefusal> {
+pub(crate) fn checked(config: kube::Config, allowed: &AllowedServers) -> Result<kube::Config, ServerRefusal> {
     if config.cluster_url.scheme_str() != Some("https") {
         return Err(ServerRefusal::Unsafe("the server must be https://"));
     }
@@ -78,13 +80,20 @@ pub(crate) fn checked(mut config: kube::Config, allowed: &AllowedServers) -> Res
     if !allowed.allows(host) {
         return Err(ServerRefusal::NotAllowed(crate::text::bounded(host, 253)));
     }
+    Ok(bounded_waits(config))
+}
+
+/// `config` with [`CONNECT_TIMEOUT`] and [`READ_TIMEOUT`]: for every client of a Kairon API
+/// built from a kubeconfig (identities, `--kairon-kubeconfig`), whose watches must then ask for
+/// [`WATCH_TIMEOUT_SECS`].
+pub(crate) fn bounded_waits(mut config: kube::Config) -> kube::Config {
     config.connect_timeout = Some(CONNECT_TIMEOUT);
     config.read_timeout = Some(READ_TIMEOUT);
     config.write_timeout = Some(READ_TIMEOUT);
     // The read timeout counts from when a request is sent, not from when its pooled
     // connection went idle.
     config.reset_reader_on_write = true;
-    Ok(config)
+    config
 }
 
 /// The Kairon API servers identities may name (`--identity-allowed-servers`): host names

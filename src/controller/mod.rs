@@ -65,6 +65,10 @@ pub struct Settings {
     pub streaming_lists: bool,
     /// The same for the Kairon API server of the manager (`--kairon-kubeconfig`).
     pub kairon_streaming_lists: bool,
+    /// Seconds after which the API server ends a watch of the manager's Kairon API: set when
+    /// its client has a read timeout (`--kairon-kubeconfig`), so that a quiet watch never
+    /// meets it.
+    pub kairon_watch_timeout: Option<u32>,
 }
 
 impl Default for Settings {
@@ -79,6 +83,7 @@ impl Default for Settings {
             template_concurrency: 2,
             streaming_lists: false,
             kairon_streaming_lists: false,
+            kairon_watch_timeout: None,
         }
     }
 }

@@ -95,7 +95,10 @@ pub(crate) fn controller(
         .predicate_filter(machine_trigger, PredicateConfig::default());
     let (instances, w) = reflector::store();
     // Streamed or paged, as `initial_lists` says why.
-    let instance_wc = initial_lists(settings.kairon_streaming_lists).labels(&labels::managed_selector());
+    let mut instance_wc = initial_lists(settings.kairon_streaming_lists).labels(&labels::managed_selector());
+    if let Some(t) = settings.kairon_watch_timeout {
+        instance_wc = instance_wc.timeout(t);
+    }
     // Untyped, and read one by one: a Kairon Machine we cannot parse is its KaironMachine's
     // problem alone, never the whole list's.
     let instance_events = watcher(kairon.api(settings.namespace.as_deref()), instance_wc)
