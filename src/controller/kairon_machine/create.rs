@@ -10,7 +10,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::Action;
 use tracing::info;
 
-use super::reconcile::{Context, Scope, Step, Target};
+use super::context::{Context, Scope, Step, Target};
 use super::status::Observed;
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironCluster};

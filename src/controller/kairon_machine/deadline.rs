@@ -16,7 +16,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
-use super::reconcile::{Context, reconcile, write_status};
+use super::context::{Context, write_status};
+use super::reconcile::reconcile;
 use super::status::{Observed, StatusInput};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironIdentityReference, KaironMachine};

@@ -8,8 +8,8 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
+use super::context::{Context, ENDPOINT_RETRY, Scope, Step, write_status};
 use super::ownership::{Verdict, whose};
-use super::reconcile::{Context, ENDPOINT_RETRY, Scope, Step, write_status};
 use super::status::{Observed, StatusInput};
 use crate::api::MACHINE_FINALIZER;
 use crate::capi;

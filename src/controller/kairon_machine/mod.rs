@@ -1,7 +1,8 @@
 //! The KaironMachine reconciler: one Kairon Machine per KaironMachine, its status mapped back.
 //!
 //! Order of a reconcile, as the contract asks ([`reconcile`]):
-//! 1. dereference the owner Machine and the Cluster (from caches);
+//! 1. dereference the owner Machine and the Cluster (from caches), and the Kairon API the VM
+//!    lives on ([`context`]);
 //! 2. pause (Cluster `spec.paused` or the annotation) — before deletion, so that
 //!    `clusterctl move` never destroys a VM;
 //! 3. deletion: delete the Kairon Machine if it is provably ours ([`ownership`]), keep the
@@ -20,6 +21,7 @@
 //! Kairon goes through [`crate::kairon::Instances`]; every reconcile has a deadline
 //! ([`deadline`]).
 
+mod context;
 mod create;
 mod deadline;
 mod delete;
@@ -29,7 +31,8 @@ mod reconcile;
 pub(crate) mod status;
 mod watches;
 
+pub use context::Context;
 pub use deadline::reconcile_within_deadline;
-pub use reconcile::{Context, reconcile};
+pub use reconcile::reconcile;
 pub use status::{Observed, StatusInput, next_status};
 pub(crate) use watches::{Remote, controller};

@@ -11,9 +11,9 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 
+use super::context::Context;
 use super::deadline::reconcile_within_deadline;
 use super::lanes::{Lane, ObjectLocks, on_create_path};
-use super::reconcile::Context;
 use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::caches::Caches;
