@@ -16,6 +16,7 @@
 
 mod backoff;
 pub(crate) mod caches;
+mod endpoint_error;
 mod endpoint_health;
 pub(crate) mod endpoint_trust;
 pub mod endpoints;
