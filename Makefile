@@ -56,14 +56,14 @@ test-unit:
 # environments and API servers the tests started.
 TEST_FIRST := e2e_capi_suite e2e distribution_image e2e_templates e2e_move e2e_identity
 TEST_WIDE := e2e_capi_suite distribution_image e2e_templates e2e_move
-TEST_SHARED := e2e=3
+TEST_SHARED := e2e=2
 # The test binaries are built before the upstream binaries are asked for: on a new machine
 # .ci/run builds those in the background meanwhile (hack/test-tools.sh waits on its lock).
 test: check-generate lint build
 	$(CARGO) test --workspace --no-run -q
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-test-runner \
-		--slots $${TEST_THREADS:-3} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
+		--slots $${TEST_THREADS:-2} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
 		$(addprefix --first ,$(TEST_FIRST))
 
 # The demo binary as `make build` built it: `cargo run -p capkr-testenv` would build it again
