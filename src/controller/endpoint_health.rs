@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
 
-use super::Synced;
+use super::runtime::Synced;
 use crate::kairon::{self, Instances};
 use crate::text::bounded;
 

@@ -11,8 +11,8 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use tracing::Instrument;
 
-use super::Error;
 pub(crate) use super::backoff::Backoff;
+use super::error::Error;
 use crate::api::conditions;
 use crate::capi;
 use crate::events::{EventSource, Events};
