@@ -630,9 +630,10 @@ async fn run_specs(half: u32, labels: &str) {
     if !out.status.success() {
         env.dump();
         panic!(
-            "the CAPI e2e suite failed ({}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)",
+            "the CAPI e2e suite failed ({}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)\n{}",
             out.status,
-            artifacts.display()
+            artifacts.display(),
+            failure_summary(&text)
         );
     }
     assert!(text.contains("SUCCESS!"), "no Ginkgo summary in the output");
@@ -641,4 +642,19 @@ async fn run_specs(half: u32, labels: &str) {
         focus.is_some() || !text.contains("-- 0 Passed"),
         "the Ginkgo run passed no spec"
     );
+}
+
+/// Ginkgo's closing summary of the failed specs (from "Summarizing" on, at most 60 lines),
+/// so that the panic message, which CI shows, names the spec and where it failed.
+fn failure_summary(text: &str) -> String {
+    let from = text
+        .rfind("Summarizing ")
+        .or_else(|| text.rfind("[FAILED]"))
+        .unwrap_or(text.len());
+    let lines: Vec<&str> = text[from..].lines().take(60).collect();
+    if lines.is_empty() {
+        "(no Ginkgo failure summary in the output)".to_string()
+    } else {
+        lines.join("\n")
+    }
 }

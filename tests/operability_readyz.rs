@@ -122,7 +122,7 @@ async fn readyz_is_false_until_the_caches_sync() {
     assert!(manager.is_running());
 }
 
-/// The caches' initial state comes streamed (`sendInitialEvents`: one watch per resource, one
+/// The caches' initial state comes streamed (`sendInitialEvents`: a watch per resource, one
 /// event per object, nothing parsed a page at a time) where the API server can, and in pages of
 /// 500 where it cannot (here: the WatchList feature turned off); either way the caches fill
 /// with what already exists and `/readyz` turns 200.
@@ -217,10 +217,12 @@ async fn initial_lists_are_streamed_where_the_api_server_can_and_paged_where_not
                 .map(|e| format!("{} {}", e.verb, e.request_uri))
                 .collect();
             if streaming {
-                assert_eq!(
-                    (lists, streamed),
-                    (0, 1),
-                    "{resource}: one streamed watch, no list: {described:#?}"
+                // A watch may be started again (the API server closes watches when it
+                // replaces a CRD's storage, which a loaded machine can leave until after the
+                // manager's first watch): each start streams again, none falls back to a list.
+                assert!(
+                    lists == 0 && streamed >= 1,
+                    "{resource}: streamed watches, no list: {described:#?}"
                 );
             } else {
                 assert_eq!(streamed, 0, "{resource}: no streamed watch: {described:#?}");

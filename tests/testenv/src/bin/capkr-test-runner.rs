@@ -204,8 +204,11 @@ fn libtest_report(log: &str) -> (Vec<&str>, Option<Counts>) {
     (lines, counts)
 }
 
-fn start(b: &Binary, threads: usize, log_dir: &Path) -> Result<Running> {
+fn start(b: &Binary, threads: usize, log_dir: &Path, tally_dir: &Path) -> Result<Running> {
     let log = log_dir.join(format!("{}.log", b.name.replace("::", "-")));
+    // What this binary started, in a tally directory of its own (named after it).
+    let tally = tally_dir.join(b.name.replace("::", "-"));
+    std::fs::create_dir_all(&tally)?;
     let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
     println!(
@@ -216,6 +219,7 @@ fn start(b: &Binary, threads: usize, log_dir: &Path) -> Result<Running> {
     let child = Command::new(&b.executable)
         .arg(format!("--test-threads={threads}"))
         .current_dir(&b.cwd)
+        .env(capkr_testenv::tally::TALLY_DIR_ENV, &tally)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -255,8 +259,6 @@ fn main() -> Result<()> {
     let _ = std::fs::remove_dir_all(&tally_dir);
     std::fs::create_dir_all(&tally_dir)?;
     let tally_dir = tally_dir.canonicalize()?;
-    // SAFETY: set before any thread is started.
-    unsafe { std::env::set_var(capkr_testenv::tally::TALLY_DIR_ENV, &tally_dir) };
     let t0 = Instant::now();
     let binaries = build()?;
     println!(
@@ -292,7 +294,7 @@ fn main() -> Result<()> {
         if let Some(i) = queue.iter().position(|b| fits(b).is_some()) {
             let b = queue.remove(i).expect("index in range");
             let threads = fits(&b).expect("fits");
-            running.push(start(&b, threads, &opts.log_dir)?);
+            running.push(start(&b, threads, &opts.log_dir, &tally_dir)?);
             continue;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -364,7 +366,13 @@ fn main() -> Result<()> {
         all.ignored,
         finished.len()
     );
-    println!("{}", Tally::read(&tally_dir).line());
+    let by_binary = Tally::by_binary(&tally_dir);
+    let mut all = Tally::default();
+    for (_, t) in &by_binary {
+        all.add_tally(t);
+    }
+    println!("{}", all.line());
+    println!("{}", Tally::full_by_binary(&by_binary));
     if !failed.is_empty() {
         for f in failed {
             println!("failed: {} ({})", f.name, f.log.display());
@@ -385,12 +393,35 @@ struct Tally {
 }
 
 impl Tally {
-    fn read(dir: &Path) -> Tally {
-        let mut t = Tally::default();
+    /// One tally per binary: `dir` holds a directory per binary, a file per process in it.
+    fn by_binary(dir: &Path) -> Vec<(String, Tally)> {
+        let mut all = vec![];
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            t.add(&std::fs::read_to_string(entry.path()).unwrap_or_default());
+            let mut t = Tally::default();
+            for file in std::fs::read_dir(entry.path()).into_iter().flatten().flatten() {
+                t.add(&std::fs::read_to_string(file.path()).unwrap_or_default());
+            }
+            all.push((entry.file_name().to_string_lossy().into_owned(), t));
         }
-        t
+        all.sort_by(|a, b| b.1.full.cmp(&a.1.full).then(a.0.cmp(&b.0)));
+        all
+    }
+
+    fn add_tally(&mut self, o: &Tally) {
+        self.full += o.full;
+        self.api_server_only += o.api_server_only;
+        self.api_servers += o.api_servers;
+        self.guest_api_servers += o.guest_api_servers;
+    }
+
+    /// "full environments by binary: a 3, b 1", the binaries that started any, most first.
+    fn full_by_binary(by_binary: &[(String, Tally)]) -> String {
+        let parts: Vec<String> = by_binary
+            .iter()
+            .filter(|(_, t)| t.full > 0)
+            .map(|(name, t)| format!("{name} {}", t.full))
+            .collect();
+        format!("full environments by binary: {}", parts.join(", "))
     }
 
     fn add(&mut self, text: &str) {
@@ -466,5 +497,26 @@ mod tests {
             })
         );
         assert_eq!(libtest_report("no harness here\n").1, None);
+    }
+
+    #[test]
+    fn full_environments_are_told_by_binary_most_first() {
+        let dir = std::env::temp_dir().join(format!("capkr-tally-test-{}", std::process::id()));
+        for (binary, pid, text) in [
+            ("main-test-a", 1, "full-environment\n"),
+            ("main-test-b", 2, "full-environment\napi-server\n"),
+            ("main-test-b", 3, "full-environment\n"),
+            ("main-test-c", 4, "api-server-environment\n"),
+        ] {
+            std::fs::create_dir_all(dir.join(binary)).unwrap();
+            std::fs::write(dir.join(binary).join(pid.to_string()), text).unwrap();
+        }
+        let by_binary = Tally::by_binary(&dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(
+            Tally::full_by_binary(&by_binary),
+            "full environments by binary: main-test-b 2, main-test-a 1"
+        );
+        assert_eq!(by_binary.iter().map(|(_, t)| t.api_servers).sum::<usize>(), 5);
     }
 }
