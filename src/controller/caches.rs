@@ -27,8 +27,10 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 
+use super::fresh::Fresher;
+use super::runtime::Synced;
 use super::runtime::{Telemetry, keep_read_annotations, strip_managed_fields, watch_error};
-use super::{Fresher, Settings, Synced};
+use super::settings::Settings;
 use crate::api::{KaironCluster, KaironMachine};
 use crate::capi;
 

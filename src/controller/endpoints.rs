@@ -30,11 +30,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-use super::Synced;
 pub use super::endpoint_error::EndpointError;
 pub(crate) use super::endpoint_health::Endpoint;
 use super::endpoint_health::MAX_PROBLEM;
 use super::endpoint_trust::{self, AllowedServers, ServerRefusal, refusal};
+use super::runtime::Synced;
 use super::runtime::Telemetry;
 use crate::api::{
     IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster,

@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tracing::info;
 
-use super::Error;
+use super::error::Error;
 use super::write::has_finalizer;
 use crate::api::{IDENTITY_KIND_CLUSTER_IDENTITY, KaironCluster, KaironClusterIdentity, KaironIdentityReference};
 

@@ -18,9 +18,13 @@ use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
 use super::caches::Caches;
+use super::endpoints::Endpoints;
+use super::error::Error;
+use super::identity_protection;
+use super::runtime::Synced;
 use super::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, pause_step};
+use super::settings::Settings;
 use super::write::{Writer, has_finalizer};
-use super::{Endpoints, Error, Settings, Synced, identity_protection};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
     CLUSTER_FINALIZER, FailureDomainStatus, Initialization, KaironCluster, KaironClusterStatus,

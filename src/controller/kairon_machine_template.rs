@@ -13,11 +13,13 @@ use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
 use kube::{Client, ResourceExt};
 
+use super::error::Error;
+use super::runtime::Synced;
 use super::runtime::{
     Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, strip_managed_fields, watch_error,
 };
+use super::settings::Settings;
 use super::write::Writer;
-use super::{Error, Settings, Synced};
 use crate::api::{KaironMachineSpec, KaironMachineTemplate, KaironMachineTemplateStatus, NodeInfo};
 use crate::capi;
 

@@ -4,13 +4,16 @@
 //! manager and only when it differs. A [`Writer`] with a [`Fresher`] records what each write
 //! returned, so that the next reconcile does not act on a cache that has not caught up.
 
-use kube::ResourceExt;
+use std::fmt::Debug;
+
 use kube::api::{Api, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
+use super::error::Error;
 use super::fresh::Fresher;
-use super::{Error, StaticResource};
 use crate::api::FIELD_MANAGER;
 
 /// Whether `obj` carries `finalizer`.
@@ -125,4 +128,14 @@ impl<'a, K: StaticResource> Writer<'a, K> {
         self.wrote(obj, written);
         Ok(true)
     }
+}
+
+/// Deserializable resources with a static type.
+pub(crate) trait StaticResource:
+    Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
+{
+}
+impl<K> StaticResource for K where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + serde::Serialize + Send + Sync + 'static
+{
 }

@@ -15,7 +15,7 @@ use super::status::Observed;
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironCluster};
 use crate::capi::{self, bootstrap, bootstrap::Source};
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::events::reason as event;
 use crate::kairon::{self, Created, desired_kairon_machine};
 

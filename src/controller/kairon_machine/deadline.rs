@@ -22,7 +22,7 @@ use super::status::{Observed, StatusInput};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironIdentityReference, KaironMachine};
 use crate::capi;
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::kairon::KaironError;
 
 /// How long one reconcile may take. A reconcile makes a handful of requests, each answered in

@@ -13,7 +13,7 @@ use super::ownership::{Verdict, whose};
 use super::status::{Observed, StatusInput};
 use crate::api::MACHINE_FINALIZER;
 use crate::capi;
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
 use crate::kairon::{self, Deletion, provider_id};

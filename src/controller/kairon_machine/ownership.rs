@@ -6,7 +6,7 @@ use kube::Client;
 use kube::api::Api;
 
 use crate::api::KaironMachine;
-use crate::controller::Error;
+use crate::controller::error::Error;
 use crate::kairon::{self, Holder, Owner, Ownership, ownership};
 
 /// What a KaironMachine may do with the Kairon Machine under its name.

@@ -17,9 +17,10 @@ use super::status::{Observed, StatusInput};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi;
+use crate::controller::error::Error;
+use crate::controller::runtime::Synced;
 use crate::controller::runtime::pause_step;
 use crate::controller::write::has_finalizer;
-use crate::controller::{Error, Synced};
 use crate::events::reason as event;
 use crate::kairon::{self, KaironError, provider_id};
 

@@ -18,10 +18,11 @@ use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::caches::Caches;
 use crate::controller::endpoints::{Endpoints, sweep_every};
+use crate::controller::runtime::Synced;
 use crate::controller::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, watch_error,
 };
-use crate::controller::{Settings, Synced, initial_lists};
+use crate::controller::settings::{Settings, initial_lists};
 use crate::hashing::hash_of;
 use crate::kairon::{self, Instances, labels, observe};
 
