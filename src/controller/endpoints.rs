@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -374,7 +374,8 @@ impl Endpoints {
 
     /// Stops the endpoints no KaironCluster and no KaironMachine names any more, and reads the
     /// Secrets of the others again (rotation is picked up even when nothing is reconciled).
-    pub(crate) async fn sweep(&self, in_use: &HashSet<IdentityKey>) {
+    /// Returns the identities whose endpoints it stopped.
+    pub(crate) async fn sweep(&self, in_use: &HashSet<IdentityKey>) -> Vec<KaironIdentityReference> {
         let mut stopped = vec![];
         let keys: Vec<IdentityKey> = {
             let mut running = self.lock();
@@ -393,26 +394,17 @@ impl Endpoints {
                 .map(|(k, _)| k.clone())
                 .collect()
         };
-        // A shared identity no cluster in view names any more is released here too: its
-        // clusters may have gone without a deletion of ours (`clusterctl move`).
-        for identity in stopped {
-            let shared = identity.kind == IDENTITY_KIND_CLUSTER_IDENTITY;
-            if shared && !in_use.iter().any(|k| k.identity == identity) {
-                let released = super::identity_protection::release_shared(
-                    &self.management,
-                    &identity.name,
-                    Some(&self.identity_namespace),
-                );
-                if let Err(e) = released.await {
-                    warn!(identity = %identity.name, error = %e, "shared identity not released");
-                }
-            }
-        }
         for key in keys {
             if let Err(e) = self.refresh(&key).await {
                 warn!(error = %e, "Kairon endpoint not refreshed");
             }
         }
+        stopped
+    }
+
+    /// The management cluster's client (the identities' Secrets are read with it).
+    pub(crate) fn management(&self) -> &Client {
+        &self.management
     }
 }
 
@@ -431,22 +423,4 @@ pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMa
         })
     });
     of_clusters.chain(of_machines).collect()
-}
-
-/// Sweeps every `period` until `shutdown`.
-pub(crate) async fn sweep_every(
-    endpoints: Arc<Endpoints>,
-    kcs: Store<KaironCluster>,
-    kms: Store<KaironMachine>,
-    period: Duration,
-    shutdown: impl std::future::Future<Output = ()> + Send,
-) {
-    let mut shutdown = std::pin::pin!(shutdown.fuse());
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return,
-            _ = tokio::time::sleep(period) => {}
-        }
-        endpoints.sweep(&identities_in_use(&kcs, &kms)).await;
-    }
 }

@@ -9,18 +9,27 @@
 //!   through the owner reference, its Secret (and leaves both on the source, as they may serve
 //!   other clusters); deleting the identity garbage-collects its Secret, as with CAPV.
 //!
-//! The finalizers go when the last KaironCluster naming the identity has no VM left.
+//! The finalizers go when the last KaironCluster naming the identity has no VM left, or (for a
+//! shared identity) when the manager stops its last endpoint ([`sweep_every`]).
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tracing::info;
+use tracing::{info, warn};
 
+use super::endpoints::{Endpoints, identities_in_use};
 use super::error::Error;
 use super::write::has_finalizer;
-use crate::api::{IDENTITY_KIND_CLUSTER_IDENTITY, KaironCluster, KaironClusterIdentity, KaironIdentityReference};
+use crate::api::{
+    IDENTITY_KIND_CLUSTER_IDENTITY, KaironCluster, KaironClusterIdentity, KaironIdentityReference, KaironMachine,
+};
 
 /// Finalizer on an identity (its Secret, and a KaironClusterIdentity) while a KaironCluster
 /// uses it: it holds the only credentials to delete the cluster's VMs, so it must outlive them.
@@ -203,4 +212,38 @@ where
     api.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch))
         .await
         .map(|_| ())
+}
+
+/// Every `period` until `shutdown`: stops the Kairon endpoints no KaironCluster and no
+/// KaironMachine names any more ([`Endpoints::sweep`]) and releases a shared identity whose
+/// endpoints all stopped — its clusters may have gone without a deletion of ours
+/// (`clusterctl move`).
+pub(crate) async fn sweep_every(
+    endpoints: Arc<Endpoints>,
+    kcs: Store<KaironCluster>,
+    kms: Store<KaironMachine>,
+    period: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) {
+    let mut shutdown = std::pin::pin!(shutdown.fuse());
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = tokio::time::sleep(period) => {}
+        }
+        let in_use = identities_in_use(&kcs, &kms);
+        for identity in endpoints.sweep(&in_use).await {
+            let shared = identity.kind == IDENTITY_KIND_CLUSTER_IDENTITY;
+            if shared && !in_use.iter().any(|k| k.identity == identity) {
+                let released = release_shared(
+                    endpoints.management(),
+                    &identity.name,
+                    Some(endpoints.identity_namespace()),
+                );
+                if let Err(e) = released.await {
+                    warn!(identity = %identity.name, error = %e, "shared identity not released");
+                }
+            }
+        }
+    }
 }

@@ -17,7 +17,8 @@ use super::lanes::{Lane, ObjectLocks, on_create_path};
 use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::caches::Caches;
-use crate::controller::endpoints::{Endpoints, sweep_every};
+use crate::controller::endpoints::Endpoints;
+use crate::controller::identity_protection::sweep_every;
 use crate::controller::runtime::Synced;
 use crate::controller::runtime::{
     Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, watch_error,
