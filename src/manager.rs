@@ -13,12 +13,11 @@ use tracing::info;
 use tracing_subscriber::EnvFilter;
 
 use crate::admin::{self, Health};
-use crate::api::KaironMachine;
 use crate::client::{BodyLimits, RequestMetrics, TokenBucket};
 use crate::controller::{self};
 use crate::controller::{CacheReadiness, Telemetry};
 use crate::events::EventSource;
-use crate::kairon::{Instances, Owner};
+use crate::kairon::Owner;
 use crate::leader::{LeaderElectionConfig, LeaderElector};
 use crate::metrics::Metrics;
 
@@ -156,10 +155,10 @@ pub async fn run(args: Args) -> Result<()> {
     let client = client_from(&args.kubeconfig, &identity, Some(&limits)).await?;
     // A Kairon API of its own gives up on connections and silence as the identities' do.
     let kairon = if args.kairon_kubeconfig.is_empty() {
-        client.clone()
+        None
     } else {
         let config = controller::endpoint_trust::bounded_waits(config_from(&args.kairon_kubeconfig).await?);
-        client_with(config, &identity, Some(&limits))?
+        Some(client_with(config, &identity, Some(&limits))?)
     };
     // Lease renewals and probes must not queue behind a burst of reconciles.
     let plain = client_from(&args.kubeconfig, &identity, None).await?;
@@ -268,74 +267,20 @@ pub async fn run(args: Args) -> Result<()> {
             client_with(config, &identity, Some(&limits))
         })
     };
-    let (triggers_tx, triggers) = futures::channel::mpsc::unbounded();
     let allowed = controller::AllowedServers::parse(&args.identity_allowed_servers).map_err(anyhow::Error::msg)?;
-    let endpoints = Arc::new(
-        controller::Endpoints::new(
-            client.clone(),
-            factory,
-            owner.clone(),
-            args.identity_secret_namespace.clone(),
-            triggers_tx,
-            telemetry.clone(),
-        )
-        .with_allowed_servers(allowed),
-    );
-    // Initial lists streamed where the API servers can: the least memory after a restart.
-    let mut settings = settings;
-    settings.streaming_lists = controller::streams_initial_lists(&settings.api::<KaironMachine>(&client)).await;
-    settings.kairon_streaming_lists = if args.kairon_kubeconfig.is_empty() {
-        settings.streaming_lists
-    } else {
-        controller::streams_initial_lists(&Instances::new(kairon.clone()).api(settings.namespace.as_deref())).await
-    };
-    info!(
-        management = if settings.streaming_lists { "streamed" } else { "paged" },
-        kairon = if settings.kairon_streaming_lists {
-            "streamed"
-        } else {
-            "paged"
+    let controllers = controller::run::run(
+        controller::run::Wiring {
+            management: client,
+            kairon,
+            owner,
+            settings,
+            telemetry,
+            endpoint_clients: factory,
+            allowed_servers: allowed,
+            identity_secret_namespace: args.identity_secret_namespace.clone(),
         },
-        "initial lists"
-    );
-    // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
-    // controllers.
-    let (caches, watches) = controller::caches::Caches::new(&client, &settings, &telemetry);
-    let machines = controller::kairon_machine::controller(
-        client.clone(),
-        Instances::new(kairon).with_owner(owner),
-        Some(controller::kairon_machine::Remote {
-            endpoints: endpoints.clone(),
-            triggers,
-        }),
-        &caches,
-        settings.clone(),
-        telemetry.clone(),
         shutdown.clone(),
     );
-    let kcs = controller::kairon_cluster::controller(
-        client.clone(),
-        Some(endpoints),
-        &caches,
-        settings.clone(),
-        telemetry.clone(),
-        shutdown.clone(),
-    );
-    let templates = controller::kairon_machine_template::controller(
-        client,
-        settings,
-        caches.clusters.store(),
-        caches.clusters.synced(),
-        telemetry,
-        shutdown.clone(),
-    );
-    let controllers = async {
-        // The shared watches run until every controller has stopped.
-        tokio::select! {
-            _ = async { tokio::join!(machines, kcs, templates) } => {}
-            _ = watches => {}
-        }
-    };
     match elector {
         None => controllers.await,
         Some(mut e) => {

@@ -2,6 +2,7 @@
 //!
 //! - [`kairon_machine`] (a folder: the reconcile workflow, the status mapping, the watches),
 //!   [`kairon_cluster`], [`kairon_machine_template`]: one reconciler each;
+//! - `run`: the controllers wired together (endpoints, caches, channels) until shutdown;
 //! - [`runtime`]: what runs them — cache readiness, the first steps of every reconcile (caches,
 //!   owning Cluster, pause), a span and metrics per reconcile, the error policy, and
 //!   `backoff`, its per-object delays;
@@ -26,6 +27,7 @@ pub(crate) mod identity_protection;
 pub mod kairon_cluster;
 pub mod kairon_machine;
 pub(crate) mod kairon_machine_template;
+pub(crate) mod run;
 pub(crate) mod runtime;
 pub(crate) mod settings;
 mod write;
@@ -37,4 +39,3 @@ pub use fresh::Fresher;
 pub use runtime::Synced;
 pub(crate) use runtime::{CacheReadiness, Telemetry};
 pub use settings::Settings;
-pub(crate) use settings::streams_initial_lists;

@@ -1,0 +1,114 @@
+//! What runs the three controllers: the endpoints of identities and the channel by which their
+//! watches wake KaironMachines, how the initial lists are read, the watches and caches the
+//! controllers share, and the controllers themselves, until shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use kube::Client;
+use tracing::info;
+
+use super::caches::Caches;
+use super::endpoint_trust::AllowedServers;
+use super::endpoints::{ClientFactory, Endpoints};
+use super::runtime::Telemetry;
+use super::settings::{Settings, streams_initial_lists};
+use super::{kairon_cluster, kairon_machine, kairon_machine_template};
+use crate::api::KaironMachine;
+use crate::kairon::{Instances, Owner};
+
+/// What the controllers are run with; the manager builds the clients.
+pub(crate) struct Wiring {
+    /// The management cluster.
+    pub management: Client,
+    /// The manager's Kairon API: `None` when it is the management cluster.
+    pub kairon: Option<Client>,
+    /// This management cluster's identity on Kairon.
+    pub owner: Owner,
+    pub settings: Settings,
+    pub telemetry: Telemetry,
+    /// Builds the client of an identity's Kairon API (limits and bounds of its own).
+    pub endpoint_clients: ClientFactory,
+    /// What an identity's kubeconfig may name.
+    pub allowed_servers: AllowedServers,
+    /// Where KaironClusterIdentities' Secrets are.
+    pub identity_secret_namespace: String,
+}
+
+/// Runs the controllers until `shutdown` and every in-flight reconcile has finished.
+pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + Sync + Clone + 'static) {
+    let Wiring {
+        management,
+        kairon,
+        owner,
+        mut settings,
+        telemetry,
+        endpoint_clients,
+        allowed_servers,
+        identity_secret_namespace,
+    } = w;
+    // Watches of identities' Kairon APIs wake the KaironMachines they concern through this.
+    let (triggers_tx, triggers) = futures::channel::mpsc::unbounded();
+    let endpoints = Arc::new(
+        Endpoints::new(
+            management.clone(),
+            endpoint_clients,
+            owner.clone(),
+            identity_secret_namespace,
+            triggers_tx,
+            telemetry.clone(),
+        )
+        .with_allowed_servers(allowed_servers),
+    );
+    // Initial lists streamed where the API servers can: the least memory after a restart.
+    settings.streaming_lists = streams_initial_lists(&settings.api::<KaironMachine>(&management)).await;
+    settings.kairon_streaming_lists = match &kairon {
+        None => settings.streaming_lists,
+        Some(k) => streams_initial_lists(&Instances::new(k.clone()).api(settings.namespace.as_deref())).await,
+    };
+    info!(
+        management = if settings.streaming_lists { "streamed" } else { "paged" },
+        kairon = if settings.kairon_streaming_lists {
+            "streamed"
+        } else {
+            "paged"
+        },
+        "initial lists"
+    );
+    // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
+    // controllers.
+    let (caches, watches) = Caches::new(&management, &settings, &telemetry);
+    let machines = kairon_machine::controller(
+        management.clone(),
+        Instances::new(kairon.unwrap_or_else(|| management.clone())).with_owner(owner),
+        Some(kairon_machine::Remote {
+            endpoints: endpoints.clone(),
+            triggers,
+        }),
+        &caches,
+        settings.clone(),
+        telemetry.clone(),
+        shutdown.clone(),
+    );
+    let kcs = kairon_cluster::controller(
+        management.clone(),
+        Some(endpoints),
+        &caches,
+        settings.clone(),
+        telemetry.clone(),
+        shutdown.clone(),
+    );
+    let templates = kairon_machine_template::controller(
+        management,
+        settings,
+        caches.clusters.store(),
+        caches.clusters.synced(),
+        telemetry,
+        shutdown,
+    );
+    // The shared watches run until every controller has stopped.
+    tokio::select! {
+        _ = async { tokio::join!(machines, kcs, templates) } => {}
+        _ = watches => {}
+    }
+}
