@@ -63,7 +63,7 @@ test: check-generate lint build
 	$(CARGO) test --workspace --no-run -q
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-test-runner \
-		--slots $${TEST_THREADS:-2} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
+		--slots $${TEST_THREADS:-3} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
 		$(addprefix --first ,$(TEST_FIRST))
 
 # The demo binary as `make build` built it: `cargo run -p capkr-testenv` would build it again
