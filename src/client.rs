@@ -19,7 +19,7 @@ use tower::{Layer, Service};
 use crate::metrics::{Metrics, RequestLabels};
 
 mod bounded;
-pub use bounded::BodyLimits;
+pub(crate) use bounded::BodyLimits;
 
 tokio::task_local! {
     /// Set while a future runs through [`urgent`]: its requests take the bucket's next tokens.

@@ -80,7 +80,7 @@ impl Cluster {
     }
 
     /// Name of the infrastructure cluster when it is of `kind` in our group.
-    pub fn infrastructure_name(&self, group: &str, kind: &str) -> Option<&str> {
+    pub(crate) fn infrastructure_name(&self, group: &str, kind: &str) -> Option<&str> {
         self.spec
             .infrastructure_ref
             .as_ref()

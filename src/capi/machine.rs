@@ -51,14 +51,14 @@ impl Machine {
     }
 
     /// `spec.bootstrap.configRef`: the bootstrap config that makes the data Secret, if any.
-    pub fn bootstrap_config(&self) -> Option<&ContractVersionedObjectReference> {
+    pub(crate) fn bootstrap_config(&self) -> Option<&ContractVersionedObjectReference> {
         self.spec.bootstrap.as_ref()?.config_ref.as_ref()
     }
 
     /// Why this Machine is not the owner that `owner` (an ownerReference of the KaironMachine
     /// `km_name`) names, if it is not: another incarnation (UID), or its `infrastructureRef`
     /// names another object.
-    pub fn not_owner_of(
+    pub(crate) fn not_owner_of(
         &self,
         owner: &k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
         km_name: &str,

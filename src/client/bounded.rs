@@ -26,7 +26,7 @@ use super::verb;
 
 /// Limits on response bodies; see the module docs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BodyLimits {
+pub(crate) struct BodyLimits {
     pub error_body: usize,
     pub watch_line: usize,
     pub body: usize,
@@ -36,7 +36,7 @@ impl BodyLimits {
     /// For the Kairon APIs of identities. A Kairon Machine is at most what the API server
     /// stores (1.5 MiB in etcd, JSON for custom resources): one watch event is well under
     /// 4 MiB. A list page holds [`crate::controller::endpoints`]' page size of them.
-    pub const IDENTITY: BodyLimits = BodyLimits {
+    pub(crate) const IDENTITY: BodyLimits = BodyLimits {
         error_body: 16 * 1024,
         watch_line: 4 * 1024 * 1024,
         body: 16 * 1024 * 1024,
@@ -51,7 +51,7 @@ impl<S> Layer<S> for BodyLimits {
 }
 
 #[derive(Clone)]
-pub struct Limited<S> {
+pub(crate) struct Limited<S> {
     inner: S,
     limits: BodyLimits,
 }
@@ -111,7 +111,7 @@ enum Verdict {
 
 /// A body that passed its limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TooLarge {
+pub(crate) enum TooLarge {
     #[error("the server sent a response over {0} bytes; it is not read further")]
     Body(usize),
     #[error("the server sent a watch event over {0} bytes; the watch is dropped")]
@@ -183,7 +183,7 @@ impl Budget {
 }
 
 /// A response body held to its [`Budget`].
-pub struct LimitedBody<B> {
+pub(crate) struct LimitedBody<B> {
     inner: B,
     budget: Budget,
     done: bool,

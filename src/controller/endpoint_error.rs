@@ -6,7 +6,7 @@ use crate::api::conditions::reason;
 
 /// Why the endpoint of an identity cannot be had.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum EndpointError {
+pub(crate) enum EndpointError {
     #[error("identity Secret {0} not found")]
     SecretNotFound(String),
     #[error("identity Secret {0} has no key {IDENTITY_KUBECONFIG_KEY}")]

@@ -104,7 +104,7 @@ pub(crate) fn bounded_waits(mut config: kube::Config) -> kube::Config {
 /// answer could change between the check and the connection): a network matches a server
 /// named by an IP address, a name matches a server named by that name.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct AllowedServers {
+pub(crate) struct AllowedServers {
     entries: Vec<Allowed>,
 }
 

@@ -30,7 +30,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
 
-pub use super::endpoint_error::EndpointError;
+pub(crate) use super::endpoint_error::EndpointError;
 pub(crate) use super::endpoint_health::Endpoint;
 use super::endpoint_health::MAX_PROBLEM;
 use super::endpoint_trust::{self, AllowedServers, ServerRefusal, refusal};

@@ -35,7 +35,7 @@ use crate::api::{
 /// uses it: it holds the only credentials to delete the cluster's VMs, so it must outlive them.
 pub const IDENTITY_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io/identity";
 /// The label that makes `clusterctl move` take a Secret along with the cluster.
-pub const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+pub(crate) const MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
 
 /// Protects identity `r` of a KaironCluster in namespace `ns` (see the module). An identity or
 /// Secret that does not exist is left for the endpoint to report; `identity_namespace` is where

@@ -32,7 +32,7 @@ pub(crate) mod runtime;
 pub(crate) mod settings;
 mod write;
 
-pub use endpoint_trust::AllowedServers;
+pub(crate) use endpoint_trust::AllowedServers;
 pub use endpoints::Endpoints;
 pub use error::Error;
 pub use fresh::Fresher;

@@ -160,7 +160,7 @@ impl Instances {
     }
 
     /// Speaking for management cluster `owner`.
-    pub fn with_owner(mut self, owner: Owner) -> Self {
+    pub(crate) fn with_owner(mut self, owner: Owner) -> Self {
         self.owner = owner;
         self
     }

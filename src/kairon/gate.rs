@@ -56,7 +56,7 @@ pub enum Refusal {
 
 impl Refusal {
     /// When the refused write should be tried again.
-    pub fn retry_in(&self) -> Duration {
+    pub(crate) fn retry_in(&self) -> Duration {
         match self {
             Refusal::Busy => BUSY_RETRY,
             Refusal::Silent { retry_in } => *retry_in,

@@ -22,7 +22,6 @@ pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub(crate) use desired::kaironmachine_for_instance;
 pub use desired::{desired_kairon_machine, provider_id};
 pub(crate) use fingerprint::endpoint_fingerprint;
-pub use gate::Refusal;
 pub(crate) use observe::{Holder, Ownership, ownership};
 pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
 

@@ -119,5 +119,5 @@ pub mod phase {
     pub const TERMINATING: &str = "Terminating";
     /// Ours, in memory only, never Kairon's: the object could not be read as a Kairon Machine
     /// (`status.message` says why; see [`super::super::machine_from_value`]).
-    pub const UNREADABLE: &str = "capkr.Unreadable";
+    pub(crate) const UNREADABLE: &str = "capkr.Unreadable";
 }

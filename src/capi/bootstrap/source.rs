@@ -17,7 +17,7 @@ const BOOTSTRAP_GROUP: &str = "bootstrap.cluster.x-k8s.io";
 
 /// Where a bootstrap data Secret comes from, as far as the Secret itself tells.
 #[derive(Debug, PartialEq)]
-pub enum Source<'a> {
+pub(crate) enum Source<'a> {
     /// Given directly (the Machine names no bootstrap config): usable as it is.
     Given,
     /// Made by the Machine's bootstrap config, which this controller ownerReference of the
@@ -39,7 +39,7 @@ pub enum Source<'a> {
 ///   the Secret (that is another Machine's bootstrap data: a control plane's holds the
 ///   cluster's CA, etcd, service-account and front-proxy keys) and it is not CAPI's own (owned
 ///   by a Cluster or a control plane: kubeconfig, CAs, service-account keys).
-pub fn check_source<'a>(secret: &'a Secret, machine: &Machine) -> Result<Source<'a>, BootstrapDataError> {
+pub(crate) fn check_source<'a>(secret: &'a Secret, machine: &Machine) -> Result<Source<'a>, BootstrapDataError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     if let Some(cluster) = secret.metadata.labels.as_ref().and_then(|l| l.get(CLUSTER_NAME_LABEL))
         && *cluster != machine.spec.cluster_name
@@ -92,7 +92,7 @@ pub fn check_source<'a>(secret: &'a Secret, machine: &Machine) -> Result<Source<
 /// (`None`: it does not exist). The very object (UID) the Secret names, controlled by this very
 /// Machine (UID): CAPI makes the Machine its config's controller before it copies the data
 /// Secret's name to the Machine, and refuses to when another Machine is the controller.
-pub fn check_config(
+pub(crate) fn check_config(
     secret: &Secret,
     made_by: &OwnerReference,
     config: Option<&ObjectMeta>,

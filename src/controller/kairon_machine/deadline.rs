@@ -34,7 +34,7 @@ const REPORT_WAIT: Duration = Duration::from_secs(10);
 
 /// [`reconcile`] within [`DEADLINE`]; a write refused because its Kairon API did not answer
 /// an earlier one is reported on the machine and tried again when the API's pause is over.
-pub async fn reconcile_within_deadline(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile_within_deadline(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
     match tokio::time::timeout(DEADLINE, reconcile(km.clone(), ctx.clone())).await {
         Ok(Err(Error::Kairon(KaironError::Refused { refusal, .. }))) => {
             let why = format!("{}: {refusal}", api_of(&km, &ctx));

@@ -32,7 +32,6 @@ pub(crate) mod status;
 mod watches;
 
 pub use context::Context;
-pub use deadline::reconcile_within_deadline;
 pub use reconcile::reconcile;
 pub use status::{Observed, StatusInput, next_status};
 pub(crate) use watches::{Remote, controller};
