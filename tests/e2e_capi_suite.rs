@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
 use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, SIMULATOR_HOSTS, workspace_root};
@@ -28,38 +28,25 @@ const CAPI_VERSION: &str = "v1.14.2";
 /// cannot pass here (docs/capi-e2e.md).
 const DEFAULT_LABEL_FILTER: &str = "!not-applicable";
 
-/// Compiles the Ginkgo suite with `go test -c`. The Go build cache makes a second build quick;
-/// the module graph is pinned by the committed go.sum (`-mod=readonly`); modules come from
-/// the Go module proxy (or the module cache).
-fn build_suite(out: &Path) -> Duration {
-    let started = Instant::now();
-    let module = workspace_root().join("tests/capi-e2e");
-    // The flags hack/test-tools.sh builds CAPI with: the Go build cache it filled (Kubernetes,
-    // controller-runtime, CAPI packages) then serves most of this build too.
-    let result = Command::new("go")
-        .args(["test", "-c", "-trimpath", "-o"])
-        .arg(out)
-        .arg(".")
-        .current_dir(&module)
-        .env("GOFLAGS", "-mod=readonly -buildvcs=false")
-        .env("CGO_ENABLED", "0")
-        .env("GOWORK", "off")
-        .output();
-    let output = match result {
+/// The Ginkgo suite compiled by `hack/capi-e2e-suite.sh` (`go test -c`, cached by the
+/// module's content outside the source tree; `.ci/run` has it built while cargo builds).
+fn build_suite() -> PathBuf {
+    let script = workspace_root().join("hack/capi-e2e-suite.sh");
+    let output = match Command::new(&script).output() {
         Ok(o) => o,
-        Err(e) => panic!(
-            "running `go test -c` in {}: {e}. The CAPI e2e suite needs the Go toolchain (go 1.26) on PATH.",
-            module.display()
-        ),
+        Err(e) => panic!("running {}: {e}", script.display()),
     };
     assert!(
         output.status.success(),
-        "`go test -c` in {} failed:\n{}{}",
-        module.display(),
+        "{} failed (the CAPI e2e suite needs the Go toolchain, go 1.26, on PATH):\n{}{}",
+        script.display(),
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    started.elapsed()
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+    assert!(path.is_file(), "{} printed no suite binary: {stdout}", script.display());
+    path
 }
 
 /// The taints the KCP/MachineDeployment and ClusterClass rollout specs expect on every
@@ -501,18 +488,20 @@ intervals:
     )
 }
 
-/// The suite binary, compiled once per test process (both halves use it).
+/// The suite binary, found or compiled once per test process (both halves use it).
 fn suite_binary() -> PathBuf {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = built.as_ref() {
         return p.clone();
     }
-    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-e2e");
-    std::fs::create_dir_all(&work).expect("creating the suite's build dir");
-    let suite = work.join("capi-e2e.test");
-    let compile = build_suite(&suite);
-    eprintln!("go test -c: {:.1}s", compile.as_secs_f64());
+    let started = Instant::now();
+    let suite = build_suite();
+    eprintln!(
+        "CAPI e2e suite binary in {:.1}s: {}",
+        started.elapsed().as_secs_f64(),
+        suite.display()
+    );
     *built = Some(suite.clone());
     suite
 }
@@ -537,7 +526,9 @@ async fn capi_e2e_clusterclass_changes_rollouts_scale_deletion_and_kcp_adoption_
 /// environment; `half` keeps the two halves' networks apart.
 async fn run_specs(half: u32, labels: &str) {
     let suite = suite_binary();
-    let work = suite.parent().map(Path::to_path_buf).unwrap_or_default();
+    // The last run's output of each half, for a look after the fact.
+    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-e2e");
+    std::fs::create_dir_all(&work).expect("creating the suite's output dir");
 
     // MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes.
     let mut opts = EnvOptions::new(format!("capi_e2e_suite_{half}"));
