@@ -217,9 +217,10 @@ async fn initial_lists_are_streamed_where_the_api_server_can_and_paged_where_not
                 .map(|e| format!("{} {}", e.verb, e.request_uri))
                 .collect();
             if streaming {
-                // A watch may be started again (the API server closes watches when it
-                // replaces a CRD's storage, which a loaded machine can leave until after the
-                // manager's first watch): each start streams again, none falls back to a list.
+                // A watch may be started again: an API server ends watches for reasons of its
+                // own (one is a CRD's storage being replaced, which a loaded machine can leave
+                // until after the manager's first watch). Each start streams again; none falls
+                // back to a list.
                 assert!(
                     lists == 0 && streamed >= 1,
                     "{resource}: streamed watches, no list: {described:#?}"
