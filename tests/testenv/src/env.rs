@@ -258,17 +258,19 @@ impl Env {
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
         self.etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let etcd = ProcessSpec::new("etcd", &self.bins.etcd, &logs).args([
-            "--name=default".to_string(),
-            format!("--data-dir={}", self.dir.join("etcd").display()),
-            format!("--listen-client-urls={}", self.etcd_url),
-            format!("--advertise-client-urls={}", self.etcd_url),
-            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-            format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-            "--unsafe-no-fsync=true".into(),
-            "--log-level=warn".into(),
-        ]);
+        let etcd = ProcessSpec::new("etcd", &self.bins.etcd, &logs)
+            .args([
+                "--name=default".to_string(),
+                format!("--data-dir={}", self.dir.join("etcd").display()),
+                format!("--listen-client-urls={}", self.etcd_url),
+                format!("--advertise-client-urls={}", self.etcd_url),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ])
+            .test_go_runtime();
         *self.etcd.lock().unwrap_or_else(|e| e.into_inner()) = Some(Process::spawn(etcd)?);
         self.wait_http("etcd", etcd_port, "/health", Duration::from_secs(20))
             .await?;
@@ -306,7 +308,9 @@ impl Env {
         // defaults: the shipped RBAC must work under them.
         args.push(CAPI_E2E_ADMISSION_PLUGINS.into());
         args.extend(opts.apiserver_args.iter().cloned());
-        let apiserver = ProcessSpec::new("kube-apiserver", &self.bins.kube_apiserver, &logs).args(args);
+        let apiserver = ProcessSpec::new("kube-apiserver", &self.bins.kube_apiserver, &logs)
+            .args(args)
+            .test_go_runtime();
         self.push(Process::spawn(apiserver)?);
         let client = self.client();
         self.wait_apiserver("kube-apiserver", &client).await?;
@@ -325,13 +329,15 @@ impl Env {
 
         // kube-controller-manager: garbage collection and namespace deletion only. Started
         // after the CRDs are served: the garbage collector re-reads discovery only every 30 s.
-        let kcm = ProcessSpec::new("kube-controller-manager", &self.bins.kube_controller_manager, &logs).args([
-            format!("--kubeconfig={}", self.kubeconfig_path.display()),
-            "--leader-elect=false".into(),
-            "--controllers=garbage-collector-controller,namespace-controller".into(),
-            "--use-service-account-credentials=false".into(),
-            "--secure-port=0".into(),
-        ]);
+        let kcm = ProcessSpec::new("kube-controller-manager", &self.bins.kube_controller_manager, &logs)
+            .args([
+                format!("--kubeconfig={}", self.kubeconfig_path.display()),
+                "--leader-elect=false".into(),
+                "--controllers=garbage-collector-controller,namespace-controller".into(),
+                "--use-service-account-credentials=false".into(),
+                "--secure-port=0".into(),
+            ])
+            .test_go_runtime();
         self.push(Process::spawn(kcm)?);
 
         // CAPI's managers index their types at setup: they need the CRDs served.
@@ -346,7 +352,7 @@ impl Env {
                 format!("--feature-gates={}", m.feature_gates),
             ];
             args.extend(opts.capi_args.iter().cloned());
-            let spec = ProcessSpec::new(m.label, &m.binary, &logs).args(args);
+            let spec = ProcessSpec::new(m.label, &m.binary, &logs).args(args).test_go_runtime();
             self.push(Process::spawn(spec)?);
         }
         let waits = managers

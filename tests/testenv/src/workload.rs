@@ -110,7 +110,9 @@ impl Env {
             "10.96.0.0/24",
         )?;
         let proc_name = format!("kube-apiserver-{label}");
-        let spec = ProcessSpec::new(&proc_name, &self.bins.kube_apiserver, &self.log_dir()).args(args);
+        let spec = ProcessSpec::new(&proc_name, &self.bins.kube_apiserver, &self.log_dir())
+            .args(args)
+            .test_go_runtime();
         self.push(Process::spawn(spec)?);
         crate::tally::record(crate::tally::Started::ApiServer);
 
