@@ -50,13 +50,15 @@ test-unit:
 
 # Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
 # a binary is one job of one test thread; TEST_WIDE ones take two: the CAPI e2e suite, whose
-# halves run side by side, the image test's release build, and the files whose tests start
-# several API servers each (simulated kubeadm guests, management clusters per move);
+# halves run side by side, and the files whose tests start several API servers each (simulated
+# kubeadm guests, management clusters per move); two of them never run at once at three
+# threads, so the image test (its release build uses both cores anyway) is not one of them and
+# starts early, beside the CAPI suite;
 # TEST_SHARED ones (TARGET=N) take N: binaries whose tests share one environment and run side
 # by side in it; longest first; logs in target/test-logs/). The last line counts the
-# environments and API servers the tests started.
-TEST_FIRST := e2e_capi_suite e2e distribution_image e2e_templates e2e_move e2e_identity
-TEST_WIDE := e2e_capi_suite distribution_image e2e_templates e2e_move
+# environments and API servers the tests started, and which binaries started full ones.
+TEST_FIRST := e2e_capi_suite distribution_image e2e e2e_templates e2e_move e2e_identity
+TEST_WIDE := e2e_capi_suite e2e_templates e2e_move
 TEST_SHARED := e2e=2
 # The test binaries are built before the upstream binaries are asked for: on a new machine
 # .ci/run builds those in the background meanwhile (hack/test-tools.sh waits on its lock).
