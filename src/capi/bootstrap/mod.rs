@@ -122,7 +122,8 @@ mod tests {
     use super::*;
     use k8s_openapi::ByteString;
 
-    fn secret(entries: &[(&str, &[u8])]) -> Secret {
+    /// A Secret `m1-bootstrap` with `entries` (also the cases of `source`).
+    pub(super) fn secret(entries: &[(&str, &[u8])]) -> Secret {
         Secret {
             metadata: kube::api::ObjectMeta {
                 name: Some("m1-bootstrap".into()),

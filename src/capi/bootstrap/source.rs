@@ -129,25 +129,14 @@ pub(crate) fn check_config(
 mod tests {
     use super::*;
     use crate::api::conditions::reason;
-    use k8s_openapi::ByteString;
+    use crate::capi::bootstrap::tests::secret;
 
-    fn secret(entries: &[(&str, &[u8])]) -> Secret {
-        Secret {
-            metadata: ObjectMeta {
-                name: Some("m1-bootstrap".into()),
-                ..Default::default()
-            },
-            data: Some(
-                entries
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        }
-    }
+    /// Bootstrap config API version of the cases.
+    const CONFIG_V1BETA2: &str = "bootstrap.cluster.x-k8s.io/v1beta2";
 
-    fn owned_by(s: &mut Secret, api_version: &str, kind: &str, name: &str, controller: bool) {
+    /// `s` with one more ownerReference (uid `<name>-uid`).
+    fn owned_by(s: &Secret, api_version: &str, kind: &str, name: &str, controller: bool) -> Secret {
+        let mut s = s.clone();
         s.metadata.owner_references.get_or_insert_with(Vec::new).push(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
                 api_version: api_version.into(),
@@ -158,6 +147,7 @@ mod tests {
                 ..Default::default()
             },
         );
+        s
     }
 
     /// Machine `m1` (uid `m1-uid`) of Cluster `demo`, with bootstrap config `config` if given.
@@ -204,52 +194,26 @@ mod tests {
         let with_config = machine(Some("m1-config"));
         let direct = machine(None);
         let plain = secret(&[("value", b"x")]);
-        let mut from_config = plain.clone();
-        owned_by(
-            &mut from_config,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
-            "KubeadmConfig",
-            "m1-config",
-            true,
-        );
-        let mut from_other_config = plain.clone();
-        owned_by(
-            &mut from_other_config,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
-            "KubeadmConfig",
-            "m2-config",
-            true,
-        );
-        let mut from_talos_config = plain.clone();
-        owned_by(
-            &mut from_talos_config,
+        let from_config = owned_by(&plain, CONFIG_V1BETA2, "KubeadmConfig", "m1-config", true);
+        let from_other_config = owned_by(&plain, CONFIG_V1BETA2, "KubeadmConfig", "m2-config", true);
+        let from_talos_config = owned_by(
+            &plain,
             "bootstrap.cluster.x-k8s.io/v1alpha3",
             "TalosConfig",
             "cp-0",
             true,
         );
-        let mut config_not_controller = plain.clone();
-        owned_by(
-            &mut config_not_controller,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
-            "KubeadmConfig",
-            "m1-config",
-            false,
-        );
-        let mut other_group = plain.clone();
-        owned_by(&mut other_group, "example.com/v1", "KubeadmConfig", "m1-config", true);
-        let mut kubeconfig = plain.clone();
-        owned_by(&mut kubeconfig, "cluster.x-k8s.io/v1beta2", "Cluster", "demo", false);
-        let mut ca = plain.clone();
-        owned_by(
-            &mut ca,
+        let config_not_controller = owned_by(&plain, CONFIG_V1BETA2, "KubeadmConfig", "m1-config", false);
+        let other_group = owned_by(&plain, "example.com/v1", "KubeadmConfig", "m1-config", true);
+        let kubeconfig = owned_by(&plain, "cluster.x-k8s.io/v1beta2", "Cluster", "demo", false);
+        let ca = owned_by(
+            &plain,
             "controlplane.cluster.x-k8s.io/v1beta2",
             "KubeadmControlPlane",
             "demo-cp",
             true,
         );
-        let mut app = plain.clone();
-        owned_by(&mut app, "apps/v1", "Deployment", "x", true);
+        let app = owned_by(&plain, "apps/v1", "Deployment", "x", true);
 
         #[rustfmt::skip]
         let cases: Vec<(&str, Secret, &Machine, Want)> = vec![
@@ -290,10 +254,9 @@ mod tests {
     #[test]
     fn which_bootstrap_configs_are_the_machines() {
         let m = machine(Some("m1-config"));
-        let mut s = secret(&[("value", b"SECRET")]);
-        owned_by(
-            &mut s,
-            "bootstrap.cluster.x-k8s.io/v1beta2",
+        let s = owned_by(
+            &secret(&[("value", b"SECRET")]),
+            CONFIG_V1BETA2,
             "KubeadmConfig",
             "m1-config",
             true,

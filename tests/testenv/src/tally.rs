@@ -1,6 +1,7 @@
-//! What the tests started, for `make test`'s last line: the runner (`capkr-test-runner`) sets
-//! `CAPKR_TESTENV_TALLY` to a directory, every test process appends one line per environment
-//! or API server it starts to a file of its own there, and the runner counts the lines.
+//! What the tests started, for `make test`'s last lines: the runner (`capkr-test-runner`) sets
+//! `CAPKR_TESTENV_TALLY` to a directory per test binary, every test process appends one line
+//! per environment or API server it starts to a file of its own there, and the runner counts
+//! the lines, in all and per binary.
 
 use std::io::Write;
 
