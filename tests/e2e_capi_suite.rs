@@ -649,3 +649,16 @@ fn failure_summary(text: &str) -> String {
         lines.join("\n")
     }
 }
+
+#[test]
+fn the_failure_summary_is_ginkgos_and_says_so_when_there_is_none() {
+    let out = "spec output\n[FAILED] early line\nmore\nSummarizing 1 Failure:\n  [FAIL] kcp-adoption [It] x\n  /path/kcp_adoption.go:203\n\nRan 7 of 13 Specs\n";
+    let summary = failure_summary(out);
+    assert!(summary.starts_with("Summarizing 1 Failure:"), "{summary}");
+    assert!(summary.contains("kcp_adoption.go:203"), "{summary}");
+    assert!(!summary.contains("spec output"), "{summary}");
+    let no_summary = failure_summary("panic: no ginkgo at all\n");
+    assert_eq!(no_summary, "(no Ginkgo failure summary in the output)");
+    let long = format!("Summarizing 2 Failures:\n{}", "x\n".repeat(200));
+    assert_eq!(failure_summary(&long).lines().count(), 60);
+}

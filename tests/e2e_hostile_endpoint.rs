@@ -9,13 +9,12 @@ use std::io::BufRead;
 use std::time::{Duration, Instant};
 
 use capkr::api::conditions::{self, READY};
-use capkr::api::{KaironCluster, KaironMachine, KaironMachineSpec};
+use capkr::api::{KaironCluster, KaironMachine};
 use capkr_testenv::hostile::{HostileServer, Hostility};
 use capkr_testenv::wait_for;
-use common::{Rig, RigOptions, km_instance};
+use common::{Rig, RigOptions, km_instance, km_spec};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
@@ -123,16 +122,7 @@ spec:
         }))
         .unwrap();
         let m = machines.create(&pp, &m).await.expect("Machine");
-        let mut km = KaironMachine::new(
-            &name,
-            KaironMachineSpec {
-                cpus: 1,
-                memory: Quantity("1Gi".into()),
-                image: "img".into(),
-                disk_size: Quantity("10Gi".into()),
-                ..Default::default()
-            },
-        );
+        let mut km = KaironMachine::new(&name, km_spec());
         km.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), t.name.to_string())].into());
         km.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "cluster.x-k8s.io/v1beta2".into(),

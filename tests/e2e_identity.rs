@@ -223,6 +223,19 @@ fn cluster_of(labels: Option<&std::collections::BTreeMap<String, String>>) -> St
 }
 
 /// Kairon Machines on `api`, by cluster.
+/// A simulator for each of `apis` (a Kairon API of its own each); they stop when dropped.
+fn simulators_for(rig: &Rig, apis: &[&WorkloadCluster]) -> Vec<capkr_testenv::Process> {
+    apis.iter()
+        .map(|api| {
+            let args = merged_args(
+                default_sim_args(),
+                &[format!("--kairon-kubeconfig={}", api.kubeconfig_path().display())],
+            );
+            rig.env.start_simulator(args).expect("simulator")
+        })
+        .collect()
+}
+
 async fn vms_on(rig: &Rig, api: &WorkloadCluster) -> Vec<(String, String)> {
     let vms: Api<kairon::Machine> = Api::namespaced(api.client(), &rig.ns);
     let mut out: Vec<_> = vms
@@ -312,16 +325,7 @@ async fn two_clusters_on_two_kairon_apis_through_identities() {
     let kairon_b = started.keep(rig.env.kairon_api(&rig.ns, "kairon-b").await.expect("Kairon API b"));
     let mut forwarder_a = Forwarder::start(kairon_a.port).await;
     // One simulator per Kairon API; they stop when dropped at the end of the test.
-    let _sims: Vec<_> = [&kairon_a, &kairon_b]
-        .into_iter()
-        .map(|api| {
-            let args = merged_args(
-                default_sim_args(),
-                &[format!("--kairon-kubeconfig={}", api.kubeconfig_path().display())],
-            );
-            rig.env.start_simulator(args).expect("simulator")
-        })
-        .collect();
+    let _sims = simulators_for(&rig, &[&kairon_a, &kairon_b]);
     let c2 = started.keep(rig.env.workload_cluster(&rig.ns, "c2").await.expect("workload c2"));
     let secrets: Api<Secret> = Api::namespaced(rig.env.client(), &rig.ns);
     let a_kubeconfig = kubeconfig(&kairon_a, Some(forwarder_a.port));
@@ -891,16 +895,7 @@ async fn repointing_an_identity_to_another_kairon_api_loses_no_vm() {
     assert_nothing_left(&rig).await;
     let kairon_a = started.keep(rig.env.kairon_api(&rig.ns, "kairon-a").await.expect("Kairon API a"));
     let kairon_b = started.keep(rig.env.kairon_api(&rig.ns, "kairon-b").await.expect("Kairon API b"));
-    let _sims: Vec<_> = [&kairon_a, &kairon_b]
-        .into_iter()
-        .map(|api| {
-            let args = merged_args(
-                default_sim_args(),
-                &[format!("--kairon-kubeconfig={}", api.kubeconfig_path().display())],
-            );
-            rig.env.start_simulator(args).expect("simulator")
-        })
-        .collect();
+    let _sims = simulators_for(&rig, &[&kairon_a, &kairon_b]);
     let secrets: Api<Secret> = Api::namespaced(rig.env.client(), &rig.ns);
     secrets
         .create(

@@ -396,6 +396,17 @@ impl Drop for Rig {
 
 /// The port a process started by the environment serves `flag` on (`--health-addr`,
 /// `--metrics-bind-address`: the environment picks free ones).
+/// The smallest KaironMachine spec the tests create by hand (1 CPU, 1Gi, image `img`, 10Gi disk).
+pub fn km_spec() -> capkr::api::KaironMachineSpec {
+    capkr::api::KaironMachineSpec {
+        cpus: 1,
+        memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+        image: "img".into(),
+        disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("10Gi".into()),
+        ..Default::default()
+    }
+}
+
 pub fn port_of(p: &Process, flag: &str) -> u16 {
     p.spec()
         .loopback_port(flag)

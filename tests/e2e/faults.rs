@@ -3,11 +3,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use crate::common::{Rig, RigOptions, km_ready};
+use crate::common::{Rig, RigOptions, km_ready, km_spec};
+use capkr::api::KaironMachine;
 use capkr::api::conditions::{self, INSTANCE_PROVISIONED, reason};
-use capkr::api::{KaironMachine, KaironMachineSpec};
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -217,16 +216,7 @@ async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
             s.string_data = Some(data.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
             secrets.create(&PostParams::default(), &s).await.unwrap();
         }
-        let km = KaironMachine::new(
-            name,
-            KaironMachineSpec {
-                cpus: 1,
-                memory: Quantity("1Gi".into()),
-                image: "img".into(),
-                disk_size: Quantity("10Gi".into()),
-                ..Default::default()
-            },
-        );
+        let km = KaironMachine::new(name, km_spec());
         rig.kms().create(&PostParams::default(), &km).await.unwrap();
         // A Machine with bootstrap data given directly (no bootstrap config), as the contract allows.
         let m: DynamicObject = serde_json::from_value(json!({

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::{Rig, RigOptions, km_instance, km_ready};
+use crate::common::{Rig, RigOptions, km_instance, km_ready, km_spec};
 use capkr::api::conditions::reason;
 use capkr::api::{KaironMachine, KaironMachineSpec};
 use capkr::kairon;
@@ -19,16 +19,6 @@ use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const UP: Duration = Duration::from_secs(180);
-
-fn km_spec() -> KaironMachineSpec {
-    KaironMachineSpec {
-        cpus: 1,
-        memory: Quantity("1Gi".into()),
-        image: "img".into(),
-        disk_size: Quantity("10Gi".into()),
-        ..Default::default()
-    }
-}
 
 /// Creates a Machine `name` of the rig's cluster with `bootstrap`, pointing at KaironMachine
 /// `infra`; returns its UID.
