@@ -15,7 +15,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
@@ -506,8 +506,8 @@ fn suite_binary() -> PathBuf {
     suite
 }
 
-/// The enabled specs in two halves of about equal length, each a Ginkgo run on its own
-/// environment, so that `make test`'s two test threads run them side by side.
+/// The enabled specs in two halves of about equal length, each a Ginkgo run of its own on the
+/// one environment both share, so that `make test`'s test threads run them side by side.
 const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation";
 const SECOND_HALF: &str = "clusterclass-changes || clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion \
      || kcp-adoption || quick-start-kcp-only";
@@ -522,43 +522,60 @@ async fn capi_e2e_clusterclass_changes_rollouts_scale_deletion_and_kcp_adoption_
     run_specs(1, SECOND_HALF).await;
 }
 
-/// Runs the specs `labels` selects (and `CAPKR_CAPI_E2E_FOCUS`, when set) on a new
-/// environment; `half` keeps the two halves' networks apart.
+/// The guest network of the shared environment's simulator.
+static NETWORK: OnceLock<GuestNetwork> = OnceLock::new();
+
+/// The management environment both halves share, as upstream's parallel Ginkgo nodes share
+/// one management cluster: CAPI with the feature gates the specs need
+/// (MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes), one
+/// simulator whose guests run etcd and kube-apiserver, one manager.
+async fn suite_env() -> (&'static Env, GuestNetwork) {
+    let mut opts = EnvOptions::new("capi_e2e_suite");
+    opts.capi_feature_gates = "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true".into();
+    let env = Env::shared_with(opts, |env| async move {
+        let net = *NETWORK.get_or_init(GuestNetwork::pick);
+        let guest_dir = env.dir().join("guests");
+        let mut sim_args = vec![
+            "--provision-delay".to_string(),
+            "200ms".into(),
+            "--boot-delay".into(),
+            "500ms".into(),
+            "--delete-delay".into(),
+            "1s".into(),
+            // Labelled hosts: the ClusterClass-changes spec moves workers to zone-b.
+            "--hosts".into(),
+            SIMULATOR_HOSTS.into(),
+        ];
+        sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net)?);
+        // The kcp-remediation flavor's pre-kubeadm signal script.
+        require_script_tools();
+        sim_args.push("--guest-scripts-dir".into());
+        sim_args.push(env.dir().join("guest-scripts").display().to_string());
+        let sim = env.start_simulator(sim_args)?;
+        let manager = env.start_manager(["-v", "1"])?;
+        for p in [&sim, &manager] {
+            anyhow::ensure!(p.is_running(), "{} exited right after start", p.name());
+        }
+        env.keep(sim);
+        env.keep(manager);
+        Ok(())
+    })
+    .await
+    .expect("test environment");
+    let net = *NETWORK.get().expect("the shared environment's setup picked a network");
+    (env, net)
+}
+
+/// Runs the specs `labels` selects (and `CAPKR_CAPI_E2E_FOCUS`, when set) on the shared
+/// environment; `half` gives each half its own control-plane endpoint and output dirs.
 async fn run_specs(half: u32, labels: &str) {
     let suite = suite_binary();
     // The last run's output of each half, for a look after the fact.
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-e2e");
     std::fs::create_dir_all(&work).expect("creating the suite's output dir");
 
-    // MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes.
-    let mut opts = EnvOptions::new(format!("capi_e2e_suite_{half}"));
-    opts.capi_feature_gates = "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true".into();
-    let env = Env::start(opts).await.expect("test environment");
-    let picked = GuestNetwork::pick();
-    let net = GuestNetwork {
-        octet: 20 + (picked.octet - 20 + half) % 230,
-    };
-    let guest_dir = env.dir().join("guests");
-    let mut sim_args = vec![
-        "--provision-delay".to_string(),
-        "200ms".into(),
-        "--boot-delay".into(),
-        "500ms".into(),
-        "--delete-delay".into(),
-        "1s".into(),
-        // Labelled hosts: the ClusterClass-changes spec moves workers to zone-b.
-        "--hosts".into(),
-        SIMULATOR_HOSTS.into(),
-    ];
-    sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net).expect("simulator flags"));
-    // The kcp-remediation flavor's pre-kubeadm signal script.
-    require_script_tools();
-    sim_args.push("--guest-scripts-dir".into());
-    sim_args.push(env.dir().join("guest-scripts").display().to_string());
-    let sim = env.start_simulator(sim_args).expect("simulator");
-    let manager = env.start_manager(["-v", "1"]).expect("manager");
-
-    let dir = env.dir().join("capi-e2e");
+    let (env, net) = suite_env().await;
+    let dir = env.dir().join(format!("capi-e2e-{half}"));
     let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
     let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
     write_taint_flavors(&assets);
@@ -569,13 +586,10 @@ async fn run_specs(half: u32, labels: &str) {
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,
-        e2e_config(&dir, &assets, &env.binaries().capi_manifests, &net.endpoint_ip(1)),
+        e2e_config(&dir, &assets, &env.binaries().capi_manifests, &endpoint_ip(&net, half)),
     )
     .expect("writing the e2e config");
     let artifacts = dir.join("artifacts");
-    for p in [&sim, &manager] {
-        assert!(p.is_running(), "{} exited right after start", p.name());
-    }
 
     let mut cmd = Command::new(&suite);
     cmd.current_dir(&dir)
@@ -633,6 +647,12 @@ async fn run_specs(half: u32, labels: &str) {
         focus.is_some() || !text.contains("-- 0 Passed"),
         "the Ginkgo run passed no spec"
     );
+}
+
+/// The first control-plane endpoint of a half's clusters: 127.<octet>.<100 + half>.1, so the
+/// halves' addresses never meet (the scale spec numbers its clusters' endpoints up from it).
+fn endpoint_ip(net: &GuestNetwork, half: u32) -> String {
+    format!("127.{}.{}.1", net.octet, 100 + half)
 }
 
 /// Ginkgo's closing summary of the failed specs (from "Summarizing" on, at most 60 lines),

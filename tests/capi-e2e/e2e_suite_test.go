@@ -147,8 +147,12 @@ func registerProviders(ctx context.Context, newClient func() client.Client, conf
 	if apierrors.IsNotFound(err) {
 		objs, err := utilyaml.ToUnstructured(clusterctlconfig.ClusterctlAPIManifest)
 		Expect(err).ToNot(HaveOccurred())
+		// Both halves of the suite run this against one management cluster at once: the
+		// other one may have created it meanwhile.
 		for i := range objs {
-			Expect(c.Create(ctx, &objs[i])).To(Succeed())
+			if err := c.Create(ctx, &objs[i]); err != nil && !apierrors.IsAlreadyExists(err) {
+				Expect(err).ToNot(HaveOccurred())
+			}
 		}
 		Eventually(func() bool {
 			got := &apiextensionsv1.CustomResourceDefinition{}

@@ -12,6 +12,7 @@
 mod common;
 
 mod create_failures;
+mod events;
 mod faults;
 mod kairon_quirks;
 mod left_behind;

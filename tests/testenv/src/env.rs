@@ -547,6 +547,12 @@ impl Env {
         }
     }
 
+    /// Hands a process the test started (a simulator, a manager) to the environment, which
+    /// stops it with its own: what a shared environment's setup starts lives as long as it.
+    pub fn keep(&self, p: Process) {
+        self.push(p);
+    }
+
     pub(crate) fn push(&self, p: Process) {
         self.procs.lock().unwrap_or_else(|e| e.into_inner()).push(p);
     }
@@ -834,7 +840,12 @@ pub(crate) fn apiserver_args(
         "--disable-admission-plugins=ServiceAccount".into(),
         "--allow-privileged=true".into(),
         "--endpoint-reconciler-type=none".into(),
-        "--profiling=false".into(),
+        // `CAPKR_TEST_PROFILING=1` serves /debug/pprof (for `kubectl get --raw`), to see
+        // where the API servers' CPU goes.
+        format!(
+            "--profiling={}",
+            std::env::var("CAPKR_TEST_PROFILING").is_ok_and(|v| v == "1")
+        ),
     ])
 }
 

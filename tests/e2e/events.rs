@@ -3,13 +3,11 @@
 //! log lines that carry the object), no trace of bootstrap data in any of them, and repeated
 //! events folded into one series on the API server.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use crate::common::{Rig, RigOptions};
 use capkr_testenv::{CapiManagers, Env, EnvOptions};
-use common::{Rig, RigOptions};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
@@ -82,7 +80,7 @@ async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
         create: false,
         // The most verbose logging there is: whatever it prints must still hold no secret.
         manager_args: ["--log-format=json", "-v", "3"].map(String::from).to_vec(),
-        ..RigOptions::new("operability_events")
+        ..RigOptions::new("events")
     };
     let rig = Rig::start(opts.clone()).await;
     rig.env
