@@ -18,7 +18,7 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
-use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_simulator_args};
+use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_delay_args, guest_simulator_args};
 use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, SIMULATOR_HOSTS, workspace_root};
 
 /// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
@@ -535,17 +535,9 @@ async fn suite_env() -> (&'static Env, GuestNetwork) {
     let env = Env::shared_with(opts, |env| async move {
         let net = *NETWORK.get_or_init(GuestNetwork::pick);
         let guest_dir = env.dir().join("guests");
-        let mut sim_args = vec![
-            "--provision-delay".to_string(),
-            "200ms".into(),
-            "--boot-delay".into(),
-            "500ms".into(),
-            "--delete-delay".into(),
-            "1s".into(),
-            // Labelled hosts: the ClusterClass-changes spec moves workers to zone-b.
-            "--hosts".into(),
-            SIMULATOR_HOSTS.into(),
-        ];
+        let mut sim_args = guest_delay_args();
+        // Labelled hosts: the ClusterClass-changes spec moves workers to zone-b.
+        sim_args.extend(["--hosts".to_string(), SIMULATOR_HOSTS.into()]);
         sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &net)?);
         // The kcp-remediation flavor's pre-kubeadm signal script.
         require_script_tools();

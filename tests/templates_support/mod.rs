@@ -11,6 +11,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use capkr_testenv::flavors::{GuestNetwork, guest_delay_args, guest_simulator_args};
 use capkr_testenv::{Env, EnvOptions, Process, wait_for};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::Value;
@@ -50,9 +51,6 @@ impl Network {
             octet: 20 + (std::process::id() * 7 + n * 31) % 230,
         }
     }
-    pub fn pool(&self) -> String {
-        format!("127.{}.0.0/20", self.octet)
-    }
     pub fn endpoint_ip(&self) -> String {
         format!("127.{}.100.1", self.octet)
     }
@@ -81,31 +79,11 @@ impl GuestRig {
         env.create_namespace(&ns).await.expect("namespace");
         let net = Network::new();
         let guest_dir = env.dir().join(format!("guests-{ns}"));
-        std::fs::create_dir_all(&guest_dir).expect("guest dir");
-        let bin_dir = env.binaries().dir.clone();
-        assert!(
-            bin_dir.join("kairon-guest").exists(),
-            "{} lacks kairon-guest: rebuild the test tools (hack/test-tools.sh)",
-            bin_dir.display()
-        );
-        let sim = env
-            .start_simulator([
-                "--provision-delay".to_string(),
-                "200ms".into(),
-                "--boot-delay".into(),
-                "500ms".into(),
-                "--delete-delay".into(),
-                "1s".into(),
-                "--address-pool".into(),
-                net.pool(),
-                "--guest-bin-dir".into(),
-                bin_dir.display().to_string(),
-                "--guest-dir".into(),
-                guest_dir.display().to_string(),
-                "--namespace".into(),
-                ns.clone(),
-            ])
-            .expect("simulator");
+        let mut sim_args = guest_delay_args();
+        let guests = GuestNetwork { octet: net.octet };
+        sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &guests).expect("simulator flags"));
+        sim_args.extend(["--namespace".to_string(), ns.clone()]);
+        let sim = env.start_simulator(sim_args).expect("simulator");
         let manager = env.start_manager(["-v", "1", "--namespace", &ns]).expect("manager");
         let repo = LocalRepo::new();
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -38,6 +38,21 @@ impl GuestNetwork {
     }
 }
 
+/// The `kairon-sim` delays of the tests whose guests run for real: short, so a cluster comes
+/// up in seconds, yet every phase is seen.
+pub fn guest_delay_args() -> Vec<String> {
+    [
+        "--provision-delay",
+        "200ms",
+        "--boot-delay",
+        "500ms",
+        "--delete-delay",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 /// `kairon-sim` flags that make control-plane VMs run etcd and kube-apiserver for real.
 pub fn guest_simulator_args(bins: &Binaries, guest_dir: &Path, net: &GuestNetwork) -> Result<Vec<String>> {
     if !bins.dir.join("kairon-guest").exists() {
