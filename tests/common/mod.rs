@@ -100,18 +100,9 @@ fn shared_env_options() -> EnvOptions {
 
 /// Fast simulator delays, hosts in two zones.
 pub fn default_sim_args() -> Vec<String> {
-    [
-        "--provision-delay",
-        "200ms",
-        "--boot-delay",
-        "500ms",
-        "--delete-delay",
-        "1s",
-        "--hosts",
-        SIMULATOR_HOSTS,
-    ]
-    .map(String::from)
-    .to_vec()
+    let mut args = capkr_testenv::flavors::guest_delay_args();
+    args.extend(["--hosts".to_string(), SIMULATOR_HOSTS.into()]);
+    args
 }
 
 impl Rig {

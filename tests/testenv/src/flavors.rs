@@ -38,8 +38,8 @@ impl GuestNetwork {
     }
 }
 
-/// The `kairon-sim` delays of the tests whose guests run for real: short, so a cluster comes
-/// up in seconds, yet every phase is seen.
+/// The `kairon-sim` delays the real-control-plane tests use (the rig, the templates rig, the
+/// CAPI suite): short, so a cluster comes up in seconds, yet every phase is seen.
 pub fn guest_delay_args() -> Vec<String> {
     [
         "--provision-delay",
