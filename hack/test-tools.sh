@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the upstream binaries the integration tests run (etcd, kube-apiserver,
-# kube-controller-manager, kubectl, the Cluster API managers, clusterctl, helm) from the
+# kube-controller-manager, kube-scheduler, kubectl, the Cluster API managers, clusterctl, helm,
+# KWOK's controller) from the
 # Go modules pinned under tests/tools/, into a cache outside the source tree:
 #
 #   ${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}/<hash>/bin
@@ -18,7 +19,9 @@
 # Next to bin/ it also keeps manifests/capi/{core,bootstrap-kubeadm,control-plane-kubeadm}/
 # {crd/*.yaml,webhook/manifests.yaml} (+ manifests/capi/metadata.yaml): the raw CRD bases and
 # webhook manifests of the pinned Cluster API, copied from the Go module cache, which the
-# test environment (tests/testenv) installs the way envtest does. <bin>/../manifests finds them.
+# test environment (tests/testenv) installs the way envtest does; and manifests/kwok/stages.yaml,
+# KWOK's node heartbeat and fast pod Stages, which kairon-sim gives its KWOK controllers.
+# <bin>/../manifests finds them.
 #
 # Needs only Go (the version in tests/tools/*/go.mod, 1.26) and the Go module proxy.
 set -euo pipefail
@@ -32,7 +35,7 @@ log() { printf '[test-tools] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # --- cache key -----------------------------------------------------------------------
-MODFILES=(k8s/go.mod k8s/go.sum capi/go.mod capi/go.sum helm/go.mod helm/go.sum guest/go.mod guest/go.sum)
+MODFILES=(k8s/go.mod k8s/go.sum capi/go.mod capi/go.sum helm/go.mod helm/go.sum guest/go.mod guest/go.sum kwok/go.mod kwok/go.sum)
 # guest/ holds this project's own Go code (kairon-guest), so its sources are inputs too.
 mapfile -t GUEST_SOURCES < <(cd "$TOOLS" && ls guest/*.go 2>/dev/null | sort)
 MODFILES+=("${GUEST_SOURCES[@]}")
@@ -76,6 +79,7 @@ TARGETS=(
   "etcd                               k8s  go.etcd.io/etcd/server/v3"
   "kube-apiserver                     k8s  k8s.io/kubernetes/cmd/kube-apiserver"
   "kube-controller-manager            k8s  k8s.io/kubernetes/cmd/kube-controller-manager"
+  "kube-scheduler                     k8s  k8s.io/kubernetes/cmd/kube-scheduler"
   "kubectl                            k8s  k8s.io/kubernetes/cmd/kubectl"
   "capi-manager                       capi sigs.k8s.io/cluster-api/core"
   "capi-kubeadm-bootstrap-manager     capi sigs.k8s.io/cluster-api/bootstrap/kubeadm"
@@ -83,6 +87,7 @@ TARGETS=(
   "clusterctl                         capi sigs.k8s.io/cluster-api/cmd/clusterctl"
   "helm                               helm helm.sh/helm/v3/cmd/helm"
   "kairon-guest                       guest ."
+  "kwok                               kwok sigs.k8s.io/kwok/cmd/kwok"
 )
 ALL_NAMES=()
 for t in "${TARGETS[@]}"; do read -r n _ _ <<<"$t"; ALL_NAMES+=("$n"); done
@@ -114,12 +119,22 @@ copy_manifests() {
     cp "$src/webhook/manifests.yaml" "$dst/webhook/"
   done
   cp "$mod/metadata.yaml" "$tmp/capi/"
+  # KWOK's own Stage configs (the simulated kubelets' behaviour): Node heartbeats with a
+  # Lease, and the fast Pod lifecycle (Running with an IP, completed Jobs, deletion).
+  mod=$(cd "$TOOLS/kwok" && GOWORK=off GOFLAGS=-mod=readonly go mod download -json sigs.k8s.io/kwok \
+        | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  [[ -n "$mod" && -d "$mod/kustomize/stage" ]] || die "cannot find sigs.k8s.io/kwok in the Go module cache"
+  mkdir -p "$tmp/kwok"
+  for src in "$mod"/kustomize/stage/node/heartbeat-with-lease/node-*.yaml "$mod"/kustomize/stage/pod/fast/pod-*.yaml; do
+    printf -- '---\n' >>"$tmp/kwok/stages.yaml"
+    cat "$src" >>"$tmp/kwok/stages.yaml"
+  done
   chmod -R u+w "$tmp"                       # files from the module cache are read-only
   touch "$tmp/.complete"
   if [[ -f "$MANIFESTS/.complete" ]]; then rm -rf "$tmp"; return 0; fi   # a concurrent caller won
   rm -rf "$MANIFESTS"
   mv -T "$tmp" "$MANIFESTS" 2>/dev/null || rm -rf "$tmp"
-  log "copied the Cluster API manifests from $mod to $MANIFESTS"
+  log "copied the Cluster API manifests and KWOK's stages to $MANIFESTS"
 }
 
 # The dir to print: the build dir itself, or a dir of symlinks when external binaries are used.
@@ -218,6 +233,12 @@ ldflags_for() { # module-dir: sets LDF[dir]/TAGS[dir], the version ldflags upstr
       LDF[guest]="-s -w"
       TAGS[guest]=""
       ;;
+    kwok)
+      # kwok hack/releases.sh: the version (its default Kubernetes version is not used here).
+      v=$(modver kwok sigs.k8s.io/kwok)
+      LDF[kwok]="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${v#v}"
+      TAGS[kwok]=""
+      ;;
   esac
 }
 
@@ -241,7 +262,7 @@ for t in "${TARGETS[@]}"; do
   [[ " ${TODO[*]} " == *" $n "* ]] || continue
   DIRS[$dir]+=" $pkg"
 done
-for dir in k8s capi helm guest; do
+for dir in k8s capi helm guest kwok; do
   [[ -n "${DIRS[$dir]:-}" ]] || continue
   # shellcheck disable=SC2086
   timed "download modules ($dir)" bash -c 'cd "$1" && shift && "$@" >/dev/null' _ "$TOOLS/$dir" \

@@ -347,6 +347,36 @@ pub fn processes_under(dir: &std::path::Path) -> Vec<(u32, String)> {
     out
 }
 
+/// How many processes of each binary (its file name) run.
+pub fn process_census(procs: &[(u32, String)]) -> BTreeMap<String, usize> {
+    let mut census = BTreeMap::new();
+    for (_, cmd) in procs {
+        let bin = cmd.split(' ').next().unwrap_or_default();
+        let name = bin.rsplit('/').next().unwrap_or(bin).to_string();
+        *census.entry(name).or_insert(0) += 1;
+    }
+    census
+}
+
+/// The processes of a cluster with `control_planes` running control-plane VMs: kubeadm's
+/// static pods and the kubelet endpoint per VM, and the cluster's KWOK.
+pub fn expected_census(control_planes: usize) -> BTreeMap<String, usize> {
+    if control_planes == 0 {
+        return BTreeMap::new();
+    }
+    [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kairon-guest",
+    ]
+    .into_iter()
+    .map(|b| (b.to_string(), control_planes))
+    .chain([("kwok".to_string(), 1)])
+    .collect()
+}
+
 impl GuestRig {
     pub async fn patch_replicas(&self, r: &ApiResource, name: &str, replicas: u32) {
         use kube::api::{Patch, PatchParams};
@@ -367,12 +397,13 @@ impl GuestRig {
             .flatten()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n != "logs")
+            .filter(|n| n != "logs" && !n.starts_with("kwok-"))
             .collect()
     }
 
-    /// Waits for the cluster shape, then checks one etcd, API server and kubelet per
-    /// control-plane VM and nothing else.
+    /// Waits for the cluster shape, then checks one etcd, API server, controller manager,
+    /// scheduler and kubelet endpoint per control-plane VM, one KWOK for the cluster, and
+    /// nothing else.
     pub async fn wait_shape(&self, control_planes: usize, workers: usize, timeout: Duration) -> Duration {
         let what = format!("{control_planes} control planes + {workers} workers ready");
         let took = self
@@ -382,11 +413,12 @@ impl GuestRig {
                 cluster_ready(&machines, kcp.as_ref(), control_planes, workers)?;
                 let dirs = self.vm_dirs();
                 let procs = processes_under(&self.guest_dir);
-                if dirs.len() != control_planes || procs.len() != 3 * control_planes {
+                let census = process_census(&procs);
+                let want = expected_census(control_planes);
+                if dirs.len() != control_planes || census != want {
                     return Err(format!(
-                        "{} VM dirs and {} VM processes for {control_planes} control planes: {procs:?}",
+                        "{} VM dirs and processes {census:?} for {control_planes} control planes (want {want:?}): {procs:?}",
                         dirs.len(),
-                        procs.len()
                     ));
                 }
                 Ok(())

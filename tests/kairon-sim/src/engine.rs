@@ -19,7 +19,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::fleet::Fleet;
-use crate::guest_ops::{post_status, register, remove_node};
+use crate::guest_ops::{post_status, register, remove_node, stop};
 use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
@@ -206,7 +206,6 @@ impl Engine {
         // A Node left behind (our finalizer was bypassed) goes with the VM.
         if let Some(guest) = self.guests.remove(key)
             && guest.node.is_some()
-            && !guest.removed
         {
             let (workloads, fleet, scripts, permits) = (
                 self.workloads.clone(),
@@ -266,17 +265,14 @@ impl Engine {
         }
     }
 
-    /// The earliest deadline to come (timer, retry, heartbeat), but at least every [`TICK`].
+    /// The earliest deadline to come (timer, retry), but at least every [`TICK`].
     /// Deadlines already past belong to Machines that were just processed or have an
     /// operation in flight, whose completion makes them due again.
     fn next_wake(&self) -> Instant {
         let now = Instant::now();
         let timers = self.timers.values().map(|t| t.at);
         let retries = self.retry_at.values().copied();
-        let guests = self.guests.values().flat_map(|g| {
-            let heartbeat = g.node.as_ref().map(|_| g.next_heartbeat);
-            g.retry_at.into_iter().chain(heartbeat)
-        });
+        let guests = self.guests.values().filter_map(|g| g.retry_at);
         timers
             .chain(retries)
             .chain(guests)
@@ -291,7 +287,7 @@ impl Engine {
         let due_guests = self
             .guests
             .iter()
-            .filter(|(_, g)| g.retry_at.is_some_and(|t| t <= now) || (g.node.is_some() && g.next_heartbeat <= now))
+            .filter(|(_, g)| g.retry_at.is_some_and(|t| t <= now))
             .map(|(k, _)| k);
         let due: Vec<Key> = due_timers.chain(due_retries).chain(due_guests).cloned().collect();
         self.dirty.extend(due);
@@ -406,12 +402,10 @@ impl Engine {
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });
             }
             Step::ReleaseFinalizer => {
-                let node = self.guests.get(key).filter(|g| !g.removed).and_then(|g| g.node.clone());
+                // Taken: the Node goes here, not again when the Machine is forgotten.
+                let node = self.guests.get_mut(key).and_then(|g| g.node.take());
                 let boot_guest = self.opts.boot_guest;
                 let (workloads, fleet, scripts) = (self.workloads.clone(), self.fleet.clone(), self.scripts.clone());
-                if let Some(g) = self.guests.get_mut(key) {
-                    g.removed = true;
-                }
                 tracing::info!(machine = %key, "VM gone: removing finalizer");
                 self.spawn_write(key, async move {
                     if boot_guest {
@@ -444,18 +438,11 @@ impl Engine {
                 let node = guest.node.clone();
                 let since = Timestamp::now();
                 tracing::info!(machine = %key, ready, "Node Ready changes");
-                self.spawn_guest(key.clone(), uid, post_status(workloads, m, node, ready, since, true));
+                self.spawn_guest(key.clone(), uid, post_status(workloads, m, node, ready, since));
             }
-            KubeletStep::Heartbeat => {
-                let (node, ready, since) = (guest.node.clone(), guest.ready, guest.ready_since);
-                self.spawn_guest(key.clone(), uid, post_status(workloads, m, node, ready, since, false));
-            }
-            KubeletStep::RemoveNode => {
+            KubeletStep::Stop => {
                 let node = guest.node.clone();
-                self.spawn_guest(key.clone(), uid, async move {
-                    remove_node(workloads, fleet, scripts, m, node).await;
-                    GuestOutcome::Removed
-                });
+                self.spawn_guest(key.clone(), uid, stop(workloads, fleet, scripts, m, node));
             }
         }
     }

@@ -1,9 +1,10 @@
-//! The processes of simulated control-plane VMs: for each, a real etcd and a real
-//! kube-apiserver bound to the VM's own loopback address, with certificates signed by the
-//! cluster's CAs from its bootstrap data (`kairon-guest certs`), plus kubelet's port-forward
-//! endpoint (`kairon-guest kubelet`); and per cluster the kube-vip endpoint
-//! ([`crate::endpoint`]). What `kubeadm init` leaves in the cluster is written once the API
-//! server answers; see [`crate::kubeadm_objects`].
+//! The processes of simulated control-plane VMs: for each, a real etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler bound to the VM's own loopback address, with
+//! certificates signed by the cluster's CAs from its bootstrap data (`kairon-guest certs`),
+//! plus kubelet's port-forward endpoint (`kairon-guest kubelet`); and per cluster the kube-vip
+//! endpoint ([`crate::endpoint`]) and the KWOK controller that plays its kubelets
+//! ([`crate::kwok`]). What `kubeadm init` leaves in the cluster is written once the API server
+//! answers; see [`crate::kubeadm_objects`].
 //!
 //! Children are killed when their VM stops, when the simulator exits (kill on drop) and when
 //! it dies (`PR_SET_PDEATHSIG`). A VM's data lives under `--guest-dir`, its logs under
@@ -12,22 +13,24 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{Api, Client};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::Mutex;
 
 use crate::endpoint::Endpoint;
 use crate::kubeadm::{ControlPlanePlan, first_service_ip};
 use crate::kubeadm_objects;
+use crate::kwok;
+use crate::procs::{Supervised, run, spawn, tally_guest_api_server};
+use crate::static_pods::{
+    ETCD_CLIENT_PORT, ETCD_PEER_PORT, apiserver_args, controller_manager_args, kubeconfig, scheduler_args,
+    write_kubeconfig,
+};
 use crate::workload::{NodeFacts, client_from_kubeconfig};
 
-const ETCD_CLIENT_PORT: u16 = 2379;
-const ETCD_PEER_PORT: u16 = 2380;
 pub const KUBELET_PORT: u16 = 10250;
 /// How long an API server may take to answer after it was started.
 const API_READY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -35,7 +38,8 @@ const API_READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// Where the binaries are and where VM data goes.
 #[derive(Clone, Debug)]
 pub struct GuestTools {
-    /// Holds `etcd`, `kube-apiserver` and `kairon-guest`.
+    /// Holds `etcd`, `kube-apiserver`, `kube-controller-manager`, `kube-scheduler`, `kwok` and
+    /// `kairon-guest`; `../manifests/kwok/stages.yaml` beside it.
     pub bin_dir: PathBuf,
     pub data_dir: PathBuf,
 }
@@ -73,6 +77,8 @@ struct Vm {
     etcd_url: String,
     dir: PathBuf,
     children: Vec<(&'static str, Child)>,
+    /// kube-controller-manager and kube-scheduler, started again when they exit.
+    supervised: Vec<Supervised>,
     /// kubeadm's admin.conf identity against this VM's own API server.
     client: Option<Client>,
     /// What kubeadm leaves in the cluster has been written (retried until it is).
@@ -100,10 +106,23 @@ pub struct Stopped {
     pub node: String,
 }
 
+/// A cluster's KWOK controller and its directory (its kubeconfig).
+struct ClusterKwok {
+    process: Supervised,
+    dir: PathBuf,
+}
+
+impl Drop for ClusterKwok {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 pub struct Fleet {
     tools: GuestTools,
     vms: Mutex<HashMap<String, Vm>>,
     endpoints: Mutex<HashMap<ClusterRef, Endpoint>>,
+    kwoks: Mutex<HashMap<ClusterRef, ClusterKwok>>,
     /// One VM boots at a time: etcd adds one member at a time, and kubeadm joins wait for
     /// each other in the same way.
     boot: Mutex<()>,
@@ -115,6 +134,7 @@ impl Fleet {
             tools,
             vms: Mutex::default(),
             endpoints: Mutex::default(),
+            kwoks: Mutex::default(),
             boot: Mutex::default(),
         }
     }
@@ -144,7 +164,8 @@ impl Fleet {
                         settle(vm, facts, plan).await?;
                     }
                     drop(vms);
-                    return self.serve_endpoint(uid, cluster, plan, api).await;
+                    self.serve_endpoint(uid, cluster, plan, api).await?;
+                    return self.ensure_kwok(uid, cluster, plan, api).await;
                 }
                 Some(false) => {
                     tracing::warn!(vm = vm_name, "a process of the VM died; booting it again");
@@ -171,9 +192,11 @@ impl Fleet {
         settled?;
         tracing::info!(
             vm = vm_name, node = %facts.identity.node_name, address = %ip, init = plan.init,
-            took = ?started.elapsed(), "control plane up (etcd, kube-apiserver, kubelet endpoint)"
+            took = ?started.elapsed(),
+            "control plane up (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet endpoint)"
         );
-        self.serve_endpoint(uid, cluster, plan, api).await
+        self.serve_endpoint(uid, cluster, plan, api).await?;
+        self.ensure_kwok(uid, cluster, plan, api).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -204,6 +227,7 @@ impl Fleet {
             etcd_url: format!("https://{ip}:{ETCD_CLIENT_PORT}"),
             dir: dir.clone(),
             children: Vec::new(),
+            supervised: Vec::new(),
         };
         let guest_bin = self.tools.bin_dir.join("kairon-guest");
         let p = |rel: &str| pki.join(rel).display().to_string();
@@ -286,8 +310,83 @@ impl Fleet {
             .push(("kubelet", spawn(&guest_bin, &kubelet_args, &kubelet_log)?));
         wait_tcp(&mut vm, SocketAddr::from((ip, KUBELET_PORT)), "kubelet", &kubelet_log).await?;
 
+        // kube-controller-manager and kube-scheduler, each with kubeadm's kubeconfig of its own
+        // against this VM's API server; they elect their leaders across the VMs.
+        let server = format!("https://{ip}:{}", plan.api_port);
+        let kcm_conf = write_kubeconfig(&pki, &dir, "controller-manager", &server).map_err(FleetError::Files)?;
+        let scheduler_conf = write_kubeconfig(&pki, &dir, "scheduler", &server).map_err(FleetError::Files)?;
+        vm.supervised.push(Supervised::start(
+            "kube-controller-manager",
+            self.tools.bin_dir.join("kube-controller-manager"),
+            controller_manager_args(&pki, &kcm_conf, ip, &cluster.name),
+            logs.join(format!("{vm_name}-kube-controller-manager.log")),
+        )?);
+        vm.supervised.push(Supervised::start(
+            "kube-scheduler",
+            self.tools.bin_dir.join("kube-scheduler"),
+            scheduler_args(&scheduler_conf, ip),
+            logs.join(format!("{vm_name}-kube-scheduler.log")),
+        )?);
+
         vm.client = Some(client);
         Ok(vm)
+    }
+
+    /// Makes sure the cluster's KWOK controller runs, against the control-plane endpoint
+    /// (or, without kube-vip, this VM's API server) with the admin identity of VM `uid`.
+    async fn ensure_kwok(
+        &self,
+        uid: &str,
+        cluster: &ClusterRef,
+        plan: &ControlPlanePlan,
+        api: SocketAddr,
+    ) -> Result<(), FleetError> {
+        let pki = {
+            let vms = self.vms.lock().await;
+            vms.get(uid).map(|v| v.dir.join("pki"))
+        };
+        let Some(pki) = pki else { return Ok(()) };
+        let mut kwoks = self.kwoks.lock().await;
+        if kwoks.get(cluster).is_some_and(|k| k.process.kept()) {
+            return Ok(());
+        }
+        kwoks.remove(cluster);
+        let server = match &plan.vip {
+            Some(vip) => format!("https://{}:{}", vip.address, vip.port),
+            None => format!("https://{api}"),
+        };
+        let dir = self
+            .tools
+            .data_dir
+            .join(format!("kwok-{}-{}", cluster.namespace, cluster.name));
+        std::fs::create_dir_all(&dir).map_err(FleetError::Files)?;
+        let kwok = ClusterKwok {
+            dir: dir.clone(),
+            process: {
+                let kubeconfig = write_kubeconfig(&pki, &dir, "admin", &server).map_err(FleetError::Files)?;
+                let stages = kwok::stages_path(&self.tools.bin_dir);
+                if !stages.is_file() {
+                    return Err(FleetError::Files(std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("KWOK's stages {} (hack/test-tools.sh copies them)", stages.display()),
+                    )));
+                }
+                let pod_cidr = kwok::pod_cidr_of(plan.cluster_configuration.as_ref())
+                    .unwrap_or_else(|| kwok::DEFAULT_POD_CIDR.to_string());
+                Supervised::start(
+                    "kwok",
+                    self.tools.bin_dir.join("kwok"),
+                    kwok::kwok_args(&kubeconfig, &stages, &pod_cidr),
+                    self.tools
+                        .data_dir
+                        .join("logs")
+                        .join(format!("kwok-{}-{}.log", cluster.namespace, cluster.name)),
+                )?
+            },
+        };
+        tracing::info!(cluster = %cluster.name, namespace = %cluster.namespace, %server, "KWOK plays the cluster's kubelets");
+        kwoks.insert(cluster.clone(), kwok);
+        Ok(())
     }
 
     async fn serve_endpoint(
@@ -332,7 +431,11 @@ impl Fleet {
         {
             endpoints.remove(&stopped.cluster);
         }
-        tracing::info!(node = %stopped.node, "control-plane VM stopped: etcd, kube-apiserver and kubelet killed");
+        drop(endpoints);
+        if !others {
+            self.kwoks.lock().await.remove(&stopped.cluster);
+        }
+        tracing::info!(node = %stopped.node, "control-plane VM stopped: its processes killed");
         Some(stopped)
     }
 }
@@ -385,116 +488,19 @@ fn write_pki(pki: &Path, files: &[(String, String)]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The flags kubeadm's kube-apiserver static pod has, with paths into the VM's pki dir.
-fn apiserver_args(pki: &Path, ip: Ipv4Addr, plan: &ControlPlanePlan) -> Vec<String> {
-    let p = |rel: &str| pki.join(rel).display().to_string();
-    vec![
-        format!("--advertise-address={ip}"),
-        format!("--bind-address={ip}"),
-        format!("--secure-port={}", plan.api_port),
-        "--allow-privileged=true".into(),
-        "--authorization-mode=Node,RBAC".into(),
-        format!("--client-ca-file={}", p("ca.crt")),
-        "--enable-admission-plugins=NodeRestriction".into(),
-        "--enable-bootstrap-token-auth=true".into(),
-        format!("--etcd-cafile={}", p("etcd/ca.crt")),
-        format!("--etcd-certfile={}", p("apiserver-etcd-client.crt")),
-        format!("--etcd-keyfile={}", p("apiserver-etcd-client.key")),
-        format!("--etcd-servers=https://{ip}:{ETCD_CLIENT_PORT}"),
-        format!("--kubelet-client-certificate={}", p("apiserver-kubelet-client.crt")),
-        format!("--kubelet-client-key={}", p("apiserver-kubelet-client.key")),
-        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
-        format!("--proxy-client-cert-file={}", p("front-proxy-client.crt")),
-        format!("--proxy-client-key-file={}", p("front-proxy-client.key")),
-        "--requestheader-allowed-names=front-proxy-client".into(),
-        format!("--requestheader-client-ca-file={}", p("front-proxy-ca.crt")),
-        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-        "--requestheader-group-headers=X-Remote-Group".into(),
-        "--requestheader-username-headers=X-Remote-User".into(),
-        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-        format!("--service-account-key-file={}", p("sa.pub")),
-        format!("--service-account-signing-key-file={}", p("sa.key")),
-        format!("--service-cluster-ip-range={}", plan.service_subnet),
-        format!("--tls-cert-file={}", p("apiserver.crt")),
-        format!("--tls-private-key-file={}", p("apiserver.key")),
-        format!("--cert-dir={}", p("generated")),
-        // Loopback addresses are not valid Endpoints: no `kubernetes` Service endpoints.
-        "--endpoint-reconciler-type=none".into(),
-        "--profiling=false".into(),
-    ]
-}
-
 /// A client with kubeadm's admin.conf identity (certificate from `kairon-guest certs`).
 async fn admin_client(pki: &Path, server: &str) -> Result<Client, FleetError> {
     let read = |rel: &str| std::fs::read(pki.join(rel)).map_err(FleetError::Files);
-    let b64 = |b: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: vm\n  cluster:\n    server: {server}\n    certificate-authority-data: {}\nusers:\n- name: admin\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: vm\n  context:\n    cluster: vm\n    user: admin\ncurrent-context: vm\n",
-        b64(read("ca.crt")?),
-        b64(read("admin.crt")?),
-        b64(read("admin.key")?),
+    let text = kubeconfig(
+        server,
+        &read("ca.crt")?,
+        &read("admin.crt")?,
+        &read("admin.key")?,
+        "admin",
     );
-    client_from_kubeconfig(kubeconfig.as_bytes())
+    client_from_kubeconfig(text.as_bytes())
         .await
         .ok_or_else(|| FleetError::Command("admin client", "unusable admin kubeconfig".into()))
-}
-
-/// Runs a helper to completion; its stdout on success.
-async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, FleetError> {
-    let out = Command::new(bin)
-        .args(args)
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| FleetError::Command(what, format!("{}: {e}", bin.display())))?;
-    if !out.status.success() {
-        return Err(FleetError::Command(
-            what,
-            String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// One line in the test runner's tally (`CAPKR_TESTENV_TALLY`, see `capkr_testenv::tally`):
-/// a guest's kube-apiserver is an API server the tests started too.
-fn tally_guest_api_server() {
-    use std::io::Write;
-    let Some(dir) = std::env::var_os("CAPKR_TESTENV_TALLY") else {
-        return;
-    };
-    let path = Path::new(&dir).join(format!("sim-{}", std::process::id()));
-    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
-        let _ = writeln!(f, "guest-api-server");
-    }
-}
-
-fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetError> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .map_err(FleetError::Files)?;
-    let err = file.try_clone().map_err(FleetError::Files)?;
-    let mut cmd = Command::new(bin);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(file)
-        .stderr(err)
-        .kill_on_drop(true);
-    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            // Die with the simulator, even when it is SIGKILLed.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd.spawn()
-        .map_err(|e| FleetError::Command("spawn", format!("{}: {e}", bin.display())))
 }
 
 async fn wait_tcp(vm: &mut Vm, addr: SocketAddr, what: &'static str, log: &Path) -> Result<(), FleetError> {

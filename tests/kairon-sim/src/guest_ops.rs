@@ -1,5 +1,5 @@
 //! What the simulated guest does against its workload cluster's API server, run as tasks by
-//! the engine: register the Node, post its status, remove it. Errors become a retry after a
+//! the engine: register the Node, post its status, stop its kubelet, remove it. Errors become a retry after a
 //! while, never a failure of the Machine, as a kubelet would keep trying.
 
 use std::sync::Arc;
@@ -169,13 +169,8 @@ pub async fn register(
     let now = Timestamp::now();
     let node = desired_node(&facts);
     let status = node_status(&facts, ready, now, now);
-    let registered = workloads.register_node(&client, &node, &status).await;
-    let registered = match registered {
-        Ok(node) if ready => workloads.clear_not_ready_taint(&client, node).await,
-        r => r.map(|_| ()),
-    };
-    match registered {
-        Ok(()) => {
+    match workloads.register_node(&client, &node, &status).await {
+        Ok(_) => {
             tracing::info!(
                 machine = %key, cluster = %cluster, node = %facts.identity.node_name,
                 provider_id = facts.identity.provider_id.as_deref().unwrap_or("<none>"), ready,
@@ -202,7 +197,6 @@ pub async fn post_status(
     node: Option<RegisteredNode>,
     ready: bool,
     since: Timestamp,
-    changed: bool,
 ) -> GuestOutcome {
     let key = Key::of(&m);
     let Some(node) = node else {
@@ -216,19 +210,54 @@ pub async fn post_status(
         }
     };
     let status = node_status(&node.facts, ready, since, Timestamp::now());
-    let posted = workloads.set_node_status(&client, node.name(), &status).await;
-    let posted = match posted {
-        Ok(written) if ready && changed => workloads.clear_not_ready_taint(&client, written).await,
-        r => r.map(|_| ()),
-    };
-    match posted {
-        Ok(()) => GuestOutcome::StatusPosted(ready),
+    match workloads.set_node_status(&client, node.name(), &status).await {
+        Ok(_) => GuestOutcome::StatusPosted(ready),
         Err(WorkloadError::NodeMissing(name)) => {
             tracing::info!(machine = %key, node = %name, "Node was deleted; kubelet registers it again");
             GuestOutcome::NodeMissing
         }
         Err(e) => {
             tracing::warn!(machine = %key, error = %e, "posting Node status failed; retrying");
+            GuestOutcome::RetryAfter(RETRY_AFTER_ERROR)
+        }
+    }
+}
+
+/// The VM failed: what ran in it stops (its pre-kubeadm scripts, a control plane's
+/// processes) and so does its kubelet, so KWOK no longer beats for its Node. The Node stays;
+/// the workload cluster's node lifecycle controller notices, as for a real VM that died.
+pub async fn stop(
+    workloads: Arc<Workloads>,
+    fleet: Option<Arc<Fleet>>,
+    scripts: Option<Arc<GuestScripts>>,
+    m: Machine,
+    known: Option<RegisteredNode>,
+) -> GuestOutcome {
+    let key = Key::of(&m);
+    if let (Some(scripts), Some(uid)) = (&scripts, m.uid()) {
+        scripts.stop(&uid).await;
+    }
+    if let (Some(fleet), Some(uid)) = (&fleet, m.uid()) {
+        fleet.stop(&uid).await;
+    }
+    let Some(node) = known else {
+        return GuestOutcome::Stopped;
+    };
+    let client = match workloads.client(&key.namespace, &node.cluster).await {
+        Ok(c) => c,
+        Err(WorkloadError::NoKubeconfig(_)) => return GuestOutcome::Stopped,
+        Err(e) => {
+            tracing::warn!(machine = %key, error = %e, "workload cluster not reachable; retrying");
+            return GuestOutcome::RetryAfter(RETRY_AFTER_ERROR);
+        }
+    };
+    match workloads.stop_kubelet(&client, node.name()).await {
+        Ok(()) => {
+            tracing::info!(machine = %key, node = %node.name(), "VM failed: its kubelet stopped");
+            GuestOutcome::Stopped
+        }
+        Err(e) => {
+            tracing::warn!(machine = %key, node = %node.name(), error = %e, "stopping the kubelet failed; retrying");
             GuestOutcome::RetryAfter(RETRY_AFTER_ERROR)
         }
     }

@@ -26,10 +26,17 @@ fn post() -> PostParams {
     }
 }
 
-async fn create_if_missing<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
+/// Creates `obj` unless an object of its name exists. Looked up first: a Service of a fixed
+/// ClusterIP that exists is refused as "IP already allocated" (422), not as AlreadyExists.
+pub(crate) async fn create_if_missing<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
+    if let Some(name) = obj.meta().name.as_deref()
+        && api.get_opt(name).await?.is_some()
+    {
+        return Ok(());
+    }
     match api.create(&post(), obj).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
@@ -90,6 +97,7 @@ pub async fn write_init_objects(client: &Client, plan: &ControlPlanePlan, pki: &
         let ns = cm.metadata.namespace.clone().unwrap_or_default();
         create_if_missing(&Api::<ConfigMap>::namespaced(client.clone(), &ns), &cm).await?;
     }
+    crate::addons::write_addons(client, plan).await?;
     Ok(())
 }
 

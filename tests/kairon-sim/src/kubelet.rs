@@ -1,5 +1,7 @@
-//! The simulated kubelet of each guest: when to register the Node, post a Ready change or a
-//! heartbeat, and when the Node goes away. State per Machine and a pure decision function.
+//! The simulated kubelet of each guest: when to register the Node, post a Ready change, and
+//! when it stops. Heartbeats (the Node's Lease, its periodic status) and Pods are KWOK's (see
+//! [`crate::kwok`]), which manages the Nodes registered here while their kubelet runs. State per
+//! Machine and a pure decision function.
 
 use std::time::{Duration, Instant};
 
@@ -8,11 +10,6 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::sim::{node_should_be_ready, phase_of};
 use crate::workload::SharedFacts;
-
-/// kubelet posts its status every 10 s by default; every ~30–40 s keeps the Ready heartbeat
-/// fresh enough for anything that watches it (MachineHealthCheck reads conditions only).
-pub const HEARTBEAT_BASE: Duration = Duration::from_secs(30);
-pub const HEARTBEAT_SPREAD: Duration = Duration::from_secs(10);
 
 /// The registered Node of a guest.
 #[derive(Clone, Debug)]
@@ -39,13 +36,12 @@ pub struct Guest {
     /// What the Node's Ready condition says now.
     pub ready: bool,
     pub ready_since: Timestamp,
-    pub next_heartbeat: Instant,
     /// Do nothing before this (after an error, or while the kubeconfig Secret is missing).
     pub retry_at: Option<Instant>,
     /// The user-data cannot boot a kubelet; nothing to register (logged once).
     pub unbootable: bool,
-    /// The Node was removed after the Machine failed.
-    pub removed: bool,
+    /// The VM failed or went away: its kubelet no longer runs.
+    pub stopped: bool,
 }
 
 impl Guest {
@@ -55,10 +51,9 @@ impl Guest {
             node: None,
             ready: false,
             ready_since: Timestamp::now(),
-            next_heartbeat: Instant::now(),
             retry_at: None,
             unbootable: false,
-            removed: false,
+            stopped: false,
         }
     }
 
@@ -71,20 +66,15 @@ impl Guest {
                 self.node = Some(node);
                 self.ready = ready;
                 self.ready_since = Timestamp::now();
-                self.next_heartbeat = next_heartbeat(now, fastrand::f64());
             }
             GuestOutcome::StatusPosted(ready) => {
                 if self.ready != ready {
                     self.ready = ready;
                     self.ready_since = Timestamp::now();
                 }
-                self.next_heartbeat = next_heartbeat(now, fastrand::f64());
             }
             GuestOutcome::NodeMissing => self.node = None,
-            GuestOutcome::Removed => {
-                self.removed = true;
-                self.node = None;
-            }
+            GuestOutcome::Stopped => self.stopped = true,
             GuestOutcome::Unbootable => self.unbootable = true,
             GuestOutcome::RetryAfter(after) => self.retry_at = Some(now + after),
         }
@@ -98,7 +88,8 @@ pub enum GuestOutcome {
     StatusPosted(bool),
     /// The Node is gone (deleted by someone): register again, as kubelet would.
     NodeMissing,
-    Removed,
+    /// The kubelet stopped; the Node stays until the Machine is deleted.
+    Stopped,
     Unbootable,
     RetryAfter(Duration),
 }
@@ -110,10 +101,9 @@ pub enum KubeletStep {
     Register,
     /// Post status with this Ready value (a change asked for by annotation).
     SetReady(bool),
-    /// Refresh the heartbeat.
-    Heartbeat,
-    /// The VM failed: the Node goes away.
-    RemoveNode,
+    /// The VM failed: its kubelet (and a control plane's processes) stop, so its Node's
+    /// heartbeat stops and the workload cluster's node lifecycle controller takes over.
+    Stop,
 }
 
 /// Node removal on delete belongs to the finalizer step (before the finalizer goes), so a
@@ -133,20 +123,13 @@ pub fn next_kubelet_step(m: &Machine, guest: &Guest, now: Instant) -> KubeletSte
                 KubeletStep::Register
             } else if node_should_be_ready(m) != guest.ready {
                 KubeletStep::SetReady(node_should_be_ready(m))
-            } else if guest.next_heartbeat <= now {
-                KubeletStep::Heartbeat
             } else {
                 KubeletStep::Idle
             }
         }
-        Some(phase::FAILED) if !guest.removed => KubeletStep::RemoveNode,
+        Some(phase::FAILED) if !guest.stopped => KubeletStep::Stop,
         _ => KubeletStep::Idle,
     }
-}
-
-/// When the next heartbeat is due, spread so that many Nodes don't beat in step.
-pub fn next_heartbeat(now: Instant, roll: f64) -> Instant {
-    now + HEARTBEAT_BASE + HEARTBEAT_SPREAD.mul_f64(roll.clamp(0.0, 1.0))
 }
 
 #[cfg(test)]
@@ -207,7 +190,6 @@ mod tests {
         let running = Guest {
             node: Some(registered()),
             ready: true,
-            next_heartbeat: later,
             ..fresh.clone()
         };
         let cases: Vec<(&str, Machine, Guest, KubeletStep)> = vec![
@@ -242,15 +224,6 @@ mod tests {
                 KubeletStep::Idle,
             ),
             (
-                "heartbeat due",
-                machine(phase::RUNNING, false, false),
-                Guest {
-                    next_heartbeat: now,
-                    ..running.clone()
-                },
-                KubeletStep::Heartbeat,
-            ),
-            (
                 "told NotReady",
                 machine(phase::RUNNING, false, true),
                 running.clone(),
@@ -272,16 +245,16 @@ mod tests {
                 KubeletStep::Idle,
             ),
             (
-                "failed removes",
+                "failed stops the kubelet",
                 machine(phase::FAILED, false, false),
                 running.clone(),
-                KubeletStep::RemoveNode,
+                KubeletStep::Stop,
             ),
             (
-                "failed, removed",
+                "failed, stopped",
                 machine(phase::FAILED, false, false),
                 Guest {
-                    removed: true,
+                    stopped: true,
                     ..running.clone()
                 },
                 KubeletStep::Idle,
@@ -296,12 +269,5 @@ mod tests {
         for (name, m, guest, want) in cases {
             assert_eq!(next_kubelet_step(&m, &guest, now), want, "{name}");
         }
-    }
-
-    #[test]
-    fn heartbeats_are_spread_over_thirty_to_forty_seconds() {
-        let now = Instant::now();
-        assert_eq!(next_heartbeat(now, 0.0), now + Duration::from_secs(30));
-        assert_eq!(next_heartbeat(now, 1.0), now + Duration::from_secs(40));
     }
 }

@@ -10,10 +10,13 @@
 //! - [`kubeadm`], [`fleet`], [`endpoint`], [`kubeadm_objects`]: with `--guest-bin-dir`, what
 //!   `kubeadm init`/`join --control-plane` start on a control-plane VM (real etcd and
 //!   kube-apiserver), the kube-vip endpoint, and what they leave in the workload cluster;
+//! - [`addons`], [`addons_objects`]: the CoreDNS and kube-proxy addons `kubeadm init` installs;
 //! - [`scripts`]: with `--guest-scripts-dir`, the pre-kubeadm commands that run a script of
 //!   the user-data (a signal gate before kubeadm);
 //! - [`engine`]: the watch-driven event loop tying them together.
 
+mod addons;
+mod addons_objects;
 mod endpoint;
 mod engine;
 mod flags;
@@ -24,9 +27,12 @@ mod hosts;
 mod kubeadm;
 mod kubeadm_objects;
 mod kubelet;
+mod kwok;
 mod machines;
+mod procs;
 mod scripts;
 mod sim;
+mod static_pods;
 mod workload;
 
 use std::path::PathBuf;

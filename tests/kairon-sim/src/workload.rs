@@ -25,8 +25,6 @@ use crate::sim::FIELD_MANAGER;
 
 /// kubelet version reported when neither the image name nor the kubeadm config says.
 pub const DEFAULT_KUBELET_VERSION: &str = "v1.36.3";
-/// Put on Nodes by the API server until a node lifecycle controller sees them Ready.
-const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 /// How long a cached client is trusted before its Secret is read again.
 const SECRET_RECHECK: Duration = Duration::from_secs(10);
 
@@ -150,26 +148,18 @@ impl Workloads {
         self.set_node_status(client, &name, status).await
     }
 
-    /// Removes the `node.kubernetes.io/not-ready` taint the API server puts on a Node created
-    /// without a Ready condition. The node lifecycle controller would, once the Node is Ready;
-    /// workload clusters in the tests run no kube-controller-manager.
-    pub async fn clear_not_ready_taint(&self, client: &Client, node: Node) -> Result<(), WorkloadError> {
+    /// Takes the Node away from KWOK (its kubelet stopped): no Lease renewal, no status, no Pod
+    /// handled from now on. A Node already gone is fine.
+    pub async fn stop_kubelet(&self, client: &Client, name: &str) -> Result<(), WorkloadError> {
         let nodes: Api<Node> = Api::all(client.clone());
-        let name = node.metadata.name.unwrap_or_default();
-        let taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
-        if !taints.iter().any(|t| t.key == NOT_READY_TAINT) {
-            return Ok(());
-        }
-        let kept: Vec<_> = taints.into_iter().filter(|t| t.key != NOT_READY_TAINT).collect();
-        let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}, "spec": {"taints": kept}});
-        match nodes.patch(&name, &patch_params(), &Patch::Merge(&patch)).await {
-            // Someone else changed the Node meanwhile; the next Ready post tries again.
-            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => Ok(()),
+        let patch = json!({"metadata": {"labels": {crate::kwok::KUBELET_LABEL: null}}});
+        match nodes.patch(name, &patch_params(), &Patch::Merge(&patch)).await {
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
             r => r.map(|_| ()).map_err(Into::into),
         }
     }
 
-    /// Writes the Node's status (heartbeat, Ready toggles).
+    /// Writes the Node's status (on registration, and when told to change Ready).
     pub async fn set_node_status(
         &self,
         client: &Client,
@@ -280,6 +270,10 @@ pub fn desired_node(facts: &NodeFacts) -> Node {
     labels.insert("kubernetes.io/arch".into(), "amd64".into());
     labels.insert("beta.kubernetes.io/os".into(), "linux".into());
     labels.insert("beta.kubernetes.io/arch".into(), "amd64".into());
+    labels.insert(
+        crate::kwok::KUBELET_LABEL.into(),
+        crate::kwok::KUBELET_LABEL_VALUE.into(),
+    );
     Node {
         metadata: ObjectMeta {
             name: Some(id.node_name.clone()),
@@ -434,6 +428,7 @@ mod tests {
             ("kubernetes.io/os", "linux"),
             ("kubernetes.io/arch", "amd64"),
             ("pool", "md-0"),
+            ("sim.kairon.zyvor.dev/kubelet", "running"),
         ] {
             assert_eq!(labels.get(k).map(String::as_str), Some(v), "{k}");
         }

@@ -94,6 +94,11 @@ func runCerts(args []string) error {
 		{"kubelet", ca, pkix.Name{CommonName: *node}, []string{*node}, []net.IP{nodeIP}, server},
 		// kubeadm's admin.conf identity, for what the guest writes as kubeadm would.
 		{"admin", ca, pkix.Name{CommonName: "kubernetes-admin", Organization: []string{"system:masters"}}, nil, nil, client},
+		// The identities of kubeadm's controller-manager.conf and scheduler.conf
+		// (cmd/kubeadm/app/phases/kubeconfig), which the guest's kube-controller-manager and
+		// kube-scheduler use.
+		{"controller-manager", ca, pkix.Name{CommonName: "system:kube-controller-manager"}, nil, nil, client},
+		{"scheduler", ca, pkix.Name{CommonName: "system:kube-scheduler"}, nil, nil, client},
 	}
 	for _, c := range certs {
 		if err := c.ca.issue(filepath.Join(*pki, c.name), c.subj, c.dns, c.ips, c.use); err != nil {

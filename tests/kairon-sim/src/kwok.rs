@@ -1,0 +1,104 @@
+//! The kubelets of a workload cluster whose control plane runs for real, played by one KWOK
+//! controller (`sigs.k8s.io/kwok`) per cluster: it manages the Nodes the guests register while
+//! their kubelet runs (those labelled [`KUBELET_LABEL`]), renews their Leases and refreshes
+//! their status, and runs the Pods bound to them through KWOK's own Stages (Running with an IP,
+//! Jobs completed, deleted Pods gone). A guest whose VM fails or goes away loses the label, so
+//! its Node's heartbeat stops and the cluster's own node lifecycle controller marks it
+//! NotReady and evicts its Pods, as for a real kubelet. Pure, except [`stages_path`].
+
+use std::path::{Path, PathBuf};
+
+/// On a Node whose kubelet runs; KWOK manages exactly the Nodes with it.
+pub const KUBELET_LABEL: &str = "sim.kairon.zyvor.dev/kubelet";
+pub const KUBELET_LABEL_VALUE: &str = "running";
+/// kubelet's default `nodeLeaseDurationSeconds`; the Lease is renewed every quarter of it.
+pub const NODE_LEASE_SECONDS: u32 = 40;
+/// Where Pods get their addresses when the ClusterConfiguration names no pod subnet.
+pub const DEFAULT_POD_CIDR: &str = "10.244.0.0/16";
+
+/// KWOK's Stage configs, which `hack/test-tools.sh` copies from the KWOK module beside the
+/// binaries: `<bin>/../manifests/kwok/stages.yaml`.
+pub fn stages_path(bin_dir: &Path) -> PathBuf {
+    bin_dir.join("..").join("manifests").join("kwok").join("stages.yaml")
+}
+
+/// The flags of one cluster's KWOK controller.
+pub fn kwok_args(kubeconfig: &Path, stages: &Path, pod_cidr: &str) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--config={}", stages.display()),
+        format!("--manage-nodes-with-label-selector={KUBELET_LABEL}={KUBELET_LABEL_VALUE}"),
+        format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
+        format!("--cidr={pod_cidr}"),
+        // INFO logs every Lease renewal of every Node.
+        "--v=WARN".into(),
+    ]
+}
+
+/// The pod subnet of a ClusterConfiguration (`networking.podSubnet`, the first of a dual-stack
+/// list), if it names one.
+pub fn pod_cidr_of(cluster_configuration: Option<&serde_json::Value>) -> Option<String> {
+    cluster_configuration?
+        .pointer("/networking/podSubnet")?
+        .as_str()?
+        .split(',')
+        .map(str::trim)
+        .find(|c| !c.is_empty())
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn kwok_manages_the_labelled_nodes_with_leases() {
+        let args = kwok_args(
+            Path::new("/d/admin.conf"),
+            Path::new("/m/stages.yaml"),
+            "192.168.0.0/16",
+        );
+        assert_eq!(
+            args,
+            vec![
+                "--kubeconfig=/d/admin.conf",
+                "--config=/m/stages.yaml",
+                "--manage-nodes-with-label-selector=sim.kairon.zyvor.dev/kubelet=running",
+                "--node-lease-duration-seconds=40",
+                "--cidr=192.168.0.0/16",
+                "--v=WARN",
+            ]
+        );
+    }
+
+    #[test]
+    fn pod_cidr_comes_from_the_cluster_configuration() {
+        let cases = [
+            ("none", None, None),
+            ("no networking", Some(json!({"kind": "ClusterConfiguration"})), None),
+            (
+                "single",
+                Some(json!({"networking": {"podSubnet": "192.168.0.0/16"}})),
+                Some("192.168.0.0/16"),
+            ),
+            (
+                "dual stack",
+                Some(json!({"networking": {"podSubnet": "10.1.0.0/16, fd00::/56"}})),
+                Some("10.1.0.0/16"),
+            ),
+            ("empty", Some(json!({"networking": {"podSubnet": ""}})), None),
+        ];
+        for (name, config, want) in cases {
+            assert_eq!(pod_cidr_of(config.as_ref()).as_deref(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn stages_sit_beside_the_binaries() {
+        assert_eq!(
+            stages_path(Path::new("/cache/h/bin")),
+            Path::new("/cache/h/bin/../manifests/kwok/stages.yaml")
+        );
+    }
+}

@@ -1,0 +1,111 @@
+//! Processes of the simulated VMs: run a helper to completion, spawn a child that dies with
+//! the simulator, and keep one running the way kubelet keeps a static pod's container running.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+
+use crate::fleet::FleetError;
+
+/// How long kubelet's restart back-off starts at (10 s there; shorter here, for tests).
+const RESTART_AFTER: Duration = Duration::from_secs(2);
+
+/// Runs a helper to completion; its stdout on success.
+pub async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, FleetError> {
+    let out = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| FleetError::Command(what, format!("{}: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(FleetError::Command(
+            what,
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Starts `bin` with its output appended to `log`; killed when dropped, and when the
+/// simulator dies (`PR_SET_PDEATHSIG`).
+pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(FleetError::Files)?;
+    let err = file.try_clone().map_err(FleetError::Files)?;
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .kill_on_drop(true);
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Die with the simulator, even when it is SIGKILLed.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .map_err(|e| FleetError::Command("spawn", format!("{}: {e}", bin.display())))
+}
+
+/// A process kept running: started at once, started again whenever it exits (as kubelet
+/// restarts a static pod's container: kube-controller-manager and kube-scheduler exit when they
+/// lose their leader lease). Aborting the handle (or dropping a [`Supervised`]) kills it.
+pub struct Supervised(JoinHandle<()>);
+
+impl Supervised {
+    pub fn start(name: &'static str, bin: PathBuf, args: Vec<String>, log: PathBuf) -> Result<Self, FleetError> {
+        let mut child = spawn(&bin, &args, &log)?;
+        Ok(Self(tokio::spawn(async move {
+            loop {
+                let status = child.wait().await;
+                tracing::warn!(process = name, ?status, log = %log.display(), "exited; starting it again");
+                tokio::time::sleep(RESTART_AFTER).await;
+                child = match spawn(&bin, &args, &log) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(process = name, error = %e, "cannot start it again");
+                        return;
+                    }
+                };
+            }
+        })))
+    }
+
+    /// Whether it is still kept running (false only if it could not be started again).
+    pub fn kept(&self) -> bool {
+        !self.0.is_finished()
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        // The task's future (and the Child in it, kill_on_drop) is dropped with the abort.
+        self.0.abort();
+    }
+}
+
+/// One line in the test runner's tally (`CAPKR_TESTENV_TALLY`, see `capkr_testenv::tally`):
+/// a guest's kube-apiserver is an API server the tests started too.
+pub fn tally_guest_api_server() {
+    use std::io::Write;
+    let Some(dir) = std::env::var_os("CAPKR_TESTENV_TALLY") else {
+        return;
+    };
+    let path = Path::new(&dir).join(format!("sim-{}", std::process::id()));
+    if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        let _ = writeln!(f, "guest-api-server");
+    }
+}
