@@ -7,6 +7,8 @@
 
 mod distribution_support;
 mod templates_support;
+#[path = "e2e_templates/workloads.rs"]
+mod workloads;
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;

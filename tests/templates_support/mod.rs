@@ -169,6 +169,28 @@ impl GuestRig {
             .unwrap_or_default()
     }
 
+    /// An admin client of the workload cluster, from CAPI's `<cluster>-kubeconfig` Secret.
+    pub async fn workload_client(&self) -> kube::Client {
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(self.env.client(), &self.ns);
+        let name = format!("{}-kubeconfig", self.cluster);
+        let secret = secrets
+            .get(&name)
+            .await
+            .unwrap_or_else(|e| panic!("Secret {name}: {e}"));
+        let value = secret
+            .data
+            .and_then(|mut d| d.remove("value"))
+            .unwrap_or_else(|| panic!("Secret {name} has no key value"));
+        let path = self
+            .env
+            .dir()
+            .join(format!("workload-{}-{}.kubeconfig", self.ns, self.cluster));
+        std::fs::write(&path, value.0).expect("writing the workload kubeconfig");
+        capkr_testenv::client_from_kubeconfig_file(&path)
+            .await
+            .expect("a client from the workload kubeconfig")
+    }
+
     pub async fn machines(&self) -> Vec<DynamicObject> {
         self.list(&capi("Machine", "machines")).await
     }

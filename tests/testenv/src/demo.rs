@@ -354,6 +354,13 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
          {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=3\n  \
          {clusterctl} get kubeconfig {CLUSTER} -n {NAMESPACE} --kubeconfig {kc} > {wk}\n  \
          {kubectl} --kubeconfig {wk} get nodes,pods -A -o wide\n\n\
+         Run a workload in it (the workload cluster schedules Pods; KWOK plays the kubelets):\n  \
+         {kubectl} --kubeconfig {wk} create deployment web --image=registry.k8s.io/pause:3.10 --replicas=6\n  \
+         {kubectl} --kubeconfig {wk} create poddisruptionbudget web --selector=app=web --max-unavailable=1\n  \
+         {kubectl} --kubeconfig {wk} get pods -o wide --watch        # in another terminal\n  \
+         {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=1\n\
+         Each worker that goes is drained first: its Pods are evicted one at a time, as the \
+         PodDisruptionBudget allows, and Running again on the remaining Nodes; then its VM is deleted.\n\n\
          Create clusters of your own from the shipped templates (flavors: default, md-remediation, \
          topology). Each cluster needs its own control-plane endpoint address: 127.{o}.100.2, \
          127.{o}.100.3, ... are free (VMs get addresses from {pool}):\n  \
@@ -364,7 +371,8 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
          | {kubectl} --kubeconfig {kc} apply -f -\n\
          (add `--flavor topology` or `--flavor md-remediation` for the other flavors; the next cluster: \
          another name and 127.{o}.100.3).\n\
-         Each control-plane VM runs an etcd and a kube-apiserver (~330 MiB).\n\
+         Each control-plane VM runs etcd, kube-apiserver, kube-controller-manager and kube-scheduler \
+         (~500 MiB); one KWOK per cluster plays the kubelets (~60 MiB).\n\
          Logs: {} (VMs: {}/guests/logs)\n\nPress Ctrl-C to stop and clean up.",
         env.log_dir().display(),
         env.dir().display(),

@@ -1,0 +1,482 @@
+//! Workloads on the default flavor: the simulated control plane runs kube-controller-manager
+//! and kube-scheduler, KWOK plays the kubelets, so Pods are scheduled and run, and what a
+//! workload owner cares about on day 2 is real: a scale-down drains each Node through the
+//! eviction API within the PodDisruptionBudget, a drain a PDB blocks waits for the Machine's
+//! `nodeDrainTimeout`, and a VM that dies has its Pods evicted by the workload cluster's own
+//! node lifecycle controller before the MachineHealthCheck replaces it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::templates_support::*;
+
+const NS: &str = "default";
+const UP: Duration = Duration::from_secs(600);
+
+/// A Deployment of `replicas` pause Pods labelled `app=<name>`, spread over the workers, that
+/// leave a Node the workload cluster finds unreachable or NotReady after 10 s (not the
+/// default 300 s).
+fn deployment(name: &str, replicas: i32) -> Deployment {
+    let toleration =
+        |key: &str| json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 10});
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}],
+                    "terminationGracePeriodSeconds": 5,
+                    "tolerations": [
+                        toleration("node.kubernetes.io/unreachable"),
+                        toleration("node.kubernetes.io/not-ready"),
+                    ],
+                    "topologySpreadConstraints": [{
+                        "maxSkew": 1,
+                        "topologyKey": "kubernetes.io/hostname",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {"matchLabels": {"app": name}},
+                    }],
+                },
+            },
+        },
+    }))
+    .expect("a Deployment")
+}
+
+fn pdb(name: &str, spec: serde_json::Value) -> PodDisruptionBudget {
+    let mut spec = spec;
+    spec["selector"] = json!({"matchLabels": {"app": name}});
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": NS}, "spec": spec})).expect("a PDB")
+}
+
+fn ready(p: &Pod) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_of(p: &Pod) -> String {
+    p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+async fn pods(wc: &Client, app: &str) -> Vec<Pod> {
+    Api::<Pod>::namespaced(wc.clone(), NS)
+        .list(&ListParams::default().labels(&format!("app={app}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+async fn create_workload(wc: &Client, name: &str, replicas: i32, budget: serde_json::Value) {
+    Api::<Deployment>::namespaced(wc.clone(), NS)
+        .create(&PostParams::default(), &deployment(name, replicas))
+        .await
+        .unwrap_or_else(|e| panic!("creating Deployment {name}: {e}"));
+    Api::<PodDisruptionBudget>::namespaced(wc.clone(), NS)
+        .create(&PostParams::default(), &pdb(name, budget))
+        .await
+        .unwrap_or_else(|e| panic!("creating PodDisruptionBudget {name}: {e}"));
+}
+
+async fn wait_running(rig: &GuestRig, wc: &Client, app: &str, replicas: usize, avoid: &BTreeSet<String>) {
+    rig.wait(
+        &format!("{replicas} Pods of {app} Running and Ready, none on {avoid:?}"),
+        UP,
+        || async {
+            let pods = pods(wc, app).await;
+            let ready: Vec<&Pod> = pods.iter().filter(|p| ready(p)).collect();
+            let on_avoided: Vec<String> = pods
+                .iter()
+                .filter(|p| avoid.contains(&node_of(p)))
+                .map(|p| p.name_any())
+                .collect();
+            if ready.len() == replicas && pods.len() == replicas && on_avoided.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} of {} Pods ready; on avoided Nodes: {on_avoided:?}",
+                    ready.len(),
+                    pods.len()
+                ))
+            }
+        },
+    )
+    .await;
+}
+
+async fn worker_machines(rig: &GuestRig) -> Vec<String> {
+    rig.machines()
+        .await
+        .iter()
+        .filter(|m| !is_control_plane(m))
+        .map(name)
+        .collect()
+}
+
+/// What a watch of the workload cluster saw while the MachineDeployment scaled down.
+#[derive(Default)]
+struct Seen {
+    /// The least number of ready Pods of the Deployment at any event.
+    min_ready: Option<usize>,
+    /// Pods the PDB recorded as disrupted through the eviction API.
+    evicted: BTreeSet<String>,
+    /// Pods that went away, with the Node they were on.
+    gone: BTreeMap<String, String>,
+    /// When the last Pod of the Deployment left each Node.
+    drained_at: BTreeMap<String, Instant>,
+    /// When each Kairon Machine was marked for deletion.
+    vm_deleted_at: BTreeMap<String, Instant>,
+}
+
+/// Watches the Deployment's Pods and PDB in the workload cluster and the Kairon Machines on
+/// the management cluster, recording into `seen` until aborted.
+fn watch(rig: &GuestRig, wc: &Client, app: &str, seen: Arc<Mutex<Seen>>) -> Vec<tokio::task::JoinHandle<()>> {
+    let pods_api: Api<Pod> = Api::namespaced(wc.clone(), NS);
+    let pdb_api: Api<PodDisruptionBudget> = Api::namespaced(wc.clone(), NS);
+    let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
+    let selector = format!("app={app}");
+    let s = seen.clone();
+    let pods_task = tokio::spawn(async move {
+        let mut live: BTreeMap<String, Pod> = BTreeMap::new();
+        let mut stream = watcher::watcher(pods_api, watcher::Config::default().labels(&selector)).boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            let now = Instant::now();
+            match event {
+                Event::Apply(p) | Event::InitApply(p) => {
+                    live.insert(p.name_any(), p);
+                }
+                Event::Delete(p) => {
+                    let node = node_of(&p);
+                    live.remove(&p.name_any());
+                    let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
+                    seen.gone.insert(p.name_any(), node.clone());
+                    if !node.is_empty() && !live.values().any(|q| node_of(q) == node) {
+                        seen.drained_at.insert(node, now);
+                    }
+                }
+                Event::Init | Event::InitDone => {}
+            }
+            let ready = live.values().filter(|p| ready(p)).count();
+            let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
+            seen.min_ready = Some(seen.min_ready.map_or(ready, |m| m.min(ready)));
+        }
+    });
+    let s = seen.clone();
+    let pdb_task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(pdb_api, watcher::Config::default()).boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            if let Event::Apply(b) | Event::InitApply(b) = event {
+                let disrupted = b.status.and_then(|s| s.disrupted_pods).unwrap_or_default();
+                s.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .evicted
+                    .extend(disrupted.into_keys());
+            }
+        }
+    });
+    let s = seen;
+    let vm_task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(vms, watcher::Config::default()).boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            if let Event::Apply(m) | Event::InitApply(m) | Event::Delete(m) = event
+                && m.metadata.deletion_timestamp.is_some()
+            {
+                s.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .vm_deleted_at
+                    .entry(m.name_any())
+                    .or_insert_with(Instant::now);
+            }
+        }
+    });
+    vec![pods_task, pdb_task, vm_task]
+}
+
+async fn md_name(rig: &GuestRig) -> String {
+    rig.list(&capi("MachineDeployment", "machinedeployments"))
+        .await
+        .first()
+        .map(name)
+        .expect("a MachineDeployment")
+}
+
+/// 1 control plane + 3 workers, 6 replicas under `maxUnavailable: 1`; the MachineDeployment
+/// goes 3 → 1. Every Pod leaves through the eviction API, never more than one replica is
+/// unavailable, each worker's VM is deleted only after its Node is drained, and all 6 run on
+/// the last worker. Then a Pod no eviction may touch (`maxUnavailable: 0`) holds up the last
+/// worker's deletion until its Machine's `nodeDrainTimeout`, and no longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_drains_within_the_disruption_budget_and_a_blocked_drain_times_out() {
+    let rig = GuestRig::start("templates_drain").await;
+    rig.kubectl_apply(&rig.generate("", 1, 3));
+    rig.wait_shape(1, 3, UP).await;
+    let wc = rig.workload_client().await;
+
+    create_workload(&wc, "web", 6, json!({"maxUnavailable": 1})).await;
+    wait_running(&rig, &wc, "web", 6, &BTreeSet::new()).await;
+    let spread: BTreeSet<String> = pods(&wc, "web").await.iter().map(node_of).collect();
+    eprintln!("web runs on {spread:?}");
+
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let watchers = watch(&rig, &wc, "web", seen.clone());
+    let before: BTreeSet<String> = worker_machines(&rig).await.into_iter().collect();
+    let started = Instant::now();
+    rig.patch_replicas(
+        &capi("MachineDeployment", "machinedeployments"),
+        &md_name(&rig).await,
+        1,
+    )
+    .await;
+    rig.wait_shape(1, 1, UP).await;
+    let after: BTreeSet<String> = worker_machines(&rig).await.into_iter().collect();
+    let removed: BTreeSet<String> = before.difference(&after).cloned().collect();
+    wait_running(&rig, &wc, "web", 6, &removed).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for w in &watchers {
+        w.abort();
+    }
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(|e| e.into_inner()));
+    eprintln!(
+        "3 -> 1 in {:.1}s: removed {removed:?}; least ready {:?}; evicted {:?}; gone {:?}",
+        started.elapsed().as_secs_f64(),
+        seen.min_ready,
+        seen.evicted,
+        seen.gone
+    );
+    assert_eq!(removed.len(), 2, "two workers went: {before:?} -> {after:?}");
+    assert!(
+        seen.min_ready.is_some_and(|r| r >= 5),
+        "never more than one replica unavailable (least ready: {:?})",
+        seen.min_ready
+    );
+    let left_removed: Vec<&String> = seen
+        .gone
+        .iter()
+        .filter(|(_, node)| removed.contains(*node))
+        .map(|(pod, _)| pod)
+        .collect();
+    assert!(
+        !left_removed.is_empty(),
+        "Pods left the removed workers: {:?}",
+        seen.gone
+    );
+    for pod in &left_removed {
+        assert!(
+            seen.evicted.contains(*pod),
+            "{pod} left through the eviction API (evicted: {:?})",
+            seen.evicted
+        );
+    }
+    for worker in &removed {
+        let vm_deleted = seen
+            .vm_deleted_at
+            .get(worker)
+            .unwrap_or_else(|| panic!("the Kairon Machine {worker} was seen deleted"));
+        if let Some(drained) = seen.drained_at.get(worker) {
+            assert!(
+                drained <= vm_deleted,
+                "{worker}'s Node was drained before its VM was deleted"
+            );
+        } else {
+            assert!(
+                !spread.contains(worker),
+                "{worker} ran web Pods, so its drain was seen ({:?})",
+                seen.drained_at
+            );
+        }
+    }
+    let on_last: BTreeSet<String> = pods(&wc, "web").await.iter().map(node_of).collect();
+    assert_eq!(on_last, after, "all of web runs on the remaining worker");
+
+    blocked_drain_waits_for_the_node_drain_timeout(&rig, &wc).await;
+}
+
+/// A Pod that no eviction may touch holds up its Node's drain; the Machine goes once its
+/// `nodeDrainTimeoutSeconds` has passed, not before.
+async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Client) {
+    const DRAIN_TIMEOUT: u64 = 30;
+    create_workload(wc, "pinned", 1, json!({"maxUnavailable": 0})).await;
+    wait_running(rig, wc, "pinned", 1, &BTreeSet::new()).await;
+    let worker = worker_machines(rig).await.pop().expect("the last worker");
+    let machines = rig.api(&capi("Machine", "machines"));
+    machines
+        .patch(
+            &worker,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"deletion": {"nodeDrainTimeoutSeconds": DRAIN_TIMEOUT}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("setting nodeDrainTimeoutSeconds on {worker}: {e}"));
+    let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
+    let started = Instant::now();
+    machines
+        .delete(&worker, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting Machine {worker}: {e}"));
+
+    // While the drain is blocked the VM stays, and the Machine says why.
+    let blocked_message = Arc::new(Mutex::new(String::new()));
+    rig.wait("the Machine reports its drain blocked by the PDB", UP, || async {
+        let m = machines.get(&worker).await.map_err(|e| e.to_string())?;
+        let message = condition(&m, "Deleting")
+            .and_then(|c| c["message"].as_str())
+            .unwrap_or_default()
+            .to_string();
+        if message.contains("pinned") && message.to_lowercase().contains("disruption budget") {
+            *blocked_message.lock().unwrap_or_else(|e| e.into_inner()) = message;
+            Ok(())
+        } else {
+            Err(format!("Deleting: {message:?}"))
+        }
+    })
+    .await;
+    rig.wait("the worker's Kairon Machine is deleted", UP, || async {
+        match vms.get_opt(&worker).await.map_err(|e| e.to_string())? {
+            Some(vm) if vm.metadata.deletion_timestamp.is_none() => Err("still there".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    let vm_deleted = started.elapsed();
+    eprintln!(
+        "blocked drain: VM deleted {:.1}s after the Machine (nodeDrainTimeoutSeconds {DRAIN_TIMEOUT}); it said {:?}",
+        vm_deleted.as_secs_f64(),
+        blocked_message.lock().unwrap_or_else(|e| e.into_inner())
+    );
+    assert!(
+        vm_deleted >= Duration::from_secs(DRAIN_TIMEOUT),
+        "the VM went only after the drain timeout ({vm_deleted:?})"
+    );
+    assert!(
+        vm_deleted < Duration::from_secs(DRAIN_TIMEOUT + 90),
+        "the VM went soon after the drain timeout, not at some later time ({vm_deleted:?})"
+    );
+}
+
+/// 1 control plane + 2 workers. A worker's VM fails (the simulator's `fail` annotation): its
+/// kubelet stops, the workload cluster's node lifecycle controller marks its Node Ready
+/// Unknown and evicts its Pods, which run again on the other worker; then the
+/// MachineHealthCheck replaces the Machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
+    let rig = GuestRig::start("templates_failed_vm").await;
+    rig.kubectl_apply(&rig.generate("", 1, 2));
+    rig.wait_shape(1, 2, UP).await;
+    let wc = rig.workload_client().await;
+    create_workload(&wc, "web", 4, json!({"maxUnavailable": 1})).await;
+    wait_running(&rig, &wc, "web", 4, &BTreeSet::new()).await;
+
+    // The MHC stays paused until the workload cluster has acted on its own.
+    let mhcs = capi("MachineHealthCheck", "machinehealthchecks");
+    let mhc_name = format!("{}-md-0", rig.cluster);
+    let mut mhc = kube::api::DynamicObject::new(&mhc_name, &mhcs).within(&rig.ns);
+    mhc.metadata.annotations = Some([("cluster.x-k8s.io/paused".to_string(), String::new())].into());
+    mhc.data = json!({"spec": {
+        "clusterName": rig.cluster,
+        "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": md_name(&rig).await}},
+        "checks": {"unhealthyNodeConditions": [
+            {"type": "Ready", "status": "Unknown", "timeoutSeconds": 30},
+            {"type": "Ready", "status": "False", "timeoutSeconds": 30},
+        ]},
+    }});
+    rig.api(&mhcs)
+        .create(&PostParams::default(), &mhc)
+        .await
+        .expect("creating the workers' MachineHealthCheck");
+
+    let web = pods(&wc, "web").await;
+    let victim = node_of(&web[0]);
+    let victim_pods: BTreeSet<String> = web
+        .iter()
+        .filter(|p| node_of(p) == victim)
+        .map(|p| p.name_any())
+        .collect();
+    let before: BTreeSet<String> = worker_machines(&rig).await.into_iter().collect();
+    let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
+    vms.patch(
+        &victim,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"sim.kairon.zyvor.dev/fail": "HostLost"}}})),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("failing Kairon Machine {victim}: {e}"));
+    let started = Instant::now();
+
+    let nodes: Api<Node> = Api::all(wc.clone());
+    let not_ready = rig
+        .wait(&format!("Node {victim} no longer Ready"), UP, || async {
+            let node = nodes.get(&victim).await.map_err(|e| e.to_string())?;
+            let ready = node
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == "Ready")
+                .map(|c| c.status)
+                .unwrap_or_default();
+            if ready == "True" {
+                Err(format!("Ready={ready}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
+    let avoid: BTreeSet<String> = [victim.clone()].into();
+    // The Pods on the dead Node stay Terminating (no kubelet confirms); their replacements run.
+    rig.wait("web's replacements Running on the other worker", UP, || async {
+        let pods = pods(&wc, "web").await;
+        let running_elsewhere = pods.iter().filter(|p| ready(p) && node_of(p) != victim).count();
+        let victims_evicted = pods
+            .iter()
+            .filter(|p| victim_pods.contains(&p.name_any()))
+            .all(|p| p.metadata.deletion_timestamp.is_some());
+        if running_elsewhere == 4 && victims_evicted {
+            Ok(())
+        } else {
+            Err(format!(
+                "{running_elsewhere} ready elsewhere; the victim's Pods evicted: {victims_evicted}"
+            ))
+        }
+    })
+    .await;
+    let evicted = started.elapsed();
+
+    rig.api(&mhcs)
+        .patch(
+            &mhc_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"cluster.x-k8s.io/paused": null}}})),
+        )
+        .await
+        .expect("unpausing the MachineHealthCheck");
+    rig.wait_shape(1, 2, UP).await;
+    let after: BTreeSet<String> = worker_machines(&rig).await.into_iter().collect();
+    wait_running(&rig, &wc, "web", 4, &avoid).await;
+    eprintln!(
+        "failed VM {victim}: Node not Ready after {:.1}s, Pods running elsewhere after {:.1}s, replaced after {:.1}s ({before:?} -> {after:?})",
+        not_ready.as_secs_f64(),
+        evicted.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(!after.contains(&victim), "the failed worker's Machine was replaced");
+    assert_eq!(after.len(), 2);
+    assert!(
+        nodes.get_opt(&victim).await.expect("reading Nodes").is_none(),
+        "its Node is gone with it"
+    );
+}
