@@ -10,8 +10,21 @@ use tokio::task::JoinHandle;
 
 use crate::fleet::FleetError;
 
-/// How long kubelet's restart back-off starts at (10 s there; shorter here, for tests).
+/// kubelet's restart back-off, shorter for tests (10 s to 5 min there): it starts at
+/// [`RESTART_AFTER`], doubles while the process keeps dying within [`RESTART_RESET`] of its
+/// start, up to [`RESTART_MAX`].
 const RESTART_AFTER: Duration = Duration::from_secs(2);
+const RESTART_MAX: Duration = Duration::from_secs(60);
+const RESTART_RESET: Duration = Duration::from_secs(10);
+
+/// The back-off before the next start, after a run of `ran` that followed a back-off of `last`.
+fn next_backoff(last: Duration, ran: Duration) -> Duration {
+    if ran >= RESTART_RESET {
+        RESTART_AFTER
+    } else {
+        (last * 2).min(RESTART_MAX)
+    }
+}
 
 /// Runs a helper to completion; its stdout on success.
 pub async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, FleetError> {
@@ -69,10 +82,13 @@ impl Supervised {
     pub fn start(name: &'static str, bin: PathBuf, args: Vec<String>, log: PathBuf) -> Result<Self, FleetError> {
         let mut child = spawn(&bin, &args, &log)?;
         Ok(Self(tokio::spawn(async move {
+            let mut backoff = RESTART_AFTER / 2;
             loop {
+                let started = std::time::Instant::now();
                 let status = child.wait().await;
-                tracing::warn!(process = name, ?status, log = %log.display(), "exited; starting it again");
-                tokio::time::sleep(RESTART_AFTER).await;
+                backoff = next_backoff(backoff, started.elapsed());
+                tracing::warn!(process = name, ?status, log = %log.display(), ?backoff, "exited; starting it again");
+                tokio::time::sleep(backoff).await;
                 child = match spawn(&bin, &args, &log) {
                     Ok(c) => c,
                     Err(e) => {
@@ -107,5 +123,24 @@ pub fn tally_guest_api_server() {
     let path = Path::new(&dir).join(format!("sim-{}", std::process::id()));
     if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
         let _ = writeln!(f, "guest-api-server");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restart_backoff_doubles_while_crashing_and_resets_after_a_good_run() {
+        let s = Duration::from_secs;
+        let cases = [
+            ("first crash", RESTART_AFTER / 2, s(1), s(2)),
+            ("crashing again", s(2), s(1), s(4)),
+            ("capped", s(40), s(1), s(60)),
+            ("ran long enough", s(60), s(30), s(2)),
+        ];
+        for (name, last, ran, want) in cases {
+            assert_eq!(next_backoff(last, ran), want, "{name}");
+        }
     }
 }
