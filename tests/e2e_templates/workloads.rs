@@ -153,10 +153,17 @@ fn watch(rig: &GuestRig, wc: &Client, app: &str, seen: Arc<Mutex<Seen>>) -> Vec<
     let s = seen.clone();
     let pods_task = tokio::spawn(async move {
         let mut live: BTreeMap<String, Pod> = BTreeMap::new();
+        // Counted only once the watch has listed every Pod (and again after a relist).
+        let mut listed = false;
         let mut stream = watcher::watcher(pods_api, watcher::Config::default().labels(&selector)).boxed();
         while let Some(Ok(event)) = stream.next().await {
             let now = Instant::now();
             match event {
+                Event::Init => {
+                    listed = false;
+                    live.clear();
+                }
+                Event::InitDone => listed = true,
                 Event::Apply(p) | Event::InitApply(p) => {
                     live.insert(p.name_any(), p);
                 }
@@ -169,7 +176,9 @@ fn watch(rig: &GuestRig, wc: &Client, app: &str, seen: Arc<Mutex<Seen>>) -> Vec<
                         seen.drained_at.insert(node, now);
                     }
                 }
-                Event::Init | Event::InitDone => {}
+            }
+            if !listed {
+                continue;
             }
             let ready = live.values().filter(|p| ready(p)).count();
             let mut seen = s.lock().unwrap_or_else(|e| e.into_inner());
@@ -314,14 +323,28 @@ async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Cli
     wait_running(rig, wc, "pinned", 1, &BTreeSet::new()).await;
     let worker = worker_machines(rig).await.pop().expect("the last worker");
     let machines = rig.api(&capi("Machine", "machines"));
-    machines
+    // Set where users set it: the MachineDeployment's template, which CAPI propagates to its
+    // Machines in place (a patch of the Machine itself is overwritten by its MachineSet).
+    let md = md_name(rig).await;
+    rig.api(&capi("MachineDeployment", "machinedeployments"))
         .patch(
-            &worker,
+            &md,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"deletion": {"nodeDrainTimeoutSeconds": DRAIN_TIMEOUT}}})),
+            &Patch::Merge(
+                json!({"spec": {"template": {"spec": {"deletion": {"nodeDrainTimeoutSeconds": DRAIN_TIMEOUT}}}}}),
+            ),
         )
         .await
-        .unwrap_or_else(|e| panic!("setting nodeDrainTimeoutSeconds on {worker}: {e}"));
+        .unwrap_or_else(|e| panic!("setting nodeDrainTimeoutSeconds on {md}: {e}"));
+    rig.wait(&format!("{worker} takes the drain timeout in place"), UP, || async {
+        let m = machines.get(&worker).await.map_err(|e| e.to_string())?;
+        let got = m.data["spec"]["deletion"]["nodeDrainTimeoutSeconds"].as_u64();
+        match got == Some(DRAIN_TIMEOUT) {
+            true => Ok(()),
+            false => Err(format!("spec.deletion: {}", m.data["spec"]["deletion"])),
+        }
+    })
+    .await;
     let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
     let started = Instant::now();
     machines
@@ -464,6 +487,13 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
         )
         .await
         .expect("unpausing the MachineHealthCheck");
+    rig.wait(&format!("the MachineHealthCheck remediates {victim}"), UP, || async {
+        match worker_machines(&rig).await.contains(&victim) {
+            true => Err("still there".to_string()),
+            false => Ok(()),
+        }
+    })
+    .await;
     rig.wait_shape(1, 2, UP).await;
     let after: BTreeSet<String> = worker_machines(&rig).await.into_iter().collect();
     wait_running(&rig, &wc, "web", 4, &avoid).await;
