@@ -23,11 +23,11 @@ use tokio::sync::Mutex;
 use crate::endpoint::Endpoint;
 use crate::kubeadm::{ControlPlanePlan, first_service_ip};
 use crate::kubeadm_objects;
-use crate::kwok;
-use crate::procs::{Supervised, run, spawn, tally_guest_api_server};
+use crate::kwok::{self, ClusterKwok};
+use crate::procs::{ProcessError, Supervised, run, spawn, tally_guest_api_server};
 use crate::static_pods::{
-    ETCD_CLIENT_PORT, ETCD_PEER_PORT, apiserver_args, controller_manager_args, kubeconfig, scheduler_args,
-    write_kubeconfig,
+    ETCD_CLIENT_PORT, ETCD_PEER_PORT, admin_kubeconfig, apiserver_args, controller_manager_args, scheduler_args,
+    write_kubeconfig, write_pki,
 };
 use crate::workload::{NodeFacts, client_from_kubeconfig};
 
@@ -68,6 +68,10 @@ pub enum FleetError {
     Endpoint(String, #[source] std::io::Error),
     #[error("writing what kubeadm leaves: {0}")]
     Objects(#[source] kube::Error),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+    #[error("starting KWOK: {0}")]
+    Kwok(#[from] kwok::KwokError),
 }
 
 struct Vm {
@@ -104,18 +108,6 @@ impl Drop for Vm {
 pub struct Stopped {
     pub cluster: ClusterRef,
     pub node: String,
-}
-
-/// A cluster's KWOK controller and its directory (its kubeconfig).
-struct ClusterKwok {
-    process: Supervised,
-    dir: PathBuf,
-}
-
-impl Drop for ClusterKwok {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 pub struct Fleet {
@@ -347,7 +339,7 @@ impl Fleet {
         };
         let Some(pki) = pki else { return Ok(()) };
         let mut kwoks = self.kwoks.lock().await;
-        if kwoks.get(cluster).is_some_and(|k| k.process.kept()) {
+        if kwoks.get(cluster).is_some_and(ClusterKwok::kept) {
             return Ok(());
         }
         kwoks.remove(cluster);
@@ -355,35 +347,17 @@ impl Fleet {
             Some(vip) => format!("https://{}:{}", vip.address, vip.port),
             None => format!("https://{api}"),
         };
-        let dir = self
-            .tools
-            .data_dir
-            .join(format!("kwok-{}-{}", cluster.namespace, cluster.name));
-        std::fs::create_dir_all(&dir).map_err(FleetError::Files)?;
-        let kwok = ClusterKwok {
-            dir: dir.clone(),
-            process: {
-                let kubeconfig = write_kubeconfig(&pki, &dir, "admin", &server).map_err(FleetError::Files)?;
-                let stages = kwok::stages_path(&self.tools.bin_dir);
-                if !stages.is_file() {
-                    return Err(FleetError::Files(std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!("KWOK's stages {} (hack/test-tools.sh copies them)", stages.display()),
-                    )));
-                }
-                let pod_cidr = kwok::pod_cidr_of(plan.cluster_configuration.as_ref())
-                    .unwrap_or_else(|| kwok::DEFAULT_POD_CIDR.to_string());
-                Supervised::start(
-                    "kwok",
-                    self.tools.bin_dir.join("kwok"),
-                    kwok::kwok_args(&kubeconfig, &stages, &pod_cidr),
-                    self.tools
-                        .data_dir
-                        .join("logs")
-                        .join(format!("kwok-{}-{}.log", cluster.namespace, cluster.name)),
-                )?
-            },
-        };
+        let pod_cidr = kwok::pod_cidr_of(plan.cluster_configuration.as_ref())
+            .unwrap_or_else(|| kwok::DEFAULT_POD_CIDR.to_string());
+        let name = format!("kwok-{}-{}", cluster.namespace, cluster.name);
+        let kwok = ClusterKwok::start(
+            &self.tools.bin_dir,
+            &self.tools.data_dir,
+            &name,
+            &pki,
+            &server,
+            &pod_cidr,
+        )?;
         tracing::info!(cluster = %cluster.name, namespace = %cluster.namespace, %server, "KWOK plays the cluster's kubelets");
         kwoks.insert(cluster.clone(), kwok);
         Ok(())
@@ -469,35 +443,9 @@ async fn settle(vm: &mut Vm, facts: &NodeFacts, plan: &ControlPlanePlan) -> Resu
     Ok(())
 }
 
-fn write_pki(pki: &Path, files: &[(String, String)]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(pki.join("etcd"))?;
-    std::fs::set_permissions(pki.parent().unwrap_or(pki), std::fs::Permissions::from_mode(0o700))?;
-    for (rel, content) in files {
-        // Only what kubeadm reads from the pki dir; a path escaping it is ignored.
-        if rel.contains("..") {
-            continue;
-        }
-        let path = pki.join(rel);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(&path, content)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    }
-    Ok(())
-}
-
 /// A client with kubeadm's admin.conf identity (certificate from `kairon-guest certs`).
 async fn admin_client(pki: &Path, server: &str) -> Result<Client, FleetError> {
-    let read = |rel: &str| std::fs::read(pki.join(rel)).map_err(FleetError::Files);
-    let text = kubeconfig(
-        server,
-        &read("ca.crt")?,
-        &read("admin.crt")?,
-        &read("admin.key")?,
-        "admin",
-    );
+    let text = admin_kubeconfig(pki, server).map_err(FleetError::Files)?;
     client_from_kubeconfig(text.as_bytes())
         .await
         .ok_or_else(|| FleetError::Command("admin client", "unusable admin kubeconfig".into()))

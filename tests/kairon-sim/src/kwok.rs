@@ -4,9 +4,12 @@
 //! their status, and runs the Pods bound to them through KWOK's own Stages (Running with an IP,
 //! Jobs completed, deleted Pods gone). A guest whose VM fails or goes away loses the label, so
 //! its Node's heartbeat stops and the cluster's own node lifecycle controller marks it
-//! NotReady and evicts its Pods, as for a real kubelet. Pure, except [`stages_path`].
+//! NotReady and evicts its Pods, as for a real kubelet. Pure, except [`ClusterKwok`].
 
 use std::path::{Path, PathBuf};
+
+use crate::procs::{ProcessError, Supervised};
+use crate::static_pods::write_kubeconfig;
 
 /// On a Node whose kubelet runs; KWOK manages exactly the Nodes with it.
 pub const KUBELET_LABEL: &str = "sim.kairon.zyvor.dev/kubelet";
@@ -15,6 +18,62 @@ pub const KUBELET_LABEL_VALUE: &str = "running";
 pub const NODE_LEASE_SECONDS: u32 = 40;
 /// Where Pods get their addresses when the ClusterConfiguration names no pod subnet.
 pub const DEFAULT_POD_CIDR: &str = "10.244.0.0/16";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KwokError {
+    #[error("KWOK's stages {0} are missing (hack/test-tools.sh copies them beside the binaries)")]
+    NoStages(String),
+    #[error("writing its kubeconfig: {0}")]
+    Files(#[source] std::io::Error),
+    #[error(transparent)]
+    Process(#[from] ProcessError),
+}
+
+/// A cluster's KWOK controller, kept running, and its directory (its kubeconfig); both go
+/// when it is dropped.
+pub struct ClusterKwok {
+    process: Supervised,
+    dir: PathBuf,
+}
+
+impl ClusterKwok {
+    /// Starts `<bin_dir>/kwok` against `server` with the admin identity in `pki`; its
+    /// kubeconfig in `<data_dir>/<name>/`, its log `<data_dir>/logs/<name>.log`.
+    pub fn start(
+        bin_dir: &Path,
+        data_dir: &Path,
+        name: &str,
+        pki: &Path,
+        server: &str,
+        pod_cidr: &str,
+    ) -> Result<ClusterKwok, KwokError> {
+        let stages = stages_path(bin_dir);
+        if !stages.is_file() {
+            return Err(KwokError::NoStages(stages.display().to_string()));
+        }
+        let dir = data_dir.join(name);
+        std::fs::create_dir_all(&dir).map_err(KwokError::Files)?;
+        let kubeconfig = write_kubeconfig(pki, &dir, "admin", server).map_err(KwokError::Files)?;
+        let process = Supervised::start(
+            "kwok",
+            bin_dir.join("kwok"),
+            kwok_args(&kubeconfig, &stages, pod_cidr),
+            data_dir.join("logs").join(format!("{name}.log")),
+        )?;
+        Ok(ClusterKwok { process, dir })
+    }
+
+    /// Whether it is still kept running.
+    pub fn kept(&self) -> bool {
+        self.process.kept()
+    }
+}
+
+impl Drop for ClusterKwok {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
 
 /// KWOK's Stage configs, which `hack/test-tools.sh` copies from the KWOK module beside the
 /// binaries: `<bin>/../manifests/kwok/stages.yaml`.

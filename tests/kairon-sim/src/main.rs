@@ -4,12 +4,14 @@
 //! - [`sim`]: the Machine phase machine (pure);
 //! - [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure);
-//! - [`kubelet`]: when the guest's kubelet registers, beats and goes away (pure);
+//! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
 //! - [`machines`], [`workload`], [`guest_ops`]: writes to the management and the workload
 //!   API servers;
-//! - [`kubeadm`], [`fleet`], [`endpoint`], [`kubeadm_objects`]: with `--guest-bin-dir`, what
-//!   `kubeadm init`/`join --control-plane` start on a control-plane VM (real etcd and
-//!   kube-apiserver), the kube-vip endpoint, and what they leave in the workload cluster;
+//! - [`kubeadm`], [`fleet`], [`static_pods`], [`procs`], [`endpoint`], [`kubeadm_objects`]:
+//!   with `--guest-bin-dir`, what `kubeadm init`/`join --control-plane` start on a
+//!   control-plane VM (real etcd, kube-apiserver, kube-controller-manager, kube-scheduler),
+//!   the kube-vip endpoint, and what they leave in the workload cluster;
+//! - [`kwok`]: the KWOK controller per cluster that plays the kubelets (Leases, Pods);
 //! - [`addons`], [`addons_objects`]: the CoreDNS and kube-proxy addons `kubeadm init` installs;
 //! - [`scripts`]: with `--guest-scripts-dir`, the pre-kubeadm commands that run a script of
 //!   the user-data (a signal gate before kubeadm);

@@ -8,7 +8,14 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
-use crate::fleet::FleetError;
+/// Why a process could not be run or started.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcessError {
+    #[error("{0} failed: {1}")]
+    Command(&'static str, String),
+    #[error("opening its log: {0}")]
+    Log(#[source] std::io::Error),
+}
 
 /// kubelet's restart back-off, shorter for tests (10 s to 5 min there): it starts at
 /// [`RESTART_AFTER`], doubles while the process keeps dying within [`RESTART_RESET`] of its
@@ -27,16 +34,16 @@ fn next_backoff(last: Duration, ran: Duration) -> Duration {
 }
 
 /// Runs a helper to completion; its stdout on success.
-pub async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, FleetError> {
+pub async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<String, ProcessError> {
     let out = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .output()
         .await
-        .map_err(|e| FleetError::Command(what, format!("{}: {e}", bin.display())))?;
+        .map_err(|e| ProcessError::Command(what, format!("{}: {e}", bin.display())))?;
     if !out.status.success() {
-        return Err(FleetError::Command(
+        return Err(ProcessError::Command(
             what,
             String::from_utf8_lossy(&out.stderr).trim().to_string(),
         ));
@@ -46,13 +53,13 @@ pub async fn run(bin: &Path, args: &[String], what: &'static str) -> Result<Stri
 
 /// Starts `bin` with its output appended to `log`; killed when dropped, and when the
 /// simulator dies (`PR_SET_PDEATHSIG`).
-pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetError> {
+pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, ProcessError> {
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
-        .map_err(FleetError::Files)?;
-    let err = file.try_clone().map_err(FleetError::Files)?;
+        .map_err(ProcessError::Log)?;
+    let err = file.try_clone().map_err(ProcessError::Log)?;
     let mut cmd = Command::new(bin);
     cmd.args(args)
         .stdin(Stdio::null())
@@ -70,7 +77,7 @@ pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetErro
         });
     }
     cmd.spawn()
-        .map_err(|e| FleetError::Command("spawn", format!("{}: {e}", bin.display())))
+        .map_err(|e| ProcessError::Command("spawn", format!("{}: {e}", bin.display())))
 }
 
 /// A process kept running: started at once, started again whenever it exits (as kubelet
@@ -79,7 +86,7 @@ pub fn spawn(bin: &Path, args: &[String], log: &Path) -> Result<Child, FleetErro
 pub struct Supervised(JoinHandle<()>);
 
 impl Supervised {
-    pub fn start(name: &'static str, bin: PathBuf, args: Vec<String>, log: PathBuf) -> Result<Self, FleetError> {
+    pub fn start(name: &'static str, bin: PathBuf, args: Vec<String>, log: PathBuf) -> Result<Self, ProcessError> {
         let mut child = spawn(&bin, &args, &log)?;
         Ok(Self(tokio::spawn(async move {
             let mut backoff = RESTART_AFTER / 2;

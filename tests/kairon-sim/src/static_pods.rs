@@ -111,6 +111,18 @@ pub fn kubeconfig(server: &str, ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8], 
     )
 }
 
+/// kubeadm's `admin.conf` for `server`, from the `admin` certificate in `pki`.
+pub fn admin_kubeconfig(pki: &Path, server: &str) -> std::io::Result<String> {
+    let read = |rel: &str| std::fs::read(pki.join(rel));
+    Ok(kubeconfig(
+        server,
+        &read("ca.crt")?,
+        &read("admin.crt")?,
+        &read("admin.key")?,
+        "admin",
+    ))
+}
+
 /// Writes `<dir>/<identity>.conf` (mode 0600) for `server` with the identity whose certificate
 /// `kairon-guest certs` wrote as `<pki>/<identity>.{crt,key}`.
 pub fn write_kubeconfig(pki: &Path, dir: &Path, identity: &str, server: &str) -> std::io::Result<PathBuf> {
@@ -127,6 +139,27 @@ pub fn write_kubeconfig(pki: &Path, dir: &Path, identity: &str, server: &str) ->
     std::fs::write(&path, text)?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
     Ok(path)
+}
+
+/// Writes the cluster's CAs and keys from the bootstrap data into the VM's pki dir (mode
+/// 0600, the dir 0700), as kubeadm finds them in `/etc/kubernetes/pki`.
+pub fn write_pki(pki: &Path, files: &[(String, String)]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(pki.join("etcd"))?;
+    std::fs::set_permissions(pki.parent().unwrap_or(pki), std::fs::Permissions::from_mode(0o700))?;
+    for (rel, content) in files {
+        // Only what kubeadm reads from the pki dir; a path escaping it is ignored.
+        if rel.contains("..") {
+            continue;
+        }
+        let path = pki.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, content)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
