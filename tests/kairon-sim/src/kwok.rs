@@ -2,7 +2,8 @@
 //! controller (`sigs.k8s.io/kwok`) per cluster: it manages the Nodes the guests register while
 //! their kubelet runs (those labelled [`KUBELET_LABEL`]), renews their Leases and refreshes
 //! their status, and runs the Pods bound to them through KWOK's own Stages (Running with an IP,
-//! Jobs completed, deleted Pods gone). A guest whose VM fails or goes away loses the label, so
+//! Jobs completed, deleted Pods terminated (phase `Succeeded`, as kubelet reports a Pod whose
+//! containers it stopped) and then gone). A guest whose VM fails or goes away loses the label, so
 //! its Node's heartbeat stops and the cluster's own node lifecycle controller marks it
 //! NotReady and evicts its Pods, as for a real kubelet. Pure, except [`ClusterKwok`].
 
@@ -23,6 +24,8 @@ pub const DEFAULT_POD_CIDR: &str = "10.244.0.0/16";
 pub enum KwokError {
     #[error("KWOK's stages {0} are missing (hack/test-tools.sh copies them beside the binaries)")]
     NoStages(String),
+    #[error("KWOK's stages {path}: {reason}")]
+    BadStages { path: String, reason: String },
     #[error("writing its kubeconfig: {0}")]
     Files(#[source] std::io::Error),
     #[error(transparent)]
@@ -47,12 +50,17 @@ impl ClusterKwok {
         server: &str,
         pod_cidr: &str,
     ) -> Result<ClusterKwok, KwokError> {
-        let stages = stages_path(bin_dir);
-        if !stages.is_file() {
-            return Err(KwokError::NoStages(stages.display().to_string()));
-        }
+        let kwok_stages = stages_path(bin_dir);
+        let text = std::fs::read_to_string(&kwok_stages)
+            .map_err(|_| KwokError::NoStages(kwok_stages.display().to_string()))?;
+        let ours = with_pod_termination(&text).map_err(|reason| KwokError::BadStages {
+            path: kwok_stages.display().to_string(),
+            reason,
+        })?;
         let dir = data_dir.join(name);
         std::fs::create_dir_all(&dir).map_err(KwokError::Files)?;
+        let stages = dir.join("stages.yaml");
+        std::fs::write(&stages, ours).map_err(KwokError::Files)?;
         let kubeconfig = write_kubeconfig(pki, &dir, "admin", server).map_err(KwokError::Files)?;
         let process = Supervised::start(
             "kwok",
@@ -79,6 +87,38 @@ impl Drop for ClusterKwok {
 /// binaries: `<bin>/../manifests/kwok/stages.yaml`.
 pub fn stages_path(bin_dir: &Path) -> PathBuf {
     bin_dir.join("..").join("manifests").join("kwok").join("stages.yaml")
+}
+
+/// The simulator's Stages for deleted Pods: terminate a running one, then delete it.
+const POD_DELETE_STAGES: &str = include_str!("kwok_pod_delete.yaml");
+
+/// KWOK's Stages (YAML documents separated by `---` lines) with its fast `pod-delete`
+/// replaced by [`POD_DELETE_STAGES`]; an error if it has no such Stage or a document does not
+/// parse.
+pub fn with_pod_termination(kwok_stages: &str) -> Result<String, String> {
+    let mut docs = Vec::new();
+    let mut replaced = false;
+    for doc in kwok_stages
+        .split("\n---\n")
+        .flat_map(|d| d.strip_prefix("---\n").or(Some(d)))
+    {
+        if doc.trim().is_empty() {
+            continue;
+        }
+        let parsed: serde_json::Value =
+            serde_saphyr::from_str(doc).map_err(|e| format!("a document does not parse: {e}"))?;
+        if parsed["kind"] == "Stage" && parsed.pointer("/metadata/name").and_then(|n| n.as_str()) == Some("pod-delete")
+        {
+            replaced = true;
+            continue;
+        }
+        docs.push(doc.trim_end());
+    }
+    if !replaced {
+        return Err("no Stage named pod-delete to replace".into());
+    }
+    docs.push(POD_DELETE_STAGES.trim_end());
+    Ok(docs.join("\n---\n") + "\n")
 }
 
 /// The flags of one cluster's KWOK controller.
@@ -151,6 +191,48 @@ mod tests {
         for (name, config, want) in cases {
             assert_eq!(pod_cidr_of(config.as_ref()).as_deref(), want, "{name}");
         }
+    }
+
+    const KWOK_FAST: &str = "---\napiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\nmetadata:\n  name: pod-ready\nspec: {}\n---\napiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\nmetadata:\n  name: pod-delete\nspec:\n  next:\n    delete: true\n";
+
+    fn stage_names(yaml: &str) -> Vec<String> {
+        yaml.split("\n---\n")
+            .map(|d| serde_saphyr::from_str::<serde_json::Value>(d).unwrap())
+            .map(|v| v["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn deleted_pods_terminate_before_they_go() {
+        let stages = with_pod_termination(KWOK_FAST).unwrap();
+        assert_eq!(stage_names(&stages), ["pod-ready", "pod-terminate", "pod-delete"]);
+        let docs: Vec<serde_json::Value> = stages
+            .split("\n---\n")
+            .map(|d| serde_saphyr::from_str(d).unwrap())
+            .collect();
+        // A running Pod being deleted first goes Succeeded; only a Pod no longer running is
+        // deleted, so one held by a finalizer stays Succeeded rather than Running.
+        let terminate = &docs[1]["spec"];
+        assert_eq!(
+            terminate["selector"]["matchExpressions"][1]["values"],
+            json!(["Running"])
+        );
+        assert!(
+            terminate["next"]["statusTemplate"]
+                .as_str()
+                .unwrap()
+                .contains("phase: Succeeded")
+        );
+        let delete = &docs[2]["spec"];
+        assert_eq!(delete["selector"]["matchExpressions"][1]["operator"], "NotIn");
+        assert_eq!(delete["next"]["delete"], true);
+    }
+
+    #[test]
+    fn stages_without_pod_delete_are_an_error() {
+        let err = with_pod_termination("kind: Stage\nmetadata:\n  name: pod-ready\n").unwrap_err();
+        assert!(err.contains("pod-delete"), "{err}");
+        assert!(with_pod_termination("kind: [\n").is_err());
     }
 
     #[test]
