@@ -508,17 +508,17 @@ fn suite_binary() -> PathBuf {
 
 /// The enabled specs in two halves of about equal length, each a Ginkgo run of its own on the
 /// one environment both share, so that `make test`'s test threads run them side by side.
-const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation";
-const SECOND_HALF: &str = "clusterclass-changes || clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion \
-     || kcp-adoption || quick-start-kcp-only";
+const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes";
+const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
+     || quick-start-kcp-only || node-drain";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capi_e2e_quick_starts_md_scale_md_and_kcp_remediation_pass() {
+async fn capi_e2e_quick_starts_md_scale_remediations_and_clusterclass_changes_pass() {
     run_specs(0, FIRST_HALF).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capi_e2e_clusterclass_changes_rollouts_scale_deletion_and_kcp_adoption_pass() {
+async fn capi_e2e_clusterclass_rollouts_scale_deletion_kcp_adoption_and_node_drain_pass() {
     run_specs(1, SECOND_HALF).await;
 }
 

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, ListParams};
 use serde_json::json;
 use templates_support::*;
 
@@ -120,6 +120,7 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
     }
 
     wait_describe_ready(&rig, 3, 2).await;
+    wait_addons_running(&rig, 5).await;
 
     let etcd = EtcdProbe::new(&rig);
     roll_out_a_new_version(&rig, &etcd, 3, 2).await;
@@ -140,6 +141,70 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
     rig.wait_shape(1, 1, Duration::from_secs(300)).await;
 
     delete_and_wait_gone(&rig).await;
+}
+
+/// kubeadm's addons run in the workload cluster as in a kubeadm cluster: a kube-proxy Pod
+/// Running on each of its `nodes` Nodes, every replica of the CoreDNS Deployment Running, and
+/// the kube-dns Service at the tenth address of the service subnet.
+async fn wait_addons_running(rig: &GuestRig, nodes: usize) {
+    use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, core::v1::Service};
+    let client = rig.workload_client().await;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "kube-system");
+    let deployments: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), "kube-system");
+    let services: kube::Api<Service> = kube::Api::namespaced(client, "kube-system");
+    let running_on = |list: Vec<Pod>| -> BTreeSet<String> {
+        list.into_iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .filter_map(|p| p.spec.and_then(|s| s.node_name))
+            .collect()
+    };
+    let took = rig
+        .wait("kube-proxy and CoreDNS Running", Duration::from_secs(180), || async {
+            let proxies = pods
+                .list(&ListParams::default().labels("k8s-app=kube-proxy"))
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            let proxy_nodes = running_on(proxies.clone());
+            let dns = pods
+                .list(&ListParams::default().labels("k8s-app=kube-dns"))
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            let dns_running = dns
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            let want_dns = deployments
+                .get("coredns")
+                .await
+                .map_err(|e| format!("Deployment coredns: {e}"))?
+                .spec
+                .and_then(|s| s.replicas)
+                .unwrap_or(1) as usize;
+            let ip = services
+                .get("kube-dns")
+                .await
+                .map_err(|e| format!("Service kube-dns: {e}"))?
+                .spec
+                .and_then(|s| s.cluster_ip)
+                .unwrap_or_default();
+            if proxy_nodes.len() == nodes && proxies.len() == nodes && dns_running == want_dns && ip.ends_with(".10") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "kube-proxy Running on {} of {nodes} Nodes ({} Pods), CoreDNS {dns_running} of {want_dns} \
+                     Running, kube-dns at {ip:?}",
+                    proxy_nodes.len(),
+                    proxies.len()
+                ))
+            }
+        })
+        .await;
+    eprintln!(
+        "kube-proxy on {nodes} Nodes and CoreDNS Running {:.1}s later",
+        took.as_secs_f64()
+    );
 }
 
 /// One look at the control plane: its Machines (also those being deleted) and etcd as its own
@@ -455,13 +520,14 @@ async fn delete_and_wait_gone(rig: &GuestRig) {
 }
 
 /// A flavor generated with 3 control planes and 2 workers comes up, shows ready in
-/// `clusterctl describe`, and goes away without leftovers.
+/// `clusterctl describe`, runs kubeadm's addons, and goes away without leftovers.
 async fn flavor_comes_up_and_goes(name: &str, flavor: &str) {
     let rig = GuestRig::start(name).await;
     let yaml = rig.generate(flavor, 3, 2);
     rig.kubectl_apply(&yaml);
     rig.wait_shape(3, 2, Duration::from_secs(600)).await;
     wait_describe_ready(&rig, 3, 2).await;
+    wait_addons_running(&rig, 5).await;
     delete_and_wait_gone(&rig).await;
 }
 
