@@ -228,7 +228,8 @@ async fn md_name(rig: &GuestRig) -> String {
 /// goes 3 → 1. Every Pod leaves through the eviction API, never more than one replica is
 /// unavailable, each worker's VM is deleted only after its Node is drained, and all 6 run on
 /// the last worker. Then a Pod no eviction may touch (`maxUnavailable: 0`) holds up the last
-/// worker's deletion until its Machine's `nodeDrainTimeout`, and no longer.
+/// worker's deletion until the `nodeDrainTimeoutSeconds` its MachineDeployment gives it, and
+/// no longer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_down_drains_within_the_disruption_budget_and_a_blocked_drain_times_out() {
     let rig = GuestRig::start("templates_drain").await;

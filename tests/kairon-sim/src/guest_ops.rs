@@ -9,7 +9,7 @@ use capkr::kairon::{Machine, labels, phase};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::fleet::{ClusterRef, Fleet, FleetError};
+use crate::fleet::{ClusterRef, Fleet, FleetError, Stopped};
 use crate::guest::{self, MetaData};
 use crate::kubeadm::control_plane_plan;
 use crate::kubeadm_objects::delete_mirror_pods;
@@ -223,6 +223,16 @@ pub async fn post_status(
     }
 }
 
+/// Stops what ran in the VM: its pre-kubeadm scripts and a control plane's processes; what
+/// the fleet stopped, if it ran any.
+async fn stop_processes(fleet: Option<&Fleet>, scripts: Option<&GuestScripts>, m: &Machine) -> Option<Stopped> {
+    let uid = m.uid()?;
+    if let Some(scripts) = scripts {
+        scripts.stop(&uid).await;
+    }
+    fleet?.stop(&uid).await
+}
+
 /// The VM failed: what ran in it stops (its pre-kubeadm scripts, a control plane's
 /// processes) and so does its kubelet, so KWOK no longer beats for its Node. The Node stays;
 /// the workload cluster's node lifecycle controller notices, as for a real VM that died.
@@ -234,12 +244,7 @@ pub async fn stop(
     known: Option<RegisteredNode>,
 ) -> GuestOutcome {
     let key = Key::of(&m);
-    if let (Some(scripts), Some(uid)) = (&scripts, m.uid()) {
-        scripts.stop(&uid).await;
-    }
-    if let (Some(fleet), Some(uid)) = (&fleet, m.uid()) {
-        fleet.stop(&uid).await;
-    }
+    stop_processes(fleet.as_deref(), scripts.as_deref(), &m).await;
     let Some(node) = known else {
         return GuestOutcome::Stopped;
     };
@@ -273,15 +278,9 @@ pub async fn remove_node(
     known: Option<RegisteredNode>,
 ) {
     let key = Key::of(&m);
-    if let (Some(scripts), Some(uid)) = (&scripts, m.uid()) {
-        scripts.stop(&uid).await;
-    }
     // The VM is gone, and its processes with it (etcd membership is KCP's business: it
     // removes the member before deleting the Machine).
-    let stopped = match (&fleet, m.uid()) {
-        (Some(fleet), Some(uid)) => fleet.stop(&uid).await,
-        _ => None,
-    };
+    let stopped = stop_processes(fleet.as_deref(), scripts.as_deref(), &m).await;
     if let Some(stopped) = &stopped
         && let Ok(client) = workloads.client(&key.namespace, &stopped.cluster.name).await
     {
