@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("self.spec.diskSize == oldSelf.spec.diskSize").message("spec.diskSize is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.diskSize"),
     validation = Rule::new("has(self.spec.network) == has(oldSelf.spec.network) && (!has(self.spec.network) || self.spec.network == oldSelf.spec.network)").message("spec.network is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.network"),
     validation = Rule::new("has(self.spec.nodeSelector) == has(oldSelf.spec.nodeSelector) && (!has(self.spec.nodeSelector) || self.spec.nodeSelector == oldSelf.spec.nodeSelector)").message("spec.nodeSelector is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.nodeSelector"),
+    validation = Rule::new("has(self.spec.evictionStrategy) == has(oldSelf.spec.evictionStrategy) && (!has(self.spec.evictionStrategy) || self.spec.evictionStrategy == oldSelf.spec.evictionStrategy)").message("spec.evictionStrategy is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.evictionStrategy"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KaironMachineSpec {
@@ -71,6 +72,16 @@ pub struct KaironMachineSpec {
     /// its own host selector on top.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// What happens to the VM when its Kairon host goes into maintenance.
+    /// `LiveMigrateIfPossible` (the default when absent): Kairon moves it live to another host
+    /// when it can; nothing changes for the cluster. `External`: the VM is never moved live;
+    /// Kairon asks for it to be evacuated and the provider has CAPI replace its Machine (the
+    /// Node drained first, PodDisruptionBudgets and etcd quorum respected) before Kairon's
+    /// deadline. A VM that cannot move live under `LiveMigrateIfPossible` is treated the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['LiveMigrateIfPossible', 'External']").message("evictionStrategy must be LiveMigrateIfPossible or External"))]
+    pub eviction_strategy: Option<String>,
 }
 
 /// Reference to a Kairon network.

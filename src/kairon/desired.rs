@@ -92,6 +92,7 @@ pub fn desired_kairon_machine(
                 user_data: Some(user_data.into()),
                 network_config: None,
             }),
+            eviction_strategy: km.spec.eviction_strategy.clone(),
         },
         status: None,
     }

@@ -6,7 +6,9 @@
 //! - [`desired`]: which Kairon Machine should exist for a KaironMachine (pure);
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
-//!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes.
+//!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes;
+//! - [`maintenance`]: Kairon's hosts and migrations, which the provider sees only through a
+//!   Machine's status (its host, the host's labels, an evacuation request).
 
 mod client;
 pub mod desired;
@@ -14,6 +16,7 @@ mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod gate;
+pub mod maintenance;
 pub mod observe;
 mod types;
 
@@ -23,7 +26,9 @@ pub(crate) use desired::kaironmachine_for_instance;
 pub use desired::{desired_kairon_machine, provider_id};
 pub(crate) use fingerprint::endpoint_fingerprint;
 pub(crate) use observe::{Holder, Ownership, ownership};
-pub use types::{Address, CloudInit, Machine, MachineSpec, MachineStatus, Network, UserData, phase};
+pub use types::{
+    Address, CloudInit, Evacuation, Machine, MachineSpec, MachineStatus, Network, UserData, eviction, phase,
+};
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's real schema
 /// adds is ignored, its conditions and user-data (which we never read back; bootstrap data is

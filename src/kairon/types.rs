@@ -37,6 +37,22 @@ pub struct MachineSpec {
     pub node_selector: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init: Option<CloudInit>,
+    /// What Kairon does with the VM when its host goes into maintenance (KubeVirt's names):
+    /// `LiveMigrateIfPossible` (Kairon's default when absent: migrate live when the VM can be,
+    /// else as `External`), `LiveMigrate` (only live; the maintenance waits), `External` (never
+    /// moved: `status.evacuation` asks the owner to replace the VM before the deadline) or
+    /// `None` (stopped at the deadline without asking). See [`eviction`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['LiveMigrateIfPossible', 'LiveMigrate', 'External', 'None']").message("evictionStrategy must be one of LiveMigrateIfPossible, LiveMigrate, External, None"))]
+    pub eviction_strategy: Option<String>,
+}
+
+/// Kairon's eviction strategies (`spec.evictionStrategy`).
+pub mod eviction {
+    pub const LIVE_MIGRATE_IF_POSSIBLE: &str = "LiveMigrateIfPossible";
+    pub const LIVE_MIGRATE: &str = "LiveMigrate";
+    pub const EXTERNAL: &str = "External";
+    pub const NONE: &str = "None";
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -89,17 +105,43 @@ pub struct MachineStatus {
     /// Equals `metadata.uid`; the guest's NoCloud instance-id.
     #[serde(default, rename = "instanceID", skip_serializing_if = "Option::is_none")]
     pub instance_id: Option<String>,
+    /// The Kairon host the VM runs on; changes in place when the VM is migrated live.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_name: Option<String>,
+    /// The labels of the host in `hostName` (its zone among them), as placed or migrated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_labels: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub addresses: Option<Vec<Address>>,
-    /// Machine-readable reason when Failed (e.g. ImageNotFound, Unschedulable).
+    /// Present while Kairon wants the VM off its host and will not move it itself: the VM's
+    /// owner should replace it before `deadline`, when Kairon stops it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evacuation: Option<Evacuation>,
+    /// Machine-readable reason when Failed (e.g. ImageNotFound, Unschedulable) or Stopped by
+    /// Kairon (EvacuationDeadlineExceeded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+}
+
+/// Kairon's request that the VM's owner take it off its host (`status.evacuation`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Evacuation {
+    /// The host being evacuated.
+    pub host_name: String,
+    /// Why: `HostMaintenance`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_at: Option<String>,
+    /// RFC 3339: when Kairon stops the VM if it still runs on `hostName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -117,6 +159,9 @@ pub mod phase {
     pub const STOPPED: &str = "Stopped";
     pub const FAILED: &str = "Failed";
     pub const TERMINATING: &str = "Terminating";
+    /// `status.reason` of a VM Kairon stopped because its owner did not replace it before the
+    /// evacuation deadline.
+    pub const EVACUATION_DEADLINE_EXCEEDED: &str = "EvacuationDeadlineExceeded";
     /// Ours, in memory only, never Kairon's: the object could not be read as a Kairon Machine
     /// (`status.message` says why; see [`super::super::machine_from_value`]).
     pub(crate) const UNREADABLE: &str = "capkr.Unreadable";

@@ -113,6 +113,7 @@ export KUBECONFIG=$SIM_ENV_DIR/mgmt.kubeconfig WORKLOAD_KUBECONFIG=$SIM_ENV_DIR/
 _sim_env_kubeconfig "$MGMT_PORT" "$KUBECONFIG"
 _sim_env_kubeconfig "$WORKLOAD_PORT" "$WORKLOAD_KUBECONFIG"
 _sim_env_wait "$KUBECONFIG" && _sim_env_wait "$WORKLOAD_KUBECONFIG" &&
-  kubectl apply -f "$_sim_env_root/config/kairon/kairon.zyvor.dev_machines.yaml" >/dev/null &&
-  kubectl wait --for=condition=Established crd/machines.kairon.zyvor.dev >/dev/null &&
+  kubectl apply -f "$_sim_env_root/config/kairon/" >/dev/null &&
+  kubectl wait --for=condition=Established crd/machines.kairon.zyvor.dev crd/hosts.kairon.zyvor.dev \
+    crd/machinemigrations.kairon.zyvor.dev >/dev/null &&
   echo "control plane up in $SIM_ENV_DIR (management :$MGMT_PORT, workload :$WORKLOAD_PORT)" >&2

@@ -428,9 +428,7 @@ impl Env {
         }
         let root = workspace_root();
         docs.extend(read_yaml_dir(&root.join("config/crd/bases"))?);
-        docs.extend(read_yaml_documents(
-            &root.join("config/kairon/kairon.zyvor.dev_machines.yaml"),
-        )?);
+        docs.extend(read_yaml_dir(&root.join("config/kairon"))?);
 
         let crd_names: Vec<String> = docs
             .iter()

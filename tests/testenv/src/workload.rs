@@ -158,13 +158,13 @@ impl Env {
 
 impl Env {
     /// Starts a Kairon API server of its own (a kube-apiserver with the development Kairon
-    /// Machine CRD, whose CA is stored as Secret `<name>-ca` in `namespace` of the management
+    /// Machine CRDs, whose CA is stored as Secret `<name>-ca` in `namespace` of the management
     /// cluster, as for a workload cluster), with namespace `namespace` created on it: for tests
     /// of clusters whose VMs live on another Kairon installation (`KaironCluster.spec.identityRef`).
     pub async fn kairon_api(&self, namespace: &str, name: &str) -> Result<WorkloadCluster> {
         let api = self.workload_cluster(namespace, name).await?;
-        let crd = crate::bins::workspace_root().join("config/kairon/kairon.zyvor.dev_machines.yaml");
-        for doc in crate::manifests::read_yaml_documents(&crd)? {
+        let crds = crate::bins::workspace_root().join("config/kairon");
+        for doc in crate::manifests::read_yaml_dir(&crds)? {
             crate::kube_util::apply_value(&api.client, doc, None).await?;
         }
         let nss: Api<Namespace> = Api::all(api.client.clone());
