@@ -10,6 +10,10 @@ mod addons;
 #[path = "e2e_templates/control_plane_watch.rs"]
 mod control_plane_watch;
 mod distribution_support;
+#[path = "e2e_templates/hosts.rs"]
+mod hosts;
+#[path = "e2e_templates/maintenance.rs"]
+mod maintenance;
 #[path = "e2e_templates/pods.rs"]
 mod pods;
 mod templates_support;

@@ -72,6 +72,11 @@ impl GuestRig {
     /// The management control plane, the simulator running control-plane VMs for real, and
     /// the manager; nothing of the workload cluster exists yet.
     pub async fn start(name: &str) -> GuestRig {
+        GuestRig::start_with(name, &[]).await
+    }
+
+    /// [`GuestRig::start`] with more simulator flags (hosts, host objects).
+    pub async fn start_with(name: &str, more_sim_args: &[String]) -> GuestRig {
         let env = Env::shared(EnvOptions::new("templates"))
             .await
             .expect("shared test environment");
@@ -83,6 +88,7 @@ impl GuestRig {
         let guests = GuestNetwork { octet: net.octet };
         sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &guests).expect("simulator flags"));
         sim_args.extend(["--namespace".to_string(), ns.clone()]);
+        sim_args.extend(more_sim_args.iter().cloned());
         let sim = env.start_simulator(sim_args).expect("simulator");
         let manager = env.start_manager(["-v", "1", "--namespace", &ns]).expect("manager");
         let repo = LocalRepo::new();
@@ -104,6 +110,11 @@ impl GuestRig {
 
     /// `clusterctl generate cluster` from the release assets, as a user would run it.
     pub fn generate(&self, flavor: &str, control_planes: u32, workers: u32) -> String {
+        self.generate_with(flavor, control_planes, workers, &[])
+    }
+
+    /// [`GuestRig::generate`] with more template variables set in clusterctl's environment.
+    pub fn generate_with(&self, flavor: &str, control_planes: u32, workers: u32, vars: &[(&str, &str)]) -> String {
         let mut cmd = self.repo.clusterctl();
         cmd.args(["generate", "cluster", &self.cluster, "--infrastructure"])
             .arg(format!("kairon:{VERSION}"))
@@ -122,6 +133,7 @@ impl GuestRig {
         if !flavor.is_empty() {
             cmd.args(["--flavor", flavor]);
         }
+        cmd.envs(vars.iter().copied());
         stdout(&run_ok(&mut cmd))
     }
 
