@@ -50,6 +50,18 @@ pub(crate) mod reason {
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
     pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
     pub(crate) const INSTANCE_KEPT: &str = "InstanceKept";
+    /// Normal: a live migration moved the VM to another Kairon host.
+    pub(crate) const INSTANCE_MIGRATED: &str = "InstanceMigrated";
+    /// Warning: the VM's host no longer satisfies its failure domain's host selector.
+    pub(crate) const INSTANCE_OUTSIDE_FAILURE_DOMAIN: &str = "InstanceOutsideFailureDomain";
+    /// Normal: Kairon asked for the VM to be taken off a host in maintenance.
+    pub(crate) const EVACUATION_REQUESTED: &str = "EvacuationRequested";
+    /// Normal: the Machine was marked for remediation (or deleted) to be replaced.
+    pub(crate) const REPLACEMENT_REQUESTED: &str = "ReplacementRequested";
+    /// Warning: the evacuation cannot go on (no MachineHealthCheck, skip-remediation).
+    pub(crate) const EVACUATION_BLOCKED: &str = "EvacuationBlocked";
+    /// Warning: Kairon stopped the VM at the evacuation deadline.
+    pub(crate) const EVACUATION_DEADLINE_EXCEEDED: &str = "EvacuationDeadlineExceeded";
     pub(crate) const CLUSTER_PROVISIONED: &str = "Provisioned";
 }
 

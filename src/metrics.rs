@@ -35,6 +35,12 @@ pub(crate) struct WatchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ReplacementLabels {
+    /// `mark` (remediate-machine) or `delete` (no MachineHealthCheck).
+    pub action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
     pub verb: &'static str,
     pub code: String,
@@ -60,6 +66,10 @@ pub struct Metrics {
     pub(crate) leader: Gauge,
     pub(crate) watch_errors: Family<WatchLabels, Counter>,
     pub(crate) instances_kept: Counter,
+    pub(crate) instance_migrations: Counter,
+    pub(crate) evacuations: Gauge,
+    pub(crate) evacuation_replacements: Family<ReplacementLabels, Counter>,
+    pub(crate) evacuation_deadlines_missed: Counter,
     /// Feeds `kairon_machines` at scrape time: counts of managed Kairon Machines by phase.
     phase_counts: Mutex<Option<PhaseCounter>>,
 }
@@ -80,6 +90,10 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let watch_errors = Family::<WatchLabels, Counter>::default();
         let instances_kept = Counter::default();
+        let instance_migrations = Counter::default();
+        let evacuations = Gauge::default();
+        let evacuation_replacements = Family::<ReplacementLabels, Counter>::default();
+        let evacuation_deadlines_missed = Counter::default();
 
         let mut registry = Registry::with_prefix("capkr");
         registry.register("reconcile", "Reconciles run, per controller", reconciles.clone());
@@ -128,7 +142,31 @@ impl Default for Metrics {
             "Kairon Machines kept when their KaironMachine was deleted after its Cluster was gone",
             instances_kept.clone(),
         );
+        registry.register(
+            "instance_migrations",
+            "Live migrations of Kairon Machines to another host, as seen by their KaironMachines",
+            instance_migrations.clone(),
+        );
+        registry.register(
+            "evacuations",
+            "KaironMachines whose Kairon host is in maintenance and which are being replaced (or wait to be)",
+            evacuations.clone(),
+        );
+        registry.register(
+            "evacuation_replacements",
+            "Machines marked for remediation (mark) or deleted (delete) because Kairon asked to evacuate their VM",
+            evacuation_replacements.clone(),
+        );
+        registry.register(
+            "evacuation_deadlines_missed",
+            "Kairon Machines Kairon stopped because they were still on a host in maintenance at the deadline",
+            evacuation_deadlines_missed.clone(),
+        );
         Metrics {
+            instance_migrations,
+            evacuations,
+            evacuation_replacements,
+            evacuation_deadlines_missed,
             registry,
             watch_errors,
             instances_kept,
@@ -239,6 +277,9 @@ mod tests {
             "capkr_kaironmachine_provision_duration_seconds_count 1",
             "capkr_kairon_machines{phase=\"Running\"} 2",
             "capkr_kairon_machines{phase=\"Pending\"} 1",
+            "capkr_instance_migrations_total 0",
+            "capkr_evacuations 0",
+            "capkr_evacuation_deadlines_missed_total 0",
         ] {
             assert!(text.contains(want), "{want} missing in\n{text}");
         }

@@ -139,6 +139,7 @@ where
         events: capkr::events::Events::disabled(),
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
+        evacuating: Default::default(),
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;

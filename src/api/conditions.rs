@@ -14,6 +14,12 @@ pub const READY: &str = "Ready";
 pub const PAUSED: &str = "Paused";
 /// Whether the Kairon Machine backing a KaironMachine exists and runs.
 pub const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
+/// Whether the VM's current Kairon host satisfies the host selector of the Machine's failure
+/// domain (a live migration can move it out). Absent without a failure domain or host labels.
+pub const INSTANCE_IN_FAILURE_DOMAIN: &str = "InstanceInFailureDomain";
+/// Kairon asked for the VM to be taken off a host in maintenance: True while that is under
+/// way (the reason says where it stands), False once over. Absent until Kairon first asks.
+pub const EVACUATION: &str = "Evacuation";
 
 /// Reasons. Shared with CAPI's vocabulary where CAPI has a word for it.
 pub mod reason {
@@ -70,6 +76,33 @@ pub mod reason {
     /// The identity's kubeconfig names a server the operator does not allow
     /// (`--identity-allowed-servers`).
     pub const KAIRON_API_SERVER_NOT_ALLOWED: &str = "KaironAPIServerNotAllowed";
+
+    // KaironMachine: InstanceInFailureDomain
+    pub const INSTANCE_IN_FAILURE_DOMAIN: &str = "InstanceInFailureDomain";
+    pub const INSTANCE_OUTSIDE_FAILURE_DOMAIN: &str = "InstanceOutsideFailureDomain";
+
+    // KaironMachine: Evacuation (True: under way)
+    /// The Cluster or the KaironMachine is paused: nothing is marked or deleted.
+    pub const WAITING_FOR_UNPAUSE: &str = "WaitingForUnpause";
+    /// Another Machine of the cluster is being replaced (or goes first): one at a time.
+    pub const WAITING_FOR_TURN: &str = "WaitingForTurn";
+    /// No MachineHealthCheck selects the Machine and it is not one the provider may delete
+    /// (a control-plane Machine): nothing happens until one does, or Kairon's deadline.
+    pub const NO_MACHINE_HEALTH_CHECK: &str = "NoMachineHealthCheck";
+    /// The Machine tells MachineHealthChecks to leave it alone (`skip-remediation`).
+    pub const REPLACEMENT_BLOCKED: &str = "ReplacementBlocked";
+    /// The Machine is marked for remediation (or, without a MachineHealthCheck, deleted) so
+    /// that its owner replaces it.
+    pub const REPLACEMENT_REQUESTED: &str = "ReplacementRequested";
+    /// The Machine is being deleted: CAPI drains its Node, then the VM goes.
+    pub const REPLACING: &str = "Replacing";
+    /// Kairon stopped the VM at the evacuation deadline; the Machine still needs replacing.
+    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+    // KaironMachine: Evacuation (False: over)
+    /// Kairon no longer asks, and the VM runs on another host (it was migrated).
+    pub const MIGRATED: &str = "Migrated";
+    /// Kairon no longer asks, and the VM still runs on the same host (maintenance cancelled).
+    pub const CANCELED: &str = "Canceled";
 }
 
 /// Condition status values.

@@ -4,7 +4,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{CONTROL_PLANE_LABEL, ContractVersionedObjectReference};
+use super::{CONTROL_PLANE_LABEL, ContractVersionedObjectReference, has_annotation};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -12,6 +12,7 @@ use super::{CONTROL_PLANE_LABEL, ContractVersionedObjectReference};
     version = "v1beta2",
     kind = "Machine",
     namespaced,
+    status = "MachineStatus",
     schema = "disabled",
     derive = "PartialEq",
     derive = "Default"
@@ -28,6 +29,87 @@ pub struct MachineSpec {
     pub failure_domain: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+}
+
+/// What of a Machine's status the provider reads: whether its Node is known, and the
+/// remediation conditions (type and status only; the cache keeps nothing else).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ref: Option<MachineNodeReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<super::ClusterCondition>>,
+}
+
+/// `status.nodeRef` (v1beta2: the Node's name).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct MachineNodeReference {
+    #[serde(default)]
+    pub name: String,
+}
+
+/// Annotation asking the MachineHealthCheck that selects a Machine to mark it unhealthy, so
+/// that its owner (MachineSet, KubeadmControlPlane) replaces it.
+pub const REMEDIATE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/remediate-machine";
+/// Annotation telling MachineHealthChecks to leave a Machine alone.
+pub const SKIP_REMEDIATION_ANNOTATION: &str = "cluster.x-k8s.io/skip-remediation";
+/// Our annotation beside [`REMEDIATE_MACHINE_ANNOTATION`]: why the Machine was marked (the
+/// Kairon host in maintenance and Kairon's deadline).
+pub const EVACUATION_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/kairon-evacuation";
+/// The Machine condition a MachineHealthCheck sets on every Machine it selects: its presence
+/// says that one covers the Machine.
+pub const HEALTH_CHECK_SUCCEEDED: &str = "HealthCheckSucceeded";
+/// The Machine condition its owner sets while it remediates the Machine.
+pub const OWNER_REMEDIATED: &str = "OwnerRemediated";
+/// The Machine annotations the cache keeps.
+pub(crate) const READ_MACHINE_ANNOTATIONS: [&str; 3] = [
+    REMEDIATE_MACHINE_ANNOTATION,
+    SKIP_REMEDIATION_ANNOTATION,
+    EVACUATION_ANNOTATION,
+];
+/// The Machine conditions the cache keeps.
+const READ_MACHINE_CONDITIONS: [&str; 2] = [HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED];
+
+/// What the Machine cache keeps: the spec view, the control-plane and cluster labels, deletion,
+/// the remediation annotations, the controller owner, whether the Node is known and the
+/// remediation conditions (type and status). Everything else goes before the object is
+/// stored: at thousands of Machines their status and managedFields are most of their weight.
+pub(crate) fn keep_what_is_read(m: &mut Machine) {
+    let meta = &mut m.metadata;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    super::retain_keys(&mut meta.labels, &[CONTROL_PLANE_LABEL]);
+    super::retain_keys(&mut meta.annotations, &READ_MACHINE_ANNOTATIONS);
+    if let Some(refs) = meta.owner_references.as_mut() {
+        refs.retain(|r| r.controller == Some(true));
+        for r in refs.iter_mut() {
+            // The kind is what is read; the rest of the reference is not.
+            r.uid = String::new();
+            r.name = String::new();
+            r.block_owner_deletion = None;
+        }
+    }
+    if meta.owner_references.as_ref().is_some_and(Vec::is_empty) {
+        meta.owner_references = None;
+    }
+    if let Some(status) = m.status.as_mut() {
+        if let Some(conds) = status.conditions.as_mut() {
+            conds.retain(|c| READ_MACHINE_CONDITIONS.contains(&c.type_.as_str()));
+        }
+        if status.conditions.as_ref().is_some_and(Vec::is_empty) {
+            status.conditions = None;
+        }
+        if let Some(n) = status.node_ref.as_mut() {
+            n.name = String::new();
+        }
+    }
+    if m.status
+        .as_ref()
+        .is_some_and(|s| s.node_ref.is_none() && s.conditions.is_none())
+    {
+        m.status = None;
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -90,5 +172,114 @@ impl Machine {
     /// `spec.failureDomain`, when set and non-empty.
     pub fn failure_domain(&self) -> Option<&str> {
         self.spec.failure_domain.as_deref().filter(|s| !s.is_empty())
+    }
+
+    /// Whether the Machine is being deleted.
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// Whether its Node is known (`status.nodeRef`): a Machine without one is still coming up.
+    pub fn has_node(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| s.node_ref.is_some())
+    }
+
+    /// The status of condition `type_`, if the Machine has it.
+    pub fn condition(&self, type_: &str) -> Option<&str> {
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| c.status.as_str())
+    }
+
+    /// Whether a MachineHealthCheck selects the Machine: every one sets `HealthCheckSucceeded`
+    /// on the Machines it covers.
+    pub fn has_health_check(&self) -> bool {
+        self.condition(HEALTH_CHECK_SUCCEEDED).is_some()
+    }
+
+    /// Whether the Machine is marked for remediation (`cluster.x-k8s.io/remediate-machine`).
+    pub fn is_marked_for_remediation(&self) -> bool {
+        has_annotation(&self.metadata, REMEDIATE_MACHINE_ANNOTATION)
+    }
+
+    /// Whether MachineHealthChecks are told to leave the Machine alone.
+    pub fn skips_remediation(&self) -> bool {
+        has_annotation(&self.metadata, SKIP_REMEDIATION_ANNOTATION)
+    }
+
+    /// The kind of the Machine's controller owner (MachineSet, KubeadmControlPlane, ...).
+    pub fn controller_kind(&self) -> Option<&str> {
+        self.metadata
+            .owner_references
+            .as_deref()?
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .map(|r| r.kind.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    /// A cached Machine answers every question the provider asks of a Machine as the Machine
+    /// itself does, and keeps nothing else.
+    #[test]
+    fn a_cached_machine_keeps_what_is_read() {
+        let mut m = Machine::new("m1", MachineSpec::default());
+        m.metadata.labels = Some(
+            [(CONTROL_PLANE_LABEL, ""), ("cluster.x-k8s.io/deployment-name", "md")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+        );
+        m.metadata.annotations = Some(
+            [
+                (REMEDIATE_MACHINE_ANNOTATION, ""),
+                (EVACUATION_ANNOTATION, "h1 2026-01-01T00:00:00Z"),
+                ("controlplane.cluster.x-k8s.io/kubeadm-cluster-configuration", "big"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into(),
+        );
+        let owner = |kind: &str, controller| OwnerReference {
+            api_version: "x/v1".into(),
+            kind: kind.into(),
+            name: "o".into(),
+            uid: "u".into(),
+            controller,
+            ..Default::default()
+        };
+        m.metadata.owner_references = Some(vec![owner("Cluster", None), owner("KubeadmControlPlane", Some(true))]);
+        m.metadata.finalizers = Some(vec!["machine.cluster.x-k8s.io".into()]);
+        let cond = |t: &str| super::super::ClusterCondition {
+            type_: t.into(),
+            status: "True".into(),
+        };
+        m.status = Some(MachineStatus {
+            node_ref: Some(MachineNodeReference { name: "n1".into() }),
+            conditions: Some(vec![cond("Ready"), cond(HEALTH_CHECK_SUCCEEDED)]),
+        });
+        let mut cached = m.clone();
+        keep_what_is_read(&mut cached);
+        assert_eq!(cached.is_control_plane(), m.is_control_plane());
+        assert_eq!(cached.controller_kind(), Some("KubeadmControlPlane"));
+        assert!(cached.has_node() && cached.has_health_check() && cached.is_marked_for_remediation());
+        assert!(!cached.skips_remediation());
+        assert_eq!(cached.metadata.annotations.as_ref().map(|a| a.len()), Some(2));
+        assert_eq!(cached.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        assert_eq!(cached.metadata.owner_references.as_ref().map(|o| o.len()), Some(1));
+        assert_eq!(cached.condition("Ready"), None, "only the remediation conditions");
+        assert!(cached.metadata.finalizers.is_none());
+
+        let mut bare = Machine::new("m2", MachineSpec::default());
+        bare.status = Some(MachineStatus::default());
+        keep_what_is_read(&mut bare);
+        assert_eq!(bare.status, None, "no empty status is kept");
+        assert!(!bare.has_node() && !bare.has_health_check());
     }
 }

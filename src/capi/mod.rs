@@ -11,7 +11,11 @@ mod machine;
 /// The control-plane endpoint type is ours and CAPI's alike (`APIEndpoint`).
 pub use crate::api::APIEndpoint;
 pub use cluster::{Cluster, ClusterCondition, ClusterInitialization, ClusterSpec, ClusterStatus};
-pub use machine::{Bootstrap, Machine, MachineSpec};
+pub(crate) use machine::keep_what_is_read as keep_what_is_read_of_machine;
+pub use machine::{
+    Bootstrap, EVACUATION_ANNOTATION, HEALTH_CHECK_SUCCEEDED, Machine, MachineNodeReference, MachineSpec,
+    MachineStatus, OWNER_REMEDIATED, REMEDIATE_MACHINE_ANNOTATION, SKIP_REMEDIATION_ANNOTATION,
+};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use schemars::JsonSchema;

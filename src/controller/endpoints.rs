@@ -195,6 +195,16 @@ impl Endpoints {
         self.refresh(&key).await
     }
 
+    /// The cache of the running endpoint of identity `r` of namespace `ns`, if it runs; reads
+    /// nothing (for a paused reconcile, which makes no request).
+    pub(crate) fn cached_store(&self, ns: &str, r: &KaironIdentityReference) -> Option<Store<kairon::Machine>> {
+        let key = IdentityKey {
+            namespace: ns.to_string(),
+            identity: r.clone(),
+        };
+        self.lock().get(&key).map(|run| run.endpoint.store.clone())
+    }
+
     /// Reads the identity and the Secret of `key`; starts or restarts its endpoint if the
     /// content is new, stops it if the identity no longer allows the namespace.
     async fn refresh(&self, key: &IdentityKey) -> Result<Endpoint, EndpointError> {

@@ -146,8 +146,25 @@ where
     F: FnOnce(&'static str) -> Fut,
     Fut: Future<Output = Result<(), Error>>,
 {
+    pause_step_with(why, current, &[], write_paused).await
+}
+
+/// [`pause_step`], for an object that also says why something waits for the unpause
+/// (`also`: conditions written with the Paused one, once, like it).
+pub(crate) async fn pause_step_with<F, Fut>(
+    why: Option<&'static str>,
+    current: Option<&[Condition]>,
+    also: &[conditions::Decided],
+    write_paused: F,
+) -> Result<Option<Action>, Error>
+where
+    F: FnOnce(&'static str) -> Fut,
+    Fut: Future<Output = Result<(), Error>>,
+{
     let Some(why) = why else { return Ok(None) };
-    if !conditions::says(current, &conditions::paused(Some(why))) {
+    let said =
+        conditions::says(current, &conditions::paused(Some(why))) && also.iter().all(|d| conditions::says(current, d));
+    if !said {
         write_paused(why).await?;
     }
     Ok(Some(Action::await_change()))
@@ -183,19 +200,6 @@ pub(crate) fn keep_read_annotations<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
     meta.managed_fields = None;
     capi::retain_keys(&mut meta.annotations, &capi::READ_ANNOTATIONS);
-}
-
-/// For caches of objects we only read a few labels of (CAPI Machines, the KaironMachine
-/// membership of a cluster): managedFields, annotations, owner references, finalizers and every
-/// label but `keep` go before the object is stored. At thousands of machines this is most of
-/// what such a cached object weighs.
-pub(crate) fn keep_only_labels<K: Resource>(obj: &mut K, keep: &[&str]) {
-    let meta = obj.meta_mut();
-    meta.managed_fields = None;
-    meta.annotations = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    capi::retain_keys(&mut meta.labels, keep);
 }
 
 pub(crate) type ReconcileFuture = std::pin::Pin<Box<dyn Future<Output = Result<Action, Error>> + Send>>;

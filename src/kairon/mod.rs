@@ -8,10 +8,12 @@
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
 //!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes;
 //! - [`maintenance`]: Kairon's hosts and migrations, which the provider sees only through a
-//!   Machine's status (its host, the host's labels, an evacuation request).
+//!   Machine's status (its host, the host's labels, an evacuation request), read by
+//!   [`evacuation`] (pure).
 
 mod client;
 pub mod desired;
+pub mod evacuation;
 mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -130,6 +132,29 @@ mod tests {
             .get_or_insert_default()
             .insert("kairon.zyvor.dev/scheduled-at".into(), "t".into());
         vm.metadata.finalizers = Some(vec!["kairon.zyvor.dev/machine".into()]);
+        let zone = std::collections::BTreeMap::from([("topology.kairon.zyvor.dev/zone".to_string(), "a".to_string())]);
+        let st = vm.status.as_mut().expect("status");
+        st.host_labels = Some(zone.clone());
+        st.evacuation = Some(Evacuation {
+            host_name: "kairon-node-7".into(),
+            reason: Some(maintenance::HOST_MAINTENANCE.into()),
+            requested_at: Some("2026-01-01T00:00:00Z".into()),
+            deadline: Some("2026-01-01T01:00:00Z".into()),
+        });
+        // Host maintenance is read from the VM as it is before its deletion.
+        let mut cached = vm.clone();
+        keep_what_is_read(&mut cached);
+        assert!(evacuation::request(&cached).is_some());
+        assert_eq!(evacuation::request(&cached), evacuation::request(&vm));
+        assert_eq!(evacuation::host(&cached), evacuation::host(&vm));
+        assert_eq!(evacuation::host_satisfies(&zone, &cached), Some(true));
+        // Also as the watch reads it (which drops status.conditions).
+        let read = machine_from_value(serde_json::to_value(&vm).expect("json"));
+        assert_eq!(
+            read.status.as_ref().and_then(|s| s.evacuation.clone()),
+            st_evacuation(&vm)
+        );
+        assert_eq!(read.status.as_ref().and_then(|s| s.host_labels.clone()), Some(zone));
         vm.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
@@ -169,6 +194,10 @@ mod tests {
         assert_eq!(cached.annotations().len(), 1, "the failure domain only");
         assert_eq!(cached.spec, MachineSpec::default());
         assert!(cached.metadata.finalizers.is_none());
+    }
+
+    fn st_evacuation(vm: &Machine) -> Option<Evacuation> {
+        vm.status.as_ref().and_then(|s| s.evacuation.clone())
     }
 
     #[test]

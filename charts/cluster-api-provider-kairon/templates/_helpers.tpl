@@ -28,10 +28,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [infrastructure.cluster.x-k8s.io]
   resources: [kaironclusters/status, kaironmachines/status, kaironmachinetemplates/status]
   verbs: [get, patch]
-# CAPI core objects are only read.
+# CAPI Clusters are only read.
 - apiGroups: [cluster.x-k8s.io]
-  resources: [clusters, machines]
+  resources: [clusters]
   verbs: [get, list, watch]
+# CAPI Machines: read; marked for remediation (patch) or deleted (a MachineSet's worker without
+# a MachineHealthCheck) when Kairon asks for their VM to leave a host in maintenance.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machines]
+  verbs: [get, list, watch, patch, delete]
 # Bootstrap configs (any bootstrap provider's kinds): one GET of the metadata of the one
 # config that made a Machine's bootstrap data Secret, to check it is that Machine's.
 - apiGroups: [bootstrap.cluster.x-k8s.io]

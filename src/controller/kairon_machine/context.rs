@@ -12,6 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
+pub use super::evacuate::Evacuating;
 use super::status::{Observed, StatusInput, next_status};
 use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironCluster, KaironIdentityReference, KaironMachine, KaironMachineStatus};
@@ -53,6 +54,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Our last writes to KaironMachines the cache has not shown yet.
     pub fresh: Fresher<KaironMachine>,
+    /// The KaironMachines whose evacuation is under way, by cluster (watch mapping).
+    pub evacuating: Evacuating,
 }
 
 /// What a reconcile has read before deciding anything: the KaironMachine (as fresh as we know
@@ -265,7 +268,25 @@ pub(super) async fn write_status(
     input: StatusInput<'_>,
     target: Option<&Target>,
 ) -> Result<Option<KaironMachineStatus>, Error> {
-    let mut next = next_status(km.status.as_ref(), input, km.metadata.generation, &conditions::now());
+    write_status_with(ctx, km, input, target, &[]).await
+}
+
+/// [`write_status`], with conditions decided besides the instance's (host maintenance).
+pub(super) async fn write_status_with(
+    ctx: &Context,
+    km: &KaironMachine,
+    input: StatusInput<'_>,
+    target: Option<&Target>,
+    extra: &[Decided],
+) -> Result<Option<KaironMachineStatus>, Error> {
+    let now = conditions::now();
+    let mut next = next_status(km.status.as_ref(), input, km.metadata.generation, &now);
+    if !extra.is_empty() {
+        let conds = next.conditions.get_or_insert_with(Vec::new);
+        for d in extra {
+            conditions::set(conds, d.clone(), km.metadata.generation, &now);
+        }
+    }
     // Only a VM seen on the target's Kairon API records it: a status kept while the VM is
     // elsewhere keeps the endpoint that holds it.
     let seen = matches!(

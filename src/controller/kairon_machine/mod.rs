@@ -11,7 +11,10 @@
 //! 5. finalizer, then wait for cluster infrastructure and bootstrap data, create the Kairon
 //!    Machine (deterministic name, [`create`]; adopt only what is provably ours), write
 //!    `spec.providerID`;
-//! 6. status from what Kairon reports ([`status`]), written only when it differs.
+//! 6. host maintenance ([`evacuate`]): a live migration is followed (event, failure-domain
+//!    check); Kairon's request to evacuate the VM gets its Machine replaced by CAPI, one
+//!    Machine of the cluster at a time ([`evacuation`]);
+//! 7. status from what Kairon reports ([`status`]), written only when it differs.
 //!
 //! The finalizer is handled by hand rather than with `kube::runtime::finalizer`, because the
 //! contract puts two steps before it that the helper cannot express: pause is checked before
@@ -25,13 +28,15 @@ mod context;
 mod create;
 mod deadline;
 mod delete;
+mod evacuate;
+mod evacuation;
 mod lanes;
 mod ownership;
 mod reconcile;
 pub(crate) mod status;
 mod watches;
 
-pub use context::Context;
+pub use context::{Context, Evacuating};
 pub use reconcile::reconcile;
 pub use status::{Observed, StatusInput, next_status};
 pub(crate) use watches::{Remote, controller};

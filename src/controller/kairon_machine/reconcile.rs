@@ -9,9 +9,10 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::context::{Context, Scope, Step, Target, retry_elsewhere, write_status};
+use super::context::{Context, Scope, Step, Target, retry_elsewhere, write_status, write_status_with};
 use super::create::create_instance;
 use super::delete::reconcile_delete;
+use super::evacuate;
 use super::ownership::{Verdict, whose};
 use super::status::{Observed, StatusInput};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
@@ -19,7 +20,7 @@ use crate::api::{KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi;
 use crate::controller::error::Error;
 use crate::controller::runtime::Synced;
-use crate::controller::runtime::pause_step;
+use crate::controller::runtime::pause_step_with;
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
 use crate::kairon::{self, KaironError, provider_id};
@@ -33,14 +34,26 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
     let why = capi::paused_reason(scope.cluster.as_deref(), &km.metadata);
     let current = km.status.as_ref().and_then(|s| s.conditions.as_deref());
     let c = ctx.as_ref();
-    if let Some(action) = pause_step(why, current, |why| async move {
-        write_status(c, km, StatusInput::Paused(why), None).await.map(|_| ())
+    // An evacuation waits for the unpause, and says so (the pause also holds CAPI's
+    // MachineHealthCheck and the Machine's owner).
+    let waiting: Vec<Decided> = why
+        .filter(|_| km.metadata.deletion_timestamp.is_none())
+        .and_then(|why| evacuate::while_paused(&scope, c, why))
+        .into_iter()
+        .collect();
+    let waiting = waiting.as_slice();
+    if let Some(action) = pause_step_with(why, current, waiting, |why| async move {
+        write_status_with(c, km, StatusInput::Paused(why), None, waiting)
+            .await
+            .map(|_| ())
     })
     .await?
     {
         return Ok(action);
     }
     if km.metadata.deletion_timestamp.is_some() {
+        ctx.evacuating
+            .record(&scope.ns, &scope.cluster_name, &km.name_any(), false);
         return reconcile_delete(&scope, &ctx).await;
     }
     // The contract: until CAPI has made a Machine the owner, nothing is done, not even the
@@ -71,9 +84,16 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
             return Ok(action);
         }
     };
-    let (observed, action) = match reconcile_instance(&scope, machine, &ctx, &target).await {
-        Ok(Step::Continue(vm)) => (Observed::Instance(Box::new(vm)), ctx.resync()),
-        Ok(Step::Stop(observed, action)) => (observed, action),
+    let (observed, action, maintenance) = match reconcile_instance(&scope, machine, &ctx, &target).await {
+        Ok(Step::Continue(vm)) => {
+            let m = evacuate::follow(&scope, machine, &vm, &target, &ctx).await?;
+            let action = match m.requeue {
+                Some(after) if after < ctx.settings.sync_period => Action::requeue(after),
+                _ => ctx.resync(),
+            };
+            (Observed::Instance(Box::new(vm)), action, m.conditions)
+        }
+        Ok(Step::Stop(observed, action)) => (observed, action, vec![]),
         Err(Error::Kairon(e @ KaironError::Create { .. })) => {
             report_create_failure(km, &e, &ctx).await?;
             // An error, so that the object backs off and the failure is counted.
@@ -85,8 +105,9 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
     // providerID patch raised the generation, and conditions naming the old one would be
     // written again, with nothing else changed, by the next reconcile.
     let km = ctx.fresh.after_our_writes(scope.km.clone());
-    if let Some(next) = write_status(&ctx, &km, StatusInput::Live(&observed), Some(&target)).await? {
+    if let Some(next) = write_status_with(&ctx, &km, StatusInput::Live(&observed), Some(&target), &maintenance).await? {
         report_transitions(&km, &next, &ctx).await;
+        evacuate::report(&km, &next, &ctx).await;
     }
     Ok(action)
 }

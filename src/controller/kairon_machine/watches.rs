@@ -20,9 +20,7 @@ use crate::controller::caches::Caches;
 use crate::controller::endpoints::Endpoints;
 use crate::controller::identity_protection::sweep_every;
 use crate::controller::runtime::Synced;
-use crate::controller::runtime::{
-    Backoff, Telemetry, error_policy, instrumented, keep_only_labels, log_outcome, watch_error,
-};
+use crate::controller::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, watch_error};
 use crate::controller::settings::{Settings, initial_lists};
 use crate::hashing::hash_of;
 use crate::kairon::{self, Instances, labels, observe};
@@ -59,6 +57,12 @@ pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
         m.is_control_plane(),
         &m.spec.cluster_name,
         m.metadata.deletion_timestamp.is_some(),
+        // An evacuation waits for these (see `evacuation`).
+        m.has_node(),
+        m.has_health_check(),
+        m.is_marked_for_remediation(),
+        m.skips_remediation(),
+        m.controller_kind(),
     )))
 }
 
@@ -87,12 +91,21 @@ pub(crate) fn controller(
     let wc = settings.watcher_config();
 
     let (machines, w) = reflector::store();
+    // A Machine gone (not only deleting) may end another Machine's wait for its turn to be
+    // replaced; the predicate below never lets a deletion through (its hash is unchanged).
+    let (gone_tx, gone_rx) = futures::channel::mpsc::unbounded::<(String, String)>();
     let machine_events = watcher(settings.api::<capi::Machine>(&client), wc)
         .inspect_err(watch_error("machines.cluster.x-k8s.io", &telemetry))
         .default_backoff()
-        // Read: the spec view, the control-plane label, deletion.
-        .modify(|m: &mut capi::Machine| keep_only_labels(m, &[capi::CONTROL_PLANE_LABEL]))
+        // Read: the spec view, the control-plane label, deletion, and what an evacuation
+        // decides from (remediation annotations and conditions, owner kind, nodeRef).
+        .modify(capi::keep_what_is_read_of_machine)
         .reflect(w)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(m) = event {
+                let _ = gone_tx.unbounded_send((m.namespace().unwrap_or_default(), m.spec.cluster_name.clone()));
+            }
+        })
         .touched_objects()
         .predicate_filter(machine_trigger, PredicateConfig::default());
     let (instances, w) = reflector::store();
@@ -137,6 +150,7 @@ pub(crate) fn controller(
     let sweeper = endpoints
         .clone()
         .map(|e| sweep_every(e, kaironclusters.clone(), kms.clone(), SWEEP_PERIOD, shutdown.clone()));
+    let evacuating = super::Evacuating::default();
     let ctx = Arc::new(Context {
         events: telemetry.recorder("capkr-kaironmachine-controller"),
         metrics: telemetry.metrics.clone(),
@@ -150,6 +164,7 @@ pub(crate) fn controller(
         instances,
         synced,
         fresh: caches.fresh.clone(),
+        evacuating: evacuating.clone(),
     });
     let km_synced = caches.kaironmachines.synced();
     let km_store: Store<KaironMachine> = kms.clone();
@@ -165,6 +180,15 @@ pub(crate) fn controller(
             .map(|km| ObjectRef::from_obj(km.as_ref()))
             .collect::<Vec<_>>()
     };
+    // A Machine's own KaironMachine, and the evacuating ones of its cluster: whether the
+    // Machine is deleting, marked or has its Node decides whose turn it is to be replaced.
+    let turns = evacuating.clone();
+    let on_machine = move |m: Option<capi::Machine>| {
+        let Some(m) = m else { return vec![] };
+        let mut refs: Vec<_> = kaironmachine_for_machine(&m).into_iter().collect();
+        refs.extend(turns.of_cluster(&m.namespace().unwrap_or_default(), &m.spec.cluster_name));
+        refs
+    };
     // Watch errors are reported and retried by the watches themselves.
     let mapped = |r: Option<ObjectRef<KaironMachine>>| futures::future::ready(r);
     // Reconciles turned away because the other lane was reconciling the same object.
@@ -176,7 +200,10 @@ pub(crate) fn controller(
             .map(|km| ObjectRef::from_obj(km.as_ref()))
             .boxed(),
         machine_events
-            .filter_map(move |m| mapped(m.ok().and_then(|m| kaironmachine_for_machine(&m))))
+            .flat_map(move |m| futures::stream::iter(on_machine(m.ok())))
+            .boxed(),
+        gone_rx
+            .flat_map(move |(ns, cluster)| futures::stream::iter(evacuating.of_cluster(&ns, &cluster)))
             .boxed(),
         caches
             .clusters

@@ -1,0 +1,353 @@
+//! Host maintenance for one KaironMachine, the I/O around the pure decisions of
+//! [`super::evacuation`]: what a reconcile reads for them (the cluster's Machines and their VMs,
+//! the failure domain, all from caches), the one write to the owner Machine (a metadata-only
+//! merge patch marking it for remediation, or, as a fallback, its deletion), and the events and
+//! metrics of what a status write changed: a live migration, a VM out of its failure domain,
+//! an evacuation's steps.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::{ObjectRef, Store};
+use serde_json::json;
+use tracing::info;
+
+use super::context::{Context, Scope, Target};
+use super::evacuation::{self, Act, Own, Peer};
+use crate::api::conditions::{self, Decided, EVACUATION, INSTANCE_IN_FAILURE_DOMAIN, Status, reason};
+use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachineStatus};
+use crate::capi;
+use crate::controller::error::Error;
+use crate::events::reason as event;
+use crate::kairon::{self, evacuation as vm_evacuation};
+use crate::metrics::ReplacementLabels;
+
+/// The KaironMachines whose evacuation is under way, by namespace and cluster: the ones to
+/// reconcile again when a Machine of their cluster changes or goes, since their turn may have
+/// come. In memory: every reconcile of such a machine records it again, also after a restart.
+#[derive(Clone, Default)]
+pub struct Evacuating(Arc<Mutex<ByCluster>>);
+
+/// KaironMachine names by (namespace, cluster).
+type ByCluster = BTreeMap<(String, String), BTreeSet<String>>;
+
+impl Evacuating {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ByCluster> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records whether `km` of `cluster` is evacuating; returns how many are, in all clusters.
+    pub(super) fn record(&self, ns: &str, cluster: &str, km: &str, evacuating: bool) -> usize {
+        let mut all = self.lock();
+        let key = (ns.to_string(), cluster.to_string());
+        if evacuating {
+            all.entry(key).or_default().insert(km.to_string());
+        } else if let Some(set) = all.get_mut(&key) {
+            set.remove(km);
+            if set.is_empty() {
+                all.remove(&key);
+            }
+        }
+        all.values().map(BTreeSet::len).sum()
+    }
+
+    /// The evacuating KaironMachines of `cluster` in `ns`.
+    pub(crate) fn of_cluster(&self, ns: &str, cluster: &str) -> Vec<ObjectRef<KaironMachine>> {
+        self.lock()
+            .get(&(ns.to_string(), cluster.to_string()))
+            .into_iter()
+            .flatten()
+            .map(|name| ObjectRef::new(name).within(ns))
+            .collect()
+    }
+}
+
+/// What host maintenance adds to a reconcile: conditions for the status, and when to look
+/// again.
+pub(super) struct Maintenance {
+    pub conditions: Vec<Decided>,
+    pub requeue: Option<Duration>,
+}
+
+/// Follows what Kairon's host maintenance did to `vm`: whether its host is in the machine's
+/// failure domain, and, when Kairon asks for the VM to be taken off its host, the Machine's
+/// replacement (one Machine of the cluster at a time).
+pub(super) async fn follow(
+    scope: &Scope,
+    machine: &capi::Machine,
+    vm: &kairon::Machine,
+    target: &Target,
+    ctx: &Context,
+) -> Result<Maintenance, Error> {
+    let km = scope.km.as_ref();
+    let mut out = Maintenance {
+        conditions: in_failure_domain(scope, machine, vm, ctx).into_iter().collect(),
+        requeue: None,
+    };
+    let request = vm_evacuation::request(vm);
+    let host = vm_evacuation::host(vm);
+    let previous = evacuation_condition(km);
+    let own = Own {
+        machine,
+        request: request.as_ref(),
+        stopped_at_deadline: vm_evacuation::stopped_at_deadline(vm),
+        host: host.as_deref(),
+        previous,
+    };
+    let quiet = own.request.is_none() && !own.stopped_at_deadline && previous.is_none_or(|c| c.status != "True");
+    if quiet {
+        // Steady state of nearly every machine: nothing is read.
+        return Ok(out);
+    }
+    let machines = cluster_machines(&ctx.machines, &scope.ns, &machine.spec.cluster_name);
+    let peers: Vec<Peer<'_>> = machines
+        .iter()
+        .map(|m| Peer {
+            machine: m,
+            evacuating: evacuating(m, &scope.ns, &target.store),
+        })
+        .collect();
+    let decision = evacuation::decide(&own, &peers, k8s_openapi::jiff::Timestamp::now());
+    let name = machine.name_any();
+    match decision.act {
+        Act::Nothing => {}
+        Act::Mark => {
+            let why = request
+                .as_ref()
+                .map(|r| format!("{} {}", r.host, r.deadline_text()))
+                .unwrap_or_else(|| "stopped at the evacuation deadline".into());
+            let body = json!({"metadata": {"annotations": {
+                capi::REMEDIATE_MACHINE_ANNOTATION: "",
+                capi::EVACUATION_ANNOTATION: why,
+            }}});
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..Default::default()
+            };
+            Api::<capi::Machine>::namespaced(ctx.client.clone(), &scope.ns)
+                .patch(&name, &pp, &Patch::Merge(&body))
+                .await
+                .map_err(Error::write("Machine remediate-machine annotation"))?;
+            info!(machine = %name, "marked the Machine for remediation: its Kairon host is in maintenance");
+            replacement_requested(km, ctx, "mark", format!("marked Machine {name} for remediation ({}) so that it is replaced: its Kairon host is in maintenance", capi::REMEDIATE_MACHINE_ANNOTATION)).await;
+        }
+        Act::Delete => {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: machine.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match Api::<capi::Machine>::namespaced(ctx.client.clone(), &scope.ns)
+                .delete(&name, &dp)
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(Error::write("Machine deletion")(e)),
+            }
+            info!(machine = %name, "deleted the Machine (no MachineHealthCheck selects it): its Kairon host is in maintenance");
+            replacement_requested(km, ctx, "delete", format!("deleted Machine {name}, which no MachineHealthCheck selects, so that its MachineSet replaces it: its Kairon host is in maintenance")).await;
+        }
+    }
+    let under_way = decision
+        .condition
+        .as_ref()
+        .map_or(previous.is_some_and(|c| c.status == "True"), |c| {
+            c.status == Status::True
+        });
+    let count = ctx
+        .evacuating
+        .record(&scope.ns, &machine.spec.cluster_name, &km.name_any(), under_way);
+    ctx.metrics.evacuations.set(i64::try_from(count).unwrap_or(i64::MAX));
+    out.conditions.extend(decision.condition);
+    out.requeue = decision.requeue;
+    Ok(out)
+}
+
+async fn replacement_requested(km: &KaironMachine, ctx: &Context, action: &'static str, note: String) {
+    ctx.metrics
+        .evacuation_replacements
+        .get_or_create(&ReplacementLabels { action })
+        .inc();
+    ctx.events
+        .normal(km, event::REPLACEMENT_REQUESTED, "Evacuate", note)
+        .await;
+}
+
+/// The Evacuation condition of a paused machine whose VM Kairon asks to evacuate, from the
+/// caches only (a paused reconcile reads and writes nothing else).
+pub(super) fn while_paused(scope: &Scope, ctx: &Context, why: &str) -> Option<Decided> {
+    let km = scope.km.as_ref();
+    let machine = scope.machine.as_deref()?;
+    let recorded = km.status.as_ref().and_then(|s| s.instance.as_ref());
+    let store = match (recorded.and_then(|i| i.identity_ref.as_ref()), &ctx.endpoints) {
+        (Some(identity), Some(endpoints)) => endpoints.cached_store(&scope.ns, identity)?,
+        _ => ctx.instances.clone(),
+    };
+    let vm = store.get(&ObjectRef::new(&km.name_any()).within(&scope.ns))?;
+    let request = vm_evacuation::request(&vm);
+    let host = vm_evacuation::host(&vm);
+    let own = Own {
+        machine,
+        request: request.as_ref(),
+        stopped_at_deadline: vm_evacuation::stopped_at_deadline(&vm),
+        host: host.as_deref(),
+        previous: evacuation_condition(km),
+    };
+    evacuation::while_paused(&own, why)
+}
+
+fn evacuation_condition(km: &KaironMachine) -> Option<&Condition> {
+    conditions::get(km.status.as_ref()?.conditions.as_deref()?, EVACUATION)
+}
+
+/// The Machines of `cluster` in `ns`, from the cache.
+fn cluster_machines(machines: &Store<capi::Machine>, ns: &str, cluster: &str) -> Vec<Arc<capi::Machine>> {
+    if cluster.is_empty() {
+        return vec![];
+    }
+    machines
+        .state()
+        .into_iter()
+        .filter(|m| m.metadata.namespace.as_deref() == Some(ns) && m.spec.cluster_name == cluster)
+        .collect()
+}
+
+/// Whether the VM of Machine `m` is asked off its host, and by when (its KaironMachine, and so
+/// its VM, has the name the Machine's `infrastructureRef` gives).
+fn evacuating(
+    m: &capi::Machine,
+    ns: &str,
+    store: &Store<kairon::Machine>,
+) -> Option<Option<k8s_openapi::jiff::Timestamp>> {
+    let r = m.spec.infrastructure_ref.as_ref()?;
+    let vm = store.get(&ObjectRef::new(&r.name).within(ns))?;
+    match vm_evacuation::request(&vm) {
+        Some(request) => Some(request.deadline),
+        None => vm_evacuation::stopped_at_deadline(&vm).then_some(None),
+    }
+}
+
+/// `InstanceInFailureDomain`: whether the VM's host satisfies the host selector of the
+/// Machine's failure domain (from the cached KaironCluster). `None` (the condition is not set)
+/// without a failure domain, a selector, or host labels reported by Kairon.
+fn in_failure_domain(scope: &Scope, machine: &capi::Machine, vm: &kairon::Machine, ctx: &Context) -> Option<Decided> {
+    let fd = machine.failure_domain()?;
+    let kc = ctx
+        .kaironclusters
+        .get(&ObjectRef::new(scope.kaironcluster_name()?).within(&scope.ns))?;
+    let selector = kc
+        .spec
+        .failure_domains
+        .as_ref()?
+        .iter()
+        .find(|d| d.name == fd)?
+        .node_selector
+        .as_ref()
+        .filter(|s| !s.is_empty())?;
+    let host = vm_evacuation::host(vm)?;
+    let inside = vm_evacuation::host_satisfies(selector, vm)?;
+    let wanted: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    Some(if inside {
+        Decided::new(
+            INSTANCE_IN_FAILURE_DOMAIN,
+            Status::True,
+            reason::INSTANCE_IN_FAILURE_DOMAIN,
+            format!("Kairon host {host} is in failure domain {fd}"),
+        )
+    } else {
+        Decided::new(
+            INSTANCE_IN_FAILURE_DOMAIN,
+            Status::False,
+            reason::INSTANCE_OUTSIDE_FAILURE_DOMAIN,
+            format!(
+                "Kairon host {host} is outside failure domain {fd} (its labels do not match {}); the Machine is not \
+                 replaced for that",
+                wanted.join(",")
+            ),
+        )
+    })
+}
+
+fn condition<'a>(status: Option<&'a KaironMachineStatus>, type_: &str) -> Option<&'a Condition> {
+    conditions::get(status?.conditions.as_deref()?, type_)
+}
+
+/// Events and metrics for what a status write changed of host maintenance: a live migration
+/// (once per move), a VM leaving its failure domain, an evacuation's steps.
+pub(super) async fn report(km: &KaironMachine, next: &KaironMachineStatus, ctx: &Context) {
+    let before = km.status.as_ref();
+    let host = |s: Option<&KaironMachineStatus>| s.and_then(|s| s.instance.as_ref()).and_then(|i| i.host.clone());
+    if let (Some(from), Some(to)) = (host(before), host(Some(next)))
+        && from != to
+        && same_instance(before, next)
+    {
+        ctx.metrics.instance_migrations.inc();
+        ctx.events
+            .normal(
+                km,
+                event::INSTANCE_MIGRATED,
+                "Migrate",
+                format!("Kairon Machine {} moved from host {from} to host {to}", km.name_any()),
+            )
+            .await;
+    }
+    let fd_before = condition(before, INSTANCE_IN_FAILURE_DOMAIN);
+    if let Some(fd) = condition(Some(next), INSTANCE_IN_FAILURE_DOMAIN)
+        && fd.status == "False"
+        && fd_before.is_none_or(|b| b.status != "False")
+    {
+        ctx.events
+            .warning(
+                km,
+                event::INSTANCE_OUTSIDE_FAILURE_DOMAIN,
+                "Migrate",
+                fd.message.clone(),
+            )
+            .await;
+    }
+    let Some(now) = condition(Some(next), EVACUATION) else {
+        return;
+    };
+    let was = condition(before, EVACUATION);
+    // Not reported while paused (a paused reconcile writes its status and nothing else): when
+    // the pause ends, then.
+    let began = now.status == "True"
+        && now.reason != reason::WAITING_FOR_UNPAUSE
+        && was.is_none_or(|w| w.status != "True" || w.reason == reason::WAITING_FOR_UNPAUSE);
+    if began {
+        ctx.events
+            .normal(km, event::EVACUATION_REQUESTED, "Evacuate", now.message.clone())
+            .await;
+    }
+    if was.is_some_and(|w| w.reason == now.reason) {
+        return;
+    }
+    match now.reason.as_str() {
+        reason::NO_MACHINE_HEALTH_CHECK | reason::REPLACEMENT_BLOCKED => {
+            ctx.events
+                .warning(km, event::EVACUATION_BLOCKED, "Evacuate", now.message.clone())
+                .await;
+        }
+        reason::DEADLINE_EXCEEDED => {
+            ctx.metrics.evacuation_deadlines_missed.inc();
+            ctx.events
+                .warning(km, event::EVACUATION_DEADLINE_EXCEEDED, "Evacuate", now.message.clone())
+                .await;
+        }
+        _ => {}
+    }
+}
+
+/// Whether both statuses name the same Kairon Machine (a host change of another incarnation is
+/// no migration).
+fn same_instance(before: Option<&KaironMachineStatus>, next: &KaironMachineStatus) -> bool {
+    let uid = |s: Option<&KaironMachineStatus>| s.and_then(|s| s.instance.as_ref()).and_then(|i| i.uid.clone());
+    uid(before) == uid(Some(next))
+}
