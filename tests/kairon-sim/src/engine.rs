@@ -5,7 +5,11 @@
 //!
 //! At most one Machine write and one guest operation are in flight per Machine. Host and
 //! address bookkeeping follows the Machines' statuses, and nothing is decided before the
-//! first full list, so a restart picks up where the objects say.
+//! first full lists, so a restart picks up where the objects say. Hosts, migrations and
+//! maintenance: [`site`].
+
+mod maintenance;
+mod site;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -25,7 +29,9 @@ use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
 use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
+use crate::site_writes::SiteWriter;
 use crate::workload::Workloads;
+use site::{Site, SiteDone, is_older};
 
 /// Timers are checked at their deadlines, and at least this often.
 const TICK: Duration = Duration::from_millis(200);
@@ -44,6 +50,10 @@ pub struct Options {
     pub guest_tools: Option<crate::fleet::GuestTools>,
     /// Run the guests' pre-kubeadm scripts under this dir (see [`crate::scripts`]).
     pub guest_scripts_dir: Option<std::path::PathBuf>,
+    /// A live migration's Running -> Succeeded.
+    pub migration_delay: Duration,
+    /// Create, watch and keep the status of a Host object per host (maintenance).
+    pub host_objects: bool,
 }
 
 struct Timer {
@@ -63,6 +73,7 @@ enum Done {
         uid: String,
         outcome: GuestOutcome,
     },
+    Site(SiteDone),
 }
 
 pub struct Engine {
@@ -72,6 +83,7 @@ pub struct Engine {
     workloads: Arc<Workloads>,
     fleet: Option<Arc<Fleet>>,
     scripts: Option<Arc<GuestScripts>>,
+    site: Site,
     permits: Arc<Semaphore>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
@@ -98,6 +110,7 @@ impl Engine {
             workloads: Arc::new(Workloads::new(management)),
             fleet: opts.guest_tools.clone().map(|t| Arc::new(Fleet::new(t))),
             scripts: opts.guest_scripts_dir.clone().map(|d| Arc::new(GuestScripts::new(d))),
+            site: Site::new(SiteWriter::new(client.clone()), opts.host_objects, opts.migration_delay),
             client,
             opts,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -122,6 +135,7 @@ impl Engine {
             None => Api::all(self.client.clone()),
         };
         let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+        let (mut migration_events, mut host_events) = self.site_watches().await;
         let mut wake = Instant::now() + TICK;
         loop {
             tokio::select! {
@@ -130,10 +144,19 @@ impl Engine {
                     Some(Err(e)) => tracing::warn!(error = %e, "watching Kairon Machines"),
                     None => return,
                 },
+                Some(event) = migration_events.next() => match event {
+                    Ok(event) => self.on_migration_event(event),
+                    Err(e) => tracing::warn!(error = %e, "watching Kairon MachineMigrations"),
+                },
+                Some(event) = host_events.next() => match event {
+                    Ok(event) => self.on_host_event(event),
+                    Err(e) => tracing::warn!(error = %e, "watching Kairon Hosts"),
+                },
                 Some(done) = self.done_rx.recv() => self.on_done(done),
                 () = tokio::time::sleep_until(wake.into()) => self.on_tick(),
             }
             self.process_dirty();
+            self.process_site();
             wake = self.next_wake();
         }
     }
@@ -168,6 +191,7 @@ impl Engine {
             watcher::Event::Apply(m) => self.store(m),
             watcher::Event::Delete(m) => self.forget(&Key::of(&m)),
         }
+        self.site.dirty = true;
     }
 
     /// Keeps the newest version of a Machine and, unless a write of ours is in flight, brings
@@ -242,6 +266,7 @@ impl Engine {
                 }
                 self.observe(&key);
                 self.dirty.insert(key);
+                self.site.dirty = true;
             }
             Done::Guest { key, uid, outcome } => {
                 self.guests_busy.remove(&key);
@@ -250,6 +275,7 @@ impl Engine {
                 }
                 self.dirty.insert(key);
             }
+            Done::Site(done) => self.on_site_done(done),
         }
     }
 
@@ -276,6 +302,7 @@ impl Engine {
         timers
             .chain(retries)
             .chain(guests)
+            .chain(self.site.retry_at())
             .filter(|t| *t > now)
             .fold(now + TICK, Instant::min)
     }
@@ -291,12 +318,14 @@ impl Engine {
             .map(|(k, _)| k);
         let due: Vec<Key> = due_timers.chain(due_retries).chain(due_guests).cloned().collect();
         self.dirty.extend(due);
+        // Migration delays and evacuation deadlines are wall-clock times in the objects.
+        self.site.dirty = true;
     }
 
     // --- decisions ------------------------------------------------------------------------
 
     fn process_dirty(&mut self) {
-        if !self.synced {
+        if !self.synced || !self.site.synced() {
             return;
         }
         let now = Instant::now();
@@ -362,7 +391,8 @@ impl Engine {
                     Ok(host) => {
                         tracing::info!(machine = %key, host = %host, "{from} -> Provisioning");
                         self.allocations.placement.assign(key, &host);
-                        sim::provisioning_status(&m, &host, now)
+                        let labels = self.allocations.placement.labels_of(&host).cloned();
+                        sim::provisioning_status(&m, &host, labels, now)
                     }
                     Err(unschedulable) => {
                         tracing::info!(machine = %key, why = %unschedulable.0, "{from} -> Failed (Unschedulable)");
@@ -466,14 +496,4 @@ impl Engine {
             let _ = tx.send(Done::Guest { key, uid, outcome });
         });
     }
-}
-
-fn is_older(candidate: &Machine, current: &Machine) -> bool {
-    let rv = |m: &Machine| {
-        m.metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    matches!((rv(candidate), rv(current)), (Some(a), Some(b)) if a < b)
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::hosts::Host;
+use crate::placement::Host;
 
 /// Parses a Go-style duration (`time.ParseDuration`): `0`, `500ms`, `2s`, `1m30s`, `1.5h`.
 /// The tests and the demo pass the same strings to Go tools and to us.

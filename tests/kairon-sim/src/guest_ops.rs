@@ -233,7 +233,7 @@ async fn stop_processes(fleet: Option<&Fleet>, scripts: Option<&GuestScripts>, m
     fleet?.stop(&uid).await
 }
 
-/// The VM failed: what ran in it stops (its pre-kubeadm scripts, a control plane's
+/// The VM failed or was stopped: what ran in it stops (its pre-kubeadm scripts, a control plane's
 /// processes) and so does its kubelet, so KWOK no longer beats for its Node. The Node stays;
 /// the workload cluster's node lifecycle controller notices, as for a real VM that died.
 pub async fn stop(
@@ -258,7 +258,7 @@ pub async fn stop(
     };
     match workloads.stop_kubelet(&client, node.name()).await {
         Ok(()) => {
-            tracing::info!(machine = %key, node = %node.name(), "VM failed: its kubelet stopped");
+            tracing::info!(machine = %key, node = %node.name(), "VM down: its kubelet stopped");
             GuestOutcome::Stopped
         }
         Err(e) => {

@@ -1,95 +1,14 @@
-//! Kairon hosts and what machines hold on them: placement against `spec.nodeSelector` and
-//! host capacity, and the address pool. Pure bookkeeping; the engine keeps it in line with
-//! what the Machines' statuses say, so it is rebuilt from the objects after a restart.
+//! What machines hold: a slot on a host ([`crate::placement`]) and an address from the pool.
+//! Pure bookkeeping; the engine keeps it in line with what the Machines' statuses say, so it
+//! is rebuilt from the objects after a restart.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use capkr::kairon::{Machine, phase};
 
+use crate::placement::Placement;
 use crate::sim::Key;
-
-/// A Kairon host that can run VMs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Host {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-}
-
-/// Why a Machine cannot be placed: the `message` of a Failed/Unschedulable status.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unschedulable(pub String);
-
-/// Which host runs which machine, and how many each host may run.
-#[derive(Debug)]
-pub struct Placement {
-    hosts: Vec<Host>,
-    /// Machines per host; 0 means unlimited.
-    capacity: usize,
-    host_of: HashMap<Key, String>,
-}
-
-impl Placement {
-    pub fn new(hosts: Vec<Host>, capacity: usize) -> Self {
-        Self {
-            hosts,
-            capacity,
-            host_of: HashMap::new(),
-        }
-    }
-
-    /// Picks the least-loaded host whose labels satisfy `selector` and that has room (ties go
-    /// to the first listed), as a scheduler spreading VMs would.
-    pub fn choose(&self, selector: Option<&BTreeMap<String, String>>) -> Result<String, Unschedulable> {
-        let matching: Vec<&Host> = self.hosts.iter().filter(|h| selects(selector, &h.labels)).collect();
-        if matching.is_empty() {
-            return Err(Unschedulable(format!(
-                "no host matches nodeSelector {}",
-                describe_selector(selector)
-            )));
-        }
-        let mut loads: HashMap<&str, usize> = HashMap::new();
-        for host in self.host_of.values() {
-            *loads.entry(host.as_str()).or_default() += 1;
-        }
-        matching
-            .iter()
-            .map(|h| (loads.get(h.name.as_str()).copied().unwrap_or(0), h))
-            .filter(|(load, _)| self.capacity == 0 || *load < self.capacity)
-            .min_by_key(|(load, _)| *load)
-            .map(|(_, h)| h.name.clone())
-            .ok_or_else(|| {
-                Unschedulable(format!(
-                    "all {} host(s) matching nodeSelector {} are full (capacity {} machines per host)",
-                    matching.len(),
-                    describe_selector(selector),
-                    self.capacity
-                ))
-            })
-    }
-
-    pub fn assign(&mut self, key: &Key, host: &str) {
-        self.host_of.insert(key.clone(), host.to_string());
-    }
-
-    pub fn release(&mut self, key: &Key) {
-        self.host_of.remove(key);
-    }
-}
-
-fn selects(selector: Option<&BTreeMap<String, String>>, labels: &BTreeMap<String, String>) -> bool {
-    selector.is_none_or(|sel| sel.iter().all(|(k, v)| labels.get(k) == Some(v)))
-}
-
-fn describe_selector(selector: Option<&BTreeMap<String, String>>) -> String {
-    match selector {
-        Some(sel) if !sel.is_empty() => {
-            let pairs: Vec<String> = sel.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            format!("{{{}}}", pairs.join(","))
-        }
-        _ => "{}".to_string(),
-    }
-}
 
 /// An IPv4 pool handing out each address to one machine at a time. Allocation walks forward
 /// from the last address handed out, so a released address is not reused at once (a stale
@@ -185,15 +104,13 @@ pub struct Allocations {
 
 impl Allocations {
     /// Makes the bookkeeping for `key` say what the Machine's status says: a host is held
-    /// while the VM exists (Provisioning, Running, Stopped, Terminating), an address while the
-    /// Machine reports one (a Failed Machine keeps its address until it is deleted, so the
-    /// address never shows on two Machines).
+    /// while the VM runs there (Provisioning, Running, Terminating; a Stopped VM is powered off
+    /// and holds nothing), an address while the Machine reports one (a Failed or Stopped
+    /// Machine keeps its address until it is deleted, so the address never shows on two
+    /// Machines).
     pub fn observe(&mut self, key: &Key, machine: &Machine) -> Option<Key> {
         let status = machine.status.as_ref();
-        let holds_host = matches!(
-            status.and_then(|s| s.phase.as_deref()),
-            Some(phase::PROVISIONING | phase::RUNNING | phase::STOPPED | phase::TERMINATING)
-        );
+        let holds_host = holds_host(status.and_then(|s| s.phase.as_deref()));
         match status.and_then(|s| s.host_name.as_deref()) {
             Some(host) if holds_host => self.placement.assign(key, host),
             _ => self.placement.release(key),
@@ -218,6 +135,11 @@ impl Allocations {
     }
 }
 
+/// Whether a VM in this phase occupies its host.
+pub fn holds_host(phase: Option<&str>) -> bool {
+    matches!(phase, Some(phase::PROVISIONING | phase::RUNNING | phase::TERMINATING))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,123 +149,6 @@ mod tests {
             namespace: "default".into(),
             name: name.into(),
         }
-    }
-
-    fn host(name: &str, labels: &[(&str, &str)]) -> Host {
-        Host {
-            name: name.into(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        }
-    }
-
-    fn selector(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    const ZONE: &str = "topology.kairon.zyvor.dev/zone";
-
-    #[test]
-    fn placement_honours_node_selector_and_capacity() {
-        struct Case {
-            name: &'static str,
-            capacity: usize,
-            placed: &'static [(&'static str, &'static str)],
-            selector: Option<&'static [(&'static str, &'static str)]>,
-            want: Result<&'static str, &'static str>,
-        }
-        let cases = [
-            Case {
-                name: "no selector, empty hosts",
-                capacity: 0,
-                placed: &[],
-                selector: None,
-                want: Ok("h1"),
-            },
-            Case {
-                name: "spreads to least loaded",
-                capacity: 0,
-                placed: &[("m1", "h1")],
-                selector: None,
-                want: Ok("h2"),
-            },
-            Case {
-                name: "selector picks zone",
-                capacity: 0,
-                placed: &[],
-                selector: Some(&[(ZONE, "zone-b")]),
-                want: Ok("h2"),
-            },
-            Case {
-                name: "empty selector matches all",
-                capacity: 0,
-                placed: &[],
-                selector: Some(&[]),
-                want: Ok("h1"),
-            },
-            Case {
-                name: "unknown zone",
-                capacity: 0,
-                placed: &[],
-                selector: Some(&[(ZONE, "zone-x")]),
-                want: Err("no host matches nodeSelector {topology.kairon.zyvor.dev/zone=zone-x}"),
-            },
-            Case {
-                name: "zone full",
-                capacity: 1,
-                placed: &[("m1", "h1")],
-                selector: Some(&[(ZONE, "zone-a")]),
-                want: Err(
-                    "all 1 host(s) matching nodeSelector {topology.kairon.zyvor.dev/zone=zone-a} are full (capacity 1 machines per host)",
-                ),
-            },
-            Case {
-                name: "capacity skips full host",
-                capacity: 2,
-                placed: &[("m1", "h1"), ("m2", "h1"), ("m3", "h2"), ("m4", "h3"), ("m5", "h3")],
-                selector: None,
-                want: Ok("h2"),
-            },
-            Case {
-                name: "all full",
-                capacity: 1,
-                placed: &[("m1", "h1"), ("m2", "h2"), ("m3", "h3")],
-                selector: None,
-                want: Err("all 3 host(s) matching nodeSelector {} are full (capacity 1 machines per host)"),
-            },
-            Case {
-                name: "unlimited",
-                capacity: 0,
-                placed: &[("m1", "h1"), ("m2", "h2"), ("m3", "h3")],
-                selector: None,
-                want: Ok("h1"),
-            },
-        ];
-        for case in cases {
-            let mut placement = Placement::new(
-                vec![
-                    host("h1", &[(ZONE, "zone-a")]),
-                    host("h2", &[(ZONE, "zone-b")]),
-                    host("h3", &[]),
-                ],
-                case.capacity,
-            );
-            for (m, h) in case.placed {
-                placement.assign(&key(m), h);
-            }
-            let sel = case.selector.map(selector);
-            let got = placement.choose(sel.as_ref());
-            let want = case.want.map(str::to_string).map_err(|m| Unschedulable(m.to_string()));
-            assert_eq!(got, want, "{}", case.name);
-        }
-    }
-
-    #[test]
-    fn releasing_a_machine_frees_its_slot() {
-        let mut placement = Placement::new(vec![host("h1", &[])], 1);
-        placement.assign(&key("m1"), "h1");
-        assert!(placement.choose(None).is_err());
-        placement.release(&key("m1"));
-        assert_eq!(placement.choose(None), Ok("h1".to_string()));
     }
 
     #[test]
@@ -384,6 +189,22 @@ mod tests {
         let mut pool = AddressPool::new("10.0.0.0/24").unwrap();
         pool.claim(&key("a"), "10.0.0.9".parse().unwrap());
         assert_eq!(pool.claim(&key("b"), "10.0.0.9".parse().unwrap()), Some(key("a")));
+    }
+
+    #[test]
+    fn a_stopped_vm_no_longer_holds_its_host() {
+        let cases = [
+            (None, false),
+            (Some(phase::PENDING), false),
+            (Some(phase::PROVISIONING), true),
+            (Some(phase::RUNNING), true),
+            (Some(phase::TERMINATING), true),
+            (Some(phase::STOPPED), false),
+            (Some(phase::FAILED), false),
+        ];
+        for (p, want) in cases {
+            assert_eq!(holds_host(p), want, "{p:?}");
+        }
     }
 
     #[test]

@@ -101,8 +101,9 @@ pub enum KubeletStep {
     Register,
     /// Post status with this Ready value (a change asked for by annotation).
     SetReady(bool),
-    /// The VM failed: its kubelet (and a control plane's processes) stop, so its Node's
-    /// heartbeat stops and the workload cluster's node lifecycle controller takes over.
+    /// The VM failed or was stopped: its kubelet (and a control plane's processes) stop, so
+    /// its Node's heartbeat stops and the workload cluster's node lifecycle controller takes
+    /// over.
     Stop,
 }
 
@@ -127,7 +128,8 @@ pub fn next_kubelet_step(m: &Machine, guest: &Guest, now: Instant) -> KubeletSte
                 KubeletStep::Idle
             }
         }
-        Some(phase::FAILED) if !guest.stopped => KubeletStep::Stop,
+        // Failed, or powered off by Kairon: what ran in the VM is gone.
+        Some(phase::FAILED | phase::STOPPED) if !guest.stopped => KubeletStep::Stop,
         _ => KubeletStep::Idle,
     }
 }
@@ -253,6 +255,21 @@ mod tests {
             (
                 "failed, stopped",
                 machine(phase::FAILED, false, false),
+                Guest {
+                    stopped: true,
+                    ..running.clone()
+                },
+                KubeletStep::Idle,
+            ),
+            (
+                "stopped by Kairon stops the kubelet",
+                machine(phase::STOPPED, false, false),
+                running.clone(),
+                KubeletStep::Stop,
+            ),
+            (
+                "stopped, kubelet stopped",
+                machine(phase::STOPPED, false, false),
                 Guest {
                     stopped: true,
                     ..running.clone()

@@ -10,6 +10,7 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use crate::sim::{FIELD_MANAGER, FINALIZER, Key};
+use crate::status_patch::status_patch;
 
 /// How a write ended, as the engine needs to know it.
 #[derive(Debug)]
@@ -97,10 +98,17 @@ impl MachineWriter {
         self.outcome(&key, result).await
     }
 
-    /// Merge-patches `status` through the status subresource.
+    /// Merge-patches `status` through the status subresource: the fields that differ from the
+    /// Machine's, those it drops as `null`; nothing when nothing differs. Fields of the status
+    /// the model does not know are left alone.
     pub async fn write_status(&self, m: &Machine, status: &MachineStatus) -> WriteResult {
         let key = Key::of(m);
-        let patch = json!({"metadata": {"resourceVersion": m.resource_version()}, "status": status});
+        let changes = match status_patch(m.status.as_ref(), status) {
+            Ok(Some(changes)) => changes,
+            Ok(None) => return WriteResult::Written(Box::new(m.clone())),
+            Err(e) => return WriteResult::Failed(kube::Error::SerdeError(e)),
+        };
+        let patch = json!({"metadata": {"resourceVersion": m.resource_version()}, "status": changes});
         let result = self
             .api(&key)
             .patch_status(&key.name, &patch_params(), &Patch::Merge(&patch))
@@ -131,14 +139,14 @@ fn without_unmodelled_metadata(m: &Machine) -> Machine {
     model
 }
 
-fn patch_params() -> PatchParams {
+pub fn patch_params() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..Default::default()
     }
 }
 
-fn post_params() -> PostParams {
+pub fn post_params() -> PostParams {
     PostParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..Default::default()

@@ -2,11 +2,12 @@
 //! tests and the local demo. Behaviour, flags and annotations: `README.md` beside this crate.
 //!
 //! - [`sim`]: the Machine phase machine (pure);
-//! - [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
+//! - [`placement`], [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
+//! - [`migration`], [`evacuation`]: live migrations and host maintenance (pure);
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure);
 //! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
-//! - [`machines`], [`workload`], [`guest_ops`]: writes to the management and the workload
-//!   API servers;
+//! - [`machines`], [`site_writes`], [`workload`], [`guest_ops`]: writes to the management
+//!   and the workload API servers ([`status_patch`]: what a status write sends);
 //! - [`kubeadm`], [`fleet`], [`static_pods`], [`procs`], [`endpoint`], [`kubeadm_objects`]:
 //!   with `--guest-bin-dir`, what `kubeadm init`/`join --control-plane` start on a
 //!   control-plane VM (real etcd, kube-apiserver, kube-controller-manager, kube-scheduler),
@@ -21,6 +22,7 @@ mod addons;
 mod addons_objects;
 mod endpoint;
 mod engine;
+mod evacuation;
 mod flags;
 mod fleet;
 mod guest;
@@ -31,10 +33,14 @@ mod kubeadm_objects;
 mod kubelet;
 mod kwok;
 mod machines;
+mod migration;
+mod placement;
 mod procs;
 mod scripts;
 mod sim;
+mod site_writes;
 mod static_pods;
+mod status_patch;
 mod workload;
 
 use std::path::PathBuf;
@@ -47,7 +53,8 @@ use kube::{Client, Config};
 use tracing_subscriber::EnvFilter;
 
 use crate::engine::{Engine, Options};
-use crate::hosts::{AddressPool, Allocations, Placement};
+use crate::hosts::{AddressPool, Allocations};
+use crate::placement::Placement;
 use crate::sim::Delays;
 
 #[derive(Parser, Debug)]
@@ -110,6 +117,13 @@ struct Args {
     /// Other commands are never run. For test flavors that gate kubeadm on a signal.
     #[arg(long)]
     guest_scripts_dir: Option<PathBuf>,
+    /// A live migration's Running -> Succeeded (the VM's hostName changes then).
+    #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
+    migration_delay: Duration,
+    /// Create (or adopt) a cluster-scoped Host object per --hosts entry and play its
+    /// maintenance. Off by default: simulators sharing an API server would share host names.
+    #[arg(long)]
+    host_objects: bool,
 }
 
 #[tokio::main]
@@ -137,6 +151,8 @@ async fn main() -> anyhow::Result<()> {
         failure_rate = args.failure_rate,
         full_update = args.full_update,
         boot_guest = !args.no_boot_guest,
+        migration_delay = ?args.migration_delay,
+        host_objects = args.host_objects,
         "kairon-sim starting"
     );
     let opts = Options {
@@ -155,6 +171,8 @@ async fn main() -> anyhow::Result<()> {
             .zip(args.guest_dir)
             .map(|(bin_dir, data_dir)| fleet::GuestTools { bin_dir, data_dir }),
         guest_scripts_dir: args.guest_scripts_dir,
+        migration_delay: args.migration_delay,
+        host_objects: args.host_objects,
     };
     let allocations = Allocations {
         placement: Placement::new(hosts, args.host_capacity),
@@ -223,11 +241,15 @@ mod tests {
             "--no-boot-guest",
             "--address-pool",
             "10.0.0.0/24",
+            "--migration-delay",
+            "3s",
+            "--host-objects",
         ])
         .unwrap();
         assert_eq!(args.boot_delay, Duration::from_millis(500));
         assert_eq!(args.hosts.map(|h| h.0.len()), Some(2));
-        assert!(args.full_update && args.no_boot_guest);
+        assert!(args.full_update && args.no_boot_guest && args.host_objects);
+        assert_eq!(args.migration_delay, Duration::from_secs(3));
         let defaults = Args::try_parse_from(["kairon-sim"]).unwrap();
         assert_eq!(
             (defaults.provision_delay, defaults.boot_delay, defaults.delete_delay),
@@ -237,5 +259,7 @@ mod tests {
             (defaults.jitter, defaults.failure_rate, defaults.host_capacity),
             (0.2, 0.0, 0)
         );
+        assert_eq!(defaults.migration_delay, Duration::from_secs(1));
+        assert!(!defaults.host_objects);
     }
 }

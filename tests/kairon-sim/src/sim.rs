@@ -2,6 +2,7 @@
 //! whether the timer of its current phase has run out, what to do next; and the statuses each
 //! transition writes. No I/O here; the engine feeds objects in and carries steps out.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -216,10 +217,16 @@ pub fn accepted_status(m: &Machine) -> MachineStatus {
     }
 }
 
-pub fn provisioning_status(m: &Machine, host: &str, now: Timestamp) -> MachineStatus {
+pub fn provisioning_status(
+    m: &Machine,
+    host: &str,
+    host_labels: Option<BTreeMap<String, String>>,
+    now: Timestamp,
+) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::PROVISIONING.to_string());
     status.host_name = Some(host.to_string());
+    status.host_labels = host_labels;
     set_condition(
         &mut status,
         CONDITION_SCHEDULED,
@@ -271,7 +278,14 @@ pub fn terminating_status(m: &Machine) -> MachineStatus {
 }
 
 /// Sets a metav1 condition; `lastTransitionTime` moves only when the status changes.
-fn set_condition(status: &mut MachineStatus, type_: &str, value: bool, reason: &str, message: &str, now: Timestamp) {
+pub fn set_condition(
+    status: &mut MachineStatus,
+    type_: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) {
     let value = if value { "True" } else { "False" };
     let conditions = status.conditions.get_or_insert_with(Vec::new);
     let previous = conditions
@@ -296,7 +310,6 @@ fn set_condition(status: &mut MachineStatus, type_: &str, value: bool, reason: &
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use std::collections::BTreeMap;
 
     fn machine(phase: Option<&str>, finalizer: bool, deleting: bool, annotations: &[(&str, &str)]) -> Machine {
         Machine {
@@ -448,8 +461,10 @@ mod tests {
             status: Some(accepted),
             ..m
         };
-        let provisioning = provisioning_status(&m, "kairon-node-2", now);
+        let labels: BTreeMap<String, String> = [("zone".to_string(), "b".to_string())].into();
+        let provisioning = provisioning_status(&m, "kairon-node-2", Some(labels.clone()), now);
         assert_eq!(provisioning.host_name.as_deref(), Some("kairon-node-2"));
+        assert_eq!(provisioning.host_labels, Some(labels));
         assert_eq!(provisioning.instance_id.as_deref(), Some("uid-1"));
 
         let m = Machine {

@@ -1,0 +1,398 @@
+//! The engine's part that plays Kairon's hosts: MachineMigrations (always) and, with
+//! `--host-objects`, Host objects (their maintenance: [`super::maintenance`]). Watches feed
+//! in-memory views; the pure decisions of [`crate::migration`] and [`crate::evacuation`] run
+//! over the whole site after every change and at every tick; writes run as tasks, at most one
+//! in flight per object (a Machine's go through the engine's own write path, so they never
+//! race its phase machine).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use capkr::kairon::maintenance::{Host, MachineMigration, migration_phase};
+use capkr::kairon::phase;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+
+use super::{Done, Engine, RETRY_AFTER_ERROR};
+use crate::migration::{self, MigrationStep, after, is_under_way, migration_phase_of, next_migration_step};
+use crate::sim::Key;
+use crate::site_writes::{SiteWriter, Written};
+
+/// What a finished site write reports.
+pub(super) enum SiteDone {
+    Host {
+        name: String,
+        result: Written<Host>,
+    },
+    Migration {
+        key: Key,
+        result: Written<MachineMigration>,
+    },
+}
+
+/// Kairon's view of its hosts and migrations.
+pub(super) struct Site {
+    pub host_objects: bool,
+    pub migration_delay: Duration,
+    pub writer: SiteWriter,
+    pub(super) hosts: HashMap<String, Host>,
+    hosts_listing: Option<HashSet<String>>,
+    hosts_synced: bool,
+    pub(super) migrations: HashMap<Key, MachineMigration>,
+    migrations_listing: Option<HashSet<Key>>,
+    migrations_synced: bool,
+    pub(super) busy_hosts: HashSet<String>,
+    pub(super) busy_migrations: HashSet<Key>,
+    /// When the migrations this process started began, to the sub-second (`startTimestamp`
+    /// is to the second; after a restart it is what there is).
+    started: HashMap<Key, Timestamp>,
+    retry_at: Option<Instant>,
+    /// Something changed: decide again.
+    pub dirty: bool,
+}
+
+impl Site {
+    pub fn new(writer: SiteWriter, host_objects: bool, migration_delay: Duration) -> Self {
+        Self {
+            host_objects,
+            migration_delay,
+            writer,
+            hosts: HashMap::new(),
+            hosts_listing: None,
+            hosts_synced: !host_objects,
+            migrations: HashMap::new(),
+            migrations_listing: None,
+            migrations_synced: false,
+            busy_hosts: HashSet::new(),
+            busy_migrations: HashSet::new(),
+            started: HashMap::new(),
+            retry_at: None,
+            dirty: true,
+        }
+    }
+
+    /// Nothing is decided before the first full lists, so a restart starts from the objects.
+    pub fn synced(&self) -> bool {
+        self.hosts_synced && self.migrations_synced
+    }
+
+    pub fn retry_at(&self) -> Option<Instant> {
+        self.retry_at
+    }
+}
+
+pub(super) fn migration_key(m: &MachineMigration) -> Key {
+    Key {
+        namespace: m.namespace().unwrap_or_default(),
+        name: m.name_any(),
+    }
+}
+
+/// Whether `candidate` is an older version of `current` (a write's result that a watch event
+/// overtook, or the reverse).
+pub(super) fn is_older<K: Resource>(candidate: &K, current: &K) -> bool {
+    let rv = |k: &K| k.meta().resource_version.as_deref().and_then(|v| v.parse::<u64>().ok());
+    current.meta().uid == candidate.meta().uid && matches!((rv(candidate), rv(current)), (Some(a), Some(b)) if a < b)
+}
+
+/// A watch's events, boxed.
+type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+impl Engine {
+    /// The watches on MachineMigrations (as wide as the one on Machines) and, with
+    /// `--host-objects`, on Hosts, once a Host object exists per host (retried until it works).
+    pub(super) async fn site_watches(&self) -> (Events<MachineMigration>, Events<Host>) {
+        let migrations: Api<MachineMigration> = match &self.opts.namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let migrations = watcher(migrations, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        if !self.site.host_objects {
+            return (migrations, futures::stream::pending().boxed());
+        }
+        let hosts = self.allocations.placement.hosts().to_vec();
+        while let Err(e) = self.site.writer.ensure_hosts(&hosts).await {
+            tracing::warn!(error = %e, "creating Host objects; retrying");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let hosts = Api::<Host>::all(self.client.clone());
+        (
+            migrations,
+            watcher(hosts, watcher::Config::default()).default_backoff().boxed(),
+        )
+    }
+
+    pub(super) fn on_host_event(&mut self, event: watcher::Event<Host>) {
+        let site = &mut self.site;
+        match event {
+            watcher::Event::Init => site.hosts_listing = Some(HashSet::new()),
+            watcher::Event::InitApply(h) => {
+                if let Some(seen) = site.hosts_listing.as_mut() {
+                    seen.insert(h.name_any());
+                }
+                self.store_host(h);
+            }
+            watcher::Event::InitDone => {
+                let seen = site.hosts_listing.take().unwrap_or_default();
+                site.hosts.retain(|name, _| seen.contains(name));
+                site.hosts_synced = true;
+            }
+            watcher::Event::Apply(h) => self.store_host(h),
+            watcher::Event::Delete(h) => {
+                if site.hosts.remove(&h.name_any()).is_some() {
+                    tracing::warn!(host = %h.name_any(), "Host object deleted: the host counts as schedulable");
+                }
+            }
+        }
+        self.site.dirty = true;
+        self.refresh_cordoned();
+    }
+
+    fn store_host(&mut self, h: Host) {
+        let name = h.name_any();
+        if self.allocations.placement.labels_of(&name).is_none() {
+            return; // another simulator's, or nobody's
+        }
+        if let Some(current) = self.site.hosts.get(&name)
+            && is_older(&h, current)
+        {
+            return;
+        }
+        self.site.hosts.insert(name, h);
+    }
+
+    pub(super) fn on_migration_event(&mut self, event: watcher::Event<MachineMigration>) {
+        let site = &mut self.site;
+        match event {
+            watcher::Event::Init => site.migrations_listing = Some(HashSet::new()),
+            watcher::Event::InitApply(m) => {
+                if let Some(seen) = site.migrations_listing.as_mut() {
+                    seen.insert(migration_key(&m));
+                }
+                self.store_migration(m);
+            }
+            watcher::Event::InitDone => {
+                let seen = site.migrations_listing.take().unwrap_or_default();
+                site.migrations.retain(|key, _| seen.contains(key));
+                site.migrations_synced = true;
+            }
+            watcher::Event::Apply(m) => self.store_migration(m),
+            watcher::Event::Delete(m) => {
+                site.migrations.remove(&migration_key(&m));
+            }
+        }
+        self.site.dirty = true;
+    }
+
+    fn store_migration(&mut self, m: MachineMigration) {
+        let key = migration_key(&m);
+        if let Some(current) = self.site.migrations.get(&key)
+            && is_older(&m, current)
+        {
+            return;
+        }
+        self.site.migrations.insert(key, m);
+    }
+
+    pub(super) fn on_site_done(&mut self, done: SiteDone) {
+        self.site.dirty = true;
+        match done {
+            SiteDone::Host { name, result } => {
+                self.site.busy_hosts.remove(&name);
+                match result {
+                    Written::Object(h) => self.store_host(*h),
+                    Written::Gone => {}
+                    Written::Failed(e) => self.site_write_failed(&format!("Host {name}"), &e),
+                }
+                self.refresh_cordoned();
+            }
+            SiteDone::Migration { key, result } => {
+                self.site.busy_migrations.remove(&key);
+                match result {
+                    Written::Object(m) => self.store_migration(*m),
+                    Written::Gone => {
+                        self.site.migrations.remove(&key);
+                    }
+                    Written::Failed(e) => self.site_write_failed(&format!("MachineMigration {key}"), &e),
+                }
+            }
+        }
+    }
+
+    fn site_write_failed(&mut self, what: &str, e: &kube::Error) {
+        tracing::warn!(object = what, error = %e, "writing failed; will retry");
+        self.site.retry_at = Some(Instant::now() + RETRY_AFTER_ERROR);
+    }
+
+    /// Hosts nothing new goes to: `spec.unschedulable`, or in maintenance.
+    fn refresh_cordoned(&mut self) {
+        let cordoned: BTreeSet<String> = self
+            .site
+            .hosts
+            .iter()
+            .filter(|(_, h)| h.spec.unschedulable == Some(true) || h.spec.maintenance.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        self.allocations.placement.set_cordoned(cordoned);
+    }
+
+    /// Migration targets under way hold a slot on their host.
+    fn refresh_reserved(&mut self) {
+        let reserved: HashMap<Key, String> = self
+            .site
+            .migrations
+            .values()
+            .filter(|m| migration_phase_of(m) == Some(migration_phase::RUNNING))
+            .filter_map(|m| {
+                let target = m.status.as_ref()?.target_host.clone()?;
+                let vm = Key {
+                    namespace: m.namespace().unwrap_or_default(),
+                    name: m.spec.machine_name.clone(),
+                };
+                Some((vm, target))
+            })
+            .collect();
+        self.allocations.placement.set_reserved(reserved);
+    }
+
+    // --- decisions ------------------------------------------------------------------------
+
+    pub(super) fn process_site(&mut self) {
+        if !self.synced || !self.site.synced() || !self.site.dirty {
+            return;
+        }
+        if self.site.retry_at.is_some_and(|t| t > Instant::now()) {
+            return;
+        }
+        self.site.retry_at = None;
+        self.site.dirty = false;
+        let now = Timestamp::now();
+        self.refresh_cordoned();
+        self.refresh_reserved();
+        self.step_migrations(now);
+        if self.site.host_objects {
+            self.step_hosts(now);
+        }
+        self.write_host_labels();
+    }
+
+    fn step_migrations(&mut self, now: Timestamp) {
+        let mut keys: Vec<Key> = self
+            .site
+            .migrations
+            .iter()
+            .filter(|(k, m)| is_under_way(m) && !self.site.busy_migrations.contains(*k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        keys.sort();
+        for key in keys {
+            let Some(mig) = self.site.migrations.get(&key).cloned() else {
+                continue;
+            };
+            let vm_key = Key {
+                namespace: key.namespace.clone(),
+                name: mig.spec.machine_name.clone(),
+            };
+            let vm = self.machines.get(&vm_key);
+            let other_running = self.site.migrations.iter().any(|(k, m)| {
+                *k != key
+                    && k.namespace == key.namespace
+                    && m.spec.machine_name == mig.spec.machine_name
+                    && migration_phase_of(m) == Some(migration_phase::RUNNING)
+            });
+            let step = next_migration_step(
+                &mig,
+                vm,
+                &self.allocations.placement,
+                other_running,
+                now,
+                self.site.migration_delay,
+            );
+            let delay = self.site.migration_delay;
+            let status = match step {
+                MigrationStep::Wait => continue,
+                MigrationStep::Move { .. } if self.site.started.get(&key).is_some_and(|t| after(*t, delay) > now) => {
+                    continue;
+                }
+                MigrationStep::Queue => migration::queued_status(&mig),
+                MigrationStep::Start { source, target } => {
+                    tracing::info!(migration = %key, machine = %vm_key, from = %source, to = %target, "migration Running");
+                    // Held at once, so that the next migration decided now sees it.
+                    self.allocations.placement.reserve(&vm_key, &target);
+                    self.site.started.insert(key.clone(), now);
+                    migration::started_status(&mig, &source, &target, now)
+                }
+                MigrationStep::Complete => {
+                    self.site.started.remove(&key);
+                    tracing::info!(migration = %key, machine = %vm_key, "migration Succeeded");
+                    migration::succeeded_status(&mig, now)
+                }
+                MigrationStep::Fail { reason, message } => {
+                    self.site.started.remove(&key);
+                    tracing::info!(migration = %key, machine = %vm_key, reason, message = %message, "migration Failed");
+                    migration::failed_status(&mig, reason, &message, now)
+                }
+                MigrationStep::Move { target } => {
+                    if let Some(m) = vm.filter(|_| !self.busy.contains(&vm_key)).cloned() {
+                        let labels = self.allocations.placement.labels_of(&target).cloned();
+                        tracing::info!(machine = %vm_key, to = %target, "VM moved live");
+                        let status = migration::moved_status(&m, &target, labels.as_ref(), now);
+                        let writer = self.writer.clone();
+                        self.spawn_write(&vm_key, async move { writer.write_status(&m, &status).await });
+                    }
+                    continue;
+                }
+            };
+            let writer = self.site.writer.clone();
+            self.spawn_migration_write(key, async move { writer.migration_status(&mig, &status).await });
+        }
+    }
+
+    /// `status.hostLabels` names the labels of the VM's host: set when placed and migrated,
+    /// and on Machines placed before the simulator wrote it.
+    fn write_host_labels(&mut self) {
+        let stale: Vec<(Key, String)> = self
+            .machines
+            .iter()
+            .filter(|(k, m)| {
+                !self.busy.contains(*k)
+                    && m.metadata.deletion_timestamp.is_none()
+                    && matches!(crate::sim::phase_of(m), Some(phase::PROVISIONING | phase::RUNNING))
+            })
+            .filter_map(|(k, m)| {
+                let status = m.status.as_ref()?;
+                let host = status.host_name.as_deref()?;
+                let labels = self.allocations.placement.labels_of(host)?;
+                (status.host_labels.as_ref() != Some(labels)).then(|| (k.clone(), host.to_string()))
+            })
+            .collect();
+        for (key, host) in stale {
+            let Some(m) = self.machines.get(&key).cloned() else {
+                continue;
+            };
+            let mut status = m.status.clone().unwrap_or_default();
+            status.host_labels = self.allocations.placement.labels_of(&host).cloned();
+            let writer = self.writer.clone();
+            self.spawn_write(&key, async move { writer.write_status(&m, &status).await });
+        }
+    }
+
+    pub(super) fn spawn_migration_write(
+        &mut self,
+        key: Key,
+        write: impl Future<Output = Written<MachineMigration>> + Send + 'static,
+    ) {
+        self.site.busy_migrations.insert(key.clone());
+        let (permits, done) = (self.permits.clone(), self.done_tx.clone());
+        tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            let result = write.await;
+            let _ = done.send(Done::Site(SiteDone::Migration { key, result }));
+        });
+    }
+}
