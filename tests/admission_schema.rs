@@ -132,6 +132,18 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             "",
         ),
         (
+            "KaironMachine",
+            with(machine_spec(), &["evictionStrategy"], json!("LiveMigrate")),
+            "spec.evictionStrategy",
+            "must be LiveMigrateIfPossible or External",
+        ),
+        (
+            "KaironMachineTemplate",
+            tmpl(with(machine_spec(), &["evictionStrategy"], json!("None"))),
+            "spec.template.spec.evictionStrategy",
+            "must be LiveMigrateIfPossible or External",
+        ),
+        (
             "KaironMachineTemplate",
             tmpl(with(machine_spec(), &["providerID"], json!("kairon://x"))),
             "spec.template.spec.providerID",
@@ -230,6 +242,16 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         .create(&PostParams::default(), &obj("KaironMachine", "good", machine_spec()))
         .await
         .expect("a valid KaironMachine");
+    for strategy in ["LiveMigrateIfPossible", "External"] {
+        let spec = with(machine_spec(), &["evictionStrategy"], json!(strategy));
+        machines
+            .create(
+                &PostParams::default(),
+                &obj("KaironMachine", &strategy.to_lowercase(), spec),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("evictionStrategy {strategy} is accepted: {e}"));
+    }
     let clusters = api(&env, "KaironCluster", "kaironclusters");
     clusters
         .create(&PostParams::default(), &obj("KaironCluster", "good", endpoint))
@@ -250,6 +272,12 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             &machines,
             json!({"spec": {"nodeSelector": {"a": "b"}}}),
             "spec.nodeSelector",
+            "immutable",
+        ),
+        (
+            &machines,
+            json!({"spec": {"evictionStrategy": "External"}}),
+            "spec.evictionStrategy",
             "immutable",
         ),
         (

@@ -163,6 +163,50 @@ fn kaironmachine_spec_is_immutable_except_providerid() {
 }
 
 #[test]
+fn eviction_strategy_takes_two_values_and_is_immutable() {
+    for good in ["LiveMigrateIfPossible", "External"] {
+        let m = machine(with(good_spec(), "evictionStrategy", json!(good)));
+        assert!(failures("kaironmachines", &m, None).is_empty(), "{good}");
+        assert!(failures("kaironmachines", &m, Some(&m)).is_empty(), "{good} unchanged");
+    }
+    // Kairon's LiveMigrate would block a host's maintenance, None would lose the workloads.
+    for bad in ["LiveMigrate", "None", "external", ""] {
+        let got = failures(
+            "kaironmachines",
+            &machine(with(good_spec(), "evictionStrategy", json!(bad))),
+            None,
+        );
+        assert!(
+            got.iter()
+                .any(|g| g.contains("evictionStrategy must be LiveMigrateIfPossible or External")),
+            "{bad:?}: {got:?}"
+        );
+    }
+    let absent = machine(good_spec());
+    let external = machine(with(good_spec(), "evictionStrategy", json!("External")));
+    let live = machine(with(good_spec(), "evictionStrategy", json!("LiveMigrateIfPossible")));
+    for (name, new, old) in [
+        ("added", &external, &absent),
+        ("removed", &absent, &external),
+        ("changed", &live, &external),
+    ] {
+        let got = failures("kaironmachines", new, Some(old));
+        assert!(
+            got.iter().any(|g| g.contains("spec.evictionStrategy is immutable")),
+            "{name}: {got:?}"
+        );
+    }
+    let tmpl = json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachineTemplate",
+        "metadata": {"name": "t"}, "spec": {"template": {"spec": with(good_spec(), "evictionStrategy", json!("None"))}}});
+    let got = failures("kaironmachinetemplates", &tmpl, None);
+    assert!(
+        got.iter()
+            .any(|g| g.contains("evictionStrategy must be LiveMigrateIfPossible or External")),
+        "template: {got:?}"
+    );
+}
+
+#[test]
 fn template_must_not_carry_a_providerid() {
     let t = |spec: Value| json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachineTemplate", "metadata": {"name": "t"}, "spec": {"template": {"spec": spec}}});
     assert!(failures("kaironmachinetemplates", &t(good_spec()), None).is_empty());

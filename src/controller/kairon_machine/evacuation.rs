@@ -112,6 +112,15 @@ fn about(host: &str) -> String {
     format!("Kairon host {host} is in maintenance")
 }
 
+/// The message of a marked Machine, the same before and after the cache shows the mark (or
+/// the status would be written twice).
+fn marked(me: &str) -> String {
+    format!(
+        "Machine {me} is marked for remediation ({}): its MachineHealthCheck and owner replace it",
+        capi::REMEDIATE_MACHINE_ANNOTATION
+    )
+}
+
 /// How long to wait before looking again, with Kairon's deadline in view.
 fn until_deadline(request: Option<&Request>, now: Timestamp, at_most: Duration) -> Duration {
     let left = request
@@ -179,12 +188,7 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decis
         );
     }
     if m.is_marked_for_remediation() {
-        return in_progress(
-            reason::REPLACEMENT_REQUESTED,
-            format!("Machine {me} is marked for remediation: its MachineHealthCheck and owner replace it"),
-            Act::Nothing,
-            Some(later),
-        );
+        return in_progress(reason::REPLACEMENT_REQUESTED, marked(me), Act::Nothing, Some(later));
     }
     if m.skips_remediation() {
         return in_progress(
@@ -237,15 +241,7 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decis
         );
     }
     if m.has_health_check() {
-        in_progress(
-            reason::REPLACEMENT_REQUESTED,
-            format!(
-                "Machine {me} is marked for remediation ({}): its MachineHealthCheck and owner replace it",
-                capi::REMEDIATE_MACHINE_ANNOTATION
-            ),
-            Act::Mark,
-            Some(later),
-        )
+        in_progress(reason::REPLACEMENT_REQUESTED, marked(me), Act::Mark, Some(later))
     } else {
         in_progress(
             reason::REPLACEMENT_REQUESTED,

@@ -1,0 +1,356 @@
+//! The exact API calls of the KaironMachine reconciler when Kairon's host maintenance touches
+//! its VM, against a mock API server (tower-test): a live migration writes the new host and one
+//! event; an evacuation request marks the owner Machine once for remediation, then steady state
+//! writes nothing; a paused evacuation writes the status alone.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use capkr::api::conditions::{EVACUATION, PAUSED, READY, reason};
+use capkr::api::{KaironMachine, KaironMachineSpec, KaironMachineStatus, MACHINE_FINALIZER};
+use capkr::capi::{
+    self, Bootstrap, ClusterCondition, ClusterInitialization, ClusterSpec, ClusterStatus,
+    ContractVersionedObjectReference, MachineNodeReference, MachineSpec, MachineStatus,
+};
+use capkr::controller::Settings;
+use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
+use capkr::kairon::{self, Evacuation, labels};
+use http::{Request, Response};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::Client;
+use kube::client::Body;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle};
+
+mod mock_support;
+use mock_support::{condition, expect, expect_no_more, filled};
+
+const NS: &str = "ns";
+const KM_STATUS: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m1/status";
+const MACHINE_PATH: &str = "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines/m1";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+fn kaironmachine() -> KaironMachine {
+    let mut km = KaironMachine::new(
+        "m1",
+        KaironMachineSpec {
+            cpus: 2,
+            memory: Quantity("4Gi".into()),
+            image: "ubuntu-2404-kube-v1.36.3".into(),
+            disk_size: Quantity("20Gi".into()),
+            provider_id: Some("kairon://vm-uid".into()),
+            eviction_strategy: Some("External".into()),
+            ..Default::default()
+        },
+    );
+    km.metadata.namespace = Some(NS.into());
+    km.metadata.uid = Some("km-uid".into());
+    km.metadata.generation = Some(1);
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.metadata.labels = Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into());
+    km.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: "m1".into(),
+        uid: "machine-uid".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    km
+}
+
+/// A worker Machine of a MachineSet with its Node, selected by a MachineHealthCheck.
+fn machine(name: &str) -> capi::Machine {
+    let mut m = capi::Machine::new(
+        name,
+        MachineSpec {
+            cluster_name: "demo".into(),
+            bootstrap: Some(Bootstrap {
+                data_secret_name: Some(format!("{name}-bootstrap")),
+                ..Default::default()
+            }),
+            infrastructure_ref: Some(ContractVersionedObjectReference {
+                api_group: "infrastructure.cluster.x-k8s.io".into(),
+                kind: "KaironMachine".into(),
+                name: name.into(),
+            }),
+            ..Default::default()
+        },
+    );
+    m.metadata.namespace = Some(NS.into());
+    m.metadata.uid = Some(format!("{}-uid", name.replace("m1", "machine")));
+    m.metadata.owner_references = Some(vec![OwnerReference {
+        kind: "MachineSet".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    m.status = Some(MachineStatus {
+        node_ref: Some(MachineNodeReference { name: name.into() }),
+        conditions: Some(vec![ClusterCondition {
+            type_: capi::HEALTH_CHECK_SUCCEEDED.into(),
+            status: "True".into(),
+        }]),
+    });
+    m
+}
+
+fn cluster(paused: bool) -> capi::Cluster {
+    let mut c = capi::Cluster::new(
+        "demo",
+        ClusterSpec {
+            paused: paused.then_some(true),
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(NS.into());
+    c.status = Some(ClusterStatus {
+        initialization: Some(ClusterInitialization {
+            infrastructure_provisioned: Some(true),
+            control_plane_initialized: Some(true),
+        }),
+        ..Default::default()
+    });
+    c
+}
+
+fn vm(host: &str, evacuation: bool) -> kairon::Machine {
+    let mut vm = kairon::Machine::new("m1", Default::default());
+    vm.metadata.namespace = Some(NS.into());
+    vm.metadata.uid = Some("vm-uid".into());
+    vm.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
+    vm.status = Some(kairon::MachineStatus {
+        phase: Some("Running".into()),
+        host_name: Some(host.into()),
+        evacuation: evacuation.then(|| Evacuation {
+            host_name: host.into(),
+            reason: Some("HostMaintenance".into()),
+            requested_at: Some("2026-01-01T00:00:00Z".into()),
+            deadline: Some("2099-01-01T00:00:00Z".into()),
+        }),
+        ..Default::default()
+    });
+    vm
+}
+
+/// `km` as the reconciler left it after seeing `vm` before.
+fn provisioned_on(vm: kairon::Machine) -> KaironMachine {
+    let mut km = kaironmachine();
+    let at = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
+    km.status = Some(next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(Box::new(vm))),
+        km.metadata.generation,
+        &at,
+    ));
+    km
+}
+
+struct World {
+    machines: Vec<capi::Machine>,
+    cluster: capi::Cluster,
+    instances: Vec<kairon::Machine>,
+}
+
+/// Runs one reconcile of `km` against a mock API server driven by `server`; events are
+/// published (to the mock server).
+async fn run<F, Fut>(km: KaironMachine, world: World, server: F)
+where
+    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        kairon: kairon::Instances::new(client.clone()),
+        endpoints: None,
+        kaironclusters: filled(vec![]).0,
+        settings: Settings::default(),
+        machines: filled(world.machines).0,
+        clusters: filled(vec![world.cluster]).0,
+        instances: filled(world.instances).0,
+        synced: vec![capkr::controller::Synced::ready()],
+        events: capkr::events::Events::new(client, "capkr-kaironmachine-controller", "test"),
+        metrics: capkr::metrics::Metrics::new(),
+        fresh: Default::default(),
+        evacuating: Default::default(),
+    });
+    let server = tokio::spawn(server(handle));
+    reconcile(Arc::new(km), ctx).await.expect("reconcile succeeds");
+    tokio::time::timeout(Duration::from_secs(3), server)
+        .await
+        .expect("mock server finished")
+        .expect("mock server did not panic");
+}
+
+/// Takes the next request, an event, and returns its reason.
+async fn event(h: &mut Handle<Request<Body>, Response<Body>>) -> (String, String) {
+    let (_, body) = expect(h, "POST", EVENTS, 201, json!({})).await;
+    (
+        body["reason"].as_str().unwrap_or_default().to_string(),
+        body["note"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+/// `km` with the status a PATCH sent.
+fn with_sent_status(mut km: KaironMachine, sent: &Value) -> KaironMachine {
+    km.status = Some(serde_json::from_value::<KaironMachineStatus>(sent["status"].clone()).unwrap());
+    km
+}
+
+#[tokio::test]
+async fn a_live_migration_writes_the_host_and_one_event() {
+    let km = provisioned_on(vm("h1", false));
+    let world = || World {
+        machines: vec![machine("m1")],
+        cluster: cluster(false),
+        instances: vec![vm("h2", false)],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    let sent = Arc::new(Mutex::new(Value::Null));
+    let keep = sent.clone();
+    run(km.clone(), world(), move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
+        assert_eq!(body["status"]["instance"]["host"], "h2");
+        let ready = condition(&body["status"], READY);
+        assert_eq!(ready["status"], "True", "a live migration does not flip Ready");
+        assert!(
+            body["status"]["conditions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["type"] != EVACUATION),
+            "no evacuation is reported"
+        );
+        let (reason, note) = event(&mut h).await;
+        assert_eq!(reason, "InstanceMigrated");
+        assert!(note.contains("from host h1 to host h2"), "{note}");
+        expect_no_more(&mut h).await;
+        *keep.lock().unwrap() = body;
+    })
+    .await;
+    // On the new host: nothing more, no second event.
+    let km = with_sent_status(km, &sent.lock().unwrap());
+    assert_eq!(km.status.as_ref().unwrap().conditions.as_ref().unwrap().len(), 3);
+    run(km, world(), |mut h| async move { expect_no_more(&mut h).await }).await;
+}
+
+#[tokio::test]
+async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_nothing() {
+    let km = provisioned_on(vm("h1", false));
+    let world = |marked: bool| {
+        let mut m = machine("m1");
+        if marked {
+            m.metadata.annotations = Some(
+                [
+                    (capi::REMEDIATE_MACHINE_ANNOTATION.to_string(), String::new()),
+                    (
+                        capi::EVACUATION_ANNOTATION.to_string(),
+                        "h1 2099-01-01T00:00:00Z".to_string(),
+                    ),
+                ]
+                .into(),
+            );
+        }
+        World {
+            machines: vec![m, machine("m2")],
+            cluster: cluster(false),
+            instances: vec![vm("h1", true)],
+        }
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    let machine_json = serde_json::to_value(machine("m1")).unwrap();
+    let sent = Arc::new(Mutex::new(Value::Null));
+    let keep = sent.clone();
+    run(km.clone(), world(false), move |mut h| async move {
+        let (_, patch) = expect(&mut h, "PATCH", MACHINE_PATH, 200, machine_json).await;
+        assert_eq!(
+            patch,
+            json!({"metadata": {"annotations": {
+                "cluster.x-k8s.io/remediate-machine": "",
+                "infrastructure.cluster.x-k8s.io/kairon-evacuation": "h1 2099-01-01T00:00:00Z",
+            }}}),
+            "a metadata-only merge patch"
+        );
+        assert_eq!(event(&mut h).await.0, "ReplacementRequested");
+        let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
+        let evacuation = condition(&body["status"], EVACUATION);
+        assert_eq!(
+            (evacuation["status"].as_str(), evacuation["reason"].as_str()),
+            (Some("True"), Some(reason::REPLACEMENT_REQUESTED))
+        );
+        assert!(
+            evacuation["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Kairon host h1 is in maintenance (deadline 2099-01-01T00:00:00Z)"),
+            "{evacuation}"
+        );
+        assert_eq!(condition(&body["status"], READY)["status"], "True");
+        assert_eq!(event(&mut h).await.0, "EvacuationRequested");
+        expect_no_more(&mut h).await;
+        *keep.lock().unwrap() = body;
+    })
+    .await;
+    // Marked, as the cache now shows: nothing is written again, no event.
+    let km = with_sent_status(km, &sent.lock().unwrap());
+    run(km, world(true), |mut h| async move { expect_no_more(&mut h).await }).await;
+}
+
+#[tokio::test]
+async fn an_evacuation_waits_while_another_machine_of_the_cluster_is_being_replaced() {
+    let km = provisioned_on(vm("h1", false));
+    let mut other = machine("m0");
+    other.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    let world = World {
+        machines: vec![machine("m1"), other],
+        cluster: cluster(false),
+        instances: vec![vm("h1", true)],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
+        let evacuation = condition(&body["status"], EVACUATION);
+        assert_eq!(evacuation["reason"], reason::WAITING_FOR_TURN);
+        assert!(
+            evacuation["message"]
+                .as_str()
+                .unwrap()
+                .contains("Machine m0 is being deleted"),
+            "{evacuation}"
+        );
+        assert_eq!(event(&mut h).await.0, "EvacuationRequested");
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_paused_evacuation_writes_only_status() {
+    let km = provisioned_on(vm("h1", false));
+    let world = || World {
+        machines: vec![machine("m1")],
+        cluster: cluster(true),
+        instances: vec![vm("h1", true)],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    let sent = Arc::new(Mutex::new(Value::Null));
+    let keep = sent.clone();
+    run(km.clone(), world(), move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
+        assert_eq!(condition(&body["status"], PAUSED)["status"], "True");
+        let evacuation = condition(&body["status"], EVACUATION);
+        assert_eq!(
+            (evacuation["status"].as_str(), evacuation["reason"].as_str()),
+            (Some("True"), Some(reason::WAITING_FOR_UNPAUSE))
+        );
+        assert!(evacuation["message"].as_str().unwrap().contains("spec.paused"));
+        expect_no_more(&mut h).await;
+        *keep.lock().unwrap() = body;
+    })
+    .await;
+    // Said once: the pause writes nothing more.
+    let km = with_sent_status(km, &sent.lock().unwrap());
+    run(km, world(), |mut h| async move { expect_no_more(&mut h).await }).await;
+}
