@@ -245,10 +245,18 @@ pub async fn stop(
 ) -> GuestOutcome {
     let key = Key::of(&m);
     stop_processes(fleet.as_deref(), scripts.as_deref(), &m).await;
-    let Some(node) = known else {
-        return GuestOutcome::Stopped;
+    let (cluster, name) = match known {
+        Some(node) => (node.cluster.clone(), node.name().to_string()),
+        // Not registered by this process (it restarted since): the Node the guest had, if any.
+        None => match (cluster_of(&m), m.status.as_ref().and_then(|s| s.addresses.as_ref())) {
+            (Some(cluster), Some(_)) => match node_facts(&m) {
+                Some(facts) => (cluster, facts.identity.node_name),
+                None => return GuestOutcome::Stopped,
+            },
+            _ => return GuestOutcome::Stopped,
+        },
     };
-    let client = match workloads.client(&key.namespace, &node.cluster).await {
+    let client = match workloads.client(&key.namespace, &cluster).await {
         Ok(c) => c,
         Err(WorkloadError::NoKubeconfig(_)) => return GuestOutcome::Stopped,
         Err(e) => {
@@ -256,13 +264,13 @@ pub async fn stop(
             return GuestOutcome::RetryAfter(RETRY_AFTER_ERROR);
         }
     };
-    match workloads.stop_kubelet(&client, node.name()).await {
+    match workloads.stop_kubelet(&client, &name).await {
         Ok(()) => {
-            tracing::info!(machine = %key, node = %node.name(), "VM down: its kubelet stopped");
+            tracing::info!(machine = %key, node = %name, "VM down: its kubelet stopped");
             GuestOutcome::Stopped
         }
         Err(e) => {
-            tracing::warn!(machine = %key, node = %node.name(), error = %e, "stopping the kubelet failed; retrying");
+            tracing::warn!(machine = %key, node = %name, error = %e, "stopping the kubelet failed; retrying");
             GuestOutcome::RetryAfter(RETRY_AFTER_ERROR)
         }
     }
