@@ -17,6 +17,7 @@ mod faults;
 mod kairon_quirks;
 mod left_behind;
 mod lifecycle;
+mod maintenance;
 mod resilience;
 mod smoke;
 mod trust;

@@ -1,0 +1,196 @@
+//! Kairon host maintenance against the real control plane: a live migration (a MachineMigration
+//! the simulator plays) moves a worker's VM to a host outside its Machine's failure domain and
+//! back. The KaironMachine follows the host, says `InstanceInFailureDomain=False` (then True
+//! again), publishes one `InstanceMigrated` event per move and a Warning when the VM leaves its
+//! failure domain; Ready never flips and nothing is replaced or marked for remediation.
+
+use std::time::Duration;
+
+use crate::common::{Rig, RigOptions};
+use capkr::api::KaironMachine;
+use capkr::api::conditions::{self, EVACUATION, INSTANCE_IN_FAILURE_DOMAIN, READY, reason};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use serde_json::json;
+
+const UP: Duration = Duration::from_secs(180);
+const MOVED: Duration = Duration::from_secs(60);
+/// A zone-a host of `capkr_testenv::SIMULATOR_HOSTS` (the workers are placed in zone-b).
+const OTHER_ZONE_HOST: &str = "kairon-node-1";
+const ZONE_B_HOST: &str = "kairon-node-3";
+
+fn migrations(rig: &Rig) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "kairon.zyvor.dev",
+        "v1alpha1",
+        "MachineMigration",
+    ));
+    Api::namespaced_with(rig.env.client(), &rig.ns, &ar)
+}
+
+async fn migrate(rig: &Rig, name: &str, vm: &str, target: &str) {
+    let mm: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineMigration",
+        "metadata": {"name": name, "namespace": rig.ns},
+        "spec": {"machineName": vm, "targetHost": target},
+    }))
+    .unwrap();
+    migrations(rig)
+        .create(&PostParams::default(), &mm)
+        .await
+        .unwrap_or_else(|e| rig.fail(format!("MachineMigration {name}: {e}")));
+}
+
+fn cond<'a>(
+    km: &'a KaironMachine,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conditions::get(km.status.as_ref()?.conditions.as_deref()?, type_)
+}
+
+fn host(km: &KaironMachine) -> Option<&str> {
+    km.status.as_ref()?.instance.as_ref()?.host.as_deref()
+}
+
+/// Our events on KaironMachine `km` with `reason`.
+async fn events(rig: &Rig, km: &str, reason: &str) -> Vec<Event> {
+    let api: Api<Event> = Api::namespaced(rig.env.client(), &rig.ns);
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(km)
+                && e.reporting_controller
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("capkr-"))
+        })
+        .collect()
+}
+
+/// Waits until the worker's KaironMachine runs on `target` and says `status` for
+/// InstanceInFailureDomain.
+async fn wait_moved(rig: &Rig, name: &str, target: &str, status: &str) -> KaironMachine {
+    let kms = rig.kms();
+    rig.wait(
+        &format!("KaironMachine {name} on host {target} with InstanceInFailureDomain={status}"),
+        MOVED,
+        || async {
+            let km = kms.get(name).await?;
+            let done =
+                host(&km) == Some(target) && cond(&km, INSTANCE_IN_FAILURE_DOMAIN).is_some_and(|c| c.status == status);
+            Ok::<_, kube::Error>(done.then_some(km))
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_replaced() {
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        md_failure_domain: Some("zone-b"),
+        ..RigOptions::new("e2e_maintenance_migration")
+    })
+    .await;
+    let up = rig.wait_running(2, UP).await;
+    let machine_names: Vec<String> = up.iter().map(|m| m.metadata.name.clone().unwrap()).collect();
+    let worker = up
+        .iter()
+        .find(|m| {
+            !m.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("cluster.x-k8s.io/control-plane"))
+        })
+        .and_then(|m| m.metadata.name.clone())
+        .expect("a worker Machine");
+    let kms = rig.kms();
+    let before = rig
+        .wait("the worker's KaironMachine in its failure domain", MOVED, || async {
+            let km = kms.get(&worker).await?;
+            let inside = cond(&km, INSTANCE_IN_FAILURE_DOMAIN).is_some_and(|c| c.status == "True");
+            Ok::<_, kube::Error>(inside.then_some(km))
+        })
+        .await;
+    let first_host = host(&before).expect("a host").to_string();
+    assert_ne!(first_host, OTHER_ZONE_HOST, "placed in zone-b");
+    let ready_since = cond(&before, READY).expect("Ready").last_transition_time.clone();
+    assert_eq!(cond(&before, READY).unwrap().status, "True");
+
+    // Out of the failure domain: an operator's explicit target overrides the selector.
+    migrate(&rig, "out-of-zone", &worker, OTHER_ZONE_HOST).await;
+    let out = wait_moved(&rig, &worker, OTHER_ZONE_HOST, "False").await;
+    let fd = cond(&out, INSTANCE_IN_FAILURE_DOMAIN).unwrap();
+    assert_eq!(fd.reason, reason::INSTANCE_OUTSIDE_FAILURE_DOMAIN);
+    assert!(
+        fd.message.contains(OTHER_ZONE_HOST) && fd.message.contains("zone-b"),
+        "{}",
+        fd.message
+    );
+    rig.wait("an InstanceMigrated event and a Warning", MOVED, || async {
+        let migrated = events(&rig, &worker, "InstanceMigrated").await;
+        let outside = events(&rig, &worker, "InstanceOutsideFailureDomain").await;
+        Ok::<_, kube::Error>((!migrated.is_empty() && !outside.is_empty()).then_some(()))
+    })
+    .await;
+    let migrated = events(&rig, &worker, "InstanceMigrated").await;
+    assert_eq!(migrated.len(), 1, "one event per move");
+    let note = migrated[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&format!("from host {first_host} to host {OTHER_ZONE_HOST}")),
+        "{note}"
+    );
+    assert_eq!(migrated[0].type_.as_deref(), Some("Normal"));
+    let outside = events(&rig, &worker, "InstanceOutsideFailureDomain").await;
+    assert_eq!(outside[0].type_.as_deref(), Some("Warning"));
+
+    // Back into it.
+    migrate(&rig, "back-in-zone", &worker, ZONE_B_HOST).await;
+    let back = wait_moved(&rig, &worker, ZONE_B_HOST, "True").await;
+    assert_eq!(
+        cond(&back, INSTANCE_IN_FAILURE_DOMAIN).unwrap().reason,
+        reason::INSTANCE_IN_FAILURE_DOMAIN
+    );
+    rig.wait("a second InstanceMigrated event", MOVED, || async {
+        let n = events(&rig, &worker, "InstanceMigrated").await.len();
+        Ok::<_, kube::Error>((n >= 2).then_some(()))
+    })
+    .await;
+    assert_eq!(events(&rig, &worker, "InstanceMigrated").await.len(), 2);
+
+    // Through both moves the machine stayed what it was: Ready since before, never an
+    // evacuation, its Machine neither marked nor replaced, the same VM.
+    let km = kms.get(&worker).await.unwrap();
+    let ready = cond(&km, READY).unwrap();
+    assert_eq!(
+        (ready.status.as_str(), &ready.last_transition_time),
+        ("True", &ready_since),
+        "Ready never flipped"
+    );
+    assert!(cond(&km, EVACUATION).is_none(), "no evacuation");
+    assert_eq!(km.spec.provider_id, before.spec.provider_id, "the same VM (same UID)");
+    let machines = rig.machines().list(&ListParams::default()).await.unwrap().items;
+    let mut names: Vec<String> = machines.iter().map(|m| m.metadata.name.clone().unwrap()).collect();
+    names.sort();
+    let mut want = machine_names.clone();
+    want.sort();
+    assert_eq!(names, want, "no Machine replaced");
+    for m in &machines {
+        assert!(
+            m.metadata.deletion_timestamp.is_none(),
+            "{:?} not deleted",
+            m.metadata.name
+        );
+        assert!(
+            !m.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(capkr::capi::REMEDIATE_MACHINE_ANNOTATION)),
+            "{:?} not marked for remediation",
+            m.metadata.name
+        );
+    }
+}
