@@ -47,11 +47,14 @@ impl Default for DemoOptions {
                 "1s",
                 "--boot-delay",
                 "2s",
-                // Hosts in the two failure domains of the sample KaironCluster.
+                // Hosts in the two failure domains of the sample KaironCluster, as Host objects
+                // an operator can put into maintenance.
+                "--host-objects",
                 "--hosts",
                 "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
                  kairon-node-2:topology.kairon.zyvor.dev/zone=zone-b,\
-                 kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b",
+                 kairon-node-3:topology.kairon.zyvor.dev/zone=zone-b,\
+                 kairon-node-4:topology.kairon.zyvor.dev/zone=zone-b",
             ]
             .map(String::from)
             .to_vec(),
@@ -361,6 +364,17 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
          {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=1\n\
          Each worker that goes is drained first: its Pods are evicted one at a time, as the \
          PodDisruptionBudget allows, and Running again on the remaining Nodes; then its VM is deleted.\n\n\
+         Host maintenance (docs/kairon-api.md): Kairon moves VMs off a host live; one it cannot move \
+         is replaced through CAPI, its Node drained first. Mark a VM as one that cannot move, put \
+         its host into maintenance and watch:\n  \
+         {kubectl} --kubeconfig {kc} get hosts.kairon.zyvor.dev\n  \
+         {kubectl} --kubeconfig {kc} annotate machines.kairon.zyvor.dev -n {NAMESPACE} <a worker VM> sim.kairon.zyvor.dev/not-migratable=true\n  \
+         {kubectl} --kubeconfig {kc} patch hosts.kairon.zyvor.dev <its host> --type merge \
+         -p '{{\"spec\":{{\"maintenance\":{{\"reason\":\"demo\",\"evacuationGracePeriodSeconds\":600}}}}}}'\n  \
+         {kubectl} --kubeconfig {kc} get machines.kairon.zyvor.dev -n {NAMESPACE} -o wide --watch\n  \
+         {kubectl} --kubeconfig {kc} get events -n {NAMESPACE} --watch   # InstanceMigrated, EvacuationRequested, ...\n\
+         The other VMs on the host move live (same VM, new host, nothing in the cluster notices); the \
+         marked one's Machine is replaced. The Host is InMaintenance once empty.\n\n\
          Create clusters of your own from the shipped templates (flavors: default, md-remediation, \
          topology). Each cluster needs its own control-plane endpoint address: 127.{o}.100.2, \
          127.{o}.100.3, ... are free (VMs get addresses from {pool}):\n  \
