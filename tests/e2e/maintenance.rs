@@ -1,8 +1,14 @@
-//! Kairon host maintenance against the real control plane: a live migration (a MachineMigration
-//! the simulator plays) moves a worker's VM to a host outside its Machine's failure domain and
-//! back. The KaironMachine follows the host, says `InstanceInFailureDomain=False` (then True
-//! again), publishes one `InstanceMigrated` event per move and a Warning when the VM leaves its
-//! failure domain; Ready never flips and nothing is replaced or marked for remediation.
+//! Kairon host maintenance against the real control plane.
+//!
+//! - A live migration (a MachineMigration the simulator plays) moves a worker's VM to a host
+//!   outside its Machine's failure domain and back. The KaironMachine follows the host, says
+//!   `InstanceInFailureDomain=False` (then True again), publishes one `InstanceMigrated` event per
+//!   move and a Warning when the VM leaves its failure domain; Ready never flips and nothing is
+//!   replaced or marked for remediation.
+//! - A host in maintenance with a control-plane VM that cannot move live and no
+//!   MachineHealthCheck: the evacuation is blocked (`NoMachineHealthCheck`, a Warning), the
+//!   Machine is never deleted by the provider, Kairon stops the VM at the deadline
+//!   (`DeadlineExceeded`, a Warning) and the stopped VM is not re-created.
 
 use std::time::Duration;
 
@@ -10,7 +16,9 @@ use crate::common::{Rig, RigOptions};
 use capkr::api::KaironMachine;
 use capkr::api::conditions::{self, EVACUATION, INSTANCE_IN_FAILURE_DOMAIN, READY, reason};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
+};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
@@ -192,5 +200,126 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
             "{:?} not marked for remediation",
             m.metadata.name
         );
+    }
+}
+
+/// A VM the simulator will not migrate live: Kairon asks its owner to evacuate it instead.
+const NOT_MIGRATABLE: &str = "sim.kairon.zyvor.dev/not-migratable";
+
+fn hosts(rig: &Rig) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("kairon.zyvor.dev", "v1alpha1", "Host"));
+    Api::all_with(rig.env.client(), &ar)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops_the_vm_at_the_deadline() {
+    // Host objects are cluster-scoped and the environment is shared: names of this test's own.
+    let ns = "e2e-maintenance-deadline";
+    let zone = "topology.kairon.zyvor.dev/zone";
+    let host_list = format!("{ns}-h1:{zone}=zone-a,{ns}-h2:{zone}=zone-b,{ns}-h3:{zone}=zone-b");
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        sim_args: ["--host-objects", "--hosts", host_list.as_str()]
+            .map(String::from)
+            .to_vec(),
+        ..RigOptions::new("e2e_maintenance_deadline")
+    })
+    .await;
+    assert_eq!(rig.ns, ns);
+    let up = rig.wait_running(1, UP).await;
+    let cp = up[0].metadata.name.clone().unwrap();
+    let vms = rig.vms();
+    let vm = vms.get(&cp).await.unwrap();
+    let uid = vm.metadata.uid.clone().unwrap();
+    let host = vm
+        .status
+        .as_ref()
+        .and_then(|s| s.host_name.clone())
+        .expect("the VM is placed");
+    let pp = PatchParams::default();
+    vms.patch(
+        &cp,
+        &pp,
+        &Patch::Merge(json!({"metadata": {"annotations": {NOT_MIGRATABLE: "true"}}})),
+    )
+    .await
+    .unwrap();
+    hosts(&rig)
+        .patch(
+            &host,
+            &pp,
+            &Patch::Merge(json!({"spec": {"maintenance": {"reason": "e2e", "evacuationGracePeriodSeconds": 15}}})),
+        )
+        .await
+        .unwrap_or_else(|e| rig.fail(format!("Host {host} (the simulator has --host-objects): {e}")));
+
+    // Blocked, loudly: a single control-plane Machine no MachineHealthCheck selects.
+    let kms = rig.kms();
+    let blocked = rig
+        .wait("Evacuation NoMachineHealthCheck", MOVED, || async {
+            let km = kms.get(&cp).await?;
+            let r = cond(&km, EVACUATION).map(|c| c.reason.clone());
+            Ok::<_, kube::Error>((r.as_deref() == Some(reason::NO_MACHINE_HEALTH_CHECK)).then_some(km))
+        })
+        .await;
+    let evacuation = cond(&blocked, EVACUATION).unwrap();
+    assert_eq!(evacuation.status, "True");
+    assert!(
+        evacuation
+            .message
+            .starts_with(&format!("Kairon host {host} is in maintenance")),
+        "{}",
+        evacuation.message
+    );
+    rig.wait("EvacuationRequested and EvacuationBlocked events", MOVED, || async {
+        let requested = events(&rig, &cp, "EvacuationRequested").await;
+        let warned = events(&rig, &cp, "EvacuationBlocked").await;
+        Ok::<_, kube::Error>((!requested.is_empty() && !warned.is_empty()).then_some(()))
+    })
+    .await;
+    assert_eq!(
+        events(&rig, &cp, "EvacuationBlocked").await[0].type_.as_deref(),
+        Some("Warning")
+    );
+
+    // The deadline passes: Kairon stops the VM; the condition and a Warning say so.
+    let missed = rig
+        .wait("Evacuation DeadlineExceeded", Duration::from_secs(90), || async {
+            let km = kms.get(&cp).await?;
+            let r = cond(&km, EVACUATION).map(|c| c.reason.clone());
+            Ok::<_, kube::Error>((r.as_deref() == Some(reason::DEADLINE_EXCEEDED)).then_some(km))
+        })
+        .await;
+    assert_eq!(cond(&missed, READY).map(|c| c.status.as_str()), Some("False"));
+    rig.wait("an EvacuationDeadlineExceeded Warning", MOVED, || async {
+        let e = events(&rig, &cp, "EvacuationDeadlineExceeded").await;
+        Ok::<_, kube::Error>((!e.is_empty()).then_some(()))
+    })
+    .await;
+    // The stopped VM is the same one, not re-created; the Machine is neither deleted nor marked.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let all = vms.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(all.len(), 1, "one VM");
+    assert_eq!(all[0].metadata.uid.as_deref(), Some(uid.as_str()), "the same VM");
+    let status = all[0].status.clone().unwrap_or_default();
+    assert_eq!(
+        (status.phase.as_deref(), status.reason.as_deref()),
+        (Some("Stopped"), Some("EvacuationDeadlineExceeded"))
+    );
+    let machine = rig.machines().get(&cp).await.unwrap();
+    assert!(machine.metadata.deletion_timestamp.is_none(), "not deleted");
+    assert!(
+        !machine
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(capkr::capi::REMEDIATE_MACHINE_ANNOTATION)),
+        "not marked: no MachineHealthCheck would act on it"
+    );
+    // The Host objects are shared by every rig of the environment: this test's go.
+    for i in 1..=3 {
+        let _ = hosts(&rig)
+            .delete(&format!("{ns}-h{i}"), &DeleteParams::default())
+            .await;
     }
 }
