@@ -41,7 +41,7 @@ pub struct MachineSpec {
     /// `LiveMigrateIfPossible` (Kairon's default when absent: migrate live when the VM can be,
     /// else as `External`), `LiveMigrate` (only live; the maintenance waits), `External` (never
     /// moved: `status.evacuation` asks the owner to replace the VM before the deadline) or
-    /// `None` (stopped at the deadline without asking). See [`eviction`].
+    /// `None` (stopped when the maintenance starts, without asking). See [`eviction`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self in ['LiveMigrateIfPossible', 'LiveMigrate', 'External', 'None']").message("evictionStrategy must be one of LiveMigrateIfPossible, LiveMigrate, External, None"))]
     pub eviction_strategy: Option<String>,
