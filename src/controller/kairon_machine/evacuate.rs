@@ -113,7 +113,14 @@ pub(super) async fn follow(
         .collect();
     let decision = evacuation::decide(&own, &peers, k8s_openapi::jiff::Timestamp::now());
     let name = machine.name_any();
-    match decision.act {
+    // Already done and recorded: the Machine cache has not caught up with our own write yet
+    // (the status write right after it triggers the next reconcile at once).
+    let done = decision
+        .condition
+        .as_ref()
+        .is_some_and(|d| previous.is_some_and(|p| p.reason == d.reason && p.message == d.message));
+    let act = if done { Act::Nothing } else { decision.act };
+    match act {
         Act::Nothing => {}
         Act::Mark => {
             let why = request
@@ -238,6 +245,11 @@ fn evacuating(
 /// Machine's failure domain (from the cached KaironCluster). `None` (the condition is not set)
 /// without a failure domain, a selector, or host labels reported by Kairon.
 fn in_failure_domain(scope: &Scope, machine: &capi::Machine, vm: &kairon::Machine, ctx: &Context) -> Option<Decided> {
+    // Only a running VM's host counts: whether a reconcile saw Kairon's Provisioning (host
+    // chosen) or only Running must not change what is written (one status write per state).
+    if !kairon::observe::is_running(vm) {
+        return None;
+    }
     let fd = machine.failure_domain()?;
     let kc = ctx
         .kaironclusters
