@@ -200,8 +200,8 @@ pub struct Drains {
 }
 
 enum Seen {
-    Pod(Event<Pod>),
-    Vm(Event<DynamicObject>),
+    Pod(Box<Event<Pod>>),
+    Vm(Box<Event<DynamicObject>>),
 }
 
 /// Watches every Pod of the workload cluster and the rig's Kairon Machines; when a Kairon
@@ -211,29 +211,36 @@ pub fn watch_drains(rig: &GuestRig, wc: &Client, drains: Arc<Mutex<Drains>>) -> 
     let pods: Api<Pod> = Api::all(wc.clone());
     let vms: Api<DynamicObject> = rig.api(&kairon("Machine", "machines"));
     tokio::spawn(async move {
-        let pod_events = watcher::watcher(pods, watcher::Config::default()).map(|e| e.map(Seen::Pod));
-        let vm_events = watcher::watcher(vms, watcher::Config::default()).map(|e| e.map(Seen::Vm));
+        let pod_events = watcher::watcher(pods, watcher::Config::default()).map(|e| e.map(|e| Seen::Pod(Box::new(e))));
+        let vm_events = watcher::watcher(vms, watcher::Config::default()).map(|e| e.map(|e| Seen::Vm(Box::new(e))));
         let mut events = futures::stream::select(pod_events.boxed(), vm_events.boxed());
         let mut live: BTreeMap<String, Pod> = BTreeMap::new();
         while let Some(event) = events.next().await {
             let Ok(event) = event else { continue };
             match event {
-                Seen::Pod(Event::Apply(p) | Event::InitApply(p)) => {
-                    let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
-                    if evictable(&p)
-                        && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
-                    {
-                        drains.lock().unwrap_or_else(|e| e.into_inner()).had_pods.insert(node);
+                Seen::Pod(e) => match *e {
+                    Event::Init => live.clear(),
+                    Event::Apply(p) | Event::InitApply(p) => {
+                        let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
+                        if evictable(&p)
+                            && let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone())
+                        {
+                            drains.lock().unwrap_or_else(|e| e.into_inner()).had_pods.insert(node);
+                        }
+                        live.insert(key, p);
                     }
-                    live.insert(key, p);
-                }
-                Seen::Pod(Event::Delete(p)) => {
-                    live.remove(&format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()));
-                }
-                Seen::Pod(_) => {}
-                Seen::Vm(Event::Apply(m) | Event::InitApply(m) | Event::Delete(m))
-                    if m.metadata.deletion_timestamp.is_some() =>
-                {
+                    Event::Delete(p) => {
+                        live.remove(&format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()));
+                    }
+                    Event::InitDone => {}
+                },
+                Seen::Vm(e) => {
+                    let (Event::Apply(m) | Event::InitApply(m) | Event::Delete(m)) = *e else {
+                        continue;
+                    };
+                    if m.metadata.deletion_timestamp.is_none() {
+                        continue;
+                    }
                     let vm = m.name_any();
                     let mut d = drains.lock().unwrap_or_else(|e| e.into_inner());
                     if d.at_vm_deletion.contains_key(&vm) {
@@ -248,7 +255,6 @@ pub fn watch_drains(rig: &GuestRig, wc: &Client, drains: Arc<Mutex<Drains>>) -> 
                         .collect();
                     d.at_vm_deletion.insert(vm, (Instant::now(), left));
                 }
-                Seen::Vm(_) => {}
             }
         }
     })

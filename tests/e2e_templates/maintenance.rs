@@ -298,10 +298,8 @@ async fn host_maintenance_waits_while_paused_then_replaces_one_at_a_time() {
         &format!("{target} emptied and the cluster back to 3 + 2"),
         Duration::from_secs(900),
         || async {
-            watch_cp
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .record(look(&rig, &etcd, 4, &quorum).await);
+            let sample = look(&rig, &etcd, 4, &quorum).await;
+            watch_cp.lock().unwrap_or_else(|e| e.into_inner()).record(sample);
             if let Err(why) = cluster_sample(&rig).await {
                 cluster_violations.lock().unwrap_or_else(|e| e.into_inner()).push(why);
             }

@@ -91,12 +91,14 @@ pub(super) async fn follow(
     let request = vm_evacuation::request(vm);
     let host = vm_evacuation::host(vm);
     let previous = evacuation_condition(km);
+    let short = scope.cluster.as_ref().and_then(|c| c.machines_short());
     let own = Own {
         machine,
         request: request.as_ref(),
         stopped_at_deadline: vm_evacuation::stopped_at_deadline(vm),
         host: host.as_deref(),
         previous,
+        cluster_short: short.as_deref(),
     };
     let quiet = own.request.is_none() && !own.stopped_at_deadline && previous.is_none_or(|c| c.status != "True");
     if quiet {
@@ -206,6 +208,7 @@ pub(super) fn while_paused(scope: &Scope, ctx: &Context, why: &str) -> Option<De
         stopped_at_deadline: vm_evacuation::stopped_at_deadline(&vm),
         host: host.as_deref(),
         previous: evacuation_condition(km),
+        cluster_short: None,
     };
     evacuation::while_paused(&own, why)
 }

@@ -12,7 +12,8 @@
 //!
 //! One Machine per cluster at a time: the evacuating Machine with the earliest deadline (then
 //! the first name) goes, and only when no other Machine of the cluster is being deleted, is
-//! marked and not yet acted on, or has no Node yet (a replacement still coming up). Every
+//! marked and not yet acted on, or has no Node yet (a replacement still coming up), and the
+//! Cluster counts as many available Machines as it wants (a replacement not yet created). Every
 //! reconcile computes the same answer from the same caches, so no lock is needed; a moment of
 //! stale cache may let two go, which the owners' own guards (KCP one at a time, MachineSet
 //! `maxInFlight`) still hold.
@@ -38,6 +39,9 @@ pub(super) struct Own<'a> {
     pub host: Option<&'a str>,
     /// The KaironMachine's Evacuation condition as it is.
     pub previous: Option<&'a Condition>,
+    /// Why the machine's Cluster is not whole (a replacement still coming up, as the Cluster
+    /// counts its Machines), if it is not.
+    pub cluster_short: Option<&'a str>,
 }
 
 /// A Machine of the same cluster (the machine's own among them), and when its VM must be off
@@ -222,6 +226,17 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decis
         return in_progress(
             reason::WAITING_FOR_TURN,
             format!("Machine {other} {why}; Machine {me} is replaced after it (one at a time)"),
+            Act::Nothing,
+            Some(soon),
+        );
+    }
+    // Between a replaced Machine's going and its replacement's creation no Machine is deleting
+    // or without a Node: the Cluster's own count of available Machines says it is not whole.
+    // A VM Kairon already stopped is itself what the Cluster misses: it goes regardless.
+    if let Some(why) = own.cluster_short.filter(|_| !own.stopped_at_deadline) {
+        return in_progress(
+            reason::WAITING_FOR_TURN,
+            format!("the Cluster is not whole: {why}; Machine {me} is replaced once it is (one at a time)"),
             Act::Nothing,
             Some(soon),
         );

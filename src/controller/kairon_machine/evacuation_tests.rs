@@ -83,6 +83,8 @@ struct Case {
     stopped: bool,
     host: Option<&'static str>,
     previous: Option<Condition>,
+    /// Why the Cluster is not whole, as it counts its Machines.
+    short: Option<&'static str>,
     /// Other Machines of the cluster: name, shape, deadline of their evacuation.
     others: Vec<(&'static str, M, Option<&'static str>)>,
     act: Act,
@@ -98,6 +100,7 @@ fn case(name: &'static str, me: M, act: Act, want: Option<(Status, &'static str,
         stopped: false,
         host: Some("h1"),
         previous: None,
+        short: None,
         others: vec![],
         act,
         want,
@@ -313,6 +316,27 @@ fn what_an_evacuation_does_in_every_situation() {
         },
     ];
     let now = at(T0);
+    let cases = cases.into_iter().chain([
+        Case {
+            short: Some("its workers have 1 of 2 Machines available (1 in all)"),
+            ..case(
+                "the Cluster misses a replacement not yet created: wait",
+                mhc,
+                Act::Nothing,
+                Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
+            )
+        },
+        Case {
+            short: Some("its workers have 1 of 2 Machines available (2 in all)"),
+            stopped: true,
+            ..case(
+                "the Cluster misses this very VM, stopped at the deadline: marked",
+                mhc,
+                Act::Mark,
+                Some((Status::True, reason::DEADLINE_EXCEEDED, "marked")),
+            )
+        },
+    ]);
     for c in cases {
         let me = machine("m-me", c.me);
         let others: Vec<(capi::Machine, Option<Option<Timestamp>>)> = c
@@ -327,6 +351,7 @@ fn what_an_evacuation_does_in_every_situation() {
             stopped_at_deadline: c.stopped,
             host: c.host,
             previous: c.previous.as_ref(),
+            cluster_short: c.short,
         };
         let mut peers: Vec<Peer<'_>> = others
             .iter()
@@ -389,6 +414,7 @@ fn of_several_evacuating_machines_exactly_one_goes() {
                 stopped_at_deadline: false,
                 host: Some("h1"),
                 previous: None,
+                cluster_short: None,
             };
             decide(&own, &peers, at(T0)).act == Act::Mark
         })
@@ -407,6 +433,7 @@ fn a_paused_evacuation_waits_for_unpause() {
         stopped_at_deadline: false,
         host: Some("h1"),
         previous: None,
+        cluster_short: None,
     };
     let d = while_paused(&own, "Cluster spec.paused is set to true").unwrap();
     assert_eq!((d.status, d.reason), (Status::True, reason::WAITING_FOR_UNPAUSE));

@@ -48,6 +48,12 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
     )))
 }
 
+/// Whether a Cluster has all the Machines it wants available: what an evacuation waiting for
+/// its turn reacts to.
+pub(crate) fn cluster_whole_trigger(c: &capi::Cluster) -> Option<u64> {
+    Some(hash_of(&c.machines_short().is_none()))
+}
+
 /// What of a Machine a KaironMachine reacts to: bootstrap data, references, placement, role.
 pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
     Some(hash_of(&(
@@ -183,6 +189,7 @@ pub(crate) fn controller(
     // A Machine's own KaironMachine, and the evacuating ones of its cluster: whether the
     // Machine is deleting, marked or has its Node decides whose turn it is to be replaced.
     let turns = evacuating.clone();
+    let whole = evacuating.clone();
     let on_machine = move |m: Option<capi::Machine>| {
         let Some(m) = m else { return vec![] };
         let mut refs: Vec<_> = kaironmachine_for_machine(&m).into_iter().collect();
@@ -204,6 +211,15 @@ pub(crate) fn controller(
             .boxed(),
         gone_rx
             .flat_map(move |(ns, cluster)| futures::stream::iter(evacuating.of_cluster(&ns, &cluster)))
+            .boxed(),
+        // A Cluster becoming whole again (its replacement Machine available) is the next
+        // evacuating machine's turn: those only, not every machine of the cluster.
+        caches
+            .clusters
+            .touched_when(cluster_whole_trigger)
+            .flat_map(move |c| {
+                futures::stream::iter(whole.of_cluster(&c.namespace().unwrap_or_default(), &c.name_any()))
+            })
             .boxed(),
         caches
             .clusters
