@@ -46,7 +46,7 @@ test-tools:
 # Unit, CEL and mock-server tests only: no control plane needed.
 test-unit:
 	$(CARGO) test --workspace --lib --bins
-	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_kaironcluster
+	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_reconcile_maintenance --test mock_kaironcluster
 
 # Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
 # a binary is one job of one test thread; TEST_WIDE ones take two: the CAPI e2e suite, whose
