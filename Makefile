@@ -57,7 +57,7 @@ test-unit:
 # TEST_SHARED ones (TARGET=N) take N: binaries whose tests share one environment and run side
 # by side in it; longest first; logs in target/test-logs/). The last line counts the
 # environments and API servers the tests started, and which binaries started full ones.
-TEST_FIRST := e2e_capi_suite distribution_image e2e e2e_templates e2e_move e2e_identity
+TEST_FIRST := e2e_capi_suite e2e_maintenance distribution_image e2e e2e_templates e2e_move e2e_identity
 TEST_WIDE := e2e_capi_suite e2e_templates e2e_move
 TEST_SHARED := e2e=2
 # The test binaries are built before the upstream binaries are asked for: on a new machine

@@ -7,15 +7,7 @@
 
 #[path = "e2e_templates/addons.rs"]
 mod addons;
-#[path = "e2e_templates/control_plane_watch.rs"]
-mod control_plane_watch;
 mod distribution_support;
-#[path = "e2e_templates/hosts.rs"]
-mod hosts;
-#[path = "e2e_templates/maintenance.rs"]
-mod maintenance;
-#[path = "e2e_templates/pods.rs"]
-mod pods;
 mod templates_support;
 #[path = "e2e_templates/workloads.rs"]
 mod workloads;
@@ -25,9 +17,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use addons::wait_addons_running;
-use control_plane_watch::{Watch, look};
 use kube::api::DynamicObject;
 use serde_json::json;
+use templates_support::control_plane_watch::{Watch, look};
 use templates_support::*;
 
 /// `clusterctl describe cluster --show-conditions all`: the Cluster, its control plane and

@@ -14,7 +14,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::pods::*;
+use crate::templates_support::pods::*;
 use crate::templates_support::*;
 
 /// 1 control plane + 3 workers, 6 replicas under `maxUnavailable: 1`; the MachineDeployment

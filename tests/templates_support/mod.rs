@@ -5,6 +5,9 @@
 
 #![allow(dead_code)]
 
+pub mod control_plane_watch;
+pub mod pods;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;

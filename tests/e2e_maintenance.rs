@@ -11,6 +11,11 @@
 //!   the Deployment never below its budget, etcd keeping quorum, the Cluster Available
 //!   throughout, and the host ends empty.
 
+mod distribution_support;
+#[path = "e2e_maintenance/hosts.rs"]
+mod hosts;
+mod templates_support;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,10 +23,10 @@ use std::time::{Duration, Instant};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::control_plane_watch::{Watch, look};
-use crate::hosts::*;
-use crate::pods::*;
-use crate::templates_support::*;
+use hosts::*;
+use templates_support::control_plane_watch::{Watch, look};
+use templates_support::pods::*;
+use templates_support::*;
 
 /// Up, with a workload under its budget and MachineHealthChecks on every Machine.
 async fn cluster_with_workload(rig: &GuestRig, vars: &[(&str, &str)]) -> (Client, String) {

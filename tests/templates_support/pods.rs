@@ -16,7 +16,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::templates_support::*;
+use super::*;
 
 pub const NS: &str = "default";
 pub const UP: Duration = Duration::from_secs(600);

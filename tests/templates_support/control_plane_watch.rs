@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::templates_support::*;
+use super::*;
 
 /// One look at the control plane: its Machines (also those being deleted) and etcd as its own
 /// members report it.
