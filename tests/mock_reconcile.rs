@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use capkr::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
 use capkr::api::{KaironMachine, KaironMachineSpec, MACHINE_FINALIZER};
-use capkr::capi::{
-    self, Bootstrap, ClusterInitialization, ClusterSpec, ClusterStatus, ContractVersionedObjectReference, MachineSpec,
-};
+use capkr::capi::{self, Bootstrap, ContractVersionedObjectReference, MachineSpec};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::{self, MachineStatus, labels};
@@ -79,22 +77,7 @@ fn machine() -> capi::Machine {
 }
 
 fn cluster(paused: bool) -> capi::Cluster {
-    let mut c = capi::Cluster::new(
-        "demo",
-        ClusterSpec {
-            paused: paused.then_some(true),
-            ..Default::default()
-        },
-    );
-    c.metadata.namespace = Some(NS.into());
-    c.status = Some(ClusterStatus {
-        initialization: Some(ClusterInitialization {
-            infrastructure_provisioned: Some(true),
-            control_plane_initialized: Some(true),
-        }),
-        ..Default::default()
-    });
-    c
+    mock_support::provisioned_cluster(NS, paused)
 }
 
 fn vm(phase: &str) -> kairon::Machine {

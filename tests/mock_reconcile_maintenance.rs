@@ -9,8 +9,8 @@ use std::time::Duration;
 use capkr::api::conditions::{EVACUATION, PAUSED, READY, reason};
 use capkr::api::{KaironMachine, KaironMachineSpec, KaironMachineStatus, MACHINE_FINALIZER};
 use capkr::capi::{
-    self, Bootstrap, ClusterCondition, ClusterInitialization, ClusterSpec, ClusterStatus,
-    ContractVersionedObjectReference, MachineNodeReference, MachineSpec, MachineStatus,
+    self, Bootstrap, ClusterCondition, ContractVersionedObjectReference, MachineNodeReference, MachineSpec,
+    MachineStatus,
 };
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
@@ -96,22 +96,7 @@ fn machine(name: &str) -> capi::Machine {
 }
 
 fn cluster(paused: bool) -> capi::Cluster {
-    let mut c = capi::Cluster::new(
-        "demo",
-        ClusterSpec {
-            paused: paused.then_some(true),
-            ..Default::default()
-        },
-    );
-    c.metadata.namespace = Some(NS.into());
-    c.status = Some(ClusterStatus {
-        initialization: Some(ClusterInitialization {
-            infrastructure_provisioned: Some(true),
-            control_plane_initialized: Some(true),
-        }),
-        ..Default::default()
-    });
-    c
+    mock_support::provisioned_cluster(NS, paused)
 }
 
 fn vm(host: &str, evacuation: bool) -> kairon::Machine {

@@ -76,3 +76,24 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .find(|c| c["type"] == type_)
         .unwrap_or_else(|| panic!("no {type_} in {status}"))
 }
+
+/// Cluster `demo` in `ns`: infrastructure provisioned, control plane initialized, paused or not.
+pub fn provisioned_cluster(ns: &str, paused: bool) -> capkr::capi::Cluster {
+    use capkr::capi::{Cluster, ClusterInitialization, ClusterSpec, ClusterStatus};
+    let mut c = Cluster::new(
+        "demo",
+        ClusterSpec {
+            paused: paused.then_some(true),
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some(ns.into());
+    c.status = Some(ClusterStatus {
+        initialization: Some(ClusterInitialization {
+            infrastructure_provisioned: Some(true),
+            control_plane_initialized: Some(true),
+        }),
+        ..Default::default()
+    });
+    c
+}
