@@ -7,14 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capkr::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
-use capkr::api::{KaironMachine, KaironMachineSpec, MACHINE_FINALIZER};
-use capkr::capi::{self, Bootstrap, ContractVersionedObjectReference, MachineSpec};
+use capkr::api::{KaironMachine, MACHINE_FINALIZER};
+use capkr::capi::{self, ContractVersionedObjectReference};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::{self, MachineStatus, labels};
 use http::{Request, Response};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
 use kube::client::Body;
 use serde_json::json;
@@ -29,51 +28,11 @@ const VM_PATH: &str = "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines/m1
 const SECRET_PATH: &str = "/api/v1/namespaces/ns/secrets/m1-bootstrap";
 
 fn kaironmachine() -> KaironMachine {
-    let mut km = KaironMachine::new(
-        "m1",
-        KaironMachineSpec {
-            cpus: 2,
-            memory: Quantity("4Gi".into()),
-            image: "ubuntu-2404-kube-v1.36.3".into(),
-            disk_size: Quantity("20Gi".into()),
-            ..Default::default()
-        },
-    );
-    km.metadata.namespace = Some(NS.into());
-    km.metadata.uid = Some("km-uid".into());
-    km.metadata.generation = Some(1);
-    km.metadata.labels = Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into());
-    km.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "cluster.x-k8s.io/v1beta2".into(),
-        kind: "Machine".into(),
-        name: "m1".into(),
-        uid: "machine-uid".into(),
-        controller: Some(true),
-        ..Default::default()
-    }]);
-    km
+    mock_support::kaironmachine(NS)
 }
 
 fn machine() -> capi::Machine {
-    let mut m = capi::Machine::new(
-        "m1",
-        MachineSpec {
-            cluster_name: "demo".into(),
-            bootstrap: Some(Bootstrap {
-                data_secret_name: Some("m1-bootstrap".into()),
-                ..Default::default()
-            }),
-            infrastructure_ref: Some(ContractVersionedObjectReference {
-                api_group: "infrastructure.cluster.x-k8s.io".into(),
-                kind: "KaironMachine".into(),
-                name: "m1".into(),
-            }),
-            ..Default::default()
-        },
-    );
-    m.metadata.namespace = Some(NS.into());
-    m.metadata.uid = Some("machine-uid".into());
-    m
+    mock_support::machine(NS, "m1")
 }
 
 fn cluster(paused: bool) -> capi::Cluster {

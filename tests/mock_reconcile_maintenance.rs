@@ -7,16 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capkr::api::conditions::{EVACUATION, PAUSED, READY, reason};
-use capkr::api::{KaironMachine, KaironMachineSpec, KaironMachineStatus, MACHINE_FINALIZER};
-use capkr::capi::{
-    self, Bootstrap, ClusterCondition, ContractVersionedObjectReference, MachineNodeReference, MachineSpec,
-    MachineStatus,
-};
+use capkr::api::{KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
+use capkr::capi::{self, ClusterCondition, MachineNodeReference, MachineStatus};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::{self, Evacuation, labels};
 use http::{Request, Response};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::Client;
 use kube::client::Body;
@@ -31,55 +27,18 @@ const KM_STATUS: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespac
 const MACHINE_PATH: &str = "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines/m1";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
+/// The shared KaironMachine `m1`, its VM created (`spec.providerID`), never moved live.
 fn kaironmachine() -> KaironMachine {
-    let mut km = KaironMachine::new(
-        "m1",
-        KaironMachineSpec {
-            cpus: 2,
-            memory: Quantity("4Gi".into()),
-            image: "ubuntu-2404-kube-v1.36.3".into(),
-            disk_size: Quantity("20Gi".into()),
-            provider_id: Some("kairon://vm-uid".into()),
-            eviction_strategy: Some("External".into()),
-            ..Default::default()
-        },
-    );
-    km.metadata.namespace = Some(NS.into());
-    km.metadata.uid = Some("km-uid".into());
-    km.metadata.generation = Some(1);
+    let mut km = mock_support::kaironmachine(NS);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    km.spec.eviction_strategy = Some("External".into());
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
-    km.metadata.labels = Some([(capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into());
-    km.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "cluster.x-k8s.io/v1beta2".into(),
-        kind: "Machine".into(),
-        name: "m1".into(),
-        uid: "machine-uid".into(),
-        controller: Some(true),
-        ..Default::default()
-    }]);
     km
 }
 
 /// A worker Machine of a MachineSet with its Node, selected by a MachineHealthCheck.
 fn machine(name: &str) -> capi::Machine {
-    let mut m = capi::Machine::new(
-        name,
-        MachineSpec {
-            cluster_name: "demo".into(),
-            bootstrap: Some(Bootstrap {
-                data_secret_name: Some(format!("{name}-bootstrap")),
-                ..Default::default()
-            }),
-            infrastructure_ref: Some(ContractVersionedObjectReference {
-                api_group: "infrastructure.cluster.x-k8s.io".into(),
-                kind: "KaironMachine".into(),
-                name: name.into(),
-            }),
-            ..Default::default()
-        },
-    );
-    m.metadata.namespace = Some(NS.into());
-    m.metadata.uid = Some(format!("{}-uid", name.replace("m1", "machine")));
+    let mut m = mock_support::machine(NS, name);
     m.metadata.owner_references = Some(vec![OwnerReference {
         kind: "MachineSet".into(),
         controller: Some(true),

@@ -97,3 +97,64 @@ pub fn provisioned_cluster(ns: &str, paused: bool) -> capkr::capi::Cluster {
     });
     c
 }
+
+/// KaironMachine `m1` of cluster `demo` in `ns`, controlled by Machine `m1` (uid
+/// `machine-uid`), no VM yet.
+pub fn kaironmachine(ns: &str) -> capkr::api::KaironMachine {
+    use capkr::api::{KaironMachine, KaironMachineSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let mut km = KaironMachine::new(
+        "m1",
+        KaironMachineSpec {
+            cpus: 2,
+            memory: Quantity("4Gi".into()),
+            image: "ubuntu-2404-kube-v1.36.3".into(),
+            disk_size: Quantity("20Gi".into()),
+            ..Default::default()
+        },
+    );
+    km.metadata.namespace = Some(ns.into());
+    km.metadata.uid = Some("km-uid".into());
+    km.metadata.generation = Some(1);
+    km.metadata.labels = Some([(capkr::capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string())].into());
+    km.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: "m1".into(),
+        uid: "machine-uid".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    km
+}
+
+/// Machine `name` of cluster `demo` in `ns`, bootstrap data in `<name>-bootstrap`, its
+/// KaironMachine of the same name; `m1`'s uid is `machine-uid` (what [`kaironmachine`]'s
+/// owner reference names), any other's `<name>-uid`.
+pub fn machine(ns: &str, name: &str) -> capkr::capi::Machine {
+    use capkr::capi::{Bootstrap, ContractVersionedObjectReference, Machine, MachineSpec};
+    let mut m = Machine::new(
+        name,
+        MachineSpec {
+            cluster_name: "demo".into(),
+            bootstrap: Some(Bootstrap {
+                data_secret_name: Some(format!("{name}-bootstrap")),
+                ..Default::default()
+            }),
+            infrastructure_ref: Some(ContractVersionedObjectReference {
+                api_group: "infrastructure.cluster.x-k8s.io".into(),
+                kind: "KaironMachine".into(),
+                name: name.into(),
+            }),
+            ..Default::default()
+        },
+    );
+    m.metadata.namespace = Some(ns.into());
+    m.metadata.uid = Some(if name == "m1" {
+        "machine-uid".into()
+    } else {
+        format!("{name}-uid")
+    });
+    m
+}
