@@ -350,13 +350,6 @@ fn write_kcp_only_flavor(assets: &Path) {
         .expect("the shipped ClusterClass has patches");
     let patches = remove_between(patches, "    - name: workerMachine\n", "    - name: kubeVIP\n");
     let class = format!("{head}\n  patches:\n{patches}");
-    let worker_selector = "              machineDeploymentClass:\n                names: [default-worker]\n";
-    assert_eq!(
-        class.matches(worker_selector).count(),
-        1,
-        "the machineImage patch selects the worker class"
-    );
-    let class = class.replacen(worker_selector, "", 1);
     assert!(
         !class.contains("default-worker\n    bootstrap") && !class.contains("machineDeploymentClass"),
         "worker references left in the kcp-only class"

@@ -49,15 +49,6 @@ async fn cluster_with_workload(rig: &GuestRig, vars: &[(&str, &str)]) -> (Client
     (wc, md)
 }
 
-fn kaironmachines() -> kube::api::ApiResource {
-    gvk(
-        "infrastructure.cluster.x-k8s.io",
-        "v1alpha1",
-        "KaironMachine",
-        "kaironmachines",
-    )
-}
-
 /// Machines whose MachineHealthCheck found them unhealthy, or that carry the remediation
 /// request.
 fn unhealthy(machines: &[kube::api::DynamicObject]) -> Vec<String> {

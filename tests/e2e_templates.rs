@@ -9,6 +9,8 @@
 mod addons;
 mod distribution_support;
 mod templates_support;
+#[path = "e2e_templates/upgrade.rs"]
+mod upgrade;
 #[path = "e2e_templates/workloads.rs"]
 mod workloads;
 
@@ -371,7 +373,15 @@ async fn md_remediation_flavor_from_clusterctl_comes_up_and_goes() {
     flavor_comes_up_and_goes("templates_md_remediation", "md-remediation").await;
 }
 
+/// The topology flavor also upgrades: `spec.topology.version` to the next patch version, and
+/// every machine gets the image of its new version from the ClusterClass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn topology_flavor_from_clusterctl_comes_up_and_goes() {
-    flavor_comes_up_and_goes("templates_topology", "topology").await;
+async fn topology_flavor_from_clusterctl_comes_up_upgrades_and_goes() {
+    let rig = GuestRig::start("templates_topology").await;
+    rig.kubectl_apply(&rig.generate("topology", 3, 2));
+    rig.wait_shape(3, 2, Duration::from_secs(600)).await;
+    wait_describe_ready(&rig, 3, 2).await;
+    wait_addons_running(&rig, 5).await;
+    upgrade::upgrade_the_topology(&rig, 3, 2).await;
+    delete_and_wait_gone(&rig).await;
 }

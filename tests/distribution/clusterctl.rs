@@ -178,7 +178,16 @@ fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
         .collect();
     assert!(!identity.is_empty());
     for flavor in FLAVORS {
-        let (documented, required) = if flavor == "identity" {
+        // The topology flavor's image is a prefix and each machine's version; the others name
+        // one image.
+        let (image, not_here) = if flavor == "topology" {
+            ("KAIRON_MACHINE_IMAGE_PREFIX", "KAIRON_MACHINE_IMAGE")
+        } else {
+            ("KAIRON_MACHINE_IMAGE", "KAIRON_MACHINE_IMAGE_PREFIX")
+        };
+        let mut documented = documented.clone();
+        documented.remove(not_here);
+        let (documented, mut required) = if flavor == "identity" {
             (
                 documented.union(&identity).cloned().collect::<BTreeSet<_>>(),
                 BTreeSet::from([
@@ -196,6 +205,10 @@ fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
                 ]),
             )
         };
+        if image != "KAIRON_MACHINE_IMAGE" {
+            // The prefix has a default: nothing about the image is required.
+            required.remove("KAIRON_MACHINE_IMAGE");
+        }
         let mut cmd = repo.clusterctl();
         cmd.args(["generate", "cluster", "c1", "--infrastructure"])
             .arg(format!("kairon:{VERSION}"))

@@ -30,6 +30,24 @@ pub fn capi(kind: &str, plural: &str) -> ApiResource {
     gvk("cluster.x-k8s.io", "v1beta2", kind, plural)
 }
 
+pub fn kaironmachines() -> ApiResource {
+    gvk(
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha1",
+        "KaironMachine",
+        "kaironmachines",
+    )
+}
+
+pub fn kaironmachinetemplates() -> ApiResource {
+    gvk(
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha1",
+        "KaironMachineTemplate",
+        "kaironmachinetemplates",
+    )
+}
+
 pub fn kcp_resource() -> ApiResource {
     gvk(
         "controlplane.cluster.x-k8s.io",
