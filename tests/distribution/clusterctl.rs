@@ -178,36 +178,26 @@ fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
         .collect();
     assert!(!identity.is_empty());
     for flavor in FLAVORS {
-        // The topology flavor's image is a prefix and each machine's version; the others name
-        // one image.
-        let (image, not_here) = if flavor == "topology" {
-            ("KAIRON_MACHINE_IMAGE_PREFIX", "KAIRON_MACHINE_IMAGE")
+        // The topology flavor's image is a prefix (with a default) and each machine's version;
+        // the others name one image, which they require.
+        let topology = flavor == "topology";
+        let image = if topology {
+            "KAIRON_MACHINE_IMAGE_PREFIX"
         } else {
-            ("KAIRON_MACHINE_IMAGE", "KAIRON_MACHINE_IMAGE_PREFIX")
+            "KAIRON_MACHINE_IMAGE"
         };
-        let mut documented = documented.clone();
-        documented.remove(not_here);
-        let (documented, mut required) = if flavor == "identity" {
-            (
-                documented.union(&identity).cloned().collect::<BTreeSet<_>>(),
-                BTreeSet::from([
-                    "CONTROL_PLANE_ENDPOINT_IP".to_string(),
-                    "KAIRON_IDENTITY_SECRET_NAME".to_string(),
-                    "KAIRON_MACHINE_IMAGE".to_string(),
-                ]),
-            )
-        } else {
-            (
-                documented.clone(),
-                BTreeSet::from([
-                    "CONTROL_PLANE_ENDPOINT_IP".to_string(),
-                    "KAIRON_MACHINE_IMAGE".to_string(),
-                ]),
-            )
-        };
-        if image != "KAIRON_MACHINE_IMAGE" {
-            // The prefix has a default: nothing about the image is required.
-            required.remove("KAIRON_MACHINE_IMAGE");
+        let mut documented: BTreeSet<String> = documented
+            .iter()
+            .filter(|v| !v.starts_with("KAIRON_MACHINE_IMAGE") || *v == image)
+            .cloned()
+            .collect();
+        let mut required = BTreeSet::from(["CONTROL_PLANE_ENDPOINT_IP".to_string()]);
+        if !topology {
+            required.insert(image.to_string());
+        }
+        if flavor == "identity" {
+            documented.extend(identity.iter().cloned());
+            required.insert("KAIRON_IDENTITY_SECRET_NAME".to_string());
         }
         let mut cmd = repo.clusterctl();
         cmd.args(["generate", "cluster", "c1", "--infrastructure"])
