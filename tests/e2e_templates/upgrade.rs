@@ -52,20 +52,21 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
         Duration::from_secs(900),
         || async {
             let kms = rig.list(&kaironmachines()).await;
-            let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
-            made.extend(
-                kms.iter()
-                    .filter(|k| !before.contains_key(&name(k)))
-                    .map(|k| (name(k), image_of(k))),
-            );
-            // A machine of the old image made after the change never becomes what is asked:
-            // say so now rather than at the timeout.
-            let old: Vec<_> = made.iter().filter(|(_, i)| **i != new_image).collect();
-            assert!(
-                old.is_empty(),
-                "machines made after the change boot another image than {new_image}: {old:?}"
-            );
-            drop(made);
+            {
+                let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+                made.extend(
+                    kms.iter()
+                        .filter(|k| !before.contains_key(&name(k)))
+                        .map(|k| (name(k), image_of(k))),
+                );
+                // A machine of the old image made after the change never becomes what is
+                // asked: say so now rather than at the timeout.
+                let old: Vec<_> = made.iter().filter(|(_, i)| **i != new_image).collect();
+                assert!(
+                    old.is_empty(),
+                    "machines made after the change boot another image than {new_image}: {old:?}"
+                );
+            }
             let machines = rig.machines().await;
             cluster_ready(&machines, rig.kcp().await.as_ref(), control_planes, workers)?;
             for m in &machines {
