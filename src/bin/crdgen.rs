@@ -2,8 +2,8 @@
 //!
 //! - `crdgen`                prints our five CRDs;
 //! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
-//! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine, Host,
-//!   MachineMigration).
+//! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine, MachineSet,
+//!   Host, MachineMigration).
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -13,11 +13,17 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1).peekable();
     let crds = if args.peek().map(String::as_str) == Some("kairon") {
         args.next();
+        use capkr::kairon::machineset::MachineSet;
         use capkr::kairon::maintenance::{Host, MachineMigration};
-        [capkr::kairon::Machine::crd(), Host::crd(), MachineMigration::crd()]
-            .into_iter()
-            .map(capkr::api::without_nullable)
-            .collect()
+        [
+            capkr::kairon::Machine::crd(),
+            MachineSet::crd(),
+            Host::crd(),
+            MachineMigration::crd(),
+        ]
+        .into_iter()
+        .map(capkr::api::without_nullable)
+        .collect()
     } else {
         capkr::api::crds()
     };

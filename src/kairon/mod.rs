@@ -7,6 +7,7 @@
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
 //!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes;
+//! - [`machineset`]: Kairon's MachineSet (Machines from a template), not used by the provider yet;
 //! - [`maintenance`]: Kairon's hosts and migrations, which the provider sees only through a
 //!   Machine's status (its host, the host's labels, an evacuation request), read by
 //!   [`evacuation`] (pure).
@@ -18,6 +19,7 @@ mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod gate;
+pub mod machineset;
 pub mod maintenance;
 pub mod observe;
 mod types;
