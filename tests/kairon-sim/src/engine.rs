@@ -6,9 +6,10 @@
 //! At most one Machine write and one guest operation are in flight per Machine. Host and
 //! address bookkeeping follows the Machines' statuses, and nothing is decided before the
 //! first full lists, so a restart picks up where the objects say. Hosts, migrations and
-//! maintenance: [`site`].
+//! maintenance: [`site`]; MachineSets: [`sets`].
 
 mod maintenance;
+mod sets;
 mod site;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -27,10 +28,12 @@ use crate::guest_ops::{post_status, register, remove_node, stop};
 use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
+use crate::machineset_writes::SetWriter;
 use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::site_writes::SiteWriter;
 use crate::workload::Workloads;
+use sets::{SetDone, Sets};
 use site::{Site, SiteDone, is_older};
 
 /// Timers are checked at their deadlines, and at least this often.
@@ -74,6 +77,7 @@ enum Done {
         outcome: GuestOutcome,
     },
     Site(SiteDone),
+    Set(SetDone),
 }
 
 pub struct Engine {
@@ -84,6 +88,7 @@ pub struct Engine {
     fleet: Option<Arc<Fleet>>,
     scripts: Option<Arc<GuestScripts>>,
     site: Site,
+    sets: Sets,
     permits: Arc<Semaphore>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
@@ -111,6 +116,7 @@ impl Engine {
             fleet: opts.guest_tools.clone().map(|t| Arc::new(Fleet::new(t))),
             scripts: opts.guest_scripts_dir.clone().map(|d| Arc::new(GuestScripts::new(d))),
             site: Site::new(SiteWriter::new(client.clone()), opts.host_objects, opts.migration_delay),
+            sets: Sets::new(SetWriter::new(client.clone())),
             client,
             opts,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -136,6 +142,7 @@ impl Engine {
         };
         let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
         let (mut migration_events, mut host_events) = self.site_watches().await;
+        let mut set_events = self.set_watch();
         let mut wake = Instant::now() + TICK;
         loop {
             tokio::select! {
@@ -152,11 +159,16 @@ impl Engine {
                     Ok(event) => self.on_host_event(event),
                     Err(e) => tracing::warn!(error = %e, "watching Kairon Hosts"),
                 },
+                Some(event) = set_events.next() => match event {
+                    Ok(event) => self.on_set_event(event),
+                    Err(e) => tracing::warn!(error = %e, "watching Kairon MachineSets"),
+                },
                 Some(done) = self.done_rx.recv() => self.on_done(done),
                 () = tokio::time::sleep_until(wake.into()) => self.on_tick(),
             }
             self.process_dirty();
             self.process_site();
+            self.process_sets();
             wake = self.next_wake();
         }
     }
@@ -187,11 +199,13 @@ impl Engine {
                     );
                     self.dirty.extend(self.machines.keys().cloned());
                 }
+                self.sets.relisted();
             }
             watcher::Event::Apply(m) => self.store(m),
             watcher::Event::Delete(m) => self.forget(&Key::of(&m)),
         }
         self.site.dirty = true;
+        self.sets.dirty = true;
     }
 
     /// Keeps the newest version of a Machine and, unless a write of ours is in flight, brings
@@ -267,6 +281,7 @@ impl Engine {
                 self.observe(&key);
                 self.dirty.insert(key);
                 self.site.dirty = true;
+                self.sets.dirty = true;
             }
             Done::Guest { key, uid, outcome } => {
                 self.guests_busy.remove(&key);
@@ -276,6 +291,7 @@ impl Engine {
                 self.dirty.insert(key);
             }
             Done::Site(done) => self.on_site_done(done),
+            Done::Set(done) => self.on_set_done(done),
         }
     }
 
@@ -303,6 +319,7 @@ impl Engine {
             .chain(retries)
             .chain(guests)
             .chain(self.site.retry_at())
+            .chain(self.sets.retry_at())
             .filter(|t| *t > now)
             .fold(now + TICK, Instant::min)
     }
@@ -320,6 +337,7 @@ impl Engine {
         self.dirty.extend(due);
         // Migration delays and evacuation deadlines are wall-clock times in the objects.
         self.site.dirty = true;
+        self.sets.dirty = true;
     }
 
     // --- decisions ------------------------------------------------------------------------

@@ -4,9 +4,10 @@
 //! - [`sim`]: the Machine phase machine (pure);
 //! - [`placement`], [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
 //! - [`migration`], [`evacuation`]: live migrations and host maintenance (pure);
+//! - [`machineset`]: Kairon's MachineSets: members created, removed, scaled in (pure);
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure);
 //! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
-//! - [`machines`], [`site_writes`], [`workload`], [`guest_ops`]: writes to the management
+//! - [`machines`], [`site_writes`], [`machineset_writes`], [`workload`], [`guest_ops`]: writes to the management
 //!   and the workload API servers ([`status_patch`]: what a status write sends);
 //! - [`kubeadm`], [`fleet`], [`static_pods`], [`procs`], [`endpoint`], [`kubeadm_objects`]:
 //!   with `--guest-bin-dir`, what `kubeadm init`/`join --control-plane` start on a
@@ -33,6 +34,8 @@ mod kubeadm_objects;
 mod kubelet;
 mod kwok;
 mod machines;
+mod machineset;
+mod machineset_writes;
 mod migration;
 mod placement;
 mod procs;

@@ -112,7 +112,7 @@ impl SiteWriter {
 
 /// Merge-patches the status subresource from `old` to `new`, on the resourceVersion `object`
 /// was read at; nothing when nothing changes.
-async fn write_status<K, S>(api: &Api<K>, object: &K, old: Option<&S>, new: &S) -> Written<K>
+pub async fn write_status<K, S>(api: &Api<K>, object: &K, old: Option<&S>, new: &S) -> Written<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
     S: Serialize,
@@ -132,7 +132,7 @@ where
     }
 }
 
-async fn fresh<K>(api: &Api<K>, name: &str) -> Written<K>
+pub async fn fresh<K>(api: &Api<K>, name: &str) -> Written<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {

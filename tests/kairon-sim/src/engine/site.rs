@@ -99,7 +99,7 @@ pub(super) fn is_older<K: Resource>(candidate: &K, current: &K) -> bool {
 }
 
 /// A watch's events, boxed.
-type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+pub(super) type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
 
 impl Engine {
     /// The watches on MachineMigrations (as wide as the one on Machines) and, with
