@@ -1,14 +1,15 @@
 //! Kairon's MachineSet as the simulator plays it against a real kube-apiserver: a set of 3
 //! becomes 3 Running members; a member deleted (while the simulator is down, and the
 //! simulator restarted twice around the scale-in) lowers `spec.replicas` exactly once and is
-//! not replaced; the deleted set leaves no member behind.
+//! not replaced; new user-data rolls nothing, a new image rolls every member; the deleted set
+//! leaves no member behind.
 
 use std::time::{Duration, Instant};
 
 use capkr::kairon::Machine;
 use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet, SCALED_IN_ANNOTATION_PREFIX};
 use capkr_testenv::{CapiManagers, Env, EnvOptions};
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
@@ -141,6 +142,40 @@ async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_rest
         (set.status?.replicas == Some(2)).then_some(())
     })
     .await;
+
+    // New user-data reaches new members only; a new image rolls every member.
+    let patch = |v: serde_json::Value| {
+        let sets = sets.clone();
+        async move {
+            let pp = PatchParams::default();
+            sets.patch("demo-pool-0", &pp, &Patch::Merge(&v))
+                .await
+                .expect("patch set");
+        }
+    };
+    patch(json!({"spec": {"template": {"spec": {"cloudInit": {"userData": "#cloud-config new"}}}}})).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut now: Vec<String> = members(&machines).await.iter().map(|m| m.name_any()).collect();
+    now.sort();
+    assert_eq!(now, expected, "user-data does not roll");
+    patch(json!({"spec": {"template": {"spec": {"image": "img-2"}}}})).await;
+    wait_for("2 Running members of img-2", Duration::from_secs(60), async || {
+        let ms = members(&machines).await;
+        let status = sets.get("demo-pool-0").await.ok()?.status?;
+        let done = ms.len() == 2
+            && ms
+                .iter()
+                .all(|m| m.spec.image == "img-2" && phase(m) == Some("Running"))
+            && status.updated_replicas == Some(2)
+            && status.ready_replicas == Some(2);
+        done.then_some(())
+    })
+    .await;
+    assert_eq!(
+        sets.get("demo-pool-0").await.expect("set").spec.replicas,
+        2,
+        "a rollout is no scale-in"
+    );
 
     sets.delete("demo-pool-0", &DeleteParams::default())
         .await
