@@ -21,7 +21,7 @@ use crate::api::{FIELD_MANAGER, KaironMachine};
 use crate::text::bounded;
 
 /// How much of an API error's reason a create failure repeats (the server chose it).
-const MAX_API_REASON: usize = 64;
+pub(super) const MAX_API_REASON: usize = 64;
 
 /// Kairon Machines, on the API server that serves them (the management cluster unless the
 /// manager was pointed elsewhere).
@@ -145,6 +145,12 @@ impl Instances {
     pub(crate) fn with_write_gate(mut self) -> Self {
         self.gate = Some(Arc::default());
         self
+    }
+
+    /// The Kairon MachineSets of the same API, speaking for the same management cluster and
+    /// behind the same write gate.
+    pub fn machine_sets(&self) -> super::MachineSets {
+        super::MachineSets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
     }
 
     /// Leave to send a write, if the API is gated.
@@ -298,7 +304,7 @@ impl Instances {
 
 /// Tells the gate whether a write got an answer: any answer of the API, an error included;
 /// not a timeout, a failed connection or an answer too large to read.
-fn settle<T>(permit: Option<Permit>, answer: &Result<T, kube::Error>) {
+pub(super) fn settle<T>(permit: Option<Permit>, answer: &Result<T, kube::Error>) {
     if let Some(p) = permit {
         p.settle(matches!(answer, Ok(_) | Err(kube::Error::Api(_))));
     }
@@ -324,7 +330,7 @@ pub(crate) fn read_event(
 }
 
 /// A description of a client error that cannot contain request content.
-fn redacted_error_kind(e: &kube::Error) -> String {
+pub(super) fn redacted_error_kind(e: &kube::Error) -> String {
     match e {
         kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
         _ => "the request failed".into(),

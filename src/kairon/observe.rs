@@ -26,7 +26,7 @@ const MAX_PHASE: usize = 64;
 /// Whose Kairon Machine this is, from the KaironMachine's point of view. One rule for every
 /// path that touches a VM: adoption, status and deletion.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Ownership {
+pub enum Ownership {
     /// Its UID label names this KaironMachine.
     Ours,
     /// Created for an earlier incarnation of this KaironMachine (e.g. before `clusterctl move`,
@@ -40,7 +40,7 @@ pub(crate) enum Ownership {
 
 /// The KaironMachine a Kairon Machine's labels name (see [`holder`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Holder {
+pub struct Holder {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -53,7 +53,15 @@ pub(crate) struct Holder {
 /// nothing: a VM it names is this KaironMachine's only when this management cluster (or one it
 /// adopts from) labelled it as its own. A plain Kairon VM, or another installation's, is never
 /// adopted and never deleted through a providerID.
+///
+/// A member of a Kairon MachineSet is a pool's: only a KaironMachine of that pool may claim
+/// it, and a pool's KaironMachine claims nothing else ([`super::set_observe::member_rule`]).
 pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Ownership {
+    let km_pool = km.labels().get(labels::KAIRONMACHINEPOOL_NAME);
+    let km_ns = km.namespace().unwrap_or_default();
+    if let Some(verdict) = super::set_observe::member_rule(vm, km_pool.map(|p| (km_ns.as_str(), p.as_str()))) {
+        return verdict;
+    }
     let uid_label = vm.labels().get(labels::KAIRONMACHINE_UID);
     if uid_label.is_some() && uid_label == km.metadata.uid.as_ref() {
         return Ownership::Ours;
@@ -445,6 +453,7 @@ mod tests {
             ("providerID names a VM of ours no KaironMachine claims", vec![(mc, "mc-a")], this_vm, &owner, Ownership::OursBeforeMove { holder: None }),
             ("providerID names a VM of ours another KaironMachine claims", vec![(mc, "mc-a"), (uid, "old-uid"), (labels::KAIRONMACHINE_NAME, "m0")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m0", "old-uid") }),
             ("providerID names a VM of the cluster moved from", vec![(mc, "mc-old"), (uid, "old-uid")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m1", "old-uid") }),
+            ("a member of a Kairon MachineSet is no standalone KaironMachine's, whatever its labels", vec![(uid, "km-uid"), (mc, "mc-a"), (crate::kairon::machineset::MACHINESET_LABEL, "pool")], this_vm, &owner, foreign("member of Kairon MachineSet pool")),
             ("no management-cluster id (request-sequence tests)", vec![], this_vm, &no_id, Ownership::OursBeforeMove { holder: None }),
         ];
         for (name, vm_labels, pid, owner, want) in cases {

@@ -1,0 +1,431 @@
+//! How Kairon MachineSets are spoken to: an authoritative read, a create that falls back to
+//! reading what already has the name, `spec.replicas` and the template written only against
+//! the version the decision was made on, a relabel for adoption, and a delete that names the
+//! UID it means.
+//!
+//! A set's template carries bootstrap data: errors of requests that send it (create, template
+//! writes) keep only the answer's code and reason, and what is read back never holds it
+//! ([`machine_set_from_value`] drops `template.spec.cloudInit` before parsing).
+
+use std::sync::Arc;
+
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+use super::client::{MAX_API_REASON, redacted_error_kind, settle};
+use super::gate::{Permit, Refusal, WriteGate};
+use super::machineset::{MachineSet, MachineTemplate};
+use super::{BOOTSTRAP_DATA_HASH_ANNOTATION, Deletion, Owner, UserData, labels};
+use crate::api::FIELD_MANAGER;
+use crate::text::bounded;
+
+/// Kairon MachineSets on one Kairon API. Made by [`super::Instances::machine_sets`].
+#[derive(Clone)]
+pub struct MachineSets {
+    client: Client,
+    owner: Owner,
+    gate: Option<Arc<WriteGate>>,
+}
+
+/// What a create found.
+#[derive(Debug)]
+pub enum SetCreated {
+    /// A new set.
+    New(MachineSet),
+    /// One with that name already existed: whose it is is for the caller to decide.
+    Existing(MachineSet),
+}
+
+/// A failed request about a Kairon MachineSet, by what was asked. None of them can quote
+/// bootstrap data.
+#[derive(Debug, thiserror::Error)]
+pub enum SetError {
+    #[error("reading Kairon MachineSet {ns}/{name}: {source}")]
+    Read {
+        ns: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("{action} Kairon MachineSet {name}: {detail}")]
+    Write {
+        action: &'static str,
+        name: String,
+        detail: String,
+    },
+    /// The set changed since it was read (its `resourceVersion` moved): decide again on a
+    /// fresh read.
+    #[error("{action} Kairon MachineSet {name}: it changed since it was read")]
+    Stale { action: &'static str, name: String },
+    #[error("deleting Kairon MachineSet {name}: {source}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// Not sent: the API did not answer an earlier write ([`WriteGate`]).
+    #[error("{action} Kairon MachineSet {name}: {refusal}")]
+    Refused {
+        action: &'static str,
+        name: String,
+        refusal: Refusal,
+    },
+}
+
+impl SetError {
+    /// A short label for metrics and logs.
+    pub fn stage(&self) -> &'static str {
+        match self {
+            SetError::Read { .. } => "read",
+            SetError::Write { .. } | SetError::Stale { .. } => "write_machineset",
+            SetError::Delete { .. } => "delete_machineset",
+            SetError::Refused { .. } => "kairon_api",
+        }
+    }
+}
+
+impl MachineSets {
+    pub(super) fn new(client: Client, owner: Owner, gate: Option<Arc<WriteGate>>) -> Self {
+        MachineSets { client, owner, gate }
+    }
+
+    /// The Kairon MachineSets of `namespace`, or of all namespaces (for watches), untyped:
+    /// read them with [`read_set`].
+    pub fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
+        let ar = ApiResource::erase::<MachineSet>(&());
+        match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
+            None => Api::all_with(self.client.clone(), &ar),
+        }
+    }
+
+    fn permit(&self, action: &'static str, name: &str) -> Result<Option<Permit>, SetError> {
+        match &self.gate {
+            None => Ok(None),
+            Some(gate) => gate.admit().map(Some).map_err(|refusal| SetError::Refused {
+                action,
+                name: name.to_string(),
+                refusal,
+            }),
+        }
+    }
+
+    fn pp() -> PatchParams {
+        PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        }
+    }
+
+    /// Reads one set from the API server (not from a cache), without its user-data.
+    pub async fn get(&self, ns: &str, name: &str) -> Result<Option<MachineSet>, SetError> {
+        self.api(Some(ns))
+            .get_opt(name)
+            .await
+            .map(|o| o.map(read_set))
+            .map_err(|source| SetError::Read {
+                ns: ns.into(),
+                name: name.into(),
+                source,
+            })
+    }
+
+    /// Creates `desired` (stamped with this management cluster); if its name is taken,
+    /// returns what has it.
+    pub async fn create(&self, mut desired: MachineSet) -> Result<SetCreated, SetError> {
+        let ns = desired.namespace().unwrap_or_default();
+        let name = desired.name_any();
+        if !self.owner.id.is_empty() {
+            desired
+                .metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(labels::MANAGEMENT_CLUSTER.to_string(), self.owner.id.clone());
+        }
+        let write = |detail: String| SetError::Write {
+            action: "creating",
+            name: name.clone(),
+            detail,
+        };
+        let body: DynamicObject = serde_json::to_value(&desired)
+            .and_then(serde_json::from_value)
+            .map_err(|_| write("the MachineSet could not be encoded".into()))?;
+        drop(desired);
+        let pp = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let permit = self.permit("creating", &name)?;
+        let answer = self.api(Some(&ns)).create(&pp, &body).await;
+        settle(permit, &answer);
+        match answer {
+            Ok(set) => Ok(SetCreated::New(read_set(set))),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => match self.get(&ns, &name).await? {
+                Some(set) => Ok(SetCreated::Existing(set)),
+                None => Err(write("it exists and vanished right after".into())),
+            },
+            Err(e) => Err(write(redacted(&e))),
+        }
+    }
+
+    /// Sets `spec.replicas` to `replicas`, only if `set` is still as it was read: a decision
+    /// about how many members to keep is only valid for the members it saw.
+    pub async fn patch_replicas(&self, set: &MachineSet, replicas: i32) -> Result<(), SetError> {
+        let body = json!({
+            "metadata": {"resourceVersion": set.resource_version()},
+            "spec": {"replicas": replicas},
+        });
+        self.merge(set, "scaling", &body).await
+    }
+
+    /// Rewrites the template (a new hash: the pool rolls) and its user-data with it.
+    pub async fn patch_template(
+        &self,
+        set: &MachineSet,
+        template: MachineTemplate,
+        user_data: UserData,
+    ) -> Result<(), SetError> {
+        let hash = super::set_desired::bootstrap_data_hash(&user_data);
+        let mut template = template;
+        template.spec.cloud_init = Some(super::CloudInit {
+            user_data: Some(user_data),
+            network_config: None,
+        });
+        let template = serde_json::to_value(&template).map_err(|_| SetError::Write {
+            action: "writing the template of",
+            name: set.name_any(),
+            detail: "the template could not be encoded".into(),
+        })?;
+        // A merge patch would keep labels the new template no longer has: the whole template
+        // is replaced.
+        let ops = json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": set.resource_version()},
+            {"op": "replace", "path": "/spec/template", "value": template},
+            annotation_op(set, &hash),
+        ]);
+        self.json_patch(set, "writing the template of", ops).await
+    }
+
+    /// Rewrites only the template's user-data (new content in the same bootstrap Secret, a
+    /// join-token rotation): Kairon's hash leaves `cloudInit` out, so nothing rolls; members
+    /// made from now on boot with it.
+    pub async fn patch_user_data(&self, set: &MachineSet, user_data: UserData) -> Result<(), SetError> {
+        let hash = super::set_desired::bootstrap_data_hash(&user_data);
+        let ops = json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": set.resource_version()},
+            {"op": "add", "path": "/spec/template/spec/cloudInit", "value": {"userData": user_data}},
+            annotation_op(set, &hash),
+        ]);
+        self.json_patch(set, "writing the user-data of", ops).await
+    }
+
+    /// Moves the set's link-back labels (and its management-cluster label) to pool `uid`
+    /// (adoption after `clusterctl move`). The template is left alone: nothing in it changes
+    /// on a move, so the pool does not roll.
+    pub async fn adopt(&self, set: &MachineSet, pool_uid: &str, pool_namespace: &str) -> Result<(), SetError> {
+        let mut body = json!({"metadata": {"labels": {
+            labels::KAIRONMACHINEPOOL_UID: pool_uid,
+            labels::KAIRONMACHINEPOOL_NAMESPACE: pool_namespace,
+        }}});
+        if !self.owner.id.is_empty() {
+            body["metadata"]["labels"][labels::MANAGEMENT_CLUSTER] = json!(self.owner.id);
+        }
+        self.merge(set, "relabelling", &body).await
+    }
+
+    /// Deletes exactly `set` (UID precondition); Kairon deletes its members first.
+    pub async fn delete(&self, set: &MachineSet) -> Result<Deletion, SetError> {
+        let name = set.name_any();
+        let dp = DeleteParams {
+            preconditions: set.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let permit = self.permit("deleting", &name)?;
+        let answer = self
+            .api(Some(&set.namespace().unwrap_or_default()))
+            .delete(&name, &dp)
+            .await;
+        settle(permit, &answer);
+        match answer {
+            Ok(_) => Ok(Deletion::Started),
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(Deletion::Gone),
+            Err(source) => Err(SetError::Delete { name, source }),
+        }
+    }
+
+    async fn merge(&self, set: &MachineSet, action: &'static str, body: &Value) -> Result<(), SetError> {
+        self.send(set, action, Patch::Merge(body)).await
+    }
+
+    async fn json_patch(&self, set: &MachineSet, action: &'static str, ops: Value) -> Result<(), SetError> {
+        let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|_| SetError::Write {
+            action,
+            name: set.name_any(),
+            detail: "the patch could not be encoded".into(),
+        })?;
+        self.send(set, action, Patch::Json::<()>(patch)).await
+    }
+
+    async fn send<P: serde::Serialize + std::fmt::Debug>(
+        &self,
+        set: &MachineSet,
+        action: &'static str,
+        patch: Patch<P>,
+    ) -> Result<(), SetError> {
+        let name = set.name_any();
+        let permit = self.permit(action, &name)?;
+        let answer = self
+            .api(Some(&set.namespace().unwrap_or_default()))
+            .patch(&name, &Self::pp(), &patch)
+            .await;
+        settle(permit, &answer);
+        match answer {
+            Ok(_) => Ok(()),
+            // 409: the resourceVersion moved; 422 from a failed `test` op: the same, for a JSON
+            // patch.
+            Err(kube::Error::Api(s)) if s.code == 409 || (s.code == 422 && s.message.contains("test")) => {
+                Err(SetError::Stale { action, name })
+            }
+            Err(e) => Err(SetError::Write {
+                action,
+                name,
+                detail: redacted(&e),
+            }),
+        }
+    }
+}
+
+/// The JSON-patch operation that records the user-data digest on `set`.
+fn annotation_op(set: &MachineSet, hash: &str) -> Value {
+    match set.metadata.annotations {
+        Some(_) => {
+            json!({"op": "add", "path": format!("/metadata/annotations/{}", BOOTSTRAP_DATA_HASH_ANNOTATION.replace('/', "~1")), "value": hash})
+        }
+        None => json!({"op": "add", "path": "/metadata/annotations", "value": {BOOTSTRAP_DATA_HASH_ANNOTATION: hash}}),
+    }
+}
+
+/// An error of a request that carried bootstrap data, or may have: the answer's code and
+/// reason only (an API error may quote the request).
+fn redacted(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("the API answered {} {}", s.code, bounded(&s.reason, MAX_API_REASON)),
+        e => redacted_error_kind(e),
+    }
+}
+
+/// A set from an untyped answer, as [`machine_set_from_value`] reads it.
+pub fn read_set(obj: DynamicObject) -> MachineSet {
+    machine_set_from_value(serde_json::to_value(obj).unwrap_or_default())
+}
+
+/// Reads a Kairon MachineSet leniently and without its user-data: `template.spec.cloudInit`
+/// is dropped before parsing (bootstrap data is never held in memory), and the template's
+/// spec is read as a Kairon Machine's is (missing fields take their defaults). A set that
+/// still cannot be read keeps its metadata and an empty spec with no replicas: the pool
+/// then reports it rather than acting on a guess.
+pub fn machine_set_from_value(mut value: Value) -> MachineSet {
+    if let Some(spec) = value.pointer_mut("/spec/template/spec").and_then(Value::as_object_mut) {
+        spec.remove("cloudInit");
+    }
+    if let Ok(set) = serde_json::from_value::<MachineSet>(value.clone()) {
+        return set;
+    }
+    let template_spec = value.pointer("/spec/template/spec").cloned().map(|s| {
+        let vm = super::machine_from_value(json!({"metadata": {}, "spec": s}));
+        serde_json::to_value(vm.spec).unwrap_or_default()
+    });
+    if let (Some(ts), Some(t)) = (template_spec, value.pointer_mut("/spec/template")) {
+        t["spec"] = ts;
+    }
+    if let Ok(set) = serde_json::from_value::<MachineSet>(value.clone()) {
+        return set;
+    }
+    let metadata = value
+        .get("metadata")
+        .cloned()
+        .and_then(|m| serde_json::from_value(m).ok())
+        .unwrap_or_default();
+    MachineSet {
+        metadata,
+        spec: Default::default(),
+        status: None,
+    }
+}
+
+/// What the caches keep of a set: its link-back and management labels, the user-data digest,
+/// spec without user-data, status. Kairon's own annotations (one per scaled-in member),
+/// managedFields and finalizers go.
+pub fn keep_set_what_is_read(set: &mut MachineSet) {
+    set.spec.template.spec.cloud_init = None;
+    let meta = &mut set.metadata;
+    meta.managed_fields = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    crate::capi::retain_keys(&mut meta.annotations, &[BOOTSTRAP_DATA_HASH_ANNOTATION]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_is_read_without_its_user_data_and_leniently() {
+        let base = json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineSet",
+            "metadata": {"name": "pool", "namespace": "ns", "uid": "u1"},
+            "spec": {"replicas": 3, "template": {"spec": {"cpus": 2, "memory": "4Gi", "image": "img",
+                "diskSize": "20Gi", "cloudInit": {"userData": "#cloud-config SECRET"}}}},
+            "status": {"replicas": 3, "templateHash": "h1"}});
+        let set = machine_set_from_value(base.clone());
+        assert_eq!(set.spec.replicas, 3);
+        assert!(set.spec.template.spec.cloud_init.is_none(), "user-data is never held");
+        assert!(!format!("{set:?}").contains("SECRET"));
+
+        let mut odd = base.clone();
+        odd["spec"]["template"]["spec"]["gpu"] = json!({"model": "x"});
+        odd["spec"]["template"]["spec"].as_object_mut().unwrap().remove("image");
+        let set = machine_set_from_value(odd);
+        assert_eq!(set.spec.replicas, 3, "added and missing template fields are fine");
+        assert_eq!(set.status.and_then(|s| s.template_hash).as_deref(), Some("h1"));
+
+        let mut wrong = base;
+        wrong["spec"]["replicas"] = json!("three");
+        let set = machine_set_from_value(wrong);
+        assert_eq!(set.metadata.uid.as_deref(), Some("u1"), "metadata is kept");
+        assert_eq!(set.spec.replicas, 0);
+    }
+
+    #[test]
+    fn a_cached_set_keeps_what_the_pool_reads() {
+        let mut set = machine_set_from_value(json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineSet",
+            "metadata": {"name": "pool", "namespace": "ns", "labels": {labels::KAIRONMACHINEPOOL_UID: "p"},
+                "annotations": {BOOTSTRAP_DATA_HASH_ANNOTATION: "sha256:ab", "scaled-in.kairon.zyvor.dev/x": "1"},
+                "finalizers": ["kairon.zyvor.dev/machineset-cleanup"]},
+            "spec": {"replicas": 2, "template": {"spec": {"cpus": 2, "memory": "4Gi", "image": "img", "diskSize": "20Gi"}}}}));
+        set.spec.template.spec.cloud_init = Some(super::super::CloudInit {
+            user_data: Some(UserData("SECRET".into())),
+            network_config: None,
+        });
+        keep_set_what_is_read(&mut set);
+        assert!(set.spec.template.spec.cloud_init.is_none());
+        assert_eq!(set.annotations().len(), 1);
+        assert_eq!(set.labels().len(), 1);
+        assert!(set.metadata.finalizers.is_none());
+        assert_eq!(set.spec.replicas, 2);
+    }
+
+    #[test]
+    fn the_user_data_digest_is_added_whether_or_not_the_set_has_annotations() {
+        let mut set = MachineSet::new("pool", Default::default());
+        assert_eq!(annotation_op(&set, "h")["path"], "/metadata/annotations");
+        set.metadata.annotations = Some(Default::default());
+        assert_eq!(
+            annotation_op(&set, "h")["path"],
+            "/metadata/annotations/infrastructure.cluster.x-k8s.io~1bootstrap-data-hash"
+        );
+    }
+}
