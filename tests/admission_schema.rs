@@ -42,6 +42,8 @@ fn plural(kind: &str) -> &'static str {
         "KaironMachineTemplate" => "kaironmachinetemplates",
         "KaironCluster" => "kaironclusters",
         "KaironClusterTemplate" => "kaironclustertemplates",
+        "KaironMachinePool" => "kaironmachinepools",
+        "KaironMachinePoolTemplate" => "kaironmachinepooltemplates",
         other => panic!("{other}"),
     }
 }
@@ -221,6 +223,30 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             "spec.template.spec.identityRef.name",
             "must be an object name",
         ),
+        (
+            "KaironMachinePool",
+            json!({"template": with(machine_spec(), &["providerID"], json!("kairon://x"))}),
+            "spec.template",
+            "providerID must not be set",
+        ),
+        (
+            "KaironMachinePool",
+            json!({"template": machine_spec(), "providerIDList": [""]}),
+            "spec.providerIDList[0]",
+            "",
+        ),
+        (
+            "KaironMachinePool",
+            json!({"template": machine_spec(), "strategy": {"maxSurge": 0, "maxUnavailable": 0}}),
+            "spec.strategy",
+            "must not both be 0",
+        ),
+        (
+            "KaironMachinePoolTemplate",
+            tmpl(json!({"template": machine_spec(), "providerID": "kairon://machinesets/x"})),
+            "spec.template.spec.providerID",
+            "must not be set",
+        ),
     ];
     assert!(cases.len() >= 15);
     let mut failures = vec![];
@@ -331,4 +357,40 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         )
         .await
         .expect("metadata edits are allowed");
+
+    // A KaironMachinePool's template is mutable (a change rolls the pool; ClusterClass
+    // topology patches it in place); its providerID is write-once; its status takes both
+    // `ready` (what CAPI v1.14.2 reads) and `initialization.provisioned`.
+    let pools = api(&env, "KaironMachinePool", "kaironmachinepools");
+    pools
+        .create(
+            &PostParams::default(),
+            &obj("KaironMachinePool", "good", json!({"template": machine_spec()})),
+        )
+        .await
+        .expect("a valid KaironMachinePool");
+    let rolled = json!({"spec": {"template": {"image": "ubuntu-2404-kube-v1.36.9", "cpus": 4},
+        "providerID": "kairon://machinesets/a", "providerIDList": ["kairon://vm-1", "kairon://vm-2"]}});
+    pools
+        .patch("good", &pp, &Patch::Merge(rolled))
+        .await
+        .expect("the pool's template and lists are writable");
+    let err = pools
+        .patch(
+            "good",
+            &pp,
+            &Patch::Merge(json!({"spec": {"providerID": "kairon://machinesets/b"}})),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("spec.providerID is write-once"), "{err}");
+    let status = json!({"status": {"ready": true, "initialization": {"provisioned": true}, "replicas": 2,
+        "readyReplicas": 1, "infrastructureMachineKind": "KaironMachine"}});
+    let written = pools
+        .patch_status("good", &pp, &Patch::Merge(status))
+        .await
+        .expect("status subresource");
+    assert_eq!(written.data["status"]["ready"], true);
+    assert_eq!(written.data["status"]["initialization"]["provisioned"], true);
+    assert_eq!(written.data["status"]["infrastructureMachineKind"], "KaironMachine");
 }

@@ -375,6 +375,8 @@ fn crds_carry_the_contract_label_names_and_categories() {
             "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
             "kaironmachines.infrastructure.cluster.x-k8s.io",
             "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+            "kaironmachinepools.infrastructure.cluster.x-k8s.io",
+            "kaironmachinepooltemplates.infrastructure.cluster.x-k8s.io",
         ]
     );
     for crd in &crds {
@@ -401,7 +403,7 @@ fn crds_carry_the_contract_label_names_and_categories() {
         assert_eq!(v.name, "v1alpha1");
         let has_status = !matches!(
             crd.spec.names.kind.as_str(),
-            "KaironClusterTemplate" | "KaironClusterIdentity"
+            "KaironClusterTemplate" | "KaironClusterIdentity" | "KaironMachinePoolTemplate"
         );
         assert_eq!(
             v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some(),
@@ -434,4 +436,64 @@ fn kaironmachine_has_no_spec_failure_domain() {
     let s = schema("kaironmachines");
     assert!(s["properties"]["spec"]["properties"].get("failureDomain").is_none());
     assert!(s["properties"]["status"]["properties"].get("failureDomain").is_some());
+}
+
+/// KaironMachinePool: the set's providerID is write-once, the VM template carries no
+/// providerID, a strategy that could never roll is refused, the template is mutable (a change
+/// rolls the pool); a KaironMachinePoolTemplate carries neither providerID nor providerIDList.
+#[test]
+fn kaironmachinepool_rules_table() {
+    let pool = |spec: Value| json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachinePool", "metadata": {"name": "p"}, "spec": spec});
+    let base = json!({"template": good_spec()});
+    let pid = |id: &str| with(base.clone(), "providerID", json!(id));
+    let strategy = |s: Value| with(base.clone(), "strategy", s);
+    let mut tpl_pid = base.clone();
+    tpl_pid["template"]["providerID"] = json!("kairon://x");
+    let mut new_image = pid("kairon://machinesets/a");
+    new_image["template"]["image"] = json!("ubuntu-2404-kube-v1.36.2");
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Value, Option<Value>, Option<&str>)> = vec![
+        ("good", base.clone(), None, None),
+        ("providerID set once", pid("kairon://machinesets/a"), Some(base.clone()), None),
+        ("providerID changed", pid("kairon://machinesets/b"), Some(pid("kairon://machinesets/a")), Some("spec.providerID is write-once")),
+        ("providerID removed", base.clone(), Some(pid("kairon://machinesets/a")), Some("spec.providerID is write-once")),
+        ("template changed: rolls, allowed", new_image, Some(pid("kairon://machinesets/a")), None),
+        ("template with a providerID", tpl_pid, None, Some("spec.template.providerID must not be set")),
+        ("template cpus 0", { let mut b = base.clone(); b["template"]["cpus"] = json!(0); b }, None, Some("cpus must be at least 1")),
+        ("surge 0, unavailable 1", strategy(json!({"maxSurge": 0, "maxUnavailable": 1})), None, None),
+        ("surge 0 alone (unavailable defaults to 0)", strategy(json!({"maxSurge": 0})), None, Some("must not both be 0")),
+        ("both 0", strategy(json!({"maxSurge": 0, "maxUnavailable": 0})), None, Some("must not both be 0")),
+        ("negative surge", strategy(json!({"maxSurge": -1})), None, Some("strategy.maxSurge must be between 0 and 1000")),
+        ("delete policy Newest", strategy(json!({"deletePolicy": "Newest"})), None, None),
+        ("delete policy Random", strategy(json!({"deletePolicy": "Random"})), None, Some("strategy.deletePolicy must be Oldest or Newest")),
+    ];
+    for (name, spec, old, want) in cases {
+        let got = failures("kaironmachinepools", &pool(spec), old.map(pool).as_ref());
+        match want {
+            None => assert!(got.is_empty(), "{name}: {got:?}"),
+            Some(w) => assert!(got.iter().any(|g| g.contains(w)), "{name}: want {w:?} in {got:?}"),
+        }
+    }
+    let template = |spec: Value| json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachinePoolTemplate", "metadata": {"name": "t"}, "spec": {"template": {"spec": spec}}});
+    assert!(failures("kaironmachinepooltemplates", &template(base.clone()), None).is_empty());
+    let got = failures(
+        "kaironmachinepooltemplates",
+        &template(pid("kairon://machinesets/a")),
+        None,
+    );
+    assert!(
+        got.iter()
+            .any(|g| g.contains("spec.template.spec.providerID must not be set")),
+        "{got:?}"
+    );
+    let got = failures(
+        "kaironmachinepooltemplates",
+        &template(with(base, "providerIDList", json!(["kairon://a"]))),
+        None,
+    );
+    assert!(
+        got.iter()
+            .any(|g| g.contains("spec.template.spec.providerIDList must not be set")),
+        "{got:?}"
+    );
 }

@@ -1,6 +1,6 @@
 //! The provider's API: `infrastructure.cluster.x-k8s.io/v1alpha1`.
 //!
-//! Five kinds, each carrying the CAPI v1beta2 contract label
+//! Seven kinds, each carrying the CAPI v1beta2 contract label
 //! (`cluster.x-k8s.io/v1beta2: v1alpha1`), plus the condition vocabulary shared by the
 //! reconcilers. Validation lives in the schemas (OpenAPI + CEL) because the provider runs no
 //! webhook server.
@@ -9,6 +9,8 @@ pub mod conditions;
 pub mod kairon_cluster;
 pub mod kairon_cluster_identity;
 pub mod kairon_machine;
+pub mod kairon_machine_pool;
+pub mod kairon_machine_pool_template;
 pub mod kairon_machine_template;
 
 pub use kairon_cluster::{
@@ -21,6 +23,13 @@ pub use kairon_machine::{
     DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
     MachineAddress, NetworkRef, V1Beta1Status,
 };
+pub use kairon_machine_pool::{
+    INFRASTRUCTURE_MACHINE_KIND, KaironMachinePool, KaironMachinePoolSpec, KaironMachinePoolStatus, MachineSetRef,
+    PoolStrategy,
+};
+pub use kairon_machine_pool_template::{
+    KaironMachinePoolTemplate, KaironMachinePoolTemplateResource, KaironMachinePoolTemplateSpec,
+};
 pub use kairon_machine_template::{
     KaironMachineTemplate, KaironMachineTemplateResource, KaironMachineTemplateSpec, KaironMachineTemplateStatus,
     NodeInfo,
@@ -31,7 +40,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// API group of all five kinds.
+/// API group of all our kinds.
 pub const GROUP: &str = "infrastructure.cluster.x-k8s.io";
 /// The one API version we serve.
 pub const VERSION: &str = "v1alpha1";
@@ -43,6 +52,8 @@ pub const FIELD_MANAGER: &str = "capkr-manager";
 pub const CLUSTER_FINALIZER: &str = "kaironcluster.infrastructure.cluster.x-k8s.io";
 /// Finalizer on KaironMachine objects.
 pub const MACHINE_FINALIZER: &str = "kaironmachine.infrastructure.cluster.x-k8s.io";
+/// Finalizer on KaironMachinePool objects.
+pub const MACHINE_POOL_FINALIZER: &str = "kaironmachinepool.infrastructure.cluster.x-k8s.io";
 
 /// The trimmed ObjectMeta CAPI uses inside templates: labels and annotations only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -66,7 +77,7 @@ pub const CRD_LABELS: [(&str, &str); 2] = [
     ("cluster.x-k8s.io/provider", "infrastructure-kairon"),
 ];
 
-/// Our five CRDs as they are installed: derived from the types, with `nullable` removed and
+/// Our CRDs as they are installed: derived from the types, with `nullable` removed and
 /// [`CRD_LABELS`] added.
 ///
 /// Optional fields are omitted, never `null` (v1beta2 serialization hygiene); without
@@ -79,6 +90,8 @@ pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensi
         KaironClusterIdentity::crd(),
         KaironMachine::crd(),
         KaironMachineTemplate::crd(),
+        KaironMachinePool::crd(),
+        KaironMachinePoolTemplate::crd(),
     ]
     .into_iter()
     .map(without_nullable)

@@ -1,6 +1,6 @@
 //! Writes CRDs as YAML. `make generate` runs it; CI fails when the committed files drift.
 //!
-//! - `crdgen`                prints our five CRDs;
+//! - `crdgen`                prints our CRDs;
 //! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
 //! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine, MachineSet,
 //!   Host, MachineMigration).

@@ -1,5 +1,6 @@
 //! The template-immutability ValidatingAdmissionPolicy of the release components, on a real
-//! kube-apiserver: spec changes of KaironMachineTemplates and KaironClusterTemplates are
+//! kube-apiserver: spec changes of KaironMachineTemplates, KaironClusterTemplates and
+//! KaironMachinePoolTemplates are
 //! rejected with a clear message; metadata and status changes pass; a server-side-apply dry
 //! run carrying `topology.cluster.x-k8s.io/dry-run` (what CAPI's topology controller sends)
 //! passes, and neither the annotation alone nor a dry run alone does.
@@ -140,4 +141,40 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
     )
     .expect("a KaironClusterTemplate spec change is denied");
     assert!(message.contains("KaironClusterTemplate cluster:"), "{message}");
+
+    // KaironMachinePoolTemplates alike; the topology's dry run passes.
+    let kmpts = api(env, "KaironMachinePoolTemplate", "kaironmachinepooltemplates");
+    let pool_template = |cpus: i64, annotations: Value| {
+        object(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+            "kind": "KaironMachinePoolTemplate",
+            "metadata": {"name": "pool", "namespace": NS, "annotations": annotations},
+            "spec": {"template": {"spec": {"template":
+                {"image": machine_image(), "cpus": cpus, "memory": "4Gi", "diskSize": "20Gi"}}}},
+        }))
+    };
+    kmpts
+        .create(&PostParams::default(), &pool_template(2, json!({})))
+        .await
+        .unwrap();
+    let patch = json!({"spec": {"template": {"spec": {"template": {"cpus": 4}}}}});
+    let message = denied(
+        kmpts
+            .patch("pool", &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    )
+    .expect("a KaironMachinePoolTemplate spec change is denied");
+    assert!(message.contains("KaironMachinePoolTemplate pool:"), "{message}");
+    let dry = PatchParams::apply("capi-topology").force().dry_run();
+    let annotated = pool_template(4, json!({"topology.cluster.x-k8s.io/dry-run": ""}));
+    let dried = kmpts
+        .patch("pool", &dry, &Patch::Apply(&annotated))
+        .await
+        .expect("the topology's dry run passes");
+    assert_eq!(dried.data["spec"]["template"]["spec"]["template"]["cpus"], 4);
+    assert_eq!(
+        kmpts.get("pool").await.unwrap().data["spec"]["template"]["spec"]["template"]["cpus"],
+        2,
+        "a dry run changes nothing"
+    );
 }

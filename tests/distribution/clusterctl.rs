@@ -58,6 +58,8 @@ fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_contain
             "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
             "kaironmachines.infrastructure.cluster.x-k8s.io",
             "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+            "kaironmachinepools.infrastructure.cluster.x-k8s.io",
+            "kaironmachinepooltemplates.infrastructure.cluster.x-k8s.io",
         ])
     );
     for c in &crds {
@@ -519,6 +521,8 @@ async fn clusterctl_init_installs_core_kubeadm_and_kairon_from_a_local_repositor
                 "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
                 "kaironmachines.infrastructure.cluster.x-k8s.io",
                 "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+                "kaironmachinepools.infrastructure.cluster.x-k8s.io",
+                "kaironmachinepooltemplates.infrastructure.cluster.x-k8s.io",
             ],
         ),
     ] {
