@@ -1,5 +1,5 @@
-//! Read-only views of the CAPI core objects we read (`cluster.x-k8s.io/v1beta2` Cluster and
-//! Machine) and the helpers every CAPI provider needs: owner lookup, pause, externally managed.
+//! Read-only views of the CAPI core objects we read (`cluster.x-k8s.io/v1beta2` Cluster,
+//! Machine and MachinePool) and the helpers every CAPI provider needs: owner lookup, pause, externally managed.
 //!
 //! The views model only the fields we read, all optional, so a newer CAPI with more fields
 //! deserializes fine and the caches hold little.
@@ -7,6 +7,7 @@
 pub mod bootstrap;
 mod cluster;
 mod machine;
+mod machine_pool;
 
 /// The control-plane endpoint type is ours and CAPI's alike (`APIEndpoint`).
 pub use crate::api::APIEndpoint;
@@ -15,6 +16,10 @@ pub(crate) use machine::keep_what_is_read as keep_what_is_read_of_machine;
 pub use machine::{
     Bootstrap, EVACUATION_ANNOTATION, HEALTH_CHECK_SUCCEEDED, Machine, MachineNodeReference, MachineSpec,
     MachineStatus, OWNER_REMEDIATED, REMEDIATE_MACHINE_ANNOTATION, SKIP_REMEDIATION_ANNOTATION,
+};
+pub use machine_pool::{
+    DELETE_MACHINE_ANNOTATION, MachinePool, MachinePoolMachineSpec, MachinePoolSpec, MachinePoolTemplate,
+    POOL_NAME_LABEL, format_label_value,
 };
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};

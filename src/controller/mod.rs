@@ -2,6 +2,7 @@
 //!
 //! - [`kairon_machine`] (a folder: the reconcile workflow, the status mapping, the watches),
 //!   [`kairon_cluster`], [`kairon_machine_template`]: one reconciler each;
+//! - [`kairon_machine_pool`]: what a KaironMachinePool does next (its plan, pure);
 //! - `run`: the controllers wired together (endpoints, caches, channels) until shutdown;
 //! - [`runtime`]: what runs them — cache readiness, the first steps of every reconcile (caches,
 //!   owning Cluster, pause), a span and metrics per reconcile, the error policy, and
@@ -26,6 +27,7 @@ pub(crate) mod fresh;
 pub(crate) mod identity_protection;
 pub mod kairon_cluster;
 pub mod kairon_machine;
+pub mod kairon_machine_pool;
 pub(crate) mod kairon_machine_template;
 pub(crate) mod run;
 pub(crate) mod runtime;

@@ -1,0 +1,221 @@
+//! What a KaironMachinePool does next with its Kairon MachineSet and its instances. Pure: no
+//! I/O; the reconciler gathers the input from its caches and carries the plan out.
+//!
+//! The rules, from CAPI's MachinePool Machines contract and Kairon's MachineSet policy:
+//! - the pool never deletes a VM or a KaironMachine to scale in, replace or roll: it deletes
+//!   the instance's **Machine**, CAPI drains its Node, deletes the KaironMachine, whose
+//!   finalizer deletes the VM; Kairon then lowers the set's `spec.replicas` by one and
+//!   replaces nothing;
+//! - the pool raises `spec.replicas` back to its target whenever it is below it (so a VM gone
+//!   by any path is replaced if the pool still wants it), and lowers it only while Kairon has
+//!   not yet made the members that would be over, never below the members that exist: Kairon
+//!   never picks a victim of its own, which would go without a drain;
+//! - an instance CAPI has not made a Machine for yet is never chosen (CAPI catches up).
+
+/// One VM of the pool, with the KaironMachine and the Machine that stand for it, by name (all
+/// three share the VM's name).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Instance {
+    pub name: String,
+    /// The member VM; `None`: no VM by that name is a member of the set (gone, or not yet seen).
+    pub vm: Option<Vm>,
+    /// The KaironMachine; `None`: none yet.
+    pub km: Option<Km>,
+    /// The Machine CAPI made for the KaironMachine; `None`: none yet.
+    pub machine: Option<PoolMachine>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Vm {
+    /// Being deleted (by anyone).
+    pub deleting: bool,
+    /// Failed or stopped: Kairon does not heal it; it is replaced.
+    pub broken: bool,
+    /// Made from an older template than the set's current one.
+    pub outdated: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Km {
+    /// The KaironMachine found its VM gone (it never makes another).
+    pub vm_gone: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolMachine {
+    pub deleting: bool,
+    /// Carries `cluster.x-k8s.io/delete-machine`: the one to remove first.
+    pub delete_annotation: bool,
+    /// A MachineHealthCheck asked its owner to remediate it (`OwnerRemediated=False`).
+    pub remediate: bool,
+    /// Its Node is ready and available.
+    pub available: bool,
+    /// Creation time, for the delete policy (seconds; only the order matters).
+    pub created: i64,
+}
+
+/// What the plan is made from.
+#[derive(Clone, Debug, Default)]
+pub struct PlanInput<'a> {
+    /// `MachinePool.spec.replicas`.
+    pub desired: i32,
+    pub max_surge: i32,
+    pub max_unavailable: i32,
+    /// `deletePolicy: Newest`.
+    pub newest_first: bool,
+    /// The set's `spec.replicas`.
+    pub set_replicas: i32,
+    /// The set's `status.replicas` (members Kairon counts), when reported.
+    pub set_status_replicas: Option<i32>,
+    pub instances: &'a [Instance],
+}
+
+/// Why a Machine is deleted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// Its VM failed or stopped.
+    Broken,
+    /// A MachineHealthCheck asked for it.
+    Remediation,
+    /// Its VM (or its KaironMachine) is gone: CAPI would only mark it failed.
+    Vanished,
+    /// More instances than wanted.
+    ScaleIn,
+    /// Made from an older template.
+    Rollout,
+}
+
+/// What to do, all of it at once: the writes do not depend on one another.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PoolPlan {
+    /// Write the set's `spec.replicas` (against the version the input was read from).
+    pub set_replicas: Option<i32>,
+    /// Create a KaironMachine for each of these members.
+    pub create_kaironmachines: Vec<String>,
+    /// Delete these Machines.
+    pub delete_machines: Vec<(String, Why)>,
+    /// Instances not yet at the current template and not being deleted: the pool is rolling.
+    pub outdated: usize,
+}
+
+/// Decides the next step of a pool.
+pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
+    let desired = input.desired.max(0);
+    let mut plan = PoolPlan::default();
+
+    for i in input.instances {
+        let (Some(vm), None) = (&i.vm, &i.km) else { continue };
+        if !vm.deleting {
+            plan.create_kaironmachines.push(i.name.clone());
+        }
+    }
+
+    // Replace: broken VMs, remediation, vanished VMs. Only through a Machine not yet deleting.
+    let deletable = |i: &Instance| i.machine.as_ref().is_some_and(|m| !m.deleting);
+    for i in input.instances.iter().filter(|i| deletable(i)) {
+        let m = i.machine.as_ref().expect("deletable");
+        let why = match (&i.vm, &i.km) {
+            (_, Some(km)) if km.vm_gone => Some(Why::Vanished),
+            (None, None) => Some(Why::Vanished),
+            (Some(vm), _) if vm.broken && !vm.deleting => Some(Why::Broken),
+            (Some(vm), _) if !vm.deleting && m.remediate => Some(Why::Remediation),
+            _ => None,
+        };
+        if let Some(why) = why {
+            plan.delete_machines.push((i.name.clone(), why));
+        }
+    }
+    let replaced = |i: &Instance, plan: &PoolPlan| plan.delete_machines.iter().any(|(n, _)| *n == i.name);
+
+    // Live: members that stay, as far as this plan knows.
+    let live: Vec<&Instance> = input
+        .instances
+        .iter()
+        .filter(|i| i.vm.as_ref().is_some_and(|v| !v.deleting))
+        .filter(|i| !i.machine.as_ref().is_some_and(|m| m.deleting))
+        .filter(|i| !replaced(i, &plan))
+        .collect();
+    let outdated_live = live
+        .iter()
+        .filter(|i| i.vm.as_ref().is_some_and(|v| v.outdated))
+        .count();
+    plan.outdated = outdated_live;
+    let surge = usize::try_from(input.max_surge.max(0)).unwrap_or(0).min(outdated_live);
+    let target = usize::try_from(desired).unwrap_or(0) + surge;
+
+    // Scale-in: the Machines CAPI marked, then those not available, then outdated, then by age.
+    // Not while CAPI has yet to make a Machine for one of them: that one may be the one to go.
+    let mut chosen: Vec<&Instance> = vec![];
+    if live.len() > target && live.iter().all(|i| i.machine.is_some()) {
+        let mut candidates: Vec<&Instance> = live.iter().copied().filter(|i| deletable(i)).collect();
+        candidates.sort_by_key(|i| victim_order(i, input.newest_first));
+        chosen.extend(candidates.into_iter().take(live.len() - target));
+        for i in &chosen {
+            plan.delete_machines.push((i.name.clone(), Why::ScaleIn));
+        }
+    }
+
+    // Rollout: outdated instances go while enough stay available.
+    let staying: Vec<&Instance> = live
+        .iter()
+        .copied()
+        .filter(|i| !chosen.iter().any(|c| c.name == i.name))
+        .collect();
+    let available = staying
+        .iter()
+        .filter(|i| i.machine.as_ref().is_some_and(|m| m.available))
+        .count();
+    let floor = usize::try_from((desired - input.max_unavailable.max(0)).max(0)).unwrap_or(0);
+    if available > floor {
+        let mut outdated: Vec<&Instance> = staying
+            .iter()
+            .copied()
+            .filter(|i| deletable(i) && i.vm.as_ref().is_some_and(|v| v.outdated))
+            .collect();
+        outdated.sort_by_key(|i| victim_order(i, input.newest_first));
+        for i in outdated.into_iter().take(available - floor) {
+            plan.delete_machines.push((i.name.clone(), Why::Rollout));
+        }
+    }
+
+    // The set's replicas: up to the target; down only to what Kairon has not made yet.
+    let target = i32::try_from(target).unwrap_or(i32::MAX);
+    let members = input
+        .instances
+        .iter()
+        .filter(|i| i.vm.as_ref().is_some_and(|v| !v.deleting))
+        .count();
+    let members = i32::try_from(members).unwrap_or(i32::MAX);
+    let r = input.set_replicas;
+    if r < target {
+        plan.set_replicas = Some(target);
+    } else if r > target {
+        let floor = target.max(members).max(input.set_status_replicas.unwrap_or(0));
+        if floor < r {
+            plan.set_replicas = Some(floor);
+        }
+    }
+    plan
+}
+
+/// The order in which instances are removed: CAPI's mark first, then not available, then
+/// outdated, then oldest (or newest) first; the name breaks ties.
+fn victim_order(i: &Instance, newest_first: bool) -> (bool, bool, bool, i64, String) {
+    let m = i.machine.as_ref();
+    let created = m.map_or(0, |m| m.created);
+    (
+        !m.is_some_and(|m| m.delete_annotation),
+        m.is_some_and(|m| m.available),
+        !i.vm.as_ref().is_some_and(|v| v.outdated),
+        if newest_first {
+            created.saturating_neg()
+        } else {
+            created
+        },
+        i.name.clone(),
+    )
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;
