@@ -39,6 +39,12 @@ pub mod reason {
     pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
     pub const FAILURE_DOMAIN_NOT_FOUND: &str = "FailureDomainNotFound";
 
+    // KaironMachinePool: its Kairon MachineSet
+    /// The set does not exist yet.
+    pub const MACHINE_SET_NOT_FOUND: &str = "MachineSetNotFound";
+    /// The set exists; Kairon has not acted on its current spec yet.
+    pub const MACHINE_SET_NOT_OBSERVED: &str = "MachineSetNotObserved";
+
     // KaironMachine: bootstrap data problems
     pub const BOOTSTRAP_SECRET_NOT_FOUND: &str = "BootstrapDataSecretNotFound";
     pub const BOOTSTRAP_DATA_MISSING: &str = "BootstrapDataMissing";
