@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Compiles the Ginkgo suite of Cluster API's e2e specs (the Go module tests/capi-e2e, run by
-# tests/e2e_capi_suite.rs) with `go test -c`, once per content, into a cache outside the
-# source tree:
+# tests/e2e_capi_suite.rs) with `go test -c`, and the test Runtime Extension the Runtime SDK
+# specs call (tests/capi-e2e/extension, `go build`), once per content, into a cache outside
+# the source tree:
 #
 #   ${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}/capi-e2e-<hash>/capi-e2e.test
+#   ${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}/capi-e2e-<hash>/capi-e2e-extension
 #
 # <hash> covers the module's go.mod, go.sum and Go files, and this script. The LAST line on
-# stdout is the absolute path of the binary; progress goes to stderr. .ci/run calls it in the
+# stdout is the absolute path of the suite binary (the extension is next to it); progress
+# goes to stderr. .ci/run calls it in the
 # background while cargo builds, so the test finds the suite built. Needs Go and the Go
 # module proxy.
 set -euo pipefail
@@ -18,7 +21,7 @@ CACHE=${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}
 log() { printf '[capi-e2e-suite] %s\n' "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
-HASH=$( { cat "$MOD/go.mod" "$MOD/go.sum" "${BASH_SOURCE[0]}"; for f in "$MOD"/*.go; do echo "$(basename "$f")"; cat "$f"; done; uname -sm; go version 2>/dev/null || true; } | sha256sum | cut -c1-16)
+HASH=$( { cat "$MOD/go.mod" "$MOD/go.sum" "${BASH_SOURCE[0]}"; for f in "$MOD"/*.go "$MOD"/extension/*.go; do echo "${f#"$MOD"/}"; cat "$f"; done; uname -sm; go version 2>/dev/null || true; } | sha256sum | cut -c1-16)
 mkdir -p "$CACHE"
 OUT="$(cd "$CACHE" && pwd)/capi-e2e-$HASH"
 # One build at a time (.ci/run's and the test's may overlap): the second waits, then finds it.
@@ -39,6 +42,8 @@ trap 'rm -rf "$tmp"' EXIT
 log "go test -c (tests/capi-e2e) ..."
 started=$(date +%s)
 (cd "$MOD" && go test -c -trimpath -o "$tmp/capi-e2e.test" .)
+log "go build (tests/capi-e2e/extension) ..."
+(cd "$MOD" && go build -trimpath -o "$tmp/capi-e2e-extension" ./extension)
 chmod 755 "$tmp"
 rm -rf "$OUT"
 mv "$tmp" "$OUT"

@@ -10,6 +10,10 @@
 //! (`kcp-md-taints`, `topology-taints`) next to the release assets, from the shipped default and
 //! topology flavors, and runs CAPI with the `MachineTaintPropagation` feature gate.
 //!
+//! The Runtime SDK specs call the test Runtime Extension (`tests/capi-e2e/extension`), which
+//! runs here as a process beside the managers; CAPI core (with `RuntimeSDK`) reaches it at the
+//! Service address the specs' ExtensionConfigs name through the extension's own proxy.
+//!
 //! `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter, e.g. `quick-start`) runs a subset.
 //! The specs that run and those that cannot here are listed in `docs/capi-e2e.md`.
 
@@ -19,10 +23,25 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 use capkr_testenv::flavors::{ClusterctlRepo, GuestNetwork, VERSION, guest_delay_args, guest_simulator_args};
-use capkr_testenv::{Env, EnvOptions, KUBERNETES_VERSION, SIMULATOR_HOSTS, workspace_root};
+use capkr_testenv::{
+    Env, EnvOptions, KUBERNETES_VERSION, Process, ProcessSpec, SIMULATOR_HOSTS, free_port, workspace_root,
+};
 
 /// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
 const CAPI_VERSION: &str = "v1.14.2";
+
+/// The versions the upgrade specs go from and to: a minor upgrade, as upstream's (its
+/// MachineSet preflight check expects the kubeadm version skew of one), between versions of
+/// the kind mapper, where upstream's upgrade-plan handler takes its versions from. The guests
+/// report them as their kubelet's version (their image names it); their etcd and
+/// kube-apiserver are the binaries of [`KUBERNETES_VERSION`].
+const KUBERNETES_VERSION_UPGRADE_FROM: &str = "v1.35.8";
+const KUBERNETES_VERSION_UPGRADE_TO: &str = "v1.36.4";
+
+/// Where the Runtime SDK specs' ExtensionConfigs say the test Runtime Extension is: the
+/// Service `test-extension-webhook-service` in `test-extension-system`, as upstream deploys it.
+const EXTENSION_NAMESPACE: &str = "test-extension-system";
+const EXTENSION_SERVICE: &str = "test-extension-webhook-service";
 
 /// Left out unless `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter) names them: the specs that
 /// cannot pass here (docs/capi-e2e.md).
@@ -362,6 +381,156 @@ fn write_kcp_only_flavor(assets: &Path) {
     std::fs::write(assets.join("cluster-template-topology-kcp-only.yaml"), cluster).expect("writing a flavor");
 }
 
+/// The image patch operations of the shipped ClusterClass (`op: replace` of
+/// `/spec/template/spec/image`, with the comment lines above them) taken out of `class`.
+fn without_image_patches(class: &str) -> String {
+    let lines: Vec<&str> = class.lines().collect();
+    let mut out: Vec<&str> = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let line = lines[i];
+        let is_image_op = line.trim() == "- op: replace"
+            && lines
+                .get(i + 1)
+                .is_some_and(|next| next.trim() == "path: /spec/template/spec/image");
+        if !is_image_op {
+            out.push(line);
+            i += 1;
+            continue;
+        }
+        while out.last().is_some_and(|l| l.trim_start().starts_with('#')) {
+            out.pop();
+        }
+        let depth = line.len() - line.trim_start().len();
+        i += 1;
+        while lines
+            .get(i)
+            .is_some_and(|l| l.len() - l.trim_start().len() > depth + 1 && !l.trim().is_empty())
+        {
+            i += 1;
+        }
+    }
+    out.iter().map(|l| format!("{l}\n")).collect()
+}
+
+/// The flavors of the specs that call the test Runtime Extension. `upgrades-runtimesdk`, as
+/// upstream's: a ClusterClass `kairon-runtimesdk` whose machine images come from the extension
+/// (the shipped `kairon` class with its inline image patches and variables replaced by the
+/// extension's external patch and the variables it declares, and the extension's upgrade plan),
+/// and a Cluster of it (the shipped topology flavor), its class in `CLUSTER_CLASS_NAMESPACE`
+/// when the spec sets one. `topology-runtimesdk-v1beta1`: the same class and Cluster in the API
+/// version v1beta1.
+fn write_runtimesdk_flavor(assets: &Path) {
+    let read = |f: &str| {
+        std::fs::read_to_string(assets.join(f)).unwrap_or_else(|e| panic!("reading {f} from the release assets: {e}"))
+    };
+    let class = read("clusterclass-kairon.yaml");
+    let class = insert_after(&class, "kind: ClusterClass\nmetadata:\n  name: kairon", "-runtimesdk");
+    let class = without_image_patches(&class);
+    // The extension declares the image variables: an external patch is given only its own.
+    let class = remove_between(
+        &class,
+        "    - name: machineImagePrefix\n",
+        "    - name: controlPlaneMachine\n",
+    );
+    assert!(
+        !class.contains("/spec/template/spec/image") && !class.contains("name: machineImage"),
+        "an inline image patch or variable left in the runtimesdk class"
+    );
+    let extension = "${EXTENSION_CONFIG_NAME:-k8s-upgrade-with-runtimesdk}";
+    let class = insert_after(
+        &class,
+        "\n  patches:\n",
+        &format!(
+            "    - name: machineImage\n      description: Each machine's image by its Kubernetes version (the test Runtime Extension).\n      external:\n        generatePatchesExtension: generate-patches.{extension}\n        discoverVariablesExtension: discover-variables.{extension}\n"
+        ),
+    );
+    std::fs::write(
+        assets.join("clusterclass-kairon-runtimesdk-v1beta1.yaml"),
+        v1beta1_class(&class),
+    )
+    .expect("writing a flavor");
+    let class = class.replacen(
+        "\n  patches:\n",
+        &format!("\n  upgrade:\n    external:\n      generateUpgradePlanExtension: generate-upgrade-plan.{extension}\n  patches:\n"),
+        1,
+    );
+    std::fs::write(assets.join("clusterclass-kairon-runtimesdk.yaml"), class).expect("writing a flavor");
+
+    let topology = read("cluster-template-topology.yaml");
+    let cluster = insert_after(
+        &topology,
+        "    classRef:\n      name: kairon",
+        "-runtimesdk\n      namespace: ${CLUSTER_CLASS_NAMESPACE:-${NAMESPACE}}",
+    );
+    std::fs::write(assets.join("cluster-template-upgrades-runtimesdk.yaml"), cluster).expect("writing a flavor");
+
+    // The same Cluster in the API version v1beta1, as upstream's `topology-runtimesdk-v1beta1`.
+    let cluster = topology
+        .replacen(
+            "apiVersion: cluster.x-k8s.io/v1beta2\n",
+            "apiVersion: cluster.x-k8s.io/v1beta1\n",
+            1,
+        )
+        .replacen(
+            "    classRef:\n      name: kairon\n",
+            "    class: kairon-runtimesdk-v1beta1\n    classNamespace: ${CLUSTER_CLASS_NAMESPACE:-${NAMESPACE}}\n",
+            1,
+        );
+    assert!(
+        cluster.contains("cluster.x-k8s.io/v1beta1\n") && cluster.contains("class: kairon-runtimesdk-v1beta1"),
+        "the shipped topology Cluster is a v1beta2 Cluster of the class kairon"
+    );
+    std::fs::write(
+        assets.join("cluster-template-topology-runtimesdk-v1beta1.yaml"),
+        cluster,
+    )
+    .expect("writing a flavor");
+}
+
+/// The ClusterClass `kairon-runtimesdk` (`class`, the first document, its templates after it)
+/// in the API version v1beta1, as upstream's `quick-start-runtimesdk-v1beta1`: named
+/// `kairon-runtimesdk-v1beta1`, templates by `ref`, a worker class's templates under
+/// `template`, the external patch by `generateExtension`. The templates stay as they are.
+fn v1beta1_class(class: &str) -> String {
+    let (head, templates) = class
+        .split_once("\n---\n")
+        .expect("the ClusterClass file holds its templates");
+    let head = head
+        .replacen(
+            "apiVersion: cluster.x-k8s.io/v1beta2\n",
+            "apiVersion: cluster.x-k8s.io/v1beta1\n",
+            1,
+        )
+        .replacen("  name: kairon-runtimesdk\n", "  name: kairon-runtimesdk-v1beta1\n", 1)
+        .replacen("        generatePatchesExtension: ", "        generateExtension: ", 1);
+    let (before, rest) = head
+        .split_once("    machineDeployments:\n")
+        .expect("the ClusterClass has worker classes");
+    let (workers, after) = rest
+        .split_once("  variables:\n")
+        .expect("the ClusterClass has variables");
+    let workers: String = workers
+        .lines()
+        .map(|l| {
+            if l.starts_with("      - class: ") {
+                format!("{l}\n        template:\n")
+            } else {
+                format!("  {l}\n")
+            }
+        })
+        .collect();
+    let head =
+        format!("{before}    machineDeployments:\n{workers}  variables:\n{after}").replace("templateRef:", "ref:");
+    assert!(
+        head.contains("cluster.x-k8s.io/v1beta1\n")
+            && head.contains("name: kairon-runtimesdk-v1beta1\n")
+            && head.contains("generateExtension: "),
+        "the runtimesdk ClusterClass is not as expected"
+    );
+    format!("{head}\n---\n{templates}")
+}
+
 /// The kcp-remediation flavor's guests run its script with these.
 fn require_script_tools() {
     for tool in ["sh", "bash", "curl", "jq"] {
@@ -451,8 +620,8 @@ providers:
 {providers}
 variables:
   KUBERNETES_VERSION: "{KUBERNETES_VERSION}"
-  KUBERNETES_VERSION_UPGRADE_FROM: "{KUBERNETES_VERSION}"
-  KUBERNETES_VERSION_UPGRADE_TO: "{KUBERNETES_VERSION}"
+  KUBERNETES_VERSION_UPGRADE_FROM: "{KUBERNETES_VERSION_UPGRADE_FROM}"
+  KUBERNETES_VERSION_UPGRADE_TO: "{KUBERNETES_VERSION_UPGRADE_TO}"
   CONTROL_PLANE_ENDPOINT_IP: "{endpoint_ip}"
   KAIRON_MACHINE_IMAGE: "ubuntu-2404-kube-{KUBERNETES_VERSION}"
   EXP_CLUSTER_RESOURCE_SET: "true"
@@ -477,6 +646,8 @@ intervals:
   default/wait-machines: ["5m", "2s"]
   quick-start/wait-resource-versions-become-stable: ["1m", "5s"]
   quick-start/wait-resource-versions-remain-stable: ["20s", "5s"]
+  k8s-upgrade-with-runtimesdk/wait-resource-versions-become-stable: ["1m", "5s"]
+  k8s-upgrade-with-runtimesdk/wait-resource-versions-remain-stable: ["20s", "5s"]
 "#
     )
 }
@@ -501,9 +672,10 @@ fn suite_binary() -> PathBuf {
 
 /// The enabled specs in two halves of about equal length, each a Ginkgo run of its own on the
 /// one environment both share, so that `make test`'s test threads run them side by side.
-const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes";
+const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes \
+     || runtimesdk-upgrade || kcp-infra-adoption";
 const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
-     || quick-start-kcp-only || node-drain";
+     || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capi_e2e_quick_starts_md_scale_remediations_and_clusterclass_changes_pass() {
@@ -518,13 +690,23 @@ async fn capi_e2e_clusterclass_rollouts_scale_deletion_kcp_adoption_and_node_dra
 /// The guest network of the shared environment's simulator.
 static NETWORK: OnceLock<GuestNetwork> = OnceLock::new();
 
+/// The port of the test Runtime Extension's proxy: CAPI core of the shared environment is
+/// started with it, whichever half starts the environment, and the extension listens on it.
+static PROXY_PORT: OnceLock<u16> = OnceLock::new();
+
 /// The management environment both halves share, as upstream's parallel Ginkgo nodes share
 /// one management cluster: CAPI with the feature gates the specs need
-/// (MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes), one
-/// simulator whose guests run etcd and kube-apiserver, one manager.
+/// (MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes;
+/// RuntimeSDK), one simulator whose guests run etcd and kube-apiserver, one manager, and the
+/// test Runtime Extension.
 async fn suite_env() -> (&'static Env, GuestNetwork) {
     let mut opts = EnvOptions::new("capi_e2e_suite");
-    opts.capi_feature_gates = "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true".into();
+    opts.capi_feature_gates =
+        "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true,RuntimeSDK=true".into();
+    // CAPI core calls the test Runtime Extension at its Service's address through this proxy
+    // (the extension's own); it never proxies loopback, where every API server listens.
+    let proxy_port = *PROXY_PORT.get_or_init(|| free_port().expect("a free port for the extension's proxy"));
+    opts.capi_core_env = vec![("HTTPS_PROXY".into(), format!("http://127.0.0.1:{proxy_port}"))];
     let env = Env::shared_with(opts, |env| async move {
         let net = *NETWORK.get_or_init(GuestNetwork::pick);
         let guest_dir = env.dir().join("guests");
@@ -538,17 +720,46 @@ async fn suite_env() -> (&'static Env, GuestNetwork) {
         sim_args.push(env.dir().join("guest-scripts").display().to_string());
         let sim = env.start_simulator(sim_args)?;
         let manager = env.start_manager(["-v", "1"])?;
-        for p in [&sim, &manager] {
+        let extension = start_test_extension(env, proxy_port).await?;
+        for p in [&sim, &manager, &extension] {
             anyhow::ensure!(p.is_running(), "{} exited right after start", p.name());
         }
         env.keep(sim);
         env.keep(manager);
+        env.keep(extension);
         Ok(())
     })
     .await
     .expect("test environment");
     let net = *NETWORK.get().expect("the shared environment's setup picked a network");
     (env, net)
+}
+
+/// Starts the test Runtime Extension (`tests/capi-e2e/extension`, built next to the suite)
+/// with its CONNECT proxy on `proxy_port`, and does what upstream's deployment of it leaves
+/// for CAPI to find: the Secret `<service>-cert` in its namespace whose `ca.crt`, named by the
+/// ExtensionConfigs' inject-ca annotation, CAPI takes as the extension's CA bundle.
+async fn start_test_extension(env: &Env, proxy_port: u16) -> anyhow::Result<Process> {
+    let host = format!("{EXTENSION_SERVICE}.{EXTENSION_NAMESPACE}.svc");
+    let cert_dir = env.dir().join("test-extension-certs");
+    env.write_serving_cert(&cert_dir, &host, &[&host])?;
+    env.create_namespace(EXTENSION_NAMESPACE).await?;
+    let secret = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": format!("{EXTENSION_SERVICE}-cert"), "namespace": EXTENSION_NAMESPACE},
+        "stringData": {"ca.crt": env.ca_pem()},
+    });
+    env.apply(&secret.to_string(), None).await?;
+    let binary = suite_binary().with_file_name("capi-e2e-extension");
+    let spec = ProcessSpec::new("capi-e2e-extension", binary, &env.log_dir()).args([
+        format!("--kubeconfig={}", env.kubeconfig_path().display()),
+        format!("--webhook-port={}", free_port()?),
+        format!("--webhook-cert-dir={}", cert_dir.display()),
+        format!("--proxy-address=127.0.0.1:{proxy_port}"),
+        format!("--service-host={host}"),
+    ]);
+    Process::spawn(spec)
 }
 
 /// Runs the specs `labels` selects (and `CAPKR_CAPI_E2E_FOCUS`, when set) on the shared
@@ -568,6 +779,7 @@ async fn run_specs(half: u32, labels: &str) {
     write_md_remediation_flavor(&assets);
     write_kcp_adoption_flavor(&assets);
     write_kcp_only_flavor(&assets);
+    write_runtimesdk_flavor(&assets);
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,

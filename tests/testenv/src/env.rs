@@ -69,6 +69,9 @@ pub struct EnvOptions {
     pub capi_feature_gates: String,
     /// Extra flags for every CAPI manager (e.g. `--sync-period=1m`).
     pub capi_args: Vec<String>,
+    /// Extra environment of CAPI core (e.g. `HTTPS_PROXY`, through which it reaches Runtime
+    /// Extensions registered by Service).
+    pub capi_core_env: Vec<(String, String)>,
     /// Whether to wait for the MachineDeployment defaulting webhook to answer.
     pub check_webhooks: bool,
 }
@@ -107,6 +110,7 @@ impl Default for EnvOptions {
             audit_policy: None,
             capi_feature_gates: "MachinePool=true,ClusterTopology=true".into(),
             capi_args: Vec::new(),
+            capi_core_env: Vec::new(),
             check_webhooks: true,
         }
     }
@@ -352,7 +356,12 @@ impl Env {
                 format!("--feature-gates={}", m.feature_gates),
             ];
             args.extend(opts.capi_args.iter().cloned());
-            let spec = ProcessSpec::new(m.label, &m.binary, &logs).args(args).test_go_runtime();
+            let mut spec = ProcessSpec::new(m.label, &m.binary, &logs).args(args).test_go_runtime();
+            if m.manifests == "core" {
+                for (k, v) in &opts.capi_core_env {
+                    spec = spec.env(k, v);
+                }
+            }
             self.push(Process::spawn(spec)?);
         }
         let waits = managers
@@ -567,6 +576,14 @@ impl Env {
     }
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig_path
+    }
+    /// Writes `tls.crt` and `tls.key` into `dir`: a serving certificate of this environment's
+    /// CA for `common_name`, loopback and `sans` (a webhook server's certificate directory).
+    pub fn write_serving_cert(&self, dir: &Path, common_name: &str, sans: &[&str]) -> Result<()> {
+        let pair = self.ca.serving_cert(common_name, sans)?;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_file(&dir.join("tls.crt"), &pair.cert_pem)?;
+        write_file(&dir.join("tls.key"), &pair.key_pem)
     }
     /// The PEM of the test CA (signs the API server, webhook and admin certificates).
     pub fn ca_pem(&self) -> &str {
