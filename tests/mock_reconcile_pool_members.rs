@@ -1,0 +1,182 @@
+//! The KaironMachine reconciler and the VMs of Kairon MachineSets (a KaironMachinePool's
+//! members), against a mock API server: a pool's KaironMachine follows and deletes its own
+//! member and never makes a VM; no other KaironMachine adopts or deletes a member, and a pool's
+//! KaironMachine claims nothing outside its pool.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use capkr::api::{KaironMachine, MACHINE_FINALIZER};
+
+use capkr::controller::Settings;
+use capkr::controller::kairon_machine::{Context, reconcile};
+use capkr::kairon::machineset::MACHINESET_LABEL;
+use capkr::kairon::{self, MachineStatus, labels};
+use http::{Request, Response};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::Client;
+use kube::client::Body;
+use serde_json::json;
+use tower_test::mock::{self, Handle};
+
+mod mock_support;
+use mock_support::{expect, expect_no_more, filled, status_error};
+
+const NS: &str = "ns";
+const KM_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m1";
+const VM_PATH: &str = "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines/m1";
+
+/// KaironMachine `m1`, its VM named by providerID, an instance of pool `pool` or not.
+fn kaironmachine(pool: Option<&str>, deleting: bool) -> KaironMachine {
+    let mut km = mock_support::kaironmachine(NS);
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    if let Some(p) = pool {
+        km.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(labels::KAIRONMACHINEPOOL_NAME.into(), p.into());
+    }
+    if deleting {
+        km.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_100).unwrap()));
+    }
+    km
+}
+
+/// VM `m1`, a member of set `set` of pool `pool` (as Kairon makes them: the template's labels,
+/// no KaironMachine UID, no management-cluster label), or a plain VM.
+fn vm(member_of: Option<(&str, &str)>) -> kairon::Machine {
+    let mut vm = kairon::Machine::new("m1", Default::default());
+    vm.metadata.namespace = Some(NS.into());
+    vm.metadata.uid = Some("vm-uid".into());
+    if let Some((set, pool)) = member_of {
+        vm.metadata.labels = Some(
+            [
+                (MACHINESET_LABEL.to_string(), set.to_string()),
+                (labels::KAIRONMACHINEPOOL_NAME.to_string(), pool.to_string()),
+                (labels::KAIRONMACHINEPOOL_NAMESPACE.to_string(), NS.to_string()),
+            ]
+            .into(),
+        );
+    }
+    vm.status = Some(MachineStatus {
+        phase: Some("Running".into()),
+        ..Default::default()
+    });
+    vm
+}
+
+async fn run<F, Fut>(km: KaironMachine, instances: Vec<kairon::Machine>, server: F)
+where
+    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        kairon: kairon::Instances::new(client),
+        endpoints: None,
+        kaironclusters: filled(vec![]).0,
+        settings: Settings::default(),
+        machines: filled(vec![mock_support::machine(NS, "m1")]).0,
+        clusters: filled(vec![mock_support::provisioned_cluster(NS, false)]).0,
+        instances: filled(instances).0,
+        synced: vec![capkr::controller::Synced::ready()],
+        events: capkr::events::Events::disabled(),
+        metrics: capkr::metrics::Metrics::new(),
+        fresh: Default::default(),
+        evacuating: Default::default(),
+    });
+    let server = tokio::spawn(server(handle));
+    let _ = reconcile(Arc::new(km), ctx).await;
+    tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .expect("mock server finished")
+        .expect("mock server did not panic");
+}
+
+#[tokio::test]
+async fn a_pool_instance_deleted_deletes_its_member_vm() {
+    let km = kaironmachine(Some("pool"), true);
+    let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+        let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, member).await;
+        assert_eq!(body["preconditions"]["uid"], "vm-uid");
+        expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_standalone_kaironmachine_never_deletes_a_pool_member_its_provider_id_names() {
+    let km = kaironmachine(None, true);
+    let mut member = vm(Some(("pool", "pool")));
+    // Even a UID label naming it does not make a member a standalone KaironMachine's.
+    member
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(labels::KAIRONMACHINE_UID.into(), "km-uid".into());
+    let member_json = serde_json::to_value(&member).unwrap();
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, vec![member], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member_json).await;
+        let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+        assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+        // No DELETE of the member.
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pool_instance_never_deletes_a_member_of_another_pool_or_a_plain_vm() {
+    for other in [vm(Some(("other", "other"))), vm(None)] {
+        let km = kaironmachine(Some("pool"), true);
+        let other_json = serde_json::to_value(&other).unwrap();
+        let km_json = serde_json::to_value(&km).unwrap();
+        run(km, vec![other], move |mut h| async move {
+            expect(&mut h, "GET", VM_PATH, 200, other_json).await;
+            let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, km_json).await;
+            assert_eq!(patch[1], json!({"op": "remove", "path": "/metadata/finalizers/0"}));
+            expect_no_more(&mut h).await;
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn a_pool_instance_whose_member_is_gone_never_makes_a_vm() {
+    let km = kaironmachine(Some("pool"), false);
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, vec![], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        assert_eq!(
+            mock_support::condition(&body["status"], "Ready")["reason"],
+            capkr::api::conditions::reason::INSTANCE_NOT_FOUND
+        );
+        // No POST of a Kairon Machine, no Secret read.
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pool_instance_adopts_its_member_and_reports_it() {
+    let km = kaironmachine(Some("pool"), false);
+    let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
+        // The member is in the cache: no read; its labels are moved to this KaironMachine.
+        let (_, body) = expect(&mut h, "PATCH", VM_PATH, 200, member).await;
+        assert_eq!(body["metadata"]["labels"][labels::KAIRONMACHINE_UID], "km-uid");
+        expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
