@@ -44,19 +44,22 @@ pub enum BootstrapDataError {
     )]
     MadeForAnotherMachine { secret: String, config: String },
     #[error(
-        "Secret {secret} was made by {config}, which belongs to {controller}, not to this Machine; it is not used as bootstrap data"
+        "Secret {secret} was made by {config}, which belongs to {controller}, not to this {owner_kind}; it is not used as bootstrap data"
     )]
     ConfigOfAnotherMachine {
         secret: String,
         config: String,
         controller: String,
+        /// `Machine`, or `MachinePool` for a pool's bootstrap data.
+        owner_kind: &'static str,
     },
     #[error("Secret {secret} was made by {config}, which does not exist; it is not used as bootstrap data")]
     ConfigNotFound { secret: String, config: String },
     #[error(
-        "Secret {secret} belongs to Cluster {cluster}, not to this Machine's Cluster {machine_cluster}; it is not used as bootstrap data"
+        "Secret {secret} belongs to Cluster {cluster}, not to this {owner_kind}'s Cluster {machine_cluster}; it is not used as bootstrap data"
     )]
     OtherCluster {
+        owner_kind: &'static str,
         secret: String,
         cluster: String,
         machine_cluster: String,

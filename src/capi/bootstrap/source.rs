@@ -1,12 +1,52 @@
-//! Which Secret may be a Machine's bootstrap data: the one made for this Machine, never
-//! another Machine's, another Cluster's or CAPI's own. Pure: the caller reads the Secret and,
-//! with a bootstrap config, that config's metadata.
+//! Which Secret may be a Machine's (or a MachinePool's) bootstrap data: the one made for it,
+//! never another Machine's, another Cluster's or CAPI's own. Pure: the caller reads the Secret
+//! and, with a bootstrap config, that config's metadata.
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::BootstrapDataError;
-use crate::capi::{CLUSTER_NAME_LABEL, GROUP, Machine, group_of};
+use crate::capi::{CLUSTER_NAME_LABEL, ContractVersionedObjectReference, GROUP, Machine, MachinePool, group_of};
+
+/// What bootstrap data is made for: a Machine, or a MachinePool (CABPK makes the pool its
+/// config's controller and one Secret serves every VM of the pool).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConfigOwner<'a> {
+    /// `Machine` or `MachinePool`.
+    pub kind: &'static str,
+    pub uid: Option<&'a str>,
+    pub cluster_name: &'a str,
+    /// Its bootstrap config, when it names one.
+    pub config: Option<&'a ContractVersionedObjectReference>,
+}
+
+impl<'a> From<&'a Machine> for ConfigOwner<'a> {
+    fn from(m: &'a Machine) -> Self {
+        ConfigOwner {
+            kind: "Machine",
+            uid: m.metadata.uid.as_deref(),
+            cluster_name: &m.spec.cluster_name,
+            config: m.bootstrap_config(),
+        }
+    }
+}
+
+impl<'a> From<&'a MachinePool> for ConfigOwner<'a> {
+    fn from(mp: &'a MachinePool) -> Self {
+        ConfigOwner {
+            kind: "MachinePool",
+            uid: mp.metadata.uid.as_deref(),
+            cluster_name: &mp.spec.cluster_name,
+            config: mp
+                .spec
+                .template
+                .spec
+                .bootstrap
+                .as_ref()
+                .and_then(|b| b.config_ref.as_ref()),
+        }
+    }
+}
 
 /// CAPI's control-plane providers' group: Secrets they own (CAs, kubeconfig, service-account
 /// keys) are never bootstrap data.
@@ -39,19 +79,20 @@ pub(crate) enum Source<'a> {
 ///   the Secret (that is another Machine's bootstrap data: a control plane's holds the
 ///   cluster's CA, etcd, service-account and front-proxy keys) and it is not CAPI's own (owned
 ///   by a Cluster or a control plane: kubeconfig, CAs, service-account keys).
-pub(crate) fn check_source<'a>(secret: &'a Secret, machine: &Machine) -> Result<Source<'a>, BootstrapDataError> {
+pub(crate) fn check_source<'a>(secret: &'a Secret, machine: ConfigOwner<'_>) -> Result<Source<'a>, BootstrapDataError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     if let Some(cluster) = secret.metadata.labels.as_ref().and_then(|l| l.get(CLUSTER_NAME_LABEL))
-        && *cluster != machine.spec.cluster_name
+        && cluster != machine.cluster_name
     {
         return Err(BootstrapDataError::OtherCluster {
+            owner_kind: machine.kind,
             secret: name,
             cluster: cluster.clone(),
-            machine_cluster: machine.spec.cluster_name.clone(),
+            machine_cluster: machine.cluster_name.to_string(),
         });
     }
     let owners = secret.metadata.owner_references.as_deref().unwrap_or_default();
-    let Some(config) = machine.bootstrap_config() else {
+    let Some(config) = machine.config else {
         if let Some(o) = owners.iter().find(|o| {
             let group = group_of(&o.api_version);
             (group == GROUP && o.kind == "Cluster") || group == CONTROL_PLANE_GROUP
@@ -96,7 +137,7 @@ pub(crate) fn check_config(
     secret: &Secret,
     made_by: &OwnerReference,
     config: Option<&ObjectMeta>,
-    machine: &Machine,
+    machine: ConfigOwner<'_>,
 ) -> Result<(), BootstrapDataError> {
     let secret = secret.metadata.name.clone().unwrap_or_default();
     let named = format!("{} {}", made_by.kind, made_by.name);
@@ -111,13 +152,12 @@ pub(crate) fn check_config(
         .find(|o| o.controller == Some(true));
     match controller {
         Some(o)
-            if o.kind == "Machine"
-                && group_of(&o.api_version) == GROUP
-                && Some(&o.uid) == machine.metadata.uid.as_ref() =>
+            if o.kind == machine.kind && group_of(&o.api_version) == GROUP && Some(o.uid.as_str()) == machine.uid =>
         {
             Ok(())
         }
         other => Err(BootstrapDataError::ConfigOfAnotherMachine {
+            owner_kind: machine.kind,
             secret,
             config: named,
             controller: other.map_or_else(|| "no controller".to_string(), |o| format!("{} {}", o.kind, o.name)),
@@ -236,7 +276,7 @@ mod tests {
             ("a Machine's bootstrap data, not as controller", config_not_controller.clone(), &direct, Given),
         ];
         for (name, s, m, want) in cases {
-            let got = check_source(&s, m);
+            let got = check_source(&s, m.into());
             match (&got, want) {
                 (Ok(Source::Given), Given) => {}
                 (Ok(Source::Config(o)), Made(config)) => assert_eq!(o.name, config, "{name}"),
@@ -293,7 +333,7 @@ mod tests {
             ("gone", None, Err("does not exist")),
         ];
         for (name, meta, want) in cases {
-            let got = check_config(&s, &made_by, meta.as_ref(), &m);
+            let got = check_config(&s, &made_by, meta.as_ref(), (&m).into());
             match (got, want) {
                 (Ok(()), Ok(())) => {}
                 (Err(e), Err(why)) => {
@@ -309,5 +349,74 @@ mod tests {
                 (got, want) => panic!("{name}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    /// MachinePool `mp` (uid `mp-uid`) of Cluster `demo`, with bootstrap config `mp-config`.
+    fn machine_pool() -> MachinePool {
+        let mut mp: MachinePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+            "metadata": {"name": "mp", "namespace": "ns", "uid": "mp-uid"},
+            "spec": {"clusterName": "demo", "template": {"spec": {"bootstrap": {
+                "configRef": {"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfig", "name": "mp-config"},
+                "dataSecretName": "m1-bootstrap"}}}}
+        }))
+        .expect("a MachinePool");
+        mp.metadata.uid = Some("mp-uid".into());
+        mp
+    }
+
+    /// A pool's bootstrap data: made by the pool's config, which CABPK makes the pool's (its
+    /// controller is the MachinePool, not a Machine).
+    #[test]
+    fn a_machine_pools_bootstrap_data_is_its_own_configs() {
+        let mp = machine_pool();
+        let plain = secret(&[("value", b"SECRET")]);
+        let made = owned_by(&plain, CONFIG_V1BETA2, "KubeadmConfig", "mp-config", true);
+        let made_by = match check_source(&made, (&mp).into()) {
+            Ok(Source::Config(o)) => o.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(made_by.name, "mp-config");
+        let err = check_source(&labelled(&made, "other"), (&mp).into()).expect_err("another Cluster's");
+        assert!(
+            err.to_string().contains("not to this MachinePool's Cluster demo"),
+            "{err}"
+        );
+        assert!(
+            check_source(
+                &owned_by(&plain, CONFIG_V1BETA2, "KubeadmConfig", "x", true),
+                (&mp).into()
+            )
+            .is_err()
+        );
+
+        let config = |kind: &str, uid: &str| ObjectMeta {
+            uid: Some("mp-config-uid".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "cluster.x-k8s.io/v1beta2".into(),
+                kind: kind.into(),
+                name: "mp".into(),
+                uid: uid.into(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert!(check_config(&made, &made_by, Some(&config("MachinePool", "mp-uid")), (&mp).into()).is_ok());
+        let err = check_config(
+            &made,
+            &made_by,
+            Some(&config("MachinePool", "another-pool")),
+            (&mp).into(),
+        )
+        .expect_err("another incarnation");
+        assert!(err.to_string().contains("not to this MachinePool"), "{err}");
+        assert!(
+            check_config(&made, &made_by, Some(&config("Machine", "mp-uid")), (&mp).into()).is_err(),
+            "a Machine's config is no pool's"
+        );
+        // And a pool's config is no Machine's.
+        let m = machine(Some("mp-config"));
+        assert!(check_config(&made, &made_by, Some(&config("MachinePool", "m1-uid")), (&m).into()).is_err());
     }
 }

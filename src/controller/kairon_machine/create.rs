@@ -118,11 +118,11 @@ async fn read_bootstrap_data(
         );
         return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY)));
     };
-    let trusted = match bootstrap::check_source(&secret, machine) {
+    let trusted = match bootstrap::check_source(&secret, machine.into()) {
         Ok(Source::Given) => Ok(()),
         Ok(Source::Config(made_by)) => {
             let config = read_bootstrap_config(ns, made_by, ctx).await?;
-            bootstrap::check_config(&secret, made_by, config.as_ref(), machine)
+            bootstrap::check_config(&secret, made_by, config.as_ref(), machine.into())
         }
         Err(e) => Err(e),
     };
