@@ -50,6 +50,14 @@ pub(crate) mod reason {
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
     pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
     pub(crate) const INSTANCE_KEPT: &str = "InstanceKept";
+    /// KaironMachinePool: its Kairon MachineSet was created, adopted (after a move) or kept.
+    pub(crate) const MACHINE_SET_CREATED: &str = "MachineSetCreated";
+    pub(crate) const MACHINE_SET_ADOPTED: &str = "MachineSetAdopted";
+    pub(crate) const MACHINE_SET_DELETED: &str = "MachineSetDeleted";
+    /// KaironMachinePool: a template change is rolled out.
+    pub(crate) const ROLLING_OUT: &str = "RollingOut";
+    /// KaironMachinePool: an instance's Machine was deleted (scale-in, replacement, rollout).
+    pub(crate) const MACHINE_DELETED: &str = "MachineDeleted";
     /// Normal: a live migration moved the VM to another Kairon host.
     pub(crate) const INSTANCE_MIGRATED: &str = "InstanceMigrated";
     /// Warning: the VM's host no longer satisfies its failure domain's host selector.

@@ -1,4 +1,4 @@
-//! What runs the three controllers: the endpoints of identities and the channel by which their
+//! What runs the four controllers: the endpoints of identities and the channel by which their
 //! watches wake KaironMachines, how the initial lists are read, the watches and caches the
 //! controllers share, and the controllers themselves, until shutdown.
 
@@ -13,7 +13,7 @@ use super::endpoint_trust::AllowedServers;
 use super::endpoints::{ClientFactory, Endpoints};
 use super::runtime::Telemetry;
 use super::settings::{Settings, streams_initial_lists};
-use super::{kairon_cluster, kairon_machine, kairon_machine_template};
+use super::{kairon_cluster, kairon_machine, kairon_machine_pool, kairon_machine_template};
 use crate::api::KaironMachine;
 use crate::kairon::{Instances, Owner};
 
@@ -78,9 +78,18 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
     // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
     // controllers.
     let (caches, watches) = Caches::new(&management, &settings, &telemetry);
+    let kairon = Instances::new(kairon.unwrap_or_else(|| management.clone())).with_owner(owner);
+    let pools = kairon_machine_pool::controller(
+        management.clone(),
+        kairon.clone(),
+        &caches,
+        settings.clone(),
+        telemetry.clone(),
+        shutdown.clone(),
+    );
     let machines = kairon_machine::controller(
         management.clone(),
-        Instances::new(kairon.unwrap_or_else(|| management.clone())).with_owner(owner),
+        kairon,
         Some(kairon_machine::Remote {
             endpoints: endpoints.clone(),
             triggers,
@@ -108,7 +117,7 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
     );
     // The shared watches run until every controller has stopped.
     tokio::select! {
-        _ = async { tokio::join!(machines, kcs, templates) } => {}
+        _ = async { tokio::join!(machines, kcs, templates, pools) } => {}
         _ = watches => {}
     }
 }

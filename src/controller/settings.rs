@@ -25,6 +25,7 @@ pub struct Settings {
     pub machine_concurrency: u16,
     pub cluster_concurrency: u16,
     pub template_concurrency: u16,
+    pub pool_concurrency: u16,
     /// Initial lists of the management API server come as a stream of watch events
     /// (`sendInitialEvents`, see [`streams_initial_lists`]), else as pages.
     pub streaming_lists: bool,
@@ -36,6 +37,9 @@ pub struct Settings {
     pub kairon_watch_timeout: Option<u32>,
 }
 
+/// KaironMachinePools reconciled at once.
+pub(crate) const POOL_CONCURRENCY: u16 = 5;
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -46,6 +50,7 @@ impl Default for Settings {
             machine_concurrency: 10,
             cluster_concurrency: 10,
             template_concurrency: 2,
+            pool_concurrency: POOL_CONCURRENCY,
             streaming_lists: false,
             kairon_streaming_lists: false,
             kairon_watch_timeout: None,

@@ -277,6 +277,33 @@ impl Instances {
             .map_err(|source| KaironError::Relabel { ns, name, source })
     }
 
+    /// Labels member `vm` of a MachineSet this management cluster owns as this management
+    /// cluster's, so that the KaironMachine made for it may adopt it: Kairon copies the set's
+    /// template onto members, which carries no management-cluster label (it would change on
+    /// `clusterctl move` and roll the pool). Nothing is sent when the label is there already,
+    /// or without a management-cluster id.
+    pub(crate) async fn claim_member(&self, vm: &Machine) -> Result<(), KaironError> {
+        if self.owner.id.is_empty() || vm.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&self.owner.id) {
+            return Ok(());
+        }
+        let ns = vm.namespace().unwrap_or_default();
+        let name = vm.name_any();
+        let body = json!({"metadata": {
+            "uid": vm.metadata.uid,
+            "labels": {labels::MANAGEMENT_CLUSTER: self.owner.id},
+        }});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let permit = self.permit("relabelling", &name)?;
+        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
+        settle(permit, &answer);
+        answer
+            .map(|_| ())
+            .map_err(|source| KaironError::Relabel { ns, name, source })
+    }
+
     /// Deletes exactly `vm`: the UID precondition makes the delete fail rather than hit a VM
     /// that replaced it under the same name.
     pub(crate) async fn delete(&self, vm: &Machine) -> Result<Deletion, KaironError> {

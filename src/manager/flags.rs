@@ -221,6 +221,7 @@ impl Args {
             machine_concurrency: self.kaironmachine_concurrency,
             cluster_concurrency: self.kaironcluster_concurrency,
             template_concurrency: self.kaironmachinetemplate_concurrency,
+            pool_concurrency: controller::settings::POOL_CONCURRENCY,
             // Found out from the API servers at start.
             streaming_lists: false,
             kairon_streaming_lists: false,

@@ -17,6 +17,7 @@ mod faults;
 mod kairon_quirks;
 mod left_behind;
 mod lifecycle;
+mod machine_pools;
 mod maintenance;
 mod resilience;
 mod smoke;

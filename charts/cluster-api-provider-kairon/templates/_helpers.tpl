@@ -22,12 +22,20 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "capkr.rules" -}}
 # Our kinds: watched; finalizers and spec.providerID are patched on the objects.
 - apiGroups: [infrastructure.cluster.x-k8s.io]
-  resources: [kaironclusters, kaironmachines, kaironmachinetemplates]
+  resources: [kaironclusters, kaironmachines, kaironmachinetemplates, kaironmachinepools]
   verbs: [get, list, watch, patch]
 # Status is written by server-side apply on the status subresource.
 - apiGroups: [infrastructure.cluster.x-k8s.io]
-  resources: [kaironclusters/status, kaironmachines/status, kaironmachinetemplates/status]
+  resources: [kaironclusters/status, kaironmachines/status, kaironmachinetemplates/status, kaironmachinepools/status]
   verbs: [get, patch]
+# A KaironMachinePool makes one KaironMachine per VM of its Kairon MachineSet.
+- apiGroups: [infrastructure.cluster.x-k8s.io]
+  resources: [kaironmachines]
+  verbs: [create, delete]
+# CAPI MachinePools are only read.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinepools]
+  verbs: [get, list, watch]
 # CAPI Clusters are only read.
 - apiGroups: [cluster.x-k8s.io]
   resources: [clusters]
@@ -65,6 +73,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [kairon.zyvor.dev]
   resources: [machines]
   verbs: [get, list, watch, create, delete, patch]
+# Kairon MachineSets backing KaironMachinePools (their templates hold bootstrap data).
+- apiGroups: [kairon.zyvor.dev]
+  resources: [machinesets]
+  verbs: [get, list, watch, create, patch, delete]
 # Secure /metrics: who is asking (TokenReview) and may they (SubjectAccessReview).
 - apiGroups: [authentication.k8s.io]
   resources: [tokenreviews]

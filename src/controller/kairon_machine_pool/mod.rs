@@ -3,7 +3,15 @@
 //! [`instances`] which KaironMachine stands for each VM of its set, [`gather`] the plan's
 //! instances from what the caches hold.
 
+mod context;
+mod delete;
 pub mod gather;
 pub mod instances;
 pub mod plan;
+mod reconcile;
 pub mod status;
+mod watches;
+
+pub use context::Context;
+pub use reconcile::reconcile;
+pub(crate) use watches::controller;

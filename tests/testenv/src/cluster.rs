@@ -319,3 +319,56 @@ fn indent(text: &str, n: usize) -> String {
     let pad = " ".repeat(n);
     text.lines().map(|l| format!("{pad}{l}")).collect::<Vec<_>>().join("\n")
 }
+
+/// A MachinePool `<cluster>-mp-0` of `replicas` workers of Kairon's (KaironMachinePool of the
+/// same name, on Kairon's MachineSet), joining with a KubeadmConfig whose kubelet gets the
+/// Kairon providerID: the objects to apply beside [`cluster_yaml`]'s.
+pub fn machine_pool_yaml(namespace: &str, cluster: &str, replicas: usize, machine_spec: &str) -> String {
+    let template = indent(machine_spec, 2);
+    format!(
+        r#"apiVersion: bootstrap.cluster.x-k8s.io/v1beta2
+kind: KubeadmConfig
+metadata:
+  name: {cluster}-mp-0
+  namespace: {namespace}
+spec:
+  joinConfiguration:
+    nodeRegistration:
+      name: '{{{{ ds.meta_data.local_hostname }}}}'
+      kubeletExtraArgs:
+      - name: provider-id
+        value: 'kairon://{{{{ ds.meta_data.instance_id }}}}'
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironMachinePool
+metadata:
+  name: {cluster}-mp-0
+  namespace: {namespace}
+spec:
+  template:
+{template}
+---
+apiVersion: cluster.x-k8s.io/v1beta2
+kind: MachinePool
+metadata:
+  name: {cluster}-mp-0
+  namespace: {namespace}
+spec:
+  clusterName: {cluster}
+  replicas: {replicas}
+  template:
+    spec:
+      clusterName: {cluster}
+      version: {KUBERNETES_VERSION}
+      bootstrap:
+        configRef:
+          apiGroup: bootstrap.cluster.x-k8s.io
+          kind: KubeadmConfig
+          name: {cluster}-mp-0
+      infrastructureRef:
+        apiGroup: infrastructure.cluster.x-k8s.io
+        kind: KaironMachinePool
+        name: {cluster}-mp-0
+"#
+    )
+}

@@ -1,0 +1,119 @@
+//! Deleting a KaironMachinePool: its instances go the way every pool instance goes (their
+//! Machines are deleted, CAPI drains each Node, the KaironMachine's finalizer deletes the VM),
+//! then the Kairon MachineSet (Kairon removes members no KaironMachine stands for, e.g. still
+//! Pending ones), and the finalizer only once the set is gone.
+//!
+//! Kept instead: everything, when the pool was deleted by `clusterctl move` (the pool lives on
+//! elsewhere) or after its Cluster is gone (left behind; not ours to destroy).
+
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::Action;
+use tracing::info;
+
+use super::context::{Context, Scope};
+use super::reconcile::write_status;
+use crate::api::MACHINE_POOL_FINALIZER;
+use crate::api::conditions::{Decided, READY, Status, reason};
+use crate::capi;
+use crate::controller::error::Error;
+use crate::events::reason as event;
+use crate::kairon::set_observe::set_ownership;
+use crate::kairon::{Deletion, Ownership};
+
+/// How often a deletion in progress looks again.
+const DELETE_RETRY: Duration = Duration::from_secs(5);
+
+pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action, Error> {
+    let pool = s.pool.as_ref();
+    let release = || async {
+        ctx.writer(&s.ns).remove_finalizer(pool, MACHINE_POOL_FINALIZER).await?;
+        Ok::<_, Error>(Action::await_change())
+    };
+    if !crate::controller::write::has_finalizer(pool, MACHINE_POOL_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    if capi::has_annotation(&pool.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
+        info!("deleted for clusterctl move; the Kairon MachineSet is kept");
+        return release().await;
+    }
+    if s.cluster.is_none() && cluster_is_gone(s, ctx).await? {
+        ctx.events
+            .warning(
+                pool,
+                event::INSTANCE_KEPT,
+                "Delete",
+                format!(
+                    "Cluster {} no longer exists: Kairon MachineSet {}/{} is kept, not deleted",
+                    s.cluster_name, s.ns, s.link.name
+                ),
+            )
+            .await;
+        return release().await;
+    }
+    // The instances first, through their Machines (drained), or their KaironMachines when
+    // CAPI has made no Machine for them.
+    let kms = ctx.kaironmachines_of(s);
+    if !kms.is_empty() {
+        let machines: Api<capi::Machine> = Api::namespaced(ctx.client.clone(), &s.ns);
+        let kaironmachines: Api<crate::api::KaironMachine> = Api::namespaced(ctx.client.clone(), &s.ns);
+        for km in kms.iter().filter(|km| km.metadata.deletion_timestamp.is_none()) {
+            let name = km.name_any();
+            let answer = match capi::owner(&km.metadata, "Machine") {
+                Some(m) => machines.delete(&m.name, &DeleteParams::default()).await.map(|_| ()),
+                None => kaironmachines.delete(&name, &DeleteParams::default()).await.map(|_| ()),
+            };
+            match answer {
+                Ok(()) => {}
+                Err(kube::Error::Api(e)) if e.is_not_found() => {}
+                Err(e) => return Err(Error::write("machine")(e)),
+            }
+        }
+        let d = Decided::new(
+            READY,
+            Status::False,
+            reason::DELETING,
+            format!("waiting for {} instances to be deleted", kms.len()),
+        );
+        write_status(ctx, s, None, Some(d), None).await?;
+        return Ok(Action::requeue(DELETE_RETRY));
+    }
+    // Then the set, read from the API server: the finalizer must not go while it exists.
+    let sets = ctx.sets();
+    let Some(set) = sets.get(&s.ns, &s.link.name).await? else {
+        return release().await;
+    };
+    if let Ownership::Foreign(why) = set_ownership(&set, &s.link, pool.spec.provider_id.as_deref(), ctx.kairon.owner())
+    {
+        info!(%why, "the Kairon MachineSet with this name is not this pool's; it is kept");
+        return release().await;
+    }
+    if set.metadata.deletion_timestamp.is_none() && sets.delete(&set).await? == Deletion::Gone {
+        return release().await;
+    }
+    ctx.events
+        .normal(
+            pool,
+            event::MACHINE_SET_DELETED,
+            "Delete",
+            format!("deleting Kairon MachineSet {}/{}", s.ns, s.link.name),
+        )
+        .await;
+    Ok(Action::requeue(DELETE_RETRY))
+}
+
+/// Whether the pool's Cluster no longer exists, asked of the API server when the cache does
+/// not have it.
+async fn cluster_is_gone(s: &Scope, ctx: &Context) -> Result<bool, Error> {
+    if s.cluster_name.is_empty() {
+        return Ok(true);
+    }
+    let clusters: Api<capi::Cluster> = Api::namespaced(ctx.client.clone(), &s.ns);
+    let cluster = clusters
+        .get_opt(&s.cluster_name)
+        .await
+        .map_err(Error::read(format!("Cluster {}/{}", s.ns, s.cluster_name)))?;
+    Ok(cluster.is_none())
+}

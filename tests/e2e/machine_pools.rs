@@ -1,0 +1,378 @@
+//! MachinePools on Kairon's MachineSet, with the real CAPI controllers: a KaironMachinePool
+//! backed by one Kairon MachineSet, one KaironMachine (and so one CAPI Machine) per VM.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::common::{Rig, RigOptions};
+use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
+use capkr_testenv::cluster::{machine_image, machine_pool_yaml};
+use capkr_testenv::{capi_resource, infrastructure_resource};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const UP: Duration = Duration::from_secs(180);
+/// CAPI waits for this annotation to go before it drains a Machine being deleted.
+const PRE_DRAIN_HOOK: &str = "pre-drain.delete.hook.machine.cluster.x-k8s.io/test";
+
+fn pools(rig: &Rig) -> Api<DynamicObject> {
+    Api::namespaced_with(rig.env.client(), &rig.ns, &capi_resource("MachinePool", "machinepools"))
+}
+
+fn kmps(rig: &Rig) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        rig.env.client(),
+        &rig.ns,
+        &infrastructure_resource("KaironMachinePool", "kaironmachinepools"),
+    )
+}
+
+/// The pool's Machines (label `cluster.x-k8s.io/pool-name`).
+async fn pool_machines(rig: &Rig, pool: &str) -> Vec<DynamicObject> {
+    let lp = ListParams::default().labels(&format!("cluster.x-k8s.io/pool-name={pool}"));
+    rig.machines().list(&lp).await.unwrap().items
+}
+
+async fn scale_pool(rig: &Rig, pool: &str, replicas: usize) {
+    pools(rig)
+        .patch(
+            pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .expect("scale MachinePool");
+}
+
+/// Waits until the pool has `n` Machines, each Running with a Node, and the MachinePool
+/// counts them ready.
+async fn wait_pool_running(rig: &Rig, pool: &str, n: usize) -> Vec<DynamicObject> {
+    rig.wait(&format!("{n} pool Machines Running with a Node"), UP, || async {
+        let machines = pool_machines(rig, pool).await;
+        let mp = pools(rig).get(pool).await?;
+        let ready = mp.data["status"]["readyReplicas"].as_i64().unwrap_or(0) == n as i64;
+        let up = capkr_testenv::cluster::all_running_with_a_node(&machines, n);
+        Ok::<_, kube::Error>((up && ready).then_some(machines))
+    })
+    .await
+}
+
+/// A pool 0 → 3 → 1: its VMs come from one Kairon MachineSet, each with a KaironMachine and a
+/// Machine with a Node; the two Machines marked `cluster.x-k8s.io/delete-machine` are the ones
+/// whose VMs go, each drained before its VM is deleted (held by a pre-drain hook, a Machine
+/// being deleted keeps its VM); no VM is replaced. Then the pool
+/// deleted leaves no Kairon MachineSet, member or KaironMachine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then_deletion_leaves_nothing() {
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("machine_pool")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    let pool = format!("{}-mp-0", rig.cluster);
+    let spec = format!(
+        "  cpus: 2\n  memory: 4Gi\n  image: {}\n  diskSize: 20Gi",
+        machine_image()
+    );
+    rig.env
+        .apply(&machine_pool_yaml(&rig.ns, &rig.cluster, 0, &spec), Some(&rig.ns))
+        .await
+        .expect("pool objects apply");
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+    rig.wait("the pool's Kairon MachineSet, provisioned", UP, || async {
+        let kmp = kmps(&rig).get(&pool).await?;
+        let ready = kmp.data["status"]["ready"] == true && kmp.data["status"]["initialization"]["provisioned"] == true;
+        Ok::<_, kube::Error>((ready && sets.get_opt(&pool).await?.is_some()).then_some(()))
+    })
+    .await;
+
+    let started = Instant::now();
+    scale_pool(&rig, &pool, 3).await;
+    let machines = wait_pool_running(&rig, &pool, 3).await;
+    let up_secs = started.elapsed().as_secs_f64();
+    let set = sets.get(&pool).await.unwrap();
+    let vms = rig.vm_map().await;
+    let members: BTreeSet<String> = vms
+        .values()
+        .filter(|vm| vm.labels().get(MACHINESET_LABEL) == Some(&pool))
+        .map(|vm| vm.name_any())
+        .collect();
+    assert_eq!(members.len(), 3, "three members: {members:?}");
+    assert_eq!(set.spec.replicas, 3);
+    let kmp = kmps(&rig).get(&pool).await.unwrap();
+    let mut ids: Vec<String> = members
+        .iter()
+        .map(|m| format!("kairon://{}", vms[m].metadata.uid.clone().unwrap_or_default()))
+        .collect();
+    ids.sort();
+    assert_eq!(kmp.data["spec"]["providerIDList"], json!(ids), "providerIDList");
+    assert_eq!(kmp.data["status"]["replicas"], 3);
+    assert_eq!(kmp.data["status"]["infrastructureMachineKind"], "KaironMachine");
+    for m in &machines {
+        assert!(
+            members.contains(&m.name_any()),
+            "{}: a Machine per member",
+            m.name_any()
+        );
+        let km = rig.kms().get(&m.name_any()).await.unwrap();
+        assert_eq!(
+            km.spec.provider_id.as_deref(),
+            Some(
+                format!(
+                    "kairon://{}",
+                    vms[&m.name_any()].metadata.uid.clone().unwrap_or_default()
+                )
+                .as_str()
+            )
+        );
+        assert!(
+            km.owner_references()
+                .iter()
+                .any(|o| o.kind == "Machine" && o.controller == Some(true)),
+            "{}: the Machine controls its KaironMachine",
+            m.name_any()
+        );
+    }
+
+    // CAPI's choice: two Machines marked, then the pool scaled to one.
+    let chosen: Vec<String> = machines.iter().take(2).map(|m| m.name_any()).collect();
+    let kept = machines[2].name_any();
+    let kept_uid = vms[&kept].metadata.uid.clone();
+    for name in &chosen {
+        rig.machines()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {
+                    "cluster.x-k8s.io/delete-machine": "yes",
+                    PRE_DRAIN_HOOK: "",
+                }}})),
+            )
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    scale_pool(&rig, &pool, 1).await;
+    // Held by a pre-drain hook, the chosen Machines are deleting but not drained: their VMs
+    // must stay.
+    rig.wait("the chosen Machines deleting", UP, || async {
+        let mut deleting = 0;
+        for name in &chosen {
+            if rig.machines().get(name).await?.metadata.deletion_timestamp.is_some() {
+                deleting += 1;
+            }
+        }
+        Ok::<_, kube::Error>((deleting == chosen.len()).then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in &chosen {
+        let m = rig.machines().get(name).await.unwrap();
+        assert!(
+            m.data["status"]["deletion"]["nodeDrainStartTime"].is_null(),
+            "{name}: held before its drain"
+        );
+        let vm = rig.vms().get(name).await.unwrap();
+        assert!(
+            vm.metadata.deletion_timestamp.is_none(),
+            "{name}: its VM is kept while the Machine is not drained"
+        );
+    }
+    assert_eq!(pool_machines(&rig, &pool).await.len(), 3, "no other Machine chosen");
+    for name in &chosen {
+        rig.machines()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Json::<()>(
+                    serde_json::from_value(json!([{"op": "remove", "path": format!("/metadata/annotations/{}", PRE_DRAIN_HOOK.replace('/', "~1"))}]))
+                        .unwrap(),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    // Watch each chosen Machine's drain start and its VM's deletion.
+    let mut drained: BTreeMap<String, String> = BTreeMap::new();
+    let mut vm_deleted: BTreeMap<String, String> = BTreeMap::new();
+    let deadline = Instant::now() + UP;
+    loop {
+        for name in &chosen {
+            if let Some(m) = rig.machines().get_opt(name).await.unwrap()
+                && let Some(t) = m.data["status"]["deletion"]["nodeDrainStartTime"].as_str()
+            {
+                drained.entry(name.clone()).or_insert_with(|| t.to_string());
+            }
+            match rig.vms().get_opt(name).await.unwrap() {
+                Some(vm) => {
+                    if let Some(t) = &vm.metadata.deletion_timestamp {
+                        vm_deleted.entry(name.clone()).or_insert_with(|| t.0.to_string());
+                    }
+                }
+                None => {
+                    vm_deleted.entry(name.clone()).or_insert_with(|| "gone".into());
+                }
+            }
+        }
+        if vm_deleted.len() == chosen.len() && pool_machines(&rig, &pool).await.len() == 1 {
+            break;
+        }
+        if Instant::now() > deadline {
+            rig.fail(format!(
+                "the chosen VMs were not deleted in time: drained {drained:?}, VMs deleted {vm_deleted:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let down_secs = started.elapsed().as_secs_f64();
+    for name in &chosen {
+        let drain = drained
+            .get(name)
+            .unwrap_or_else(|| rig.fail(format!("{name}: no drain seen before its Machine went")));
+        let deleted = &vm_deleted[name];
+        assert!(
+            deleted == "gone" || drain.as_str() <= deleted.as_str(),
+            "{name}: drained at {drain}, VM deleted at {deleted}"
+        );
+    }
+    let left = wait_pool_running(&rig, &pool, 1).await;
+    assert_eq!(left[0].name_any(), kept, "the unmarked Machine stays");
+    let vms = rig.vm_map().await;
+    let members: Vec<&String> = vms
+        .iter()
+        .filter(|(_, vm)| vm.labels().get(MACHINESET_LABEL) == Some(&pool))
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(members, [&kept], "no VM replaced, the kept one untouched");
+    assert_eq!(vms[&kept].metadata.uid, kept_uid);
+    rig.wait("the set scaled in to one", UP, || async {
+        Ok::<_, kube::Error>((sets.get(&pool).await?.spec.replicas == 1).then_some(()))
+    })
+    .await;
+
+    // The pool deleted: nothing of it is left on Kairon.
+    let started = Instant::now();
+    pools(&rig).delete(&pool, &DeleteParams::default()).await.unwrap();
+    rig.wait(
+        "no KaironMachinePool, MachineSet, member or KaironMachine left",
+        UP,
+        || async {
+            let kmp = kmps(&rig).get_opt(&pool).await?;
+            let set = sets.get_opt(&pool).await?;
+            let members = rig
+                .vms()
+                .list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={pool}")))
+                .await?
+                .items;
+            let kms: Vec<_> = rig
+                .kms()
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|km| {
+                    km.labels()
+                        .contains_key("infrastructure.cluster.x-k8s.io/kaironmachinepool-name")
+                })
+                .collect();
+            Ok::<_, kube::Error>((kmp.is_none() && set.is_none() && members.is_empty() && kms.is_empty()).then_some(()))
+        },
+    )
+    .await;
+    let delete_secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "machine pool: 0 -> 3 in {up_secs:.1} s, 3 -> 1 in {down_secs:.1} s (drain started {drained:?}, VMs deleted {vm_deleted:?}), deleted in {delete_secs:.1} s"
+    );
+    rig.assert_one_vm_per_kaironmachine().await;
+}
+
+/// A pool of two: a VM failed through the simulator is replaced (its Machine deleted, a new VM
+/// made by Kairon), then a template change (more CPUs) rolls every VM, surge first, never
+/// fewer than two available.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_pool_vm_is_replaced_and_a_template_change_rolls_every_vm() {
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("machine_pool_roll")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    let pool = format!("{}-mp-0", rig.cluster);
+    let spec = format!(
+        "  cpus: 2\n  memory: 4Gi\n  image: {}\n  diskSize: 20Gi",
+        machine_image()
+    );
+    rig.env
+        .apply(&machine_pool_yaml(&rig.ns, &rig.cluster, 2, &spec), Some(&rig.ns))
+        .await
+        .expect("pool objects apply");
+    let machines = wait_pool_running(&rig, &pool, 2).await;
+    let failed = machines[0].name_any();
+    let failed_uid = rig.vms().get(&failed).await.unwrap().metadata.uid;
+
+    let started = Instant::now();
+    rig.vms()
+        .patch(
+            &failed,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"sim.kairon.zyvor.dev/fail": "Broken"}}})),
+        )
+        .await
+        .unwrap();
+    rig.wait("the failed VM replaced", UP, || async {
+        let machines = pool_machines(&rig, &pool).await;
+        let up = capkr_testenv::cluster::all_running_with_a_node(&machines, 2);
+        let gone = rig
+            .vms()
+            .get_opt(&failed)
+            .await?
+            .is_none_or(|vm| vm.metadata.uid != failed_uid);
+        Ok::<_, kube::Error>((up && gone && machines.iter().all(|m| m.name_any() != failed)).then_some(()))
+    })
+    .await;
+    let replaced_secs = started.elapsed().as_secs_f64();
+
+    let before: BTreeSet<String> = pool_machines(&rig, &pool).await.iter().map(|m| m.name_any()).collect();
+    let started = Instant::now();
+    kmps(&rig)
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"cpus": 3}}})),
+        )
+        .await
+        .unwrap();
+    let mut fewest_available = usize::MAX;
+    let deadline = Instant::now() + UP;
+    loop {
+        let machines = pool_machines(&rig, &pool).await;
+        let available = machines
+            .iter()
+            .filter(|m| m.metadata.deletion_timestamp.is_none())
+            .filter(|m| crate::common::condition(m, "Available").is_some_and(|c| c["status"] == "True"))
+            .count();
+        fewest_available = fewest_available.min(available);
+        let names: BTreeSet<String> = machines.iter().map(|m| m.name_any()).collect();
+        let vms = rig.vm_map().await;
+        let all_new =
+            names.is_disjoint(&before) && names.iter().all(|n| vms.get(n).is_some_and(|vm| vm.spec.cpus == 3));
+        if all_new && capkr_testenv::cluster::all_running_with_a_node(&machines, 2) {
+            break;
+        }
+        if Instant::now() > deadline {
+            rig.fail(format!("the pool did not roll: {names:?} (before {before:?})"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let rolled_secs = started.elapsed().as_secs_f64();
+    assert!(
+        fewest_available >= 2,
+        "maxUnavailable 0: never fewer than 2 available, saw {fewest_available}"
+    );
+    let set: MachineSet = Api::namespaced(rig.env.client(), &rig.ns).get(&pool).await.unwrap();
+    assert_eq!(set.spec.template.spec.cpus, 3);
+    eprintln!("machine pool: a failed VM replaced in {replaced_secs:.1} s, 2 VMs rolled in {rolled_secs:.1} s");
+    rig.assert_one_vm_per_kaironmachine().await;
+}
