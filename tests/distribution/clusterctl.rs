@@ -107,6 +107,7 @@ fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_contain
         "cluster-template-md-remediation.yaml",
         "cluster-template-topology.yaml",
         "cluster-template-identity.yaml",
+        "cluster-template-machinepool.yaml",
         "clusterclass-kairon.yaml",
     ] {
         assert!(
@@ -298,6 +299,33 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
         body(&default),
         "cluster-template-identity.yaml is cluster-template.yaml plus spec.identityRef"
     );
+    // machinepool: the default flavor's control plane verbatim, its workers in a MachinePool
+    // of a KaironMachinePool whose VMs get the same kubelet providerID.
+    let pool_flavor = read(&root().join("templates/cluster-template-machinepool.yaml"));
+    let control_plane = body(&default);
+    let control_plane = &control_plane[..control_plane
+        .find("---\napiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachineTemplate\nmetadata:\n  name: ${CLUSTER_NAME}-md-0")
+        .expect("the default flavor's workers")];
+    assert!(
+        body(&pool_flavor).starts_with(control_plane),
+        "cluster-template-machinepool.yaml starts with cluster-template.yaml's control plane"
+    );
+    let objs = docs(&repo.generate_cluster("c1", "ns1", "machinepool"));
+    let by_kind = |kind: &'static str| objs.iter().filter(move |o| o["kind"] == kind);
+    assert!(by_kind("MachineDeployment").next().is_none());
+    let mp = by_kind("MachinePool").next().expect("a MachinePool");
+    assert_eq!(mp["spec"]["replicas"], 2);
+    assert_eq!(
+        mp["spec"]["template"]["spec"]["infrastructureRef"]["kind"],
+        "KaironMachinePool"
+    );
+    let config = by_kind("KubeadmConfig").next().expect("the pool's KubeadmConfig");
+    assert_eq!(
+        kubelet_provider_id(&config["spec"]["joinConfiguration"]["nodeRegistration"]),
+        Some(PROVIDER_ID)
+    );
+    let kmp = by_kind("KaironMachinePool").next().expect("a KaironMachinePool");
+    assert!(kmp["spec"]["template"]["image"].is_string());
     let objs = docs(&repo.generate_cluster("c1", "ns1", "identity"));
     let kc = objs.iter().find(|o| o["kind"] == "KaironCluster").unwrap();
     assert_eq!(

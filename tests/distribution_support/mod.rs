@@ -11,7 +11,7 @@ use serde_json::Value;
 
 pub const VERSION: &str = "v0.1.0";
 /// The flavors in templates/ ("" is the default `cluster-template.yaml`).
-pub const FLAVORS: [&str; 4] = ["", "md-remediation", "topology", "identity"];
+pub const FLAVORS: [&str; 5] = ["", "md-remediation", "topology", "identity", "machinepool"];
 
 pub fn bins() -> Binaries {
     Binaries::locate().expect("upstream binaries (clusterctl, helm, kubectl)")
