@@ -203,6 +203,7 @@ fn pool() -> KaironMachinePool {
 
 struct World {
     mp: MachinePool,
+    kaironclusters: Vec<capkr::api::KaironCluster>,
     cluster_paused: bool,
     sets: Vec<MachineSet>,
     members: Vec<kairon::Machine>,
@@ -213,6 +214,7 @@ struct World {
 fn steady(replicas: i32) -> World {
     World {
         mp: machine_pool(replicas),
+        kaironclusters: vec![],
         cluster_paused: false,
         sets: vec![set("#cloud-config token-1", 2)],
         members: vec![member("pool-a"), member("pool-b")],
@@ -232,7 +234,8 @@ where
         client: client.clone(),
         kairon: kairon::Instances::new(client),
         machine_pools: filled(vec![w.mp]).0,
-        clusters: filled(vec![mock_support::provisioned_cluster(NS, w.cluster_paused)]).0,
+        clusters: filled(vec![cluster(w.cluster_paused)]).0,
+        kaironclusters: filled(w.kaironclusters).0,
         sets: filled(w.sets).0,
         members: filled(w.members).0,
         kaironmachines: filled(w.kms).0,
@@ -343,6 +346,46 @@ async fn scale_in_deletes_the_machine_capi_chose_never_a_vm_or_a_kaironmachine()
         assert_eq!(body["preconditions"]["uid"], "pool-b-machine-uid");
         // No DELETE of a Kairon Machine or a KaironMachine, no write to the set (Kairon lowers
         // it when the VM goes).
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// Cluster `demo`, its infrastructure the KaironCluster `demo`.
+fn cluster(paused: bool) -> capi::Cluster {
+    let mut c = mock_support::provisioned_cluster(NS, paused);
+    c.spec.infrastructure_ref = Some(capi::ContractVersionedObjectReference {
+        api_group: "infrastructure.cluster.x-k8s.io".into(),
+        kind: "KaironCluster".into(),
+        name: "demo".into(),
+    });
+    c
+}
+
+#[tokio::test]
+async fn a_pool_of_a_cluster_on_an_identitys_kairon_api_makes_nothing_and_says_why() {
+    let mut kc: capkr::api::KaironCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironCluster",
+        "metadata": {"name": "demo", "namespace": NS},
+        "spec": {"identityRef": {"kind": "Secret", "name": "site-b"}}}))
+    .unwrap();
+    kc.metadata.namespace = Some(NS.into());
+    let mut p = pool();
+    p.spec.provider_id = None;
+    p.status = None;
+    let p_json = serde_json::to_value(&p).unwrap();
+    let world = World {
+        kaironclusters: vec![kc],
+        sets: vec![],
+        ..steady(2)
+    };
+    run(p, world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KMP}/status"), 200, p_json).await;
+        assert_eq!(
+            condition(&body["status"], "Ready")["reason"],
+            reason::IDENTITY_NOT_SUPPORTED
+        );
+        // No Secret read, no set made.
         expect_no_more(&mut h).await;
     })
     .await;

@@ -44,6 +44,9 @@ pub mod reason {
     pub const MACHINE_SET_NOT_FOUND: &str = "MachineSetNotFound";
     /// The set exists; Kairon has not acted on its current spec yet.
     pub const MACHINE_SET_NOT_OBSERVED: &str = "MachineSetNotObserved";
+    /// The pool's KaironCluster names a Kairon API by `spec.identityRef`: pools are made on the
+    /// manager's own Kairon API only, for now.
+    pub const IDENTITY_NOT_SUPPORTED: &str = "IdentityNotSupported";
 
     // KaironMachine: bootstrap data problems
     pub const BOOTSTRAP_SECRET_NOT_FOUND: &str = "BootstrapDataSecretNotFound";

@@ -7,7 +7,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
-use crate::api::{KaironMachine, KaironMachinePool};
+use crate::api::{KaironCluster, KaironMachine, KaironMachinePool};
 use crate::capi::{self, MachinePool, POOL_NAME_LABEL, format_label_value};
 use crate::controller::error::Error;
 use crate::controller::runtime::{Synced, owning_cluster};
@@ -28,6 +28,7 @@ pub struct Context {
     pub kairon: Instances,
     pub machine_pools: Store<MachinePool>,
     pub clusters: Store<capi::Cluster>,
+    pub kaironclusters: Store<KaironCluster>,
     /// Kairon MachineSets this provider made (label `app.kubernetes.io/managed-by`), without
     /// user-data.
     pub sets: Store<MachineSet>,
@@ -84,6 +85,20 @@ impl Context {
             cluster_name,
             cluster,
         })
+    }
+
+    /// Whether the pool's KaironCluster names a Kairon API of its own (`spec.identityRef`).
+    pub(crate) fn uses_an_identity(&self, s: &Scope) -> bool {
+        let Some(name) = s
+            .cluster
+            .as_ref()
+            .and_then(|c| c.infrastructure_name(crate::api::GROUP, "KaironCluster"))
+        else {
+            return false;
+        };
+        self.kaironclusters
+            .get(&ObjectRef::new(name).within(&s.ns))
+            .is_some_and(|kc| kc.spec.identity_ref.is_some())
     }
 
     pub(crate) fn sets(&self) -> MachineSets {

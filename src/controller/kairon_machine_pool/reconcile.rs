@@ -83,6 +83,14 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         write_status(&ctx, &scope, None, Some(d), None).await?;
         return Ok(Action::await_change());
     }
+    if ctx.uses_an_identity(&scope) {
+        let d = waiting(
+            reason::IDENTITY_NOT_SUPPORTED,
+            "the KaironCluster names a Kairon API by spec.identityRef: MachinePools are made on the manager's own Kairon API only",
+        );
+        write_status(&ctx, &scope, None, Some(d), None).await?;
+        return Ok(Action::await_change());
+    }
     let Some(secret_name) = mp.data_secret_name().map(str::to_string) else {
         let d = waiting(
             reason::WAITING_FOR_BOOTSTRAP_DATA,

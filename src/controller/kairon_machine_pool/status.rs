@@ -58,6 +58,13 @@ pub fn pool_status(o: &Observed<'_>, now: &Time) -> KaironMachinePoolStatus {
     let set = |conds: &mut Vec<_>, d: Decided| conditions::set(conds, d, o.generation, now);
 
     set(&mut conds, conditions::paused(o.paused));
+    if o.paused.is_some() {
+        // Paused: only the Paused condition is written; the rest stays as it was.
+        return KaironMachinePoolStatus {
+            conditions: Some(conds),
+            ..previous
+        };
+    }
     let set_condition = match (&o.set, &o.waiting) {
         (Some((_, true)), _) => Decided::new(MACHINE_SET_PROVISIONED, Status::True, reason::PROVISIONED, ""),
         (Some((s, false)), _) => Decided::new(
@@ -246,5 +253,15 @@ mod tests {
             &at(100),
         );
         assert_eq!(cond(&paused, conditions::PAUSED).0, "True");
+        let paused_status = KaironMachinePoolStatus {
+            conditions: None,
+            ..paused.clone()
+        };
+        let first_status = KaironMachinePoolStatus {
+            conditions: None,
+            ..first.clone()
+        };
+        assert_eq!(paused_status, first_status, "paused: nothing else changes");
+        assert_eq!(cond(&paused, READY), cond(&first, READY), "paused: the conditions stay");
     }
 }
