@@ -437,13 +437,14 @@ fn write_runtimesdk_flavor(assets: &Path) {
         !class.contains("/spec/template/spec/image") && !class.contains("name: machineImage"),
         "an inline image patch or variable left in the runtimesdk class"
     );
+    // The external patch last: it appends the in-place update spec's files to those of the
+    // kubeVIP patch, which sets the KubeadmControlPlaneTemplate's whole list.
     let extension = "${EXTENSION_CONFIG_NAME:-k8s-upgrade-with-runtimesdk}";
-    let class = insert_after(
-        &class,
-        "\n  patches:\n",
-        &format!(
-            "    - name: machineImage\n      description: Each machine's image by its Kubernetes version (the test Runtime Extension).\n      external:\n        generatePatchesExtension: generate-patches.{extension}\n        discoverVariablesExtension: discover-variables.{extension}\n"
-        ),
+    let (class_doc, templates) = class
+        .split_once("\n---\n")
+        .expect("the shipped ClusterClass file holds its templates");
+    let class = format!(
+        "{class_doc}\n    - name: testExtension\n      description: Each machine's image by its Kubernetes version; the in-place update spec's files and control-plane maxSurge (the test Runtime Extension).\n      external:\n        generatePatchesExtension: generate-patches.{extension}\n        discoverVariablesExtension: discover-variables.{extension}\n---\n{templates}"
     );
     std::fs::write(
         assets.join("clusterclass-kairon-runtimesdk-v1beta1.yaml"),
@@ -462,6 +463,18 @@ fn write_runtimesdk_flavor(assets: &Path) {
         &topology,
         "    classRef:\n      name: kairon",
         "-runtimesdk\n      namespace: ${CLUSTER_CLASS_NAMESPACE:-${NAMESPACE}}",
+    );
+    // The rollout choices of the in-place update spec (as upstream's flavor, with CAPI's
+    // defaults unless set).
+    let cluster = insert_after(
+        &cluster,
+        "          replicas: ${WORKER_MACHINE_COUNT}\n",
+        "          rollout:\n            strategy:\n              type: RollingUpdate\n              rollingUpdate:\n                maxSurge: ${MD_MAX_SURGE:-1}\n                maxUnavailable: ${MD_MAX_UNAVAILABLE:-0}\n",
+    );
+    let cluster = insert_after(
+        &cluster,
+        "    variables:\n",
+        "      - name: kubeadmControlPlaneMaxSurge\n        value: \"${KUBEADM_CONTROL_PLANE_MAX_SURGE:-1}\"\n",
     );
     std::fs::write(assets.join("cluster-template-upgrades-runtimesdk.yaml"), cluster).expect("writing a flavor");
 
@@ -675,7 +688,8 @@ fn suite_binary() -> PathBuf {
 const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes \
      || runtimesdk-upgrade || kcp-infra-adoption";
 const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
-     || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1";
+     || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1 \
+     || in-place-update";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capi_e2e_quick_starts_md_scale_remediations_and_clusterclass_changes_pass() {
@@ -697,16 +711,16 @@ static PROXY_PORT: OnceLock<u16> = OnceLock::new();
 /// The management environment both halves share, as upstream's parallel Ginkgo nodes share
 /// one management cluster: CAPI with the feature gates the specs need
 /// (MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes;
-/// RuntimeSDK), one simulator whose guests run etcd and kube-apiserver, one manager, and the
+/// RuntimeSDK; InPlaceUpdates, in core and KCP), one simulator whose guests run etcd and kube-apiserver, one manager, and the
 /// test Runtime Extension.
 async fn suite_env() -> (&'static Env, GuestNetwork) {
     let mut opts = EnvOptions::new("capi_e2e_suite");
     opts.capi_feature_gates =
-        "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true,RuntimeSDK=true".into();
-    // CAPI core calls the test Runtime Extension at its Service's address through this proxy
-    // (the extension's own); it never proxies loopback, where every API server listens.
+        "MachinePool=true,ClusterTopology=true,MachineTaintPropagation=true,RuntimeSDK=true,InPlaceUpdates=true".into();
+    // CAPI core and KCP call the test Runtime Extension at its Service's address through this
+    // proxy (the extension's own); they never proxy loopback, where every API server listens.
     let proxy_port = *PROXY_PORT.get_or_init(|| free_port().expect("a free port for the extension's proxy"));
-    opts.capi_core_env = vec![("HTTPS_PROXY".into(), format!("http://127.0.0.1:{proxy_port}"))];
+    opts.capi_env = vec![("HTTPS_PROXY".into(), format!("http://127.0.0.1:{proxy_port}"))];
     let env = Env::shared_with(opts, |env| async move {
         let net = *NETWORK.get_or_init(GuestNetwork::pick);
         let guest_dir = env.dir().join("guests");

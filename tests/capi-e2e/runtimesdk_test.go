@@ -106,3 +106,25 @@ var _ = Describe("When testing KCP infra adoption [ClusterClass]", Label("kcp-in
 		}
 	})
 })
+
+var _ = Describe("When in-place updating a workload cluster using ClusterClass", Label("in-place-update", "ClusterClass"), func() {
+	capie2e.ClusterInPlaceUpdateSpec(ctx, func() capie2e.ClusterInPlaceUpdateSpecInput {
+		return capie2e.ClusterInPlaceUpdateSpecInput{
+			E2EConfig:                 e2eConfig,
+			ClusterctlConfigPath:      clusterctlConfigPath,
+			BootstrapClusterProxy:     bootstrapClusterProxy,
+			ArtifactFolder:            artifactFolder,
+			SkipCleanup:               skipCleanup,
+			Flavor:                    ptr.To("upgrades-runtimesdk"),
+			ExtensionServiceNamespace: extensionServiceNamespace,
+			ExtensionServiceName:      extensionServiceName,
+			// Upstream's: KCP rolls out by scaling in, the MachineDeployment may take its one
+			// worker down, so every change is done in place without new Machines.
+			ClusterctlVariables: map[string]string{
+				"KUBEADM_CONTROL_PLANE_MAX_SURGE": "0",
+				"MD_MAX_SURGE":                    "1",
+				"MD_MAX_UNAVAILABLE":              "1",
+			},
+		}
+	})
+})

@@ -2,8 +2,8 @@
 // package call, run by tests/e2e_capi_suite.rs as a local process.
 //
 // The lifecycle and upgrade-plan handlers are upstream's (sigs.k8s.io/cluster-api/test/extension,
-// generic over providers); the topology-mutation handler is ours, for the Kairon kinds
-// (topologymutation.go). The specs register the extension with an ExtensionConfig naming a
+// generic over providers); the topology-mutation and in-place update handlers are ours, for the
+// Kairon kinds (topologymutation.go, inplaceupdate.go). The specs register the extension with an ExtensionConfig naming a
 // Service; Cluster API calls it at https://<service>.<namespace>.svc:443, through the HTTP
 // proxy CAPI core is started with (HTTPS_PROXY): this process serves that proxy too and
 // tunnels CONNECTs for the Service's host, and only those, to its own TLS listener
@@ -102,6 +102,7 @@ func addHandlers(srv *server.Server, c client.Client) error {
 	lc := lifecycle.NewExtensionHandlers(c)
 	plan := upgradeplan.NewExtensionHandlers(c)
 	patches := newTopologyMutationHandlers()
+	var inPlace inPlaceUpdateHandlers
 	for _, h := range []server.ExtensionHandler{
 		{Hook: runtimehooksv1.GeneratePatches, Name: "generate-patches", HandlerFunc: patches.GeneratePatches},
 		{Hook: runtimehooksv1.DiscoverVariables, Name: "discover-variables", HandlerFunc: patches.DiscoverVariables},
@@ -115,6 +116,9 @@ func addHandlers(srv *server.Server, c client.Client) error {
 		{Hook: runtimehooksv1.AfterClusterUpgrade, Name: "after-cluster-upgrade", HandlerFunc: lc.DoAfterClusterUpgrade},
 		{Hook: runtimehooksv1.BeforeClusterDelete, Name: "before-cluster-delete", HandlerFunc: lc.DoBeforeClusterDelete},
 		{Hook: runtimehooksv1.GenerateUpgradePlan, Name: "generate-upgrade-plan", HandlerFunc: plan.DoGenerateUpgradePlan},
+		{Hook: runtimehooksv1.CanUpdateMachine, Name: "can-update-machine", HandlerFunc: inPlace.DoCanUpdateMachine},
+		{Hook: runtimehooksv1.CanUpdateMachineSet, Name: "can-update-machineset", HandlerFunc: inPlace.DoCanUpdateMachineSet},
+		{Hook: runtimehooksv1.UpdateMachine, Name: "update-machine", HandlerFunc: inPlace.DoUpdateMachine},
 	} {
 		if err := srv.AddExtensionHandler(h); err != nil {
 			return fmt.Errorf("adding the %s handler: %w", h.Name, err)

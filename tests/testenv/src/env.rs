@@ -69,9 +69,9 @@ pub struct EnvOptions {
     pub capi_feature_gates: String,
     /// Extra flags for every CAPI manager (e.g. `--sync-period=1m`).
     pub capi_args: Vec<String>,
-    /// Extra environment of CAPI core (e.g. `HTTPS_PROXY`, through which it reaches Runtime
-    /// Extensions registered by Service).
-    pub capi_core_env: Vec<(String, String)>,
+    /// Extra environment of every CAPI manager (e.g. `HTTPS_PROXY`, through which CAPI core
+    /// and KCP reach Runtime Extensions registered by Service).
+    pub capi_env: Vec<(String, String)>,
     /// Whether to wait for the MachineDeployment defaulting webhook to answer.
     pub check_webhooks: bool,
 }
@@ -110,7 +110,7 @@ impl Default for EnvOptions {
             audit_policy: None,
             capi_feature_gates: "MachinePool=true,ClusterTopology=true".into(),
             capi_args: Vec::new(),
-            capi_core_env: Vec::new(),
+            capi_env: Vec::new(),
             check_webhooks: true,
         }
     }
@@ -357,10 +357,8 @@ impl Env {
             ];
             args.extend(opts.capi_args.iter().cloned());
             let mut spec = ProcessSpec::new(m.label, &m.binary, &logs).args(args).test_go_runtime();
-            if m.manifests == "core" {
-                for (k, v) in &opts.capi_core_env {
-                    spec = spec.env(k, v);
-                }
+            for (k, v) in &opts.capi_env {
+                spec = spec.env(k, v);
             }
             self.push(Process::spawn(spec)?);
         }
