@@ -67,6 +67,7 @@ async fn wait_pool_running(rig: &Rig, pool: &str, n: usize) -> Vec<DynamicObject
 async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then_deletion_leaves_nothing() {
     let rig = Rig::start(RigOptions {
         workers: 0,
+        audit: true,
         ..RigOptions::new("machine_pool")
     })
     .await;
@@ -89,9 +90,18 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     .await;
 
     let started = Instant::now();
+    let from = rig.audit_len();
     scale_pool(&rig, &pool, 3).await;
     let machines = wait_pool_running(&rig, &pool, 3).await;
     let up_secs = started.elapsed().as_secs_f64();
+    let up_writes = rig.manager_writes(from, None);
+
+    // Steady state: once the last status writes settled, the manager writes nothing.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let from = rig.audit_len();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let writes = rig.manager_writes(from, None);
+    assert!(writes.is_empty(), "the manager wrote at steady state: {writes:?}");
     let set = sets.get(&pool).await.unwrap();
     let vms = rig.vm_map().await;
     let members: BTreeSet<String> = vms
@@ -282,6 +292,10 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     )
     .await;
     let delete_secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "machine pool: the manager's writes from 0 to 3 ({}): {up_writes:#?}",
+        up_writes.len()
+    );
     eprintln!(
         "machine pool: 0 -> 3 in {up_secs:.1} s, 3 -> 1 in {down_secs:.1} s (drain started {drained:?}, VMs deleted {vm_deleted:?}), deleted in {delete_secs:.1} s"
     );
