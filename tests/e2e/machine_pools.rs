@@ -304,9 +304,9 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
 
 /// A pool of two: a VM failed through the simulator is replaced (its Machine deleted, a new VM
 /// made by Kairon), then a template change (more CPUs) rolls every VM, surge first, never
-/// fewer than two available.
+/// fewer than two available; then the Cluster deleted leaves no Kairon MachineSet or Machine.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_failed_pool_vm_is_replaced_and_a_template_change_rolls_every_vm() {
+async fn a_failed_pool_vm_is_replaced_a_template_change_rolls_every_vm_and_the_cluster_goes_with_its_pool() {
     let rig = Rig::start(RigOptions {
         workers: 0,
         ..RigOptions::new("machine_pool_roll")
@@ -387,6 +387,28 @@ async fn a_failed_pool_vm_is_replaced_and_a_template_change_rolls_every_vm() {
     );
     let set: MachineSet = Api::namespaced(rig.env.client(), &rig.ns).get(&pool).await.unwrap();
     assert_eq!(set.spec.template.spec.cpus, 3);
-    eprintln!("machine pool: a failed VM replaced in {replaced_secs:.1} s, 2 VMs rolled in {rolled_secs:.1} s");
     rig.assert_one_vm_per_kaironmachine().await;
+
+    // The Cluster deleted with its pool: nothing of it is left on Kairon.
+    let started = Instant::now();
+    rig.clusters()
+        .delete(&rig.cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+    rig.wait(
+        "the Cluster gone with its pool, no Kairon MachineSet or Machine left",
+        UP,
+        || async {
+            let cluster = rig.clusters().get_opt(&rig.cluster).await?;
+            let sets = sets.list(&ListParams::default()).await?.items;
+            let vms = rig.vms().list(&ListParams::default()).await?.items;
+            Ok::<_, kube::Error>((cluster.is_none() && sets.is_empty() && vms.is_empty()).then_some(()))
+        },
+    )
+    .await;
+    let deleted_secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "machine pool: a failed VM replaced in {replaced_secs:.1} s, 2 VMs rolled in {rolled_secs:.1} s, the cluster deleted in {deleted_secs:.1} s"
+    );
 }
