@@ -381,6 +381,51 @@ fn write_kcp_only_flavor(assets: &Path) {
     std::fs::write(assets.join("cluster-template-topology-kcp-only.yaml"), cluster).expect("writing a flavor");
 }
 
+/// The flavors of the HA upgrade specs, as upstream's. `kcp-pre-drain`: the shipped topology
+/// flavor with KCP's pre-drain hook annotation on its control plane (the spec's caller releases
+/// each old Machine once the workload cluster is stable). `kcp-scale-in`: the shipped topology
+/// flavor of a ClusterClass `kairon-scale-in`, the shipped class with one more patch, KCP's
+/// `maxSurge: 0`, so that an old Machine goes before its replacement is made.
+fn write_upgrade_flavors(assets: &Path) {
+    let read = |f: &str| {
+        std::fs::read_to_string(assets.join(f)).unwrap_or_else(|e| panic!("reading {f} from the release assets: {e}"))
+    };
+    let cluster = read("cluster-template-topology.yaml");
+    let pre_drain = insert_after(
+        &cluster,
+        "    controlPlane:\n",
+        "      metadata:\n        annotations:\n          pre-drain.delete.hook.machine.cluster.x-k8s.io/kcp-ready-check: \"true\"\n",
+    );
+    std::fs::write(assets.join("cluster-template-kcp-pre-drain.yaml"), pre_drain).expect("writing a flavor");
+
+    let class = read("clusterclass-kairon.yaml");
+    let class = insert_after(&class, "kind: ClusterClass\nmetadata:\n  name: kairon", "-scale-in");
+    let class = insert_after(
+        &class,
+        "\n  patches:\n",
+        "    - name: controlPlaneScaleIn
+      description: KubeadmControlPlane removes an old Machine before it makes its replacement.
+      definitions:
+        - selector:
+            apiVersion: controlplane.cluster.x-k8s.io/v1beta2
+            kind: KubeadmControlPlaneTemplate
+            matchResources:
+              controlPlane: true
+          jsonPatches:
+            - op: add
+              path: /spec/template/spec/rollout
+              value:
+                strategy:
+                  type: RollingUpdate
+                  rollingUpdate:
+                    maxSurge: 0
+",
+    );
+    std::fs::write(assets.join("clusterclass-kairon-scale-in.yaml"), class).expect("writing a flavor");
+    let scale_in = insert_after(&cluster, "    classRef:\n      name: kairon", "-scale-in");
+    std::fs::write(assets.join("cluster-template-kcp-scale-in.yaml"), scale_in).expect("writing a flavor");
+}
+
 /// The image patch operations of the shipped ClusterClass (`op: replace` of
 /// `/spec/template/spec/image`, with the comment lines above them) taken out of `class`.
 fn without_image_patches(class: &str) -> String {
@@ -686,10 +731,10 @@ fn suite_binary() -> PathBuf {
 /// The enabled specs in two halves of about equal length, each a Ginkgo run of its own on the
 /// one environment both share, so that `make test`'s test threads run them side by side.
 const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes \
-     || runtimesdk-upgrade || kcp-infra-adoption || k8s-upgrade";
+     || runtimesdk-upgrade || kcp-infra-adoption || k8s-upgrade || k8s-upgrade-scale-in";
 const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
      || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1 \
-     || in-place-update";
+     || in-place-update || k8s-upgrade-ha";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capi_e2e_quick_starts_md_scale_remediations_and_clusterclass_changes_pass() {
@@ -794,6 +839,7 @@ async fn run_specs(half: u32, labels: &str) {
     write_kcp_adoption_flavor(&assets);
     write_kcp_only_flavor(&assets);
     write_runtimesdk_flavor(&assets);
+    write_upgrade_flavors(&assets);
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,
