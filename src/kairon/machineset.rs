@@ -1,9 +1,9 @@
 //! Our model of Kairon's MachineSet (`docs/kairon-api.md`): a number of Kairon Machines kept
 //! from a template, each labelled with its set and its template's hash. Kairon copies the
 //! template onto a Machine when it creates it and never rewrites a member; a member deleted by
-//! anyone but Kairon lowers `spec.replicas` (scale-in of a chosen VM). The provider does not
-//! use it yet; it is here so that the development CRDs, the simulator and the tests share one
-//! model.
+//! anyone but Kairon lowers `spec.replicas` (scale-in of a chosen VM). It backs a
+//! KaironMachinePool (`set_desired`, `set_observe`, `MachineSets`); the development CRDs, the
+//! simulator and the tests share this one model.
 
 use std::collections::BTreeMap;
 
