@@ -731,7 +731,7 @@ fn suite_binary() -> PathBuf {
 /// The enabled specs in two halves of about equal length, each a Ginkgo run of its own on the
 /// one environment both share, so that `make test`'s test threads run them side by side.
 const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes \
-     || runtimesdk-upgrade || kcp-infra-adoption || k8s-upgrade || k8s-upgrade-scale-in";
+     || runtimesdk-upgrade || kcp-infra-adoption || k8s-upgrade || k8s-upgrade-scale-in || kairon-in-place";
 const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
      || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1 \
      || in-place-update || k8s-upgrade-ha";
