@@ -49,12 +49,14 @@ const PROVIDER_NS: &str = "capkr-system";
 const SA: &str = "system:serviceaccount:capkr-system:capkr-manager";
 /// Our CRDs, which the environment installs from `config/crd/bases` and the pair's setup
 /// removes so that the installation under test provides them.
-const OUR_CRDS: [&str; 5] = [
+const OUR_CRDS: [&str; 7] = [
     "kaironclusters.infrastructure.cluster.x-k8s.io",
     "kaironclustertemplates.infrastructure.cluster.x-k8s.io",
     "kaironclusteridentities.infrastructure.cluster.x-k8s.io",
     "kaironmachines.infrastructure.cluster.x-k8s.io",
     "kaironmachinetemplates.infrastructure.cluster.x-k8s.io",
+    "kaironmachinepools.infrastructure.cluster.x-k8s.io",
+    "kaironmachinepooltemplates.infrastructure.cluster.x-k8s.io",
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
