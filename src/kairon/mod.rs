@@ -25,6 +25,7 @@ mod gate;
 pub mod machineset;
 pub mod maintenance;
 pub mod observe;
+pub mod ownership;
 mod set_client;
 pub mod set_desired;
 pub mod set_observe;

@@ -7,6 +7,8 @@ use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{InstanceRef, KaironMachine, MachineAddress};
 use crate::text::bounded;
 
+pub use super::ownership::{Holder, Ownership};
+
 /// Bounds for what Kairon reports in free text, before it reaches our status (whose CRD limits
 /// a write must respect, or every status write fails) and our events (events.k8s.io rejects
 /// notes over 1 KiB, and the event is then lost).
@@ -22,29 +24,6 @@ const MAX_FAILURE_DOMAIN: usize = 256;
 /// host (a DNS name, at most 253).
 const MAX_NAME: usize = 253;
 const MAX_PHASE: usize = 64;
-
-/// Whose Kairon Machine this is, from the KaironMachine's point of view. One rule for every
-/// path that touches a VM: adoption, status and deletion.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Ownership {
-    /// Its UID label names this KaironMachine.
-    Ours,
-    /// Created for an earlier incarnation of this KaironMachine (e.g. before `clusterctl move`,
-    /// which re-creates objects with new UIDs): our write-once `spec.providerID` names exactly
-    /// this VM, and this management cluster (or one it adopts from) made it. Ours only if the
-    /// KaironMachine its labels name, `holder`, no longer exists: that is for the caller to ask.
-    OursBeforeMove { holder: Option<Holder> },
-    /// Someone else's, and why: never touch it.
-    Foreign(String),
-}
-
-/// The KaironMachine a Kairon Machine's labels name (see [`holder`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Holder {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
 
 /// Decides whether `vm` belongs to `km`, for the manager speaking for management cluster
 /// `owner`.

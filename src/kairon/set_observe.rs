@@ -3,7 +3,7 @@
 use kube::ResourceExt;
 
 use super::machineset::{MACHINESET_LABEL, MachineSet, TEMPLATE_HASH_LABEL};
-use super::observe::{Holder, Ownership};
+use super::ownership::{Holder, Ownership};
 use super::set_desired::{PoolLink, machine_set_provider_id};
 use super::{Machine, Owner, labels};
 

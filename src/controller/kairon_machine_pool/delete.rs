@@ -14,7 +14,7 @@ use kube::runtime::controller::Action;
 use tracing::info;
 
 use super::context::{Context, Scope};
-use super::reconcile::write_status;
+use super::publish::write_status;
 use crate::api::MACHINE_POOL_FINALIZER;
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::capi;

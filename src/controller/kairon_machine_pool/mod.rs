@@ -8,6 +8,7 @@ mod delete;
 pub mod gather;
 pub mod instances;
 pub mod plan;
+mod publish;
 mod reconcile;
 pub mod status;
 mod watches;

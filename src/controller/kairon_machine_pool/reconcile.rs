@@ -26,9 +26,9 @@ use super::context::{Context, Scope};
 use super::gather;
 use super::instances::{kaironmachine_for_member, stands_for};
 use super::plan::{PlanInput, PoolPlan, plan_pool};
-use super::status::{Counted, Observed, pool_status, provider_id_list};
+use super::publish::write_status;
 use crate::api::conditions::{Decided, READY, Status, reason};
-use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER, MachineSetRef};
+use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
 use crate::capi::{self, MachinePool, bootstrap};
 use crate::controller::error::Error;
 use crate::controller::runtime::{Synced, pause_step};
@@ -38,7 +38,7 @@ use crate::kairon::machineset::MachineSet;
 use crate::kairon::set_desired::{
     SetInputs, desired_machine_set, desired_template, machine_set_provider_id, template_drifted, user_data_drifted,
 };
-use crate::kairon::set_observe::{is_observed, set_ownership};
+use crate::kairon::set_observe::set_ownership;
 use crate::kairon::{Ownership, SetCreated, SetError, UserData};
 
 /// How soon a pool that changed something looks again (its watches usually come first).
@@ -428,58 +428,4 @@ async fn carry_out_plan(
         busy = true;
     }
     Ok(busy)
-}
-
-/// Writes `spec.providerIDList` and the status, each only when it differs; returns whether
-/// anything was written.
-pub(crate) async fn write_status(
-    ctx: &Context,
-    s: &Scope,
-    set: Option<&MachineSet>,
-    waiting: Option<Decided>,
-    paused: Option<&str>,
-) -> Result<bool, Error> {
-    let pool = s.pool.as_ref();
-    let counted: Vec<Counted> = ctx
-        .kaironmachines_of(s)
-        .iter()
-        .map(|km| Counted {
-            provider_id: km.spec.provider_id.clone(),
-            running: km.status.as_ref().is_some_and(|st| st.is_provisioned()),
-        })
-        .collect();
-    let writer = ctx.writer(&s.ns);
-    let mut wrote = false;
-    let list = provider_id_list(&counted);
-    if paused.is_none() && pool.spec.provider_id_list.clone().unwrap_or_default() != list {
-        writer
-            .merge_patch(pool, "spec.providerIDList", json!({"spec": {"providerIDList": list}}))
-            .await?;
-        wrote = true;
-    }
-    let set_ref = set.map(|set| {
-        (
-            MachineSetRef {
-                name: set.name_any(),
-                uid: set.metadata.uid.clone(),
-                template_hash: set.status.as_ref().and_then(|st| st.template_hash.clone()),
-                identity_ref: None,
-                endpoint: None,
-            },
-            is_observed(set),
-        )
-    });
-    let next = pool_status(
-        &Observed {
-            previous: pool.status.as_ref(),
-            set: set_ref,
-            waiting,
-            paused,
-            instances: &counted,
-            generation: pool.metadata.generation,
-        },
-        &crate::api::conditions::now(),
-    );
-    wrote |= writer.apply_status(pool, pool.status.as_ref(), &next).await?;
-    Ok(wrote)
 }
