@@ -734,7 +734,7 @@ const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remed
      || runtimesdk-upgrade || kcp-infra-adoption || k8s-upgrade || k8s-upgrade-scale-in || kairon-in-place";
 const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
      || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1 \
-     || in-place-update || k8s-upgrade-ha";
+     || in-place-update || k8s-upgrade-ha || machine-pool";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capi_e2e_quick_starts_md_scale_remediations_and_clusterclass_changes_pass() {
