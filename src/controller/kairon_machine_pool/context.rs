@@ -126,22 +126,29 @@ impl Context {
     /// The pool's KaironMachines, as cached.
     pub(crate) fn kaironmachines_of(&self, s: &Scope) -> Vec<Arc<KaironMachine>> {
         let value = label_value(&s.link.name);
-        self.kaironmachines
+        let mut kms: Vec<_> = self
+            .kaironmachines
             .state()
             .into_iter()
             .filter(|km| km.namespace().as_deref() == Some(s.ns.as_str()))
             .filter(|km| km.labels().get(KAIRONMACHINEPOOL_NAME) == Some(&value))
-            .collect()
+            .collect();
+        // By name: the store's order changes between calls, what the pool does should not.
+        kms.sort_by_key(|km| km.name_any());
+        kms
     }
 
     /// The Machines CAPI made for the pool's KaironMachines, as cached.
     pub(crate) fn machines_of(&self, s: &Scope, machine_pool: &str) -> Vec<Arc<capi::Machine>> {
         let value = format_label_value(machine_pool);
-        self.machines
+        let mut machines: Vec<_> = self
+            .machines
             .state()
             .into_iter()
             .filter(|m| m.namespace().as_deref() == Some(s.ns.as_str()))
             .filter(|m| m.labels().get(POOL_NAME_LABEL) == Some(&value))
-            .collect()
+            .collect();
+        machines.sort_by_key(|m| m.name_any());
+        machines
     }
 }
