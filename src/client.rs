@@ -18,6 +18,18 @@ use tower::{Layer, Service};
 
 use crate::metrics::{Metrics, RequestLabels};
 
+/// A delete of exactly the object with this UID: the API server refuses it rather than delete
+/// another object made since under the same name.
+pub(crate) fn delete_exactly(uid: Option<String>) -> kube::api::DeleteParams {
+    kube::api::DeleteParams {
+        preconditions: uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}
+
 mod bounded;
 pub(crate) use bounded::BodyLimits;
 

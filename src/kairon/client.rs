@@ -9,7 +9,7 @@
 //! API named by an identity, writes pass a [`WriteGate`]: one that does not answer them is
 //! not written to again until a pause is over.
 
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -308,13 +308,7 @@ impl Instances {
     /// that replaced it under the same name.
     pub(crate) async fn delete(&self, vm: &Machine) -> Result<Deletion, KaironError> {
         let name = vm.name_any();
-        let dp = DeleteParams {
-            preconditions: vm.metadata.uid.clone().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
+        let dp = crate::client::delete_exactly(vm.metadata.uid.clone());
         let permit = self.permit("deleting", &name)?;
         let answer = self
             .namespaced(&vm.namespace().unwrap_or_default())

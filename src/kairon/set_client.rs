@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 
@@ -237,13 +237,7 @@ impl MachineSets {
     /// Deletes exactly `set` (UID precondition); Kairon deletes its members first.
     pub async fn delete(&self, set: &MachineSet) -> Result<Deletion, SetError> {
         let name = set.name_any();
-        let dp = DeleteParams {
-            preconditions: set.metadata.uid.clone().map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
+        let dp = crate::client::delete_exactly(set.metadata.uid.clone());
         let permit = self.permit("deleting", &name)?;
         let answer = self
             .api(Some(&set.namespace().unwrap_or_default()))

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use serde_json::json;
 use tracing::info;
@@ -145,13 +145,7 @@ pub(super) async fn follow(
             replacement_requested(km, ctx, "mark", format!("marked Machine {name} for remediation ({}) so that it is replaced: its Kairon host is in maintenance", capi::REMEDIATE_MACHINE_ANNOTATION)).await;
         }
         Act::Delete => {
-            let dp = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: machine.metadata.uid.clone(),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            };
+            let dp = crate::client::delete_exactly(machine.metadata.uid.clone());
             match Api::<capi::Machine>::namespaced(ctx.client.clone(), &scope.ns)
                 .delete(&name, &dp)
                 .await

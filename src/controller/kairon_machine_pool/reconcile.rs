@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use serde_json::json;
 use tracing::info;
@@ -403,13 +403,7 @@ async fn carry_out_plan(
             .iter()
             .find(|m| m.name_any() == *name)
             .and_then(|m| m.metadata.uid.clone());
-        let dp = DeleteParams {
-            preconditions: uid.map(|uid| Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
+        let dp = crate::client::delete_exactly(uid);
         match capi_machines.delete(name, &dp).await {
             Ok(_) => {
                 info!(machine = %name, ?why, "deleted the Machine of a pool instance");
