@@ -49,24 +49,25 @@ test-unit:
 	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_reconcile_maintenance --test mock_kaironcluster
 
 # Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
-# a binary is one job of one test thread; TEST_WIDE ones take two: the CAPI e2e suite, whose
-# halves run side by side, and the files whose tests start several API servers each (simulated
-# kubeadm guests, management clusters per move); two of them never run at once at three
-# threads, so the image test (its release build uses both cores anyway) is not one of them and
-# starts early, beside the CAPI suite;
+# a binary is one job of one test thread; TEST_WIDE ones take two: the files whose tests start
+# several API servers each (simulated kubeadm guests, management clusters per move);
 # TEST_SHARED ones (TARGET=N) take N: binaries whose tests share one environment and run side
-# by side in it; longest first; logs in target/test-logs/). The last line counts the
-# environments and API servers the tests started, and which binaries started full ones.
-TEST_FIRST := e2e_capi_suite e2e_maintenance distribution_image e2e e2e_templates e2e_move e2e_identity
-TEST_WIDE := e2e_capi_suite e2e_templates e2e_move
-TEST_SHARED := e2e=2
+# by side in it, the CAPI e2e suite's three parts among them; in TEST_FIRST's order, then
+# cargo's, each job starting once enough slots are free; logs in target/test-logs/). At five
+# slots the wide files run one after the other beside the CAPI suite, which is the longest
+# job; the suite's runs mostly wait on controllers, so more of them at once cost little.
+# The last line counts the environments and API servers the tests started, and which
+# binaries started full ones.
+TEST_FIRST := e2e_capi_suite e2e_templates e2e e2e_move e2e_maintenance e2e_identity distribution_image
+TEST_WIDE := e2e_templates e2e_move
+TEST_SHARED := e2e=2 e2e_capi_suite=3
 # The test binaries are built before the upstream binaries are asked for: on a new machine
 # .ci/run builds those in the background meanwhile (hack/test-tools.sh waits on its lock).
 test: check-generate lint build
 	$(CARGO) test --workspace --no-run -q
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(GOGC=400 hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-test-runner \
-		--slots $${TEST_THREADS:-3} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
+		--slots $${TEST_THREADS:-5} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
 		$(addprefix --first ,$(TEST_FIRST))
 
 # The demo binary as `make build` built it: `cargo run -p capkr-testenv` would build it again

@@ -710,7 +710,7 @@ intervals:
     )
 }
 
-/// The suite binary, found or compiled once per test process (both halves use it).
+/// The suite binary, found or compiled once per test process (every part uses it).
 fn suite_binary() -> PathBuf {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
@@ -728,32 +728,43 @@ fn suite_binary() -> PathBuf {
     suite
 }
 
-/// The enabled specs in two halves of about equal length, each a Ginkgo run of its own on the
-/// one environment both share, so that `make test`'s test threads run them side by side.
-const FIRST_HALF: &str = "quick-start || md-scale || md-remediation || kcp-remediation || clusterclass-changes \
-     || runtimesdk-upgrade || kcp-infra-adoption || k8s-upgrade || k8s-upgrade-scale-in || kairon-in-place";
-const SECOND_HALF: &str = "clusterclass-rollout || kcp-md-rollout || scale || cluster-deletion || kcp-adoption \
-     || quick-start-kcp-only || node-drain || runtimesdk-upgrade-cross-ns || quick-start-runtimesdk-v1beta1 \
-     || in-place-update || k8s-upgrade-ha || machine-pool";
+/// The enabled specs in three parts of about equal length (their times alone, in
+/// docs/capi-e2e.md: 1419, 1496 and 1444 s), each a Ginkgo run of its own on the one
+/// environment all share, so that `make test` runs them side by side. The runs wait on
+/// controllers much more than they compute (one takes about half a core), so three at once
+/// take little longer than one.
+const PARTS: [&str; 3] = [
+    "runtimesdk-upgrade-cross-ns || kcp-remediation || clusterclass-rollout || quick-start || kcp-adoption \
+     || quick-start-kcp-only",
+    "runtimesdk-upgrade || node-drain || k8s-upgrade-scale-in || in-place-update || md-scale || md-remediation \
+     || cluster-deletion",
+    "k8s-upgrade-ha || k8s-upgrade || clusterclass-changes || kcp-infra-adoption || scale || kairon-in-place \
+     || machine-pool || quick-start-runtimesdk-v1beta1 || kcp-md-rollout",
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capi_e2e_quick_starts_md_scale_remediations_and_clusterclass_changes_pass() {
-    run_specs(0, FIRST_HALF).await;
+async fn capi_e2e_runtimesdk_cross_ns_kcp_remediation_clusterclass_rollout_quick_starts_and_kcp_adoption_pass() {
+    run_specs(0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capi_e2e_clusterclass_rollouts_scale_deletion_kcp_adoption_and_node_drain_pass() {
-    run_specs(1, SECOND_HALF).await;
+async fn capi_e2e_runtimesdk_upgrade_node_drain_scale_in_in_place_md_scale_remediation_and_deletion_pass() {
+    run_specs(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capi_e2e_upgrades_clusterclass_changes_infra_adoption_scale_machine_pool_and_rollout_pass() {
+    run_specs(2).await;
 }
 
 /// The guest network of the shared environment's simulator.
 static NETWORK: OnceLock<GuestNetwork> = OnceLock::new();
 
 /// The port of the test Runtime Extension's proxy: CAPI core of the shared environment is
-/// started with it, whichever half starts the environment, and the extension listens on it.
+/// started with it, whichever part starts the environment, and the extension listens on it.
 static PROXY_PORT: OnceLock<u16> = OnceLock::new();
 
-/// The management environment both halves share, as upstream's parallel Ginkgo nodes share
+/// The management environment every part shares, as upstream's parallel Ginkgo nodes share
 /// one management cluster: CAPI with the feature gates the specs need
 /// (MachineTaintPropagation: the rollout specs check Machine taints reaching the Nodes;
 /// RuntimeSDK; InPlaceUpdates, in core and KCP), one simulator whose guests run etcd and kube-apiserver, one manager, and the
@@ -821,16 +832,17 @@ async fn start_test_extension(env: &Env, proxy_port: u16) -> anyhow::Result<Proc
     Process::spawn(spec)
 }
 
-/// Runs the specs `labels` selects (and `CAPKR_CAPI_E2E_FOCUS`, when set) on the shared
-/// environment; `half` gives each half its own control-plane endpoint and output dirs.
-async fn run_specs(half: u32, labels: &str) {
+/// Runs the specs part `part` of [`PARTS`] selects (and `CAPKR_CAPI_E2E_FOCUS`, when set) on
+/// the shared environment, with the part's own control-plane endpoints and output dirs.
+async fn run_specs(part: usize) {
+    let labels = PARTS[part];
     let suite = suite_binary();
-    // The last run's output of each half, for a look after the fact.
+    // The last run's output of each part, for a look after the fact.
     let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("capi-e2e");
     std::fs::create_dir_all(&work).expect("creating the suite's output dir");
 
     let (env, net) = suite_env().await;
-    let dir = env.dir().join(format!("capi-e2e-{half}"));
+    let dir = env.dir().join(format!("capi-e2e-{part}"));
     let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
     let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
     write_taint_flavors(&assets);
@@ -843,7 +855,7 @@ async fn run_specs(half: u32, labels: &str) {
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,
-        e2e_config(&dir, &assets, &env.binaries().capi_manifests, &endpoint_ip(&net, half)),
+        e2e_config(&dir, &assets, &env.binaries().capi_manifests, &endpoint_ip(&net, part)),
     )
     .expect("writing the e2e config");
     let artifacts = dir.join("artifacts");
@@ -869,8 +881,8 @@ async fn run_specs(half: u32, labels: &str) {
         .env("HOME", &dir);
     let focus = std::env::var("CAPKR_CAPI_E2E_FOCUS").ok().filter(|f| !f.is_empty());
     let filter = match &focus {
-        // A focus may name specs of either half; those left out by default run in the first.
-        Some(f) if half == 0 => format!("({f}) && ({labels} || not-applicable)"),
+        // A focus may name specs of any part; those left out by default run in the first.
+        Some(f) if part == 0 => format!("({f}) && ({labels} || not-applicable)"),
         Some(f) => format!("({f}) && ({labels}) && {DEFAULT_LABEL_FILTER}"),
         None => format!("({labels}) && {DEFAULT_LABEL_FILTER}"),
     };
@@ -882,7 +894,7 @@ async fn run_specs(half: u32, labels: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = std::fs::write(work.join(format!("last-run-{half}.txt")), &text);
+    let _ = std::fs::write(work.join(format!("last-run-{part}.txt")), &text);
     eprintln!("{text}");
     eprintln!(
         "CAPI e2e suite: {:.1}s, {}",
@@ -899,17 +911,17 @@ async fn run_specs(half: u32, labels: &str) {
         );
     }
     assert!(text.contains("SUCCESS!"), "no Ginkgo summary in the output");
-    // A focus may select nothing of this half; without one, every half runs specs.
+    // A focus may select nothing of this part; without one, every part runs specs.
     assert!(
         focus.is_some() || !text.contains("-- 0 Passed"),
         "the Ginkgo run passed no spec"
     );
 }
 
-/// The first control-plane endpoint of a half's clusters: 127.<octet>.<100 + half>.1, so the
-/// halves' addresses never meet (the scale spec numbers its clusters' endpoints up from it).
-fn endpoint_ip(net: &GuestNetwork, half: u32) -> String {
-    format!("127.{}.{}.1", net.octet, 100 + half)
+/// The first control-plane endpoint of a part's clusters: 127.<octet>.<100 + part>.1, so the
+/// parts' addresses never meet (the scale spec numbers its clusters' endpoints up from it).
+fn endpoint_ip(net: &GuestNetwork, part: usize) -> String {
+    format!("127.{}.{}.1", net.octet, 100 + part)
 }
 
 /// Ginkgo's closing summary of the failed specs (from "Summarizing" on, at most 60 lines),
@@ -938,4 +950,38 @@ fn the_failure_summary_is_ginkgos_and_says_so_when_there_is_none() {
     assert_eq!(no_summary, "(no Ginkgo failure summary in the output)");
     let long = format!("Summarizing 2 Failures:\n{}", "x\n".repeat(200));
     assert_eq!(failure_summary(&long).lines().count(), 60);
+}
+
+/// Every Describe of `tests/capi-e2e` is in exactly one part: a label in none would run in no
+/// `make test` (Ginkgo reports "Ran 0 specs", a success), a label in two would run twice.
+#[test]
+fn every_spec_label_is_in_exactly_one_part() {
+    let dir = workspace_root().join("tests/capi-e2e");
+    let mut labels = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("reading tests/capi-e2e").flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|x| x != "go") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("reading a Go file");
+        for line in text.lines().filter(|l| l.starts_with("var _ = Describe(")) {
+            let (_, rest) = line.split_once("Label(\"").expect("every Describe has a label");
+            let label = rest.split('"').next().unwrap_or_default().to_string();
+            if !line.contains("\"not-applicable\"") {
+                labels.push(label);
+            }
+        }
+    }
+    assert!(labels.len() >= 20, "found only {labels:?} in {}", dir.display());
+    let in_parts: Vec<&str> = PARTS.iter().flat_map(|p| p.split("||")).map(str::trim).collect();
+    for label in &labels {
+        let times = in_parts.iter().filter(|l| *l == label).count();
+        assert_eq!(times, 1, "spec label {label:?} is in {times} parts of PARTS");
+    }
+    for label in &in_parts {
+        assert!(
+            labels.iter().any(|l| l == label),
+            "PARTS names {label:?}, which no Describe has"
+        );
+    }
 }
