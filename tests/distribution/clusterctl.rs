@@ -108,6 +108,7 @@ fn release_manifests_hold_one_namespace_labelled_objects_and_the_manager_contain
         "cluster-template-topology.yaml",
         "cluster-template-identity.yaml",
         "cluster-template-machinepool.yaml",
+        "cluster-template-topology-machinepool.yaml",
         "clusterclass-kairon.yaml",
     ] {
         assert!(
@@ -181,9 +182,9 @@ fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
         .collect();
     assert!(!identity.is_empty());
     for flavor in FLAVORS {
-        // The topology flavor's image is a prefix (with a default) and each machine's version;
+        // The topology flavors' image is a prefix (with a default) and each machine's version;
         // the others name one image, which they require.
-        let topology = flavor == "topology";
+        let topology = flavor.starts_with("topology");
         let image = if topology {
             "KAIRON_MACHINE_IMAGE_PREFIX"
         } else {
@@ -373,9 +374,71 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
         "/spec/template/spec/cpus",
         "/spec/template/spec/memory",
         "/spec/template/spec/diskSize",
+        "/spec/template/spec/template/image",
+        "/spec/template/spec/template/cpus",
+        "/spec/template/spec/template/memory",
+        "/spec/template/spec/template/diskSize",
+        "/spec/template/spec/template/evictionStrategy",
     ] {
         assert!(patched.contains(path), "ClusterClass patches {path}: {patched:?}");
     }
+
+    // topology-machinepool: the topology flavor verbatim but for its workers, a MachinePool of
+    // the class's pool class, whose KaironMachinePoolTemplate and KubeadmConfigTemplate the
+    // ClusterClass ships (the kubelet providerID as everywhere).
+    let topology = read(&root().join("templates/cluster-template-topology.yaml"));
+    let topology_pool = read(&root().join("templates/cluster-template-topology-machinepool.yaml"));
+    assert_eq!(
+        body(&topology_pool).replace(
+            "      machinePools:\n        - class: default-worker-pool\n          name: mp-0\n",
+            "      machineDeployments:\n        - class: default-worker\n          name: md-0\n",
+        ),
+        body(&topology),
+        "cluster-template-topology-machinepool.yaml is cluster-template-topology.yaml with a MachinePool for the MachineDeployment"
+    );
+    let objs = docs(&repo.generate_cluster("c1", "ns1", "topology-machinepool"));
+    let cluster = objs.iter().find(|o| o["kind"] == "Cluster").unwrap();
+    let workers = &cluster["spec"]["topology"]["workers"];
+    assert!(workers["machineDeployments"].is_null(), "{workers}");
+    assert_eq!(
+        workers["machinePools"],
+        serde_json::json!([{"class": "default-worker-pool", "name": "mp-0", "replicas": 2}])
+    );
+    let class = objs.iter().find(|o| o["kind"] == "ClusterClass").unwrap();
+    let pool_class = &class["spec"]["workers"]["machinePools"][0];
+    assert_eq!(pool_class["class"], "default-worker-pool");
+    let template = |kind: &str, name: &Value| {
+        objs.iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == *name)
+            .unwrap_or_else(|| panic!("the class's {kind} {name} in the topology-machinepool flavor"))
+    };
+    let infra = &pool_class["infrastructure"]["templateRef"];
+    assert_eq!(infra["kind"], "KaironMachinePoolTemplate");
+    let kmpt = template("KaironMachinePoolTemplate", &infra["name"]);
+    assert!(kmpt["spec"]["template"]["spec"]["template"]["image"].is_string());
+    let bootstrap = &pool_class["bootstrap"]["templateRef"];
+    assert_eq!(bootstrap["kind"], "KubeadmConfigTemplate");
+    let kct = template("KubeadmConfigTemplate", &bootstrap["name"]);
+    assert_eq!(
+        kubelet_provider_id(&kct["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"]),
+        Some(PROVIDER_ID)
+    );
+    let pool_image = class["spec"]["patches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["definitions"].as_array().unwrap())
+        .filter(|d| d["selector"]["matchResources"]["machinePoolClass"]["names"][0] == "default-worker-pool")
+        .flat_map(|d| d["jsonPatches"].as_array().unwrap())
+        .find(|j| j["path"] == "/spec/template/spec/template/image")
+        .expect("the pool class's image patch");
+    assert!(
+        pool_image["valueFrom"]["template"]
+            .as_str()
+            .unwrap()
+            .contains("{{ .builtin.machinePool.version }}"),
+        "a pool's image follows the MachinePool's version: {pool_image}"
+    );
 }
 
 /// `kubectl apply --dry-run=server` of a file, as the admin of `env`.

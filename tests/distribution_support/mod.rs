@@ -11,7 +11,14 @@ use serde_json::Value;
 
 pub const VERSION: &str = "v0.1.0";
 /// The flavors in templates/ ("" is the default `cluster-template.yaml`).
-pub const FLAVORS: [&str; 5] = ["", "md-remediation", "topology", "identity", "machinepool"];
+pub const FLAVORS: [&str; 6] = [
+    "",
+    "md-remediation",
+    "topology",
+    "identity",
+    "machinepool",
+    "topology-machinepool",
+];
 
 pub fn bins() -> Binaries {
     Binaries::locate().expect("upstream binaries (clusterctl, helm, kubectl)")
