@@ -8,6 +8,8 @@
 #[path = "e2e_templates/addons.rs"]
 mod addons;
 mod distribution_support;
+#[path = "e2e_templates/machine_pools.rs"]
+mod machine_pools;
 mod templates_support;
 #[path = "e2e_templates/upgrade.rs"]
 mod upgrade;
@@ -382,6 +384,63 @@ async fn topology_flavor_from_clusterctl_comes_up_upgrades_and_goes() {
     rig.wait_shape(3, 2, Duration::from_secs(600)).await;
     wait_describe_ready(&rig, 3, 2).await;
     wait_addons_running(&rig, 5).await;
-    upgrade::upgrade_the_topology(&rig, 3, 2).await;
+    upgrade::upgrade_the_topology(&rig, 3, 2, 0).await;
     delete_and_wait_gone(&rig).await;
+}
+
+/// The topology-machinepool flavor: the class's pool class makes the MachinePool's
+/// KaironMachinePool, whose workers come up with Nodes, each KaironMachine and Machine owned
+/// as CAPI's MachinePool Machines are; an upgrade rolls the pool onto VMs of the image of the
+/// new version within its Kairon MachineSet; deleting the Cluster leaves no pool, set or VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topology_machinepool_flavor_from_clusterctl_comes_up_upgrades_its_pool_and_goes() {
+    let rig = GuestRig::start("templates_topology_pool").await;
+    let started = Instant::now();
+    rig.kubectl_apply(&rig.generate("topology-machinepool", 1, 2));
+    rig.wait_shape(1, 2, Duration::from_secs(600)).await;
+    let from = capkr_testenv::KUBERNETES_VERSION;
+    let before = machine_pools::pool_is_as_the_class_says(&rig, 2, from).await;
+    eprintln!(
+        "1 control plane + a pool of 2 ready {:.1}s after kubectl apply",
+        started.elapsed().as_secs_f64()
+    );
+    wait_addons_running(&rig, 3).await;
+
+    upgrade::upgrade_the_topology(&rig, 1, 2, 1).await;
+    let after = machine_pools::pool_is_as_the_class_says(&rig, 2, &next_patch_version(from)).await;
+    assert_eq!(
+        after.set_uid, before.set_uid,
+        "the pool rolled within its Kairon MachineSet"
+    );
+    assert!(
+        after.vms.is_disjoint(&before.vms),
+        "every VM of the pool replaced: {:?} -> {:?}",
+        before.vms,
+        after.vms
+    );
+
+    delete_and_wait_gone(&rig).await;
+    let sets: kube::Api<capkr::kairon::machineset::MachineSet> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    rig.wait(
+        "no KaironMachinePool or Kairon MachineSet left",
+        Duration::from_secs(60),
+        || async {
+            let left = (
+                rig.list(&machine_pools::kaironmachinepools()).await.len(),
+                sets.list(&Default::default())
+                    .await
+                    .map(|l| l.items.len())
+                    .unwrap_or(usize::MAX),
+            );
+            match left {
+                (0, 0) => Ok(()),
+                left => Err(format!("(KaironMachinePools, Kairon MachineSets) left: {left:?}")),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "topology-machinepool test done in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
 }

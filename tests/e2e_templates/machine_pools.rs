@@ -1,0 +1,214 @@
+//! A MachinePool through the ClusterClass: a Cluster of the shipped `topology-machinepool`
+//! flavor has its workers in a MachinePool of the class's pool class `default-worker-pool`.
+//! CAPI's topology controller clones the class's KaironMachinePoolTemplate into the pool's
+//! KaironMachinePool, the class's patches give it the worker size and the image of the
+//! MachinePool's version, and the provider makes one Kairon MachineSet for it and one
+//! KaironMachine (so one Machine, one Node) per VM of the set.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use capkr::api::{MACHINE_FINALIZER, MACHINE_POOL_FINALIZER};
+use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams};
+use serde_json::{Value, json};
+
+use crate::templates_support::*;
+
+pub fn machinepools() -> kube::api::ApiResource {
+    capi("MachinePool", "machinepools")
+}
+
+pub fn kaironmachinepools() -> kube::api::ApiResource {
+    gvk(
+        "infrastructure.cluster.x-k8s.io",
+        "v1alpha1",
+        "KaironMachinePool",
+        "kaironmachinepools",
+    )
+}
+
+/// An owner reference as `(kind, name, uid, controller)`.
+fn owners(obj: &DynamicObject) -> BTreeSet<(String, String, String, bool)> {
+    obj.owner_references()
+        .iter()
+        .map(|o| {
+            (
+                o.kind.clone(),
+                o.name.clone(),
+                o.uid.clone(),
+                o.controller == Some(true),
+            )
+        })
+        .collect()
+}
+
+fn owner(kind: &str, obj: &DynamicObject, controller: bool) -> (String, String, String, bool) {
+    (kind.to_string(), name(obj), obj.uid().unwrap_or_default(), controller)
+}
+
+fn int(v: &Value) -> i64 {
+    v.as_i64().unwrap_or(-1)
+}
+
+/// What was seen of the pool once it matched: the Kairon MachineSet's UID and the pool's VMs
+/// (KaironMachine names).
+pub struct PoolSeen {
+    pub set_uid: String,
+    pub vms: BTreeSet<String>,
+}
+
+/// Waits until the cluster's one MachinePool has `replicas` workers of Kubernetes `version`,
+/// then checks what the class and the provider made of it:
+/// - the KaironMachinePool: controlled by the MachinePool, owned by the Cluster (topology),
+///   with the provider's finalizer, the `workerMachine` defaults and the image of `version`,
+///   `spec.providerIDList` naming exactly its KaironMachines' VMs;
+/// - one Kairon MachineSet of its name, whose members are exactly the pool's VMs;
+/// - per VM a KaironMachine (the pool's template, its own providerID) controlled by the Machine
+///   of its name and owned by the pool, and that Machine controlled by the MachinePool, with a
+///   Node of the same providerID reporting `version`.
+pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version: &str) -> PoolSeen {
+    let image = machine_image_for(version);
+    let n = replicas as i64;
+    rig.wait(
+        &format!("the MachinePool's {replicas} workers of {version} ready"),
+        Duration::from_secs(300),
+        || async {
+            let mps = rig.list(&machinepools()).await;
+            let [mp] = mps.as_slice() else {
+                return Err(format!("{} MachinePools", mps.len()));
+            };
+            let st = &mp.data["status"];
+            let counts = ["replicas", "readyReplicas", "availableReplicas", "upToDateReplicas"].map(|f| int(&st[f]));
+            if counts != [n; 4] || st["phase"] != "Running" || mp.data["spec"]["template"]["spec"]["version"] != version
+            {
+                return Err(format!("MachinePool status {st}"));
+            }
+            let kmps = rig.list(&kaironmachinepools()).await;
+            let [kmp] = kmps.as_slice() else {
+                return Err(format!("{} KaironMachinePools", kmps.len()));
+            };
+            let st = &kmp.data["status"];
+            if int(&st["replicas"]) != n
+                || int(&st["readyReplicas"]) != n
+                || kmp.data["spec"]["template"]["image"] != image.as_str()
+            {
+                return Err(format!("KaironMachinePool {} {st}", kmp.data["spec"]));
+            }
+            Ok(())
+        },
+    )
+    .await;
+
+    let cluster = rig
+        .api(&capi("Cluster", "clusters"))
+        .get(&rig.cluster)
+        .await
+        .expect("the Cluster");
+    let mp = rig.list(&machinepools()).await.remove(0);
+    let kmp = rig.list(&kaironmachinepools()).await.remove(0);
+    let kmp_name = name(&kmp);
+    assert_eq!(
+        mp.data["spec"]["template"]["spec"]["infrastructureRef"]["name"], kmp_name,
+        "the MachinePool names the KaironMachinePool"
+    );
+    assert_eq!(
+        owners(&kmp),
+        BTreeSet::from([owner("MachinePool", &mp, true), owner("Cluster", &cluster, false)]),
+        "the KaironMachinePool: controlled by its MachinePool, owned by the Cluster"
+    );
+    assert_eq!(kmp.finalizers(), [MACHINE_POOL_FINALIZER.to_string()]);
+    let template = &kmp.data["spec"]["template"];
+    assert_eq!(
+        (
+            template["cpus"].clone(),
+            template["memory"].clone(),
+            template["diskSize"].clone()
+        ),
+        (json!(2), json!("4Gi"), json!("20Gi")),
+        "the workerMachine variable's defaults: {template}"
+    );
+    assert_eq!(kmp.data["status"]["ready"], true);
+    assert_eq!(kmp.data["status"]["initialization"]["provisioned"], true);
+    assert_eq!(kmp.data["status"]["infrastructureMachineKind"], "KaironMachine");
+
+    let set: MachineSet = Api::namespaced(rig.env.client(), &rig.ns)
+        .get(&kmp_name)
+        .await
+        .expect("the pool's Kairon MachineSet, named as the pool");
+    assert_eq!(set.spec.template.spec.image, image, "the set makes VMs of {image}");
+    let vms: Vec<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns)
+        .list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={kmp_name}")))
+        .await
+        .expect("the set's members")
+        .items;
+    let members: BTreeSet<String> = vms.iter().map(|v| v.name_any()).collect();
+
+    let pool_kms: Vec<DynamicObject> = rig
+        .list(&kaironmachines())
+        .await
+        .into_iter()
+        .filter(|k| k.owner_references().iter().any(|o| o.kind == "KaironMachinePool"))
+        .collect();
+    let machines = rig.machines().await;
+    let nodes = Api::<Node>::all(rig.workload_client().await)
+        .list(&ListParams::default())
+        .await
+        .expect("the workload cluster's Nodes")
+        .items;
+    let km_names: BTreeSet<String> = pool_kms.iter().map(name).collect();
+    assert_eq!(
+        km_names, members,
+        "one KaironMachine per member of the set, named as its VM"
+    );
+    assert_eq!(members.len(), replicas, "the set's members: {members:?}");
+    let mut ids: Vec<String> = vec![];
+    for km in &pool_kms {
+        let km_name = name(km);
+        let vm = vms.iter().find(|v| v.name_any() == km_name).expect("its VM");
+        let id = format!("kairon://{}", vm.metadata.uid.clone().unwrap_or_default());
+        assert_eq!(km.data["spec"]["providerID"], id.as_str(), "{km_name} names its VM");
+        assert_eq!(km.data["spec"]["image"], image.as_str(), "{km_name} boots {image}");
+        assert_eq!(km.finalizers(), [MACHINE_FINALIZER.to_string()], "{km_name}");
+        let machine = machines
+            .iter()
+            .find(|m| name(m) == km_name)
+            .unwrap_or_else(|| panic!("a Machine for {km_name}"));
+        assert_eq!(
+            owners(km),
+            BTreeSet::from([owner("Machine", machine, true), owner("KaironMachinePool", &kmp, false)]),
+            "{km_name}: controlled by its Machine, owned by its pool"
+        );
+        assert_eq!(
+            owners(machine),
+            BTreeSet::from([owner("MachinePool", &mp, true)]),
+            "Machine {km_name}: controlled by the MachinePool"
+        );
+        assert_eq!(machine.data["spec"]["providerID"], id.as_str());
+        let node_name = machine.data["status"]["nodeRef"]["name"].as_str().unwrap_or_default();
+        let node = nodes
+            .iter()
+            .find(|n| n.name_any() == node_name)
+            .unwrap_or_else(|| panic!("Machine {km_name}'s Node {node_name:?}"));
+        assert_eq!(
+            node.spec.as_ref().and_then(|s| s.provider_id.as_deref()),
+            Some(id.as_str()),
+            "the Node of {km_name}"
+        );
+        let kubelet = node
+            .status
+            .as_ref()
+            .and_then(|s| s.node_info.as_ref())
+            .map(|i| i.kubelet_version.as_str());
+        assert_eq!(kubelet, Some(version), "the Node of {km_name}");
+        ids.push(id);
+    }
+    ids.sort();
+    assert_eq!(kmp.data["spec"]["providerIDList"], json!(ids), "providerIDList");
+    PoolSeen {
+        set_uid: set.metadata.uid.clone().unwrap_or_default(),
+        vms: members,
+    }
+}
