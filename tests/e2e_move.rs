@@ -1,6 +1,9 @@
 //! Move: the real `clusterctl move` of a running cluster between two management clusters that
 //! share one Kairon API, with the provider installed each way a user installs it — by
-//! `clusterctl init` from the release components, and by `helm install` of the chart.
+//! `clusterctl init` from the release components, and by `helm install` of the chart. The
+//! clusters whose managers reach Kairon by flag also have a MachinePool of the shipped
+//! `machinepool` flavor: its Kairon MachineSet and VMs stay, the target's pool adopts the set
+//! and scales it.
 //!
 //! Three API servers per test: the source and the target management clusters (each an `Env`
 //! with CAPI core, CABPK and KCP running), and the Kairon API the simulator serves, which both
@@ -27,7 +30,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use capkr::api::{KaironClusterIdentity, KaironMachine};
+use capkr::api::{KaironClusterIdentity, KaironMachine, KaironMachinePool};
+use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::{
@@ -39,12 +43,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(240);
 const CLUSTER: &str = "c1";
+/// The workers of the `machinepool` flavor's MachinePool (`--worker-machine-count`).
+const POOL_WORKERS: usize = 2;
 const PROVIDER_NS: &str = "capkr-system";
 const SA: &str = "system:serviceaccount:capkr-system:capkr-manager";
 /// Our CRDs, which the environment installs from `config/crd/bases` and the pair's setup
@@ -90,14 +97,16 @@ impl Install {
 }
 
 /// Move with the provider installed by `clusterctl init`: the target owns every VM afterwards,
-/// the restarted source manager deletes none, and scaling and deletion work on the target.
+/// the restarted source manager deletes none, and scaling and deletion work on the target; the
+/// same for a MachinePool's Kairon MachineSet and its VMs.
 #[tokio::test(flavor = "multi_thread")]
 async fn clusterctl_move_with_clusterctl_init_components_hands_every_vm_to_the_target() {
     move_between_management_clusters(Install::Clusterctl, Reach::Flag).await;
 }
 
 /// Move with the provider installed from the Helm chart (no inventory entry of its own: only
-/// the chart's CRD labels let clusterctl find our kinds), the same outcome.
+/// the chart's CRD labels let clusterctl find our kinds, the pool's among them), the same
+/// outcome.
 #[tokio::test(flavor = "multi_thread")]
 async fn clusterctl_move_with_the_helm_chart_hands_every_vm_to_the_target() {
     move_between_management_clusters(Install::Helm, Reach::Flag).await;
@@ -229,6 +238,51 @@ impl Management {
     fn kms(&self) -> Api<KaironMachine> {
         Api::namespaced(self.env.client(), &self.ns)
     }
+    fn machine_pools(&self) -> Api<DynamicObject> {
+        Api::namespaced_with(
+            self.env.client(),
+            &self.ns,
+            &capi_resource("MachinePool", "machinepools"),
+        )
+    }
+    fn kmps(&self) -> Api<KaironMachinePool> {
+        Api::namespaced(self.env.client(), &self.ns)
+    }
+}
+
+/// Whether a KaironMachine stands for a VM of a pool (its pool owns it).
+fn of_a_pool(km: &KaironMachine) -> bool {
+    km.owner_references().iter().any(|o| o.kind == "KaironMachinePool")
+}
+
+/// Whether a Kairon Machine is a member of a Kairon MachineSet.
+fn member(vm: &kairon::Machine) -> bool {
+    vm.labels().contains_key(MACHINESET_LABEL)
+}
+
+/// The MachinePool of the shipped `machinepool` flavor, as `clusterctl generate cluster
+/// --flavor machinepool` writes it with [`POOL_WORKERS`] workers: its KubeadmConfig,
+/// KaironMachinePool and MachinePool (`<cluster>-mp-0`), to apply beside the test's cluster.
+fn machinepool_flavor_pool(repo: &LocalRepo, ns: &str) -> String {
+    let yaml = repo.generate_cluster(CLUSTER, ns, "machinepool");
+    let name = format!("{CLUSTER}-mp-0");
+    let docs: Vec<serde_json::Value> = parse_yaml_documents(&yaml)
+        .unwrap()
+        .into_iter()
+        .filter(|d| d["metadata"]["name"] == name.as_str())
+        .collect();
+    let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap_or_default()).collect();
+    assert_eq!(
+        kinds,
+        ["KubeadmConfig", "KaironMachinePool", "MachinePool"],
+        "the machinepool flavor's pool"
+    );
+    let pool = docs.iter().find(|d| d["kind"] == "MachinePool").unwrap();
+    assert_eq!(pool["spec"]["replicas"], POOL_WORKERS);
+    docs.iter()
+        .map(|d| serde_json::to_string(d).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 async fn move_between_management_clusters(install: Install, reach: Reach) {
@@ -339,7 +393,12 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     assert_ne!(src.id, dst.id, "two management clusters, two identities");
     let vms: Api<kairon::Machine> = Api::namespaced(kairon_env.client(), ns);
 
-    // A running cluster on the source: one control-plane Machine, two workers.
+    // A running cluster on the source: one control-plane Machine, two workers, and where the
+    // managers reach Kairon by flag the machinepool flavor's pool of two more (pools on an
+    // identity's Kairon API are not supported yet).
+    let pool_workers = if reach == Reach::Flag { POOL_WORKERS } else { 0 };
+    let pool_name = format!("{CLUSTER}-mp-0");
+    let sets: Api<MachineSet> = Api::namespaced(kairon_env.client(), ns);
     let shape = ClusterOptions {
         workers: 2,
         ..Default::default()
@@ -363,10 +422,13 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             .collect::<Vec<_>>()
             .join("\n---\n");
     }
+    if pool_workers > 0 {
+        objects = format!("{objects}\n---\n{}", machinepool_flavor_pool(&repo, ns));
+    }
     src.env.apply(&objects, Some(ns)).await.expect("cluster objects apply");
-    wait_running(&src, 3).await;
+    wait_running(&src, 3 + pool_workers).await;
     let before = vm_uids(&vms).await;
-    assert_eq!(before.len(), 3, "one VM per Machine: {before:?}");
+    assert_eq!(before.len(), 3 + pool_workers, "one VM per Machine: {before:?}");
     for vm in vms.list(&ListParams::default()).await.unwrap() {
         assert_eq!(
             vm.labels().get(labels::MANAGEMENT_CLUSTER),
@@ -374,6 +436,20 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             "created by the source"
         );
     }
+    let set_before = match pool_workers {
+        0 => None,
+        _ => {
+            let set = sets.get(&pool_name).await.expect("the pool's Kairon MachineSet");
+            let members = pool_members(&vms, &pool_name).await;
+            assert_eq!(members.len(), pool_workers, "the set's members: {members:?}");
+            assert_eq!(
+                set.labels().get(labels::MANAGEMENT_CLUSTER),
+                Some(&src.id),
+                "the set made by the source"
+            );
+            Some(set.metadata.uid.clone().expect("a UID"))
+        }
+    };
     eprintln!("cluster running on the source at {:.1}s", t0.elapsed().as_secs_f64());
 
     // The move, with the real clusterctl.
@@ -400,11 +476,18 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         src.clusters().list(&ListParams::default()).await.unwrap().items.len(),
         src.machines().list(&ListParams::default()).await.unwrap().items.len(),
         src.kms().list(&ListParams::default()).await.unwrap().items.len(),
+        src.machine_pools()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        src.kmps().list(&ListParams::default()).await.unwrap().items.len(),
     );
     assert_eq!(
         left,
-        (0, 0, 0),
-        "(Clusters, Machines, KaironMachines) left on the source"
+        (0, 0, 0, 0, 0),
+        "(Clusters, Machines, KaironMachines, MachinePools, KaironMachinePools) left on the source"
     );
     if reach == Reach::Identity {
         assert!(
@@ -445,8 +528,9 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     let adopted = wait("the target's KaironMachines Ready on the VMs they had", || async {
         let kms = dst.kms().list(&ListParams::default()).await?.items;
         let vms = vms.list(&ListParams::default()).await?.items;
-        let ready = kms.len() == 3 && kms.iter().all(|k| km_ready(k).is_some_and(|(s, _)| s == "True"));
-        let owned = vms.iter().all(|v| {
+        let ready = kms.len() == 3 + pool_workers && kms.iter().all(|k| km_ready(k).is_some_and(|(s, _)| s == "True"));
+        // A pool's VMs are its Kairon MachineSet's: the pool adopts the set (below).
+        let owned = vms.iter().filter(|v| !member(v)).all(|v| {
             let uid_label = v.labels().get(labels::KAIRONMACHINE_UID);
             kms.iter()
                 .any(|k| k.metadata.uid.as_ref() == uid_label && k.name_any() == v.name_any())
@@ -469,6 +553,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             km.name_any()
         );
     }
+    let standalone: Vec<String> = adopted.iter().filter(|k| !of_a_pool(k)).map(|k| k.name_any()).collect();
     let adoptions = Api::<Event>::namespaced(dst.env.client(), ns)
         .list(&ListParams::default())
         .await
@@ -476,12 +561,23 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         .items
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some("InstanceAdopted"))
+        .filter(|e| {
+            let name = e.regarding.as_ref().and_then(|r| r.name.as_deref());
+            standalone.iter().any(|s| Some(s.as_str()) == name)
+        })
         .count();
     assert_eq!(
         adoptions, 3,
-        "one InstanceAdopted event per KaironMachine on the target"
+        "one InstanceAdopted event per KaironMachine on the target: {standalone:?}"
     );
-    wait_running(&dst, 3).await;
+    wait_running(&dst, 3 + pool_workers).await;
+    if let Some(set_uid) = &set_before {
+        pool_adopted_by_the_target(&dst, &sets, &pool_name, set_uid, pool_workers).await;
+        eprintln!(
+            "the target's pool has its Kairon MachineSet {:.1}s after the move started",
+            moved_at.elapsed().as_secs_f64()
+        );
+    }
 
     // The source's manager, restarted, finds nothing to act on and deletes nothing: once ready
     // (its caches listed everything), it is given time to act on what it found.
@@ -510,6 +606,23 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         !src_log.contains("deleting Kairon Machine"),
         "the source manager deleted a VM:\n{src_log}"
     );
+    if let Some(set_uid) = &set_before {
+        let set = sets.get(&pool_name).await.unwrap();
+        assert_eq!(
+            set.metadata.uid.as_ref(),
+            Some(set_uid),
+            "the restarted source kept the set"
+        );
+        assert!(
+            set.metadata.deletion_timestamp.is_none(),
+            "the set is not being deleted"
+        );
+        assert_eq!(
+            set.labels().get(labels::MANAGEMENT_CLUSTER),
+            Some(&dst.id),
+            "the set still the target's"
+        );
+    }
 
     if reach == Reach::SharedIdentity {
         wait("the target protects the identity its VMs use", || async {
@@ -523,11 +636,46 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         .await;
     }
 
+    // The pool reconciles on the target: one more worker is one new member of the same set.
+    if let Some(set_uid) = &set_before {
+        let started = Instant::now();
+        let old: BTreeMap<String, String> = pool_members(&vms, &pool_name).await;
+        dst.machine_pools()
+            .patch(
+                &pool_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": pool_workers + 1}})),
+            )
+            .await
+            .expect("scaling the MachinePool");
+        wait_running(&dst, 3 + pool_workers + 1).await;
+        let members = wait("the pool's new member", || async {
+            let members = pool_members(&vms, &pool_name).await;
+            Ok::<_, kube::Error>((members.len() == pool_workers + 1).then_some(members))
+        })
+        .await;
+        let new: Vec<&String> = members.keys().filter(|m| !old.contains_key(*m)).collect();
+        assert_eq!(new.len(), 1, "one new VM: {old:?} -> {members:?}");
+        assert!(
+            old.iter().all(|(n, uid)| members.get(n) == Some(uid)),
+            "the pool's VMs from before the move kept: {old:?} -> {members:?}"
+        );
+        let set = sets.get(&pool_name).await.unwrap();
+        assert_eq!(set.metadata.uid.as_ref(), Some(set_uid), "the same Kairon MachineSet");
+        assert_eq!(set.spec.replicas as usize, pool_workers + 1);
+        eprintln!(
+            "the pool scaled {pool_workers} -> {} on the target in {:.1}s",
+            pool_workers + 1,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    let pool_now = if pool_workers > 0 { pool_workers + 1 } else { 0 };
+
     // Scaling on the target, up and down.
     scale(&dst, 3).await;
-    settle(&dst, &vms, 4).await;
+    settle(&dst, &vms, 4, pool_now).await;
     scale(&dst, 1).await;
-    settle(&dst, &vms, 2).await;
+    settle(&dst, &vms, 2, pool_now).await;
     let kept: Vec<String> = vm_uids(&vms).await.into_values().collect();
     assert!(
         kept.iter().filter(|u| before.values().any(|b| b == *u)).count() >= 1,
@@ -540,6 +688,8 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         Ok::<_, kube::Error>(
             dst.clusters().get_opt(CLUSTER).await?.is_none()
                 && dst.kms().list(&ListParams::default()).await?.items.is_empty()
+                && dst.kmps().list(&ListParams::default()).await?.items.is_empty()
+                && sets.list(&ListParams::default()).await?.items.is_empty()
                 && vms.list(&ListParams::default()).await?.items.is_empty(),
         )
     })
@@ -642,13 +792,26 @@ async fn scale(m: &Management, replicas: usize) {
         .expect("scale the MachineDeployment");
 }
 
-/// `n` Machines running, exactly `n` VMs, each carrying the UID of the KaironMachine of its name
-/// and the target's identity.
-async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize) {
-    wait_running(m, n).await;
+/// `n` Machines running besides the `pool` of a MachinePool, exactly `n` VMs not of a pool,
+/// each carrying the UID of the KaironMachine of its name and the target's identity.
+async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize, pool: usize) {
+    wait_running(m, n + pool).await;
     wait(&format!("{n} VMs, one per KaironMachine"), || async {
-        let kms = m.kms().list(&ListParams::default()).await?.items;
-        let vms = vms.list(&ListParams::default()).await?.items;
+        let kms: Vec<KaironMachine> = m
+            .kms()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|k| !of_a_pool(k))
+            .collect();
+        let vms: Vec<kairon::Machine> = vms
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|v| !member(v))
+            .collect();
         Ok::<_, kube::Error>(
             kms.len() == n
                 && vms.len() == n
@@ -661,6 +824,92 @@ async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize) {
         )
     })
     .await;
+}
+
+/// The members of Kairon MachineSet `set` (its label), UIDs by name.
+async fn pool_members(vms: &Api<kairon::Machine>, set: &str) -> BTreeMap<String, String> {
+    vms.list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={set}")))
+        .await
+        .expect("list the set's members")
+        .items
+        .into_iter()
+        .map(|v| (v.name_any(), v.metadata.uid.unwrap_or_default()))
+        .collect()
+}
+
+/// The target's pool after the move: its KaironMachinePool provisioned on the Kairon
+/// MachineSet it had (the same UID, now labelled with the target's identity) and controlled by
+/// the target's MachinePool; each of its KaironMachines controlled by the target's Machine of
+/// its name and owned by the target's KaironMachinePool, naming the member it named before.
+async fn pool_adopted_by_the_target(
+    dst: &Management,
+    sets: &Api<MachineSet>,
+    pool: &str,
+    set_uid: &str,
+    workers: usize,
+) {
+    wait("the target's pool provisioned on the set it had", || async {
+        let kmp = dst.kmps().get(pool).await?;
+        let set = sets.get(pool).await?;
+        let st = kmp.status.unwrap_or_default();
+        Ok::<_, kube::Error>(
+            st.is_provisioned()
+                && st.replicas == Some(workers as i32)
+                && set.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&dst.id)
+                && set.metadata.uid.as_deref() == Some(set_uid),
+        )
+    })
+    .await;
+    let mp = dst.machine_pools().get(pool).await.unwrap();
+    let kmp = dst.kmps().get(pool).await.unwrap();
+    // (kind, UID, controller) of each owner.
+    let owners = |refs: &[OwnerReference]| {
+        let mut o: Vec<(String, String, bool)> = refs
+            .iter()
+            .map(|o| (o.kind.clone(), o.uid.clone(), o.controller == Some(true)))
+            .collect();
+        o.sort();
+        o
+    };
+    assert_eq!(
+        owners(kmp.owner_references()),
+        [("MachinePool".to_string(), mp.uid().unwrap(), true)],
+        "the target's KaironMachinePool: controlled by the target's MachinePool"
+    );
+    let machines = dst.machines().list(&ListParams::default()).await.unwrap().items;
+    let kms: Vec<KaironMachine> = dst
+        .kms()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(of_a_pool)
+        .collect();
+    assert_eq!(kms.len(), workers, "the pool's KaironMachines on the target");
+    for km in &kms {
+        let machine = machines
+            .iter()
+            .find(|m| m.name_any() == km.name_any())
+            .unwrap_or_else(|| panic!("the target's Machine for {}", km.name_any()));
+        let mut want = vec![
+            ("KaironMachinePool".to_string(), kmp.uid().unwrap(), false),
+            ("Machine".to_string(), machine.uid().unwrap(), true),
+        ];
+        want.sort();
+        assert_eq!(
+            owners(km.owner_references()),
+            want,
+            "{}: controlled by the target's Machine, owned by the target's pool",
+            km.name_any()
+        );
+        assert_eq!(
+            owners(machine.owner_references()),
+            [("MachinePool".to_string(), mp.uid().unwrap(), true)],
+            "Machine {}: controlled by the target's MachinePool",
+            km.name_any()
+        );
+    }
 }
 
 async fn kube_system_uid(env: &Env) -> String {
