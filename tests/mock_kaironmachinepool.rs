@@ -432,7 +432,7 @@ async fn deletion_drains_the_instances_first_then_deletes_the_set_then_releases_
     let pj = p_json.clone();
     run(p.clone(), steady(2), move |mut h| async move {
         for name in ["pool-a", "pool-b"] {
-            expect(
+            let (_, body) = expect(
                 &mut h,
                 "DELETE",
                 &format!("{MACHINES}/{name}"),
@@ -440,6 +440,8 @@ async fn deletion_drains_the_instances_first_then_deletes_the_set_then_releases_
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}),
             )
             .await;
+            // Exactly the Machine the KaironMachine names, not another made since by that name.
+            assert_eq!(body["preconditions"]["uid"], format!("{name}-machine-uid"), "{name}");
         }
         let (_, body) = expect(&mut h, "PATCH", &format!("{KMP}/status"), 200, pj).await;
         assert_eq!(condition(&body["status"], "Ready")["reason"], reason::DELETING);

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::info;
 
@@ -18,6 +18,7 @@ use super::publish::write_status;
 use crate::api::MACHINE_POOL_FINALIZER;
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::capi;
+use crate::client::delete_exactly;
 use crate::controller::error::Error;
 use crate::events::reason as event;
 use crate::kairon::set_observe::set_ownership;
@@ -61,13 +62,22 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         let kaironmachines: Api<crate::api::KaironMachine> = Api::namespaced(ctx.client.clone(), &s.ns);
         for km in kms.iter().filter(|km| km.metadata.deletion_timestamp.is_none()) {
             let name = km.name_any();
+            // Exactly the object the cache names (UID precondition): never another made since
+            // under the same name.
             let answer = match capi::owner(&km.metadata, "Machine") {
-                Some(m) => machines.delete(&m.name, &DeleteParams::default()).await.map(|_| ()),
-                None => kaironmachines.delete(&name, &DeleteParams::default()).await.map(|_| ()),
+                Some(m) => machines
+                    .delete(&m.name, &delete_exactly(Some(m.uid.clone())))
+                    .await
+                    .map(|_| ()),
+                None => kaironmachines
+                    .delete(&name, &delete_exactly(km.metadata.uid.clone()))
+                    .await
+                    .map(|_| ()),
             };
             match answer {
                 Ok(()) => {}
-                Err(kube::Error::Api(e)) if e.is_not_found() => {}
+                // Gone, or the name now stands for another object (the precondition failed).
+                Err(kube::Error::Api(e)) if e.is_not_found() || e.code == 409 => {}
                 Err(e) => return Err(Error::write("machine")(e)),
             }
         }
