@@ -12,15 +12,15 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-const UP: Duration = Duration::from_secs(180);
+pub(crate) const UP: Duration = Duration::from_secs(180);
 /// CAPI waits for this annotation to go before it drains a Machine being deleted.
-const PRE_DRAIN_HOOK: &str = "pre-drain.delete.hook.machine.cluster.x-k8s.io/test";
+pub(crate) const PRE_DRAIN_HOOK: &str = "pre-drain.delete.hook.machine.cluster.x-k8s.io/test";
 
-fn pools(rig: &Rig) -> Api<DynamicObject> {
+pub(crate) fn pools(rig: &Rig) -> Api<DynamicObject> {
     Api::namespaced_with(rig.env.client(), &rig.ns, &capi_resource("MachinePool", "machinepools"))
 }
 
-fn kmps(rig: &Rig) -> Api<DynamicObject> {
+pub(crate) fn kmps(rig: &Rig) -> Api<DynamicObject> {
     Api::namespaced_with(
         rig.env.client(),
         &rig.ns,
@@ -29,12 +29,12 @@ fn kmps(rig: &Rig) -> Api<DynamicObject> {
 }
 
 /// The pool's Machines (label `cluster.x-k8s.io/pool-name`).
-async fn pool_machines(rig: &Rig, pool: &str) -> Vec<DynamicObject> {
+pub(crate) async fn pool_machines(rig: &Rig, pool: &str) -> Vec<DynamicObject> {
     let lp = ListParams::default().labels(&format!("cluster.x-k8s.io/pool-name={pool}"));
     rig.machines().list(&lp).await.unwrap().items
 }
 
-async fn scale_pool(rig: &Rig, pool: &str, replicas: usize) {
+pub(crate) async fn scale_pool(rig: &Rig, pool: &str, replicas: usize) {
     pools(rig)
         .patch(
             pool,
@@ -47,7 +47,7 @@ async fn scale_pool(rig: &Rig, pool: &str, replicas: usize) {
 
 /// Waits until the pool has `n` Machines, each Running with a Node, and the MachinePool
 /// counts them ready.
-async fn wait_pool_running(rig: &Rig, pool: &str, n: usize) -> Vec<DynamicObject> {
+pub(crate) async fn wait_pool_running(rig: &Rig, pool: &str, n: usize) -> Vec<DynamicObject> {
     rig.wait(&format!("{n} pool Machines Running with a Node"), UP, || async {
         let machines = pool_machines(rig, pool).await;
         let mp = pools(rig).get(pool).await?;
@@ -58,27 +58,55 @@ async fn wait_pool_running(rig: &Rig, pool: &str, n: usize) -> Vec<DynamicObject
     .await
 }
 
-/// A pool 0 → 3 → 1: its VMs come from one Kairon MachineSet, each with a KaironMachine and a
-/// Machine with a Node; the two Machines marked `cluster.x-k8s.io/delete-machine` are the ones
-/// whose VMs go, each drained before its VM is deleted (held by a pre-drain hook, a Machine
-/// being deleted keeps its VM); no VM is replaced. Then the pool
-/// deleted leaves no Kairon MachineSet, member or KaironMachine.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then_deletion_leaves_nothing() {
+/// Marks Machine `name` as CAPI's choice for the next scale-in (`cluster.x-k8s.io/delete-machine`),
+/// with a pre-drain hook that holds it, once deleting, before its drain.
+pub(crate) async fn mark_for_deletion_held(rig: &Rig, name: &str) {
+    rig.machines()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cluster.x-k8s.io/delete-machine": "yes",
+                PRE_DRAIN_HOOK: "",
+            }}})),
+        )
+        .await
+        .expect("mark the Machine");
+}
+
+/// Removes the pre-drain hook of Machine `name`: CAPI drains it and goes on with its deletion.
+pub(crate) async fn release_pre_drain_hook(rig: &Rig, name: &str) {
+    let path = format!("/metadata/annotations/{}", PRE_DRAIN_HOOK.replace('/', "~1"));
+    let patch: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "remove", "path": path}])).expect("a JSON patch");
+    rig.machines()
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .expect("release the pre-drain hook");
+}
+
+/// The VM shape of the test pools.
+pub(crate) fn pool_vm_spec(image: &str) -> String {
+    format!("  cpus: 2\n  memory: 4Gi\n  image: {image}\n  diskSize: 20Gi")
+}
+
+/// A rig (namespace `name`, manager, simulator) whose cluster has its control plane running and
+/// a MachinePool `<cluster>-mp-0` of `replicas` on a KaironMachinePool whose Kairon MachineSet
+/// exists and is provisioned; returns the rig and the pool's name.
+pub(crate) async fn rig_with_pool(name: &'static str, replicas: usize, audit: bool) -> (Rig, String) {
     let rig = Rig::start(RigOptions {
         workers: 0,
-        audit: true,
-        ..RigOptions::new("machine_pool")
+        audit,
+        ..RigOptions::new(name)
     })
     .await;
     rig.wait_running(1, UP).await;
     let pool = format!("{}-mp-0", rig.cluster);
-    let spec = format!(
-        "  cpus: 2\n  memory: 4Gi\n  image: {}\n  diskSize: 20Gi",
-        machine_image()
-    );
     rig.env
-        .apply(&machine_pool_yaml(&rig.ns, &rig.cluster, 0, &spec), Some(&rig.ns))
+        .apply(
+            &machine_pool_yaml(&rig.ns, &rig.cluster, replicas, &pool_vm_spec(&machine_image())),
+            Some(&rig.ns),
+        )
         .await
         .expect("pool objects apply");
     let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
@@ -88,6 +116,18 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
         Ok::<_, kube::Error>((ready && sets.get_opt(&pool).await?.is_some()).then_some(()))
     })
     .await;
+    (rig, pool)
+}
+
+/// A pool 0 → 3 → 1: its VMs come from one Kairon MachineSet, each with a KaironMachine and a
+/// Machine with a Node; the two Machines marked `cluster.x-k8s.io/delete-machine` are the ones
+/// whose VMs go, each drained before its VM is deleted (held by a pre-drain hook, a Machine
+/// being deleted keeps its VM); no VM is replaced. Then the pool
+/// deleted leaves no Kairon MachineSet, member or KaironMachine.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then_deletion_leaves_nothing() {
+    let (rig, pool) = rig_with_pool("machine_pool", 0, true).await;
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
 
     let started = Instant::now();
     let from = rig.audit_len();
@@ -151,17 +191,7 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     let kept = machines[2].name_any();
     let kept_uid = vms[&kept].metadata.uid.clone();
     for name in &chosen {
-        rig.machines()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"annotations": {
-                    "cluster.x-k8s.io/delete-machine": "yes",
-                    PRE_DRAIN_HOOK: "",
-                }}})),
-            )
-            .await
-            .unwrap();
+        mark_for_deletion_held(&rig, name).await;
     }
     let started = Instant::now();
     scale_pool(&rig, &pool, 1).await;
@@ -192,17 +222,7 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     }
     assert_eq!(pool_machines(&rig, &pool).await.len(), 3, "no other Machine chosen");
     for name in &chosen {
-        rig.machines()
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Json::<()>(
-                    serde_json::from_value(json!([{"op": "remove", "path": format!("/metadata/annotations/{}", PRE_DRAIN_HOOK.replace('/', "~1"))}]))
-                        .unwrap(),
-                ),
-            )
-            .await
-            .unwrap();
+        release_pre_drain_hook(&rig, name).await;
     }
     // Watch each chosen Machine's drain start and its VM's deletion.
     let mut drained: BTreeMap<String, String> = BTreeMap::new();
@@ -300,115 +320,4 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
         "machine pool: 0 -> 3 in {up_secs:.1} s, 3 -> 1 in {down_secs:.1} s (drain started {drained:?}, VMs deleted {vm_deleted:?}), deleted in {delete_secs:.1} s"
     );
     rig.assert_one_vm_per_kaironmachine().await;
-}
-
-/// A pool of two: a VM failed through the simulator is replaced (its Machine deleted, a new VM
-/// made by Kairon), then a template change (more CPUs) rolls every VM, surge first, never
-/// fewer than two available; then the Cluster deleted leaves no Kairon MachineSet or Machine.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_failed_pool_vm_is_replaced_a_template_change_rolls_every_vm_and_the_cluster_goes_with_its_pool() {
-    let rig = Rig::start(RigOptions {
-        workers: 0,
-        ..RigOptions::new("machine_pool_roll")
-    })
-    .await;
-    rig.wait_running(1, UP).await;
-    let pool = format!("{}-mp-0", rig.cluster);
-    let spec = format!(
-        "  cpus: 2\n  memory: 4Gi\n  image: {}\n  diskSize: 20Gi",
-        machine_image()
-    );
-    rig.env
-        .apply(&machine_pool_yaml(&rig.ns, &rig.cluster, 2, &spec), Some(&rig.ns))
-        .await
-        .expect("pool objects apply");
-    let machines = wait_pool_running(&rig, &pool, 2).await;
-    let failed = machines[0].name_any();
-    let failed_uid = rig.vms().get(&failed).await.unwrap().metadata.uid;
-
-    let started = Instant::now();
-    rig.vms()
-        .patch(
-            &failed,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"sim.kairon.zyvor.dev/fail": "Broken"}}})),
-        )
-        .await
-        .unwrap();
-    rig.wait("the failed VM replaced", UP, || async {
-        let machines = pool_machines(&rig, &pool).await;
-        let up = capkr_testenv::cluster::all_running_with_a_node(&machines, 2);
-        let gone = rig
-            .vms()
-            .get_opt(&failed)
-            .await?
-            .is_none_or(|vm| vm.metadata.uid != failed_uid);
-        Ok::<_, kube::Error>((up && gone && machines.iter().all(|m| m.name_any() != failed)).then_some(()))
-    })
-    .await;
-    let replaced_secs = started.elapsed().as_secs_f64();
-
-    let before: BTreeSet<String> = pool_machines(&rig, &pool).await.iter().map(|m| m.name_any()).collect();
-    let started = Instant::now();
-    kmps(&rig)
-        .patch(
-            &pool,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": {"cpus": 3}}})),
-        )
-        .await
-        .unwrap();
-    let mut fewest_available = usize::MAX;
-    let deadline = Instant::now() + UP;
-    loop {
-        let machines = pool_machines(&rig, &pool).await;
-        let available = machines
-            .iter()
-            .filter(|m| m.metadata.deletion_timestamp.is_none())
-            .filter(|m| crate::common::condition(m, "Available").is_some_and(|c| c["status"] == "True"))
-            .count();
-        fewest_available = fewest_available.min(available);
-        let names: BTreeSet<String> = machines.iter().map(|m| m.name_any()).collect();
-        let vms = rig.vm_map().await;
-        let all_new =
-            names.is_disjoint(&before) && names.iter().all(|n| vms.get(n).is_some_and(|vm| vm.spec.cpus == 3));
-        if all_new && capkr_testenv::cluster::all_running_with_a_node(&machines, 2) {
-            break;
-        }
-        if Instant::now() > deadline {
-            rig.fail(format!("the pool did not roll: {names:?} (before {before:?})"));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let rolled_secs = started.elapsed().as_secs_f64();
-    assert!(
-        fewest_available >= 2,
-        "maxUnavailable 0: never fewer than 2 available, saw {fewest_available}"
-    );
-    let set: MachineSet = Api::namespaced(rig.env.client(), &rig.ns).get(&pool).await.unwrap();
-    assert_eq!(set.spec.template.spec.cpus, 3);
-    rig.assert_one_vm_per_kaironmachine().await;
-
-    // The Cluster deleted with its pool: nothing of it is left on Kairon.
-    let started = Instant::now();
-    rig.clusters()
-        .delete(&rig.cluster, &DeleteParams::default())
-        .await
-        .unwrap();
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
-    rig.wait(
-        "the Cluster gone with its pool, no Kairon MachineSet or Machine left",
-        UP,
-        || async {
-            let cluster = rig.clusters().get_opt(&rig.cluster).await?;
-            let sets = sets.list(&ListParams::default()).await?.items;
-            let vms = rig.vms().list(&ListParams::default()).await?.items;
-            Ok::<_, kube::Error>((cluster.is_none() && sets.is_empty() && vms.is_empty()).then_some(()))
-        },
-    )
-    .await;
-    let deleted_secs = started.elapsed().as_secs_f64();
-    eprintln!(
-        "machine pool: a failed VM replaced in {replaced_secs:.1} s, 2 VMs rolled in {rolled_secs:.1} s, the cluster deleted in {deleted_secs:.1} s"
-    );
 }

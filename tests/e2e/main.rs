@@ -18,6 +18,7 @@ mod kairon_quirks;
 mod left_behind;
 mod lifecycle;
 mod machine_pools;
+mod machine_pools_acceptance;
 mod maintenance;
 mod resilience;
 mod smoke;
