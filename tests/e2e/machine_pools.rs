@@ -321,3 +321,73 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     );
     rig.assert_one_vm_per_kaironmachine().await;
 }
+
+/// A MachinePool annotated `cluster.x-k8s.io/replicas-managed-by`: an autoscaler owns the
+/// Kairon MachineSet's size. Raised there to 3, the pool makes a KaironMachine (so a Machine
+/// with a Node) per new member and copies 3 to `MachinePool.spec.replicas`, as CAPI's contract
+/// asks; lowered to 1, Kairon picks the members to remove and the pool follows with 1, choosing
+/// no Machine of its own. The set's size is never written back by the pool.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_autoscaled_pool_follows_the_kairon_machine_sets_size_and_never_writes_it() {
+    let (rig, pool) = rig_with_pool("machine_pool_autoscaled", 1, false).await;
+    wait_pool_running(&rig, &pool, 1).await;
+    pools(&rig)
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {
+                "cluster.x-k8s.io/replicas-managed-by": "external-autoscaler",
+            }}})),
+        )
+        .await
+        .expect("annotate the MachinePool");
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+    let autoscale = |replicas: i32| {
+        let sets = sets.clone();
+        let pool = pool.clone();
+        async move {
+            sets.patch(
+                &pool,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .expect("the autoscaler scales the set")
+        }
+    };
+    let mp_replicas = || async {
+        pools(&rig)
+            .get(&pool)
+            .await
+            .map(|mp| mp.data["spec"]["replicas"].as_i64())
+    };
+
+    let started = Instant::now();
+    autoscale(3).await;
+    wait_pool_running(&rig, &pool, 3).await;
+    rig.wait("MachinePool spec.replicas follows the set: 3", UP, || async {
+        Ok::<_, kube::Error>((mp_replicas().await? == Some(3)).then_some(()))
+    })
+    .await;
+    let up_secs = started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    autoscale(1).await;
+    rig.wait("MachinePool spec.replicas follows the set: 1", UP, || async {
+        Ok::<_, kube::Error>((mp_replicas().await? == Some(1)).then_some(()))
+    })
+    .await;
+    wait_pool_running(&rig, &pool, 1).await;
+    let down_secs = started.elapsed().as_secs_f64();
+    // Settled: the pool kept the autoscaler's size (it would raise the set back to 3 if it still
+    // pushed the MachinePool's earlier replicas).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        sets.get(&pool).await.unwrap().spec.replicas,
+        1,
+        "the set's size is the autoscaler's"
+    );
+    assert_eq!(mp_replicas().await.unwrap(), Some(1));
+    assert_eq!(pool_machines(&rig, &pool).await.len(), 1);
+    eprintln!("machine pool autoscaled: 1 -> 3 followed in {up_secs:.1} s, 3 -> 1 in {down_secs:.1} s");
+}

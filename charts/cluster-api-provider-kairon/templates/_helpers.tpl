@@ -32,10 +32,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [infrastructure.cluster.x-k8s.io]
   resources: [kaironmachines]
   verbs: [create, delete]
-# CAPI MachinePools are only read.
+# CAPI MachinePools are read; spec.replicas is patched when an autoscaler owns the size.
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinepools]
-  verbs: [get, list, watch]
+  verbs: [get, list, watch, patch]
 # CAPI Clusters are only read.
 - apiGroups: [cluster.x-k8s.io]
   resources: [clusters]

@@ -67,6 +67,10 @@ pub struct PlanInput<'a> {
     pub set_replicas: i32,
     /// The set's `status.replicas` (members Kairon counts), when reported.
     pub set_status_replicas: Option<i32>,
+    /// An external autoscaler owns the set's size (`cluster.x-k8s.io/replicas-managed-by` on
+    /// the MachinePool): `desired` is the set's own `spec.replicas`, which the pool never
+    /// writes, and the pool chooses no Machine to scale in (Kairon does, for the autoscaler).
+    pub replicas_managed_externally: bool,
     pub instances: &'a [Instance],
 }
 
@@ -140,13 +144,20 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         .filter(|i| i.vm.as_ref().is_some_and(|v| v.outdated))
         .count();
     plan.outdated = outdated_live;
-    let surge = usize::try_from(input.max_surge.max(0)).unwrap_or(0).min(outdated_live);
+    // Surge needs the set raised above its size: not the pool's to do when the size is not its.
+    let max_surge = if input.replicas_managed_externally {
+        0
+    } else {
+        input.max_surge
+    };
+    let surge = usize::try_from(max_surge.max(0)).unwrap_or(0).min(outdated_live);
     let target = usize::try_from(desired).unwrap_or(0) + surge;
 
     // Scale-in: the Machines CAPI marked, then those not available, then outdated, then by age.
     // Not while CAPI has yet to make a Machine for one of them: that one may be the one to go.
     let mut chosen: Vec<&Instance> = vec![];
-    if live.len() > target && live.iter().all(|i| i.machine.is_some()) {
+    let scales_in = !input.replicas_managed_externally;
+    if scales_in && live.len() > target && live.iter().all(|i| i.machine.is_some()) {
         let mut candidates: Vec<&Instance> = live.iter().copied().filter(|i| deletable(i)).collect();
         candidates.sort_by_key(|i| victim_order(i, input.newest_first));
         chosen.extend(candidates.into_iter().take(live.len() - target));
@@ -187,6 +198,9 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         .count();
     let members = i32::try_from(members).unwrap_or(i32::MAX);
     let r = input.set_replicas;
+    if input.replicas_managed_externally {
+        return plan;
+    }
     if r < target {
         plan.set_replicas = Some(target);
     } else if r > target {
@@ -196,6 +210,17 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         }
     }
     plan
+}
+
+/// CAPI's annotation on a MachinePool whose replicas an external autoscaler manages.
+pub const REPLICAS_MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/replicas-managed-by";
+
+/// Whether an external autoscaler manages the MachinePool's replicas: the annotation present
+/// with any value but `"false"`, as CAPI reads it.
+pub fn replicas_managed_externally(annotations: Option<&std::collections::BTreeMap<String, String>>) -> bool {
+    annotations
+        .and_then(|a| a.get(REPLICAS_MANAGED_BY_ANNOTATION))
+        .is_some_and(|v| v != "false")
 }
 
 /// The order in which instances are removed: CAPI's mark first, then not available, then

@@ -108,6 +108,7 @@ fn plan_pool_table() {
             set_replicas: c.set.0,
             set_status_replicas: c.set.1,
             instances: &insts,
+            replicas_managed_externally: false,
         });
         assert_eq!(got.set_replicas, c.want_replicas, "{}: replicas", c.name);
         let created: Vec<&str> = got.create_kaironmachines.iter().map(String::as_str).collect();
@@ -151,4 +152,45 @@ fn a_pool_of_20_scaled_to_5_removes_exactly_the_15_marked() {
     let marked: Vec<String> = (0..20).filter(|n| n % 4 != 0).map(|n| format!("vm{n:02}")).collect();
     assert_eq!(gone, marked.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(down.delete_machines.iter().all(|(_, w)| *w == Why::ScaleIn));
+}
+
+/// An autoscaler owns the set's size (`cluster.x-k8s.io/replicas-managed-by`): the pool's
+/// desired count is the set's `spec.replicas`; it never writes it, picks no Machine to scale in
+/// (Kairon picks, for the autoscaler), rolls without a surge, and still replaces a failed VM.
+#[test]
+fn an_autoscaled_pool_never_writes_the_size_nor_scales_in() {
+    use Why::*;
+    #[rustfmt::skip]
+    let cases: Vec<(&str, (i32, i32), i32, &str, Vec<(&str, Why)>)> = vec![
+        ("raised by the autoscaler: Kairon makes the members", (1, 0), 5, "a:rkm b:rkm", vec![]),
+        ("lowered by the autoscaler: Kairon picks, the pool does not", (1, 0), 2, "a:rkm b:rkm c:rkm", vec![]),
+        ("a failed VM is still replaced", (1, 0), 2, "a:bkm b:rkm", vec![("a", Broken)]),
+        ("a rollout has no surge: with maxUnavailable 0 nothing goes", (1, 0), 2, "a:okm b:okm", vec![]),
+        ("a rollout by maxUnavailable", (1, 1), 2, "a:okm b:okm", vec![("a", Rollout)]),
+    ];
+    for (name, (max_surge, max_unavailable), set_replicas, spec, want) in cases {
+        let insts = instances(spec);
+        let got = plan_pool(&PlanInput {
+            desired: set_replicas,
+            max_surge,
+            max_unavailable,
+            set_replicas,
+            set_status_replicas: Some(set_replicas),
+            instances: &insts,
+            replicas_managed_externally: true,
+            ..Default::default()
+        });
+        assert_eq!(got.set_replicas, None, "{name}: the size is never written");
+        let deleted: Vec<(&str, Why)> = got.delete_machines.iter().map(|(n, w)| (n.as_str(), *w)).collect();
+        assert_eq!(deleted, want, "{name}: deletes");
+    }
+}
+
+#[test]
+fn the_autoscaler_annotation_counts_unless_it_is_false() {
+    let with = |v: &str| Some([(REPLICAS_MANAGED_BY_ANNOTATION.to_string(), v.to_string())].into());
+    assert!(replicas_managed_externally(with("").as_ref()));
+    assert!(replicas_managed_externally(with("external-autoscaler").as_ref()));
+    assert!(!replicas_managed_externally(with("false").as_ref()));
+    assert!(!replicas_managed_externally(None));
 }

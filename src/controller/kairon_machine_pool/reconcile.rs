@@ -25,14 +25,14 @@ use tracing::info;
 use super::context::{Context, Scope};
 use super::gather;
 use super::instances::{kaironmachine_for_member, stands_for};
-use super::plan::{PlanInput, PoolPlan, plan_pool};
+use super::plan::{PlanInput, PoolPlan, plan_pool, replicas_managed_externally};
 use super::publish::write_status;
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
 use crate::capi::{self, MachinePool, bootstrap};
 use crate::controller::error::Error;
 use crate::controller::runtime::{Synced, pause_step};
-use crate::controller::write::has_finalizer;
+use crate::controller::write::{Writer, has_finalizer};
 use crate::events::reason as event;
 use crate::kairon::machineset::MachineSet;
 use crate::kairon::set_desired::{
@@ -147,6 +147,7 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         }
     }
     let busy = carry_out_plan(&scope, &mp, &set, &plan, &ctx).await?;
+    report_autoscaled_replicas(&scope, &mp, &set, &ctx).await?;
     let changed = write_status(&ctx, &scope, Some(&set), None, None).await?;
     Ok(if busy || changed {
         Action::requeue(BUSY_REQUEUE)
@@ -325,6 +326,21 @@ async fn record_provider_id(s: &Scope, ctx: &Context, set: &MachineSet) -> Resul
         .await
 }
 
+/// An external autoscaler owns the set's size: CAPI's contract makes the provider copy it to
+/// `MachinePool.spec.replicas` (its phase says `Scaling` until they match).
+async fn report_autoscaled_replicas(s: &Scope, mp: &MachinePool, set: &MachineSet, ctx: &Context) -> Result<(), Error> {
+    if !replicas_managed_externally(mp.metadata.annotations.as_ref()) || mp.spec.replicas == Some(set.spec.replicas) {
+        return Ok(());
+    }
+    info!(
+        replicas = set.spec.replicas,
+        "the autoscaler's size of the Kairon MachineSet copied to the MachinePool"
+    );
+    Writer::<MachinePool>::new(Api::namespaced(ctx.client.clone(), &s.ns), None)
+        .merge_patch(mp, "spec.replicas", json!({"spec": {"replicas": set.spec.replicas}}))
+        .await
+}
+
 /// The plan for the pool, from the caches.
 fn plan_for(s: &Scope, mp: &MachinePool, set: &MachineSet, ctx: &Context) -> PoolPlan {
     let pool = s.pool.as_ref();
@@ -338,8 +354,14 @@ fn plan_for(s: &Scope, mp: &MachinePool, set: &MachineSet, ctx: &Context) -> Poo
         &machines.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
     );
     let (max_surge, max_unavailable) = pool.spec.surge_and_unavailable();
+    let external = replicas_managed_externally(mp.metadata.annotations.as_ref());
     plan_pool(&PlanInput {
-        desired: mp.desired_replicas(),
+        desired: if external {
+            set.spec.replicas
+        } else {
+            mp.desired_replicas()
+        },
+        replicas_managed_externally: external,
         max_surge,
         max_unavailable,
         newest_first: pool.spec.newest_first(),
