@@ -81,6 +81,7 @@ demo: test-tools build
 BENCH_SIZES ?= 100 1000
 BENCH_LIMITS ?= 20/30 0
 BENCH_CAPI_SIZES ?= 100 1000
+BENCH_POOL_SIZES ?= 100 1000
 BENCH_IDLE ?= 120
 BENCH_OUT ?= docs/bench
 BENCH_ARGS ?=
@@ -90,7 +91,7 @@ bench: test-tools
 	CAPKR_TEST_BIN=$$(hack/test-tools.sh | tail -1) CAPD_MANAGER_DIR=$$(hack/capd-manager.sh | tail -1) \
 	CAPKR_MANAGER_BIN=$(BENCH_TARGET_DIR)/capkr-manager KAIRON_SIM_BIN=$(BENCH_TARGET_DIR)/kairon-sim \
 	$(BENCH_TARGET_DIR)/capkr-bench --sizes "$(BENCH_SIZES)" --limits "$(BENCH_LIMITS)" \
-		--capi-sizes "$(BENCH_CAPI_SIZES)" --idle $(BENCH_IDLE) --out-dir $(BENCH_OUT) $(BENCH_ARGS)
+		--capi-sizes "$(BENCH_CAPI_SIZES)" --pool-sizes "$(BENCH_POOL_SIZES)" --idle $(BENCH_IDLE) --out-dir $(BENCH_OUT) $(BENCH_ARGS)
 
 # clusterctl release assets: out/ is a version folder of a clusterctl repository.
 release-manifests:

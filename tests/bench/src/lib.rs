@@ -14,7 +14,9 @@
 //! and then, in an environment with CAPI's managers and a workload cluster,
 //! 4. the full CAPI path: a MachineDeployment scaled 0 → N until every Machine runs with a Node;
 //!    and the same with CAPD's manager and its in-memory backend instead ([`peer`]), side by
-//!    side.
+//!    side;
+//! 6. MachinePool against MachineDeployment: the same cluster with its N workers in a
+//!    MachinePool of a KaironMachinePool, and in a MachineDeployment ([`pool`]).
 //!
 //! Results go to `results.json`, `results.md` and two PNG plots in the output directory.
 
@@ -26,6 +28,7 @@ pub mod objects;
 pub mod observe;
 pub mod peer;
 pub mod plot;
+pub mod pool;
 pub mod procstat;
 pub mod provider;
 pub mod results;
@@ -53,6 +56,8 @@ pub struct Options {
     pub capi_sizes: Vec<usize>,
     /// Part 4 with CAPD's in-memory provider too, at each size of `capi_sizes`.
     pub peer: bool,
+    /// Workers of part 6, MachinePool against MachineDeployment; empty: part 6 is skipped.
+    pub pool_sizes: Vec<usize>,
     /// Creates in flight while the benchmark makes the machines.
     pub create_concurrency: usize,
     /// `--kaironmachine-concurrency` of the manager, and the floor's concurrency.
@@ -78,6 +83,7 @@ impl Default for Options {
             limits: vec![ApiLimits::DEFAULT, ApiLimits { qps: 0.0, burst: 0 }],
             capi_sizes: vec![100, 1000],
             peer: true,
+            pool_sizes: vec![100, 1000],
             create_concurrency: 32,
             kaironmachine_concurrency: 10,
             idle: Duration::from_secs(120),
@@ -172,6 +178,13 @@ pub async fn run(opts: &Options) -> Result<Results> {
             peer.push(PeerRun { n, ours, capd: theirs });
         }
     }
+    let mut pool = Vec::new();
+    for &n in &opts.pool_sizes {
+        eprintln!("capkr-bench: MachinePool against MachineDeployment, N={n}");
+        let mut comparison = pool::run(n, opts.quiet).await?;
+        comparison.git_commit = versions.git_commit.clone();
+        pool.push(comparison);
+    }
     let results = Results {
         generated_at: k8s_openapi::jiff::Timestamp::now().to_string(),
         machine: info::machine(),
@@ -180,6 +193,7 @@ pub async fn run(opts: &Options) -> Result<Results> {
             sizes: opts.sizes.clone(),
             limits: opts.limits.clone(),
             capi_sizes: opts.capi_sizes.clone(),
+            pool_sizes: opts.pool_sizes.clone(),
             create_concurrency: opts.create_concurrency,
             kaironmachine_concurrency: opts.kaironmachine_concurrency,
             idle_s: opts.idle.as_secs_f64(),
@@ -192,6 +206,7 @@ pub async fn run(opts: &Options) -> Result<Results> {
         runs,
         full_capi,
         peer,
+        pool,
     };
     write_results(&results, &opts.out_dir, &font)?;
     Ok(results)

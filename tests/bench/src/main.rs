@@ -28,6 +28,11 @@ struct Args {
     #[arg(long, default_value = "100 1000")]
     capi_sizes: String,
 
+    /// Workers of the MachinePool-against-MachineDeployment part (space or comma separated;
+    /// empty or 0 skips it).
+    #[arg(long, default_value = "100 1000")]
+    pool_sizes: String,
+
     /// Run the full CAPI path with capkr-manager only, not also with CAPD's in-memory provider.
     #[arg(long)]
     no_peer: bool,
@@ -103,6 +108,10 @@ async fn main() -> Result<()> {
             .filter(|n| *n > 0)
             .collect(),
         peer: !args.no_peer,
+        pool_sizes: parse_list::<usize>("--pool-sizes", &args.pool_sizes)?
+            .into_iter()
+            .filter(|n| *n > 0)
+            .collect(),
         create_concurrency: args.create_concurrency,
         kaironmachine_concurrency: args.kaironmachine_concurrency,
         idle: Duration::from_secs_f64(args.idle.max(0.0)),

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use crate::results::{FullCapiRun, Percentiles, Results, SizeRun, run_label};
+use crate::results::{FullCapiRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
 
 fn secs(s: f64) -> String {
     if s < 10.0 { format!("{s:.2}") } else { format!("{s:.1}") }
@@ -257,6 +257,9 @@ pub fn render(res: &Results) -> String {
     if !res.peer.is_empty() {
         peer_section(&mut o, res);
     }
+    if !res.pool.is_empty() {
+        pool_section(&mut o, res);
+    }
 
     let _ = writeln!(
         o,
@@ -343,6 +346,90 @@ fn peer_section(o: &mut String, res: &Results) {
     }
 }
 
+/// Part 6: MachinePool against MachineDeployment, one table per N, then each path's manager
+/// writes by resource and every client's requests and writes per machine.
+fn pool_section(o: &mut String, res: &Results) {
+    let _ = writeln!(
+        o,
+        "## MachinePool vs MachineDeployment\n\n\
+         The full CAPI path with capkr-manager, the same cluster twice: its N workers as a \
+         MachineDeployment, then as a MachinePool of a KaironMachinePool (one Kairon MachineSet, one \
+         KaironMachine per VM), each in a fresh environment. Times from the scale 0 → N; requests are \
+         capkr-manager's (audit log, no Leases) from the scale until it went quiet, per worker.\n"
+    );
+    type Figure = (&'static str, fn(&PoolPathRun) -> f64, fn(f64) -> String);
+    let figures: [Figure; 10] = [
+        ("**0 → N: all up** (s)", |r| r.scale_s, secs),
+        ("0 → N: all Machines Running with a nodeRef (s)", |r| r.running_s, secs),
+        ("0 → N: all Nodes Ready (s)", |r| r.nodes_ready_s, secs),
+        ("0 → N: readyReplicas = N (s)", |r| r.ready_replicas_s, secs),
+        ("control-plane Machine up (s)", |r| r.control_plane_s, secs),
+        ("manager requests per machine", |r| r.per_machine.requests, per),
+        ("manager reads per machine", |r| r.per_machine.reads, per),
+        ("**manager writes per machine**", |r| r.per_machine.writes, per),
+        ("manager CPU (s)", |r| r.cpu_s, secs),
+        ("manager peak RSS (MiB)", |r| r.peak_rss_mib, |x| format!("{x:.1}")),
+    ];
+    for p in &res.pool {
+        let _ = writeln!(
+            o,
+            "### N={} (measured {}, commit {})\n\n| | MachineDeployment | MachinePool | pool / deployment |\n|---|---:|---:|---:|",
+            p.n, p.measured_at, p.git_commit
+        );
+        for (name, f, fmt) in figures {
+            let ratio = p.ratio(f).map(|x| format!("{x:.2}")).unwrap_or_else(|| "–".into());
+            let _ = writeln!(
+                o,
+                "| {name} | {} | {} | {ratio} |",
+                fmt(f(&p.deployment)),
+                fmt(f(&p.pool))
+            );
+        }
+        let _ = writeln!(
+            o,
+            "\nThe manager's requests per machine by resource:\n\n| request | MachineDeployment | MachinePool |\n|---|---:|---:|"
+        );
+        let keys: BTreeSet<&String> = p
+            .deployment
+            .per_machine
+            .by_resource
+            .keys()
+            .chain(p.pool.per_machine.by_resource.keys())
+            .collect();
+        for k in keys {
+            let get = |r: &PoolPathRun| r.per_machine.by_resource.get(k).copied().unwrap_or(0.0);
+            let _ = writeln!(o, "| `{k}` | {} | {} |", per(get(&p.deployment)), per(get(&p.pool)));
+        }
+        let _ = writeln!(
+            o,
+            "\nThe manager's writes naming one worker (its KaironMachine, VM, Machine, Events), in order:\n\n\
+             | # | MachineDeployment | MachinePool |\n|---:|---|---|"
+        );
+        let longest = p.deployment.one_machine.len().max(p.pool.one_machine.len());
+        for i in 0..longest {
+            let cell = |r: &PoolPathRun| r.one_machine.get(i).map(|w| format!("`{w}`")).unwrap_or_default();
+            let _ = writeln!(o, "| {} | {} | {} |", i + 1, cell(&p.deployment), cell(&p.pool));
+        }
+        let _ = writeln!(
+            o,
+            "\nEvery client's requests / writes per machine in the same window:\n\n\
+             | client | MachineDeployment | MachinePool |\n|---|---:|---:|"
+        );
+        let clients: BTreeSet<&String> = p.deployment.by_client.keys().chain(p.pool.by_client.keys()).collect();
+        for c in clients {
+            let cell = |r: &PoolPathRun| match r.by_client.get(c) {
+                Some(m) => format!("{} / {}", per(m.requests), per(m.writes)),
+                None => "–".into(),
+            };
+            let _ = writeln!(o, "| `{c}` | {} | {} |", cell(&p.deployment), cell(&p.pool));
+        }
+        o.push('\n');
+    }
+    if let Some(p) = res.pool.first() {
+        let _ = writeln!(o, "Manager flags: `{}`\n", p.pool.manager_args.join(" "));
+    }
+}
+
 /// A few lines for the terminal.
 pub fn summary(res: &Results) -> String {
     let mut o = String::new();
@@ -377,6 +464,24 @@ pub fn summary(res: &Results) -> String {
             secs(p.capd.cpu_s),
             p.ours.peak_rss_mib,
             p.capd.peak_rss_mib
+        );
+    }
+    for p in &res.pool {
+        let _ = writeln!(
+            o,
+            "MachinePool vs MachineDeployment N={}: up {} s / {} s, manager writes per machine {} / {}, \
+             requests per machine {} / {}, CPU {} s / {} s, peak RSS {:.1} / {:.1} MiB",
+            p.n,
+            secs(p.pool.scale_s),
+            secs(p.deployment.scale_s),
+            per(p.pool.per_machine.writes),
+            per(p.deployment.per_machine.writes),
+            per(p.pool.per_machine.requests),
+            per(p.deployment.per_machine.requests),
+            secs(p.pool.cpu_s),
+            secs(p.deployment.cpu_s),
+            p.pool.peak_rss_mib,
+            p.deployment.peak_rss_mib
         );
     }
     for t in &res.targets {

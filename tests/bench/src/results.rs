@@ -216,6 +216,62 @@ impl PeerRun {
     }
 }
 
+/// Part 6, one path: the N workers of a cluster as a MachineDeployment or as a MachinePool
+/// (KaironMachinePool), scaled 0 → N with the real CAPI controllers.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PoolPathRun {
+    pub n: usize,
+    /// `MachineDeployment` or `MachinePool`.
+    pub workers: String,
+    pub manager_args: Vec<String>,
+    /// Cluster applied until its control-plane Machine ran with a nodeRef.
+    pub control_plane_s: f64,
+    /// Scale until all N + 1 Machines ran with a nodeRef.
+    pub running_s: f64,
+    /// Scale until all N + 1 Nodes of the workload cluster were Ready.
+    pub nodes_ready_s: f64,
+    /// Scale until the MachineDeployment's or MachinePool's `status.readyReplicas` was N.
+    pub ready_replicas_s: f64,
+    /// The latest of the three: the workers are up.
+    pub scale_s: f64,
+    /// The manager's requests from the scale until it went quiet.
+    pub requests: RequestCounts,
+    pub per_machine: PerMachine,
+    /// Every client's requests in the same window (Leases left out), per machine, keyed by
+    /// client (User-Agent program, and controller for CAPI's managers); writes by resource.
+    pub by_client: BTreeMap<String, PerMachine>,
+    /// The manager's writes naming one worker, in order (`verb resource`).
+    #[serde(default)]
+    pub one_machine: Vec<String>,
+    /// The manager's VmHWM once quiet, MiB.
+    pub peak_rss_mib: f64,
+    /// The manager's CPU time (user + system) from the scale until it went quiet.
+    pub cpu_s: f64,
+    /// Whether the manager went quiet before the timeout.
+    pub quiet: bool,
+}
+
+/// Part 6 at one N: both paths, one after the other, each in a fresh environment.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PoolComparison {
+    pub n: usize,
+    /// When the MachineDeployment's run started.
+    pub measured_at: String,
+    /// The commit of the run (results of several runs may be merged into one file).
+    #[serde(default)]
+    pub git_commit: String,
+    pub deployment: PoolPathRun,
+    pub pool: PoolPathRun,
+}
+
+impl PoolComparison {
+    /// MachinePool / MachineDeployment for one figure; `None` when the latter is zero.
+    pub fn ratio(&self, figure: impl Fn(&PoolPathRun) -> f64) -> Option<f64> {
+        let md = figure(&self.deployment);
+        (md > 0.0).then(|| figure(&self.pool) / md)
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct MachineInfo {
     pub nproc: usize,
@@ -238,6 +294,9 @@ pub struct Settings {
     pub sizes: Vec<usize>,
     pub limits: Vec<ApiLimits>,
     pub capi_sizes: Vec<usize>,
+    /// Workers of part 6 (MachinePool against MachineDeployment).
+    #[serde(default)]
+    pub pool_sizes: Vec<usize>,
     pub create_concurrency: usize,
     pub kaironmachine_concurrency: usize,
     pub idle_s: f64,
@@ -267,6 +326,9 @@ pub struct Results {
     /// Part 4 side by side with CAPD's in-memory provider (empty without `--peer`).
     #[serde(default)]
     pub peer: Vec<PeerRun>,
+    /// Part 6: MachinePool against MachineDeployment.
+    #[serde(default)]
+    pub pool: Vec<PoolComparison>,
     pub targets: Vec<TargetCheck>,
 }
 

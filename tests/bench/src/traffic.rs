@@ -67,4 +67,33 @@ impl Traffic {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+
+    /// Collects what `keep` selects until none of what `quiet_on` selects has been written for
+    /// `quiet` (or `timeout` passed: then the second value is false). With `keep` wider than
+    /// `quiet_on`, the other clients' requests of the same window come along.
+    pub async fn until_quiet_keeping(
+        &mut self,
+        keep: impl Fn(&AuditEvent) -> bool,
+        quiet_on: impl Fn(&AuditEvent) -> bool,
+        quiet: Duration,
+        timeout: Duration,
+    ) -> Result<(Vec<AuditEvent>, bool)> {
+        let start = Instant::now();
+        let mut last = Instant::now();
+        let mut got = Vec::new();
+        loop {
+            let new = self.take(&keep)?;
+            if new.iter().any(&quiet_on) {
+                last = Instant::now();
+            }
+            got.extend(new);
+            if last.elapsed() >= quiet {
+                return Ok((got, true));
+            }
+            if start.elapsed() >= timeout {
+                return Ok((got, false));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }

@@ -1,6 +1,6 @@
 //! The benchmark at a tiny size against the real control plane, so that `make test` keeps it
 //! working: 3 machines, a 2 s idle period, the full CAPI path with two workers, with
-//! capkr-manager and with CAPD's in-memory provider (whose manager `hack/capd-manager.sh`
+//! capkr-manager, as a MachinePool and with CAPD's in-memory provider (whose manager `hack/capd-manager.sh`
 //! builds once into a cache; it needs Go). Its numbers must
 //! be sane; the targets are not checked (they are about large N). Output goes to a temp dir,
 //! never to docs/. Like every real-control-plane test it fails when the binaries are missing.
@@ -21,6 +21,7 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
         sizes: vec![N],
         limits: vec![ApiLimits::DEFAULT],
         capi_sizes: vec![W],
+        pool_sizes: vec![W],
         idle: Duration::from_secs(2),
         quiet: Duration::from_secs(1),
         out_dir: out.path().to_path_buf(),
@@ -107,6 +108,39 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
         full.requests
     );
 
+    // MachinePool against MachineDeployment: the deployment's manager creates each Kairon
+    // Machine; the pool's raises its Kairon MachineSet, whose members Kairon makes, and creates
+    // a KaironMachine for each.
+    assert_eq!(res.pool.len(), 1);
+    let pool = &res.pool[0];
+    for path in [&pool.deployment, &pool.pool] {
+        assert_eq!(path.n, W);
+        assert!(
+            path.running_s > 0.0 && path.nodes_ready_s > 0.0 && path.ready_replicas_s > 0.0,
+            "{path:?}"
+        );
+        assert!(path.scale_s >= path.running_s.max(path.nodes_ready_s).max(path.ready_replicas_s));
+        assert!(path.peak_rss_mib > 1.0 && path.cpu_s > 0.0 && path.quiet, "{path:?}");
+        assert_eq!(
+            path.by_client.get("capkr-manager").map(|c| c.requests),
+            Some(path.per_machine.requests),
+            "the manager's requests among every client's: {:?}",
+            path.by_client.keys()
+        );
+    }
+    let (md, mp) = (&pool.deployment.requests, &pool.pool.requests);
+    let by = |c: &capkr_testenv::audit::RequestCounts, k: &str| c.by_resource.get(k).copied().unwrap_or(0);
+    assert_eq!(pool.deployment.workers, "MachineDeployment");
+    assert_eq!(by(md, "create machines.kairon.zyvor.dev"), W as u64, "{md:?}");
+    assert_eq!(by(md, "patch machinesets.kairon.zyvor.dev"), 0, "{md:?}");
+    assert_eq!(pool.pool.workers, "MachinePool");
+    assert_eq!(by(mp, "create machines.kairon.zyvor.dev"), 0, "{mp:?}");
+    assert!(by(mp, "patch machinesets.kairon.zyvor.dev") >= 1, "{mp:?}");
+    assert!(
+        by(mp, "create kaironmachines.infrastructure.cluster.x-k8s.io") >= W as u64,
+        "{mp:?}"
+    );
+
     assert!(res.versions.kube_apiserver.starts_with("v1."), "{:?}", res.versions);
     assert!(res.machine.nproc > 0);
 
@@ -117,6 +151,7 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
     let md = std::fs::read_to_string(out.path().join("results.md")).unwrap();
     assert!(md.contains("## Targets") && md.contains("provider / floor"), "{md}");
     assert!(md.contains("## Side by side") && md.contains("CAPD in-memory"), "{md}");
+    assert!(md.contains("## MachinePool vs MachineDeployment"), "{md}");
     for png in ["time-vs-n.png", "rss-vs-n.png", "peer-vs-n.png"] {
         let bytes = std::fs::read(out.path().join(png)).unwrap();
         assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{png} is a PNG");
