@@ -426,8 +426,12 @@ fn write_upgrade_flavors(assets: &Path) {
     std::fs::write(assets.join("cluster-template-kcp-scale-in.yaml"), scale_in).expect("writing a flavor");
 }
 
-/// The image patch operations of the shipped ClusterClass (`op: replace` of
-/// `/spec/template/spec/image`, with the comment lines above them) taken out of `class`.
+/// Where the shipped class's image patches write: a KaironMachineTemplate's image, and a
+/// KaironMachinePoolTemplate's (one level down).
+const IMAGE_PATHS: [&str; 2] = ["/spec/template/spec/image", "/spec/template/spec/template/image"];
+
+/// The image patch operations of the shipped ClusterClass (`op: replace` of an
+/// [`IMAGE_PATHS`] path, with the comment lines above them) taken out of `class`.
 fn without_image_patches(class: &str) -> String {
     let lines: Vec<&str> = class.lines().collect();
     let mut out: Vec<&str> = Vec::new();
@@ -437,7 +441,7 @@ fn without_image_patches(class: &str) -> String {
         let is_image_op = line.trim() == "- op: replace"
             && lines
                 .get(i + 1)
-                .is_some_and(|next| next.trim() == "path: /spec/template/spec/image");
+                .is_some_and(|next| IMAGE_PATHS.iter().any(|p| next.trim() == format!("path: {p}")));
         if !is_image_op {
             out.push(line);
             i += 1;
@@ -479,7 +483,7 @@ fn write_runtimesdk_flavor(assets: &Path) {
         "    - name: controlPlaneMachine\n",
     );
     assert!(
-        !class.contains("/spec/template/spec/image") && !class.contains("name: machineImage"),
+        !IMAGE_PATHS.iter().any(|p| class.contains(p)) && !class.contains("machineImage"),
         "an inline image patch or variable left in the runtimesdk class"
     );
     // The external patch last: it appends the in-place update spec's files to those of the
@@ -573,6 +577,9 @@ fn v1beta1_class(class: &str) -> String {
         .map(|l| {
             if l.starts_with("      - class: ") {
                 format!("{l}\n        template:\n")
+            } else if l == "    machinePools:" {
+                // The pool classes follow the worker classes, at the same depth.
+                format!("{l}\n")
             } else {
                 format!("  {l}\n")
             }
@@ -984,4 +991,39 @@ fn every_spec_label_is_in_exactly_one_part() {
             "PARTS names {label:?}, which no Describe has"
         );
     }
+}
+
+/// The test flavors are derived from the shipped templates by text edits that assert what
+/// they expect to find: run them all on a copy of `templates/` (as the release assets hold
+/// them), so a template change that breaks one fails here in a second, not in the suite.
+#[test]
+fn every_test_flavor_derives_from_the_shipped_templates() {
+    let assets = std::env::temp_dir().join(format!("capkr-capi-e2e-flavors-{}", std::process::id()));
+    std::fs::create_dir_all(&assets).expect("a temp dir");
+    let templates = workspace_root().join("templates");
+    for entry in std::fs::read_dir(&templates).expect("reading templates/").flatten() {
+        std::fs::copy(entry.path(), assets.join(entry.file_name())).expect("copying a template");
+    }
+    write_taint_flavors(&assets);
+    write_kcp_remediation_flavor(&assets);
+    write_md_remediation_flavor(&assets);
+    write_kcp_adoption_flavor(&assets);
+    write_kcp_only_flavor(&assets);
+    write_runtimesdk_flavor(&assets);
+    write_upgrade_flavors(&assets);
+    let v1beta1 = std::fs::read_to_string(assets.join("clusterclass-kairon-runtimesdk-v1beta1.yaml")).expect("written");
+    let (class, _) = v1beta1.split_once("\n---\n").expect("class and templates");
+    // Every worker class of either kind sits at the same depth, its templates under `template`.
+    for kind in ["\n    machineDeployments:\n", "\n    machinePools:\n"] {
+        assert!(class.contains(kind), "no {kind:?} in {class}");
+        if let Some((_, rest)) = class.split_once(kind) {
+            let first = rest.lines().next().unwrap_or_default();
+            assert!(
+                first.starts_with("      - class: "),
+                "{kind:?} is followed by {first:?}"
+            );
+            assert!(rest.contains("        template:\n          bootstrap:"), "{class}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&assets);
 }
