@@ -133,6 +133,11 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
     let started = Instant::now();
     scale_pool(&rig, &pool, 5).await;
     rig.wait("the fifteen chosen Machines deleting", UP, || async {
+        // A VM must not go while its Machine is held before its drain.
+        let early = snapshot(&vm_deleted);
+        if !early.is_empty() {
+            rig.fail(format!("VMs deleted before their Machines were drained: {early:?}"));
+        }
         let deleting = snapshot(&machine_deleting);
         Ok::<_, kube::Error>(chosen.iter().all(|n| deleting.contains_key(n)).then_some(()))
     })
