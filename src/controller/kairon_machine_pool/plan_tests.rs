@@ -154,6 +154,9 @@ fn a_pool_of_20_scaled_to_5_removes_exactly_the_15_marked() {
     assert!(down.delete_machines.iter().all(|(_, w)| *w == Why::ScaleIn));
 }
 
+/// name, (maxSurge, maxUnavailable), the set's replicas, instances, Machines deleted.
+type AutoscaledCase = (&'static str, (i32, i32), i32, &'static str, Vec<(&'static str, Why)>);
+
 /// An autoscaler owns the set's size (`cluster.x-k8s.io/replicas-managed-by`): the pool's
 /// desired count is the set's `spec.replicas`; it never writes it, picks no Machine to scale in
 /// (Kairon picks, for the autoscaler), rolls without a surge, and still replaces a failed VM.
@@ -161,7 +164,7 @@ fn a_pool_of_20_scaled_to_5_removes_exactly_the_15_marked() {
 fn an_autoscaled_pool_never_writes_the_size_nor_scales_in() {
     use Why::*;
     #[rustfmt::skip]
-    let cases: Vec<(&str, (i32, i32), i32, &str, Vec<(&str, Why)>)> = vec![
+    let cases: Vec<AutoscaledCase> = vec![
         ("raised by the autoscaler: Kairon makes the members", (1, 0), 5, "a:rkm b:rkm", vec![]),
         ("lowered by the autoscaler: Kairon picks, the pool does not", (1, 0), 2, "a:rkm b:rkm c:rkm", vec![]),
         ("a failed VM is still replaced", (1, 0), 2, "a:bkm b:rkm", vec![("a", Broken)]),
