@@ -717,6 +717,17 @@ intervals:
     )
 }
 
+/// Every test flavor the specs need, derived from the release assets in `assets`.
+fn write_test_flavors(assets: &Path) {
+    write_taint_flavors(assets);
+    write_kcp_remediation_flavor(assets);
+    write_md_remediation_flavor(assets);
+    write_kcp_adoption_flavor(assets);
+    write_kcp_only_flavor(assets);
+    write_runtimesdk_flavor(assets);
+    write_upgrade_flavors(assets);
+}
+
 /// The suite binary, found or compiled once per test process (every part uses it).
 fn suite_binary() -> PathBuf {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
@@ -852,13 +863,7 @@ async fn run_specs(part: usize) {
     let dir = env.dir().join(format!("capi-e2e-{part}"));
     let repo = ClusterctlRepo::create(&dir, env.binaries()).expect("release assets");
     let assets = repo.dir.join("repo").join("infrastructure-kairon").join(VERSION);
-    write_taint_flavors(&assets);
-    write_kcp_remediation_flavor(&assets);
-    write_md_remediation_flavor(&assets);
-    write_kcp_adoption_flavor(&assets);
-    write_kcp_only_flavor(&assets);
-    write_runtimesdk_flavor(&assets);
-    write_upgrade_flavors(&assets);
+    write_test_flavors(&assets);
     let config = dir.join("e2e-config.yaml");
     std::fs::write(
         &config,
@@ -1004,13 +1009,7 @@ fn every_test_flavor_derives_from_the_shipped_templates() {
     for entry in std::fs::read_dir(&templates).expect("reading templates/").flatten() {
         std::fs::copy(entry.path(), assets.join(entry.file_name())).expect("copying a template");
     }
-    write_taint_flavors(&assets);
-    write_kcp_remediation_flavor(&assets);
-    write_md_remediation_flavor(&assets);
-    write_kcp_adoption_flavor(&assets);
-    write_kcp_only_flavor(&assets);
-    write_runtimesdk_flavor(&assets);
-    write_upgrade_flavors(&assets);
+    write_test_flavors(&assets);
     let v1beta1 = std::fs::read_to_string(assets.join("clusterclass-kairon-runtimesdk-v1beta1.yaml")).expect("written");
     let (class, _) = v1beta1.split_once("\n---\n").expect("class and templates");
     // Every worker class of either kind sits at the same depth, its templates under `template`.
