@@ -8,23 +8,41 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// Where [`free_port`] picks: below the kernel's ephemeral range (32768–60999 by default),
+/// which every outgoing connection takes its local port from. A port asked of the kernel
+/// (bind to port 0) comes from that range too, and between the pick and the process that
+/// binds it later, one of the machine's many connections could take it (a CAPI manager
+/// failed to start with "address already in use" on its health port that way, with five
+/// test binaries running). Above the fixed ports the guests listen on (2379, 6443,
+/// 10250–10259).
+const PICK_FROM: std::ops::Range<u16> = 20000..32768;
+
 /// A free loopback port; never hands out the same one twice in a test process.
 pub fn free_port() -> Result<u16> {
     static USED: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let used = USED.get_or_init(|| Mutex::new(HashSet::new()));
-    for _ in 0..100 {
-        let l = std::net::TcpListener::bind(("127.0.0.1", 0)).context("binding a free port")?;
-        let port = l.local_addr().context("local addr")?.port();
-        // Webhook servers bind all interfaces: make sure that is free too.
-        drop(l);
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_err() {
-            continue;
-        }
-        if used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+    let span = u64::from(PICK_FROM.end - PICK_FROM.start);
+    // Random enough that test processes started together pick apart: the clock's nanoseconds,
+    // the process, and a counter, mixed.
+    let mut x = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or_default()
+        ^ (u64::from(std::process::id()) << 32)
+        | 1;
+    for _ in 0..1000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = PICK_FROM.start + (x % span) as u16;
+        // Webhook servers bind all interfaces: the port must be free there too.
+        let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
+        if free && used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
             return Ok(port);
         }
     }
-    bail!("no free port found")
+    bail!("no free port found in {PICK_FROM:?}")
 }
 
 /// What [`http_get`] got back.
@@ -76,6 +94,10 @@ mod tests {
     #[test]
     fn free_port_never_hands_out_a_port_twice() {
         let ports: Vec<u16> = (0..20).map(|_| free_port().unwrap()).collect();
+        assert!(
+            ports.iter().all(|p| PICK_FROM.contains(p)),
+            "outside {PICK_FROM:?}: {ports:?}"
+        );
         let distinct: HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len(), "{ports:?}");
     }
