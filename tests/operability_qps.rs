@@ -61,9 +61,13 @@ async fn qps_limit_spreads_a_burst_as_the_api_server_sees_it() {
             "{n} manager {what} over {span:.2} s: {:.2}/s; worst excess over the bucket's bound: {worst:.2}",
             (n as f64) / span
         );
-        // One request of slack for the clock of arrival vs. the clock of the bucket.
+        // Two requests of slack for the clock of arrival vs. the clock of the bucket: on a
+        // loaded machine (five test binaries at once, load average above 10) a request the
+        // bucket let out on time can reach the API server late, right before the next one
+        // (a cold CI run measured an excess of 1.10). Without a limit the burst of 30 or more
+        // requests exceeds the bound by tens.
         assert!(
-            worst <= 1.0,
+            worst <= 2.0,
             "more {what} than the token bucket allows: excess {worst:.2}"
         );
         assert!(
