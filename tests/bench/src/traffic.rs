@@ -49,23 +49,7 @@ impl Traffic {
         quiet: Duration,
         timeout: Duration,
     ) -> Result<(Vec<AuditEvent>, bool)> {
-        let start = Instant::now();
-        let mut last = Instant::now();
-        let mut got = Vec::new();
-        loop {
-            let new = self.take(&keep)?;
-            if !new.is_empty() {
-                last = Instant::now();
-                got.extend(new);
-            }
-            if last.elapsed() >= quiet {
-                return Ok((got, true));
-            }
-            if start.elapsed() >= timeout {
-                return Ok((got, false));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.until_quiet_keeping(&keep, &keep, quiet, timeout).await
     }
 
     /// Collects what `keep` selects until none of what `quiet_on` selects has been written for
