@@ -14,7 +14,10 @@
 //! runs here as a process beside the managers; CAPI core (with `RuntimeSDK`) reaches it at the
 //! Service address the specs' ExtensionConfigs name through the extension's own proxy.
 //!
-//! `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter, e.g. `quick-start`) runs a subset.
+//! `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter, e.g. `quick-start`) runs a subset;
+//! `CAPKR_CAPI_E2E_REPEAT=N` runs the selected specs N more times in one Ginkgo run (a loop
+//! for a flaky spec); `CAPKR_CAPI_E2E_AUDIT=1` writes the management API server's audit log
+//! (every request at Metadata level) into the environment's dir, for finding who wrote what.
 //! The specs that run and those that cannot here are listed in `docs/capi-e2e.md`.
 
 use std::path::{Path, PathBuf};
@@ -795,6 +798,9 @@ async fn suite_env() -> (&'static Env, GuestNetwork) {
     // proxy (the extension's own); they never proxy loopback, where every API server listens.
     let proxy_port = *PROXY_PORT.get_or_init(|| free_port().expect("a free port for the extension's proxy"));
     opts.capi_env = vec![("HTTPS_PROXY".into(), format!("http://127.0.0.1:{proxy_port}"))];
+    if std::env::var("CAPKR_CAPI_E2E_AUDIT").is_ok_and(|v| !v.is_empty()) {
+        opts = opts.audit_policy(capkr_testenv::audit::AUDIT_POLICY_METADATA_RESPONSES);
+    }
     let env = Env::shared_with(opts, |env| async move {
         let net = *NETWORK.get_or_init(GuestNetwork::pick);
         let guest_dir = env.dir().join("guests");
@@ -899,6 +905,9 @@ async fn run_specs(part: usize) {
         None => format!("({labels}) && {DEFAULT_LABEL_FILTER}"),
     };
     cmd.arg(format!("-ginkgo.label-filter={filter}"));
+    if let Some(n) = std::env::var("CAPKR_CAPI_E2E_REPEAT").ok().filter(|n| !n.is_empty()) {
+        cmd.arg(format!("-ginkgo.repeat={n}"));
+    }
     let started = Instant::now();
     let out = cmd.output().expect("running the CAPI e2e suite");
     let text = format!(

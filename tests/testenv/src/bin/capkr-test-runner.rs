@@ -338,15 +338,23 @@ fn main() -> Result<()> {
     }
 
     finished.sort_by_key(|f| std::cmp::Reverse(f.took));
+    let table: Vec<String> = finished
+        .iter()
+        .map(|f| {
+            format!(
+                "{:>7.0}  {:<4}  {}",
+                f.took.as_secs_f64(),
+                if f.ok { "ok" } else { "FAIL" },
+                f.name
+            )
+        })
+        .collect();
     println!("\n{:>7}  {:<4}  binary", "seconds", "");
-    for f in &finished {
-        println!(
-            "{:>7.0}  {:<4}  {}",
-            f.took.as_secs_f64(),
-            if f.ok { "ok" } else { "FAIL" },
-            f.name
-        );
+    for line in &table {
+        println!("{line}");
     }
+    // The same table, slowest first, for .ci/run's closing summary.
+    std::fs::write(opts.log_dir.join("times.txt"), table.join("\n") + "\n")?;
     let failed: Vec<&Finished> = finished.iter().filter(|f| !f.ok).collect();
     let mut all = Counts::default();
     for c in finished.iter().filter_map(|f| f.counts) {
