@@ -15,9 +15,10 @@
 //! Service address the specs' ExtensionConfigs name through the extension's own proxy.
 //!
 //! `CAPKR_CAPI_E2E_FOCUS` (a Ginkgo label filter, e.g. `quick-start`) runs a subset;
-//! `CAPKR_CAPI_E2E_REPEAT=N` runs the selected specs N more times in one Ginkgo run (a loop
-//! for a flaky spec); `CAPKR_CAPI_E2E_AUDIT=1` writes the management API server's audit log
-//! (every request at Metadata level) into the environment's dir, for finding who wrote what.
+//! `CAPKR_CAPI_E2E_REPEAT=N` runs the selected specs N more times on the same environment,
+//! stopping at the first failure (a loop for a flaky spec); `CAPKR_CAPI_E2E_AUDIT=1` writes the management API server's audit log
+//! (every request at Metadata level; or `=<file>`, that audit policy) into the environment's
+//! dir, for finding who wrote what.
 //! The specs that run and those that cannot here are listed in `docs/capi-e2e.md`.
 
 use std::path::{Path, PathBuf};
@@ -756,7 +757,7 @@ fn suite_binary() -> PathBuf {
 /// take little longer than one.
 const PARTS: [&str; 3] = [
     "runtimesdk-upgrade-cross-ns || kcp-remediation || clusterclass-rollout || quick-start || kcp-adoption \
-     || quick-start-kcp-only",
+     || quick-start-kcp-only || kairon-conflict-retry",
     "runtimesdk-upgrade || node-drain || k8s-upgrade-scale-in || in-place-update || md-scale || md-remediation \
      || cluster-deletion",
     "k8s-upgrade-ha || k8s-upgrade || clusterclass-changes || kcp-infra-adoption || scale || kairon-in-place \
@@ -798,8 +799,14 @@ async fn suite_env() -> (&'static Env, GuestNetwork) {
     // proxy (the extension's own); they never proxy loopback, where every API server listens.
     let proxy_port = *PROXY_PORT.get_or_init(|| free_port().expect("a free port for the extension's proxy"));
     opts.capi_env = vec![("HTTPS_PROXY".into(), format!("http://127.0.0.1:{proxy_port}"))];
-    if std::env::var("CAPKR_CAPI_E2E_AUDIT").is_ok_and(|v| !v.is_empty()) {
-        opts = opts.audit_policy(capkr_testenv::audit::AUDIT_POLICY_METADATA_RESPONSES);
+    match std::env::var("CAPKR_CAPI_E2E_AUDIT").ok().filter(|v| !v.is_empty()) {
+        // A file: that audit policy (e.g. request bodies of some resources).
+        Some(path) if std::path::Path::new(&path).is_file() => {
+            let policy = std::fs::read_to_string(&path).expect("reading CAPKR_CAPI_E2E_AUDIT's policy");
+            opts = opts.audit_policy(policy);
+        }
+        Some(_) => opts = opts.audit_policy(capkr_testenv::audit::AUDIT_POLICY_METADATA_RESPONSES),
+        None => {}
     }
     let env = Env::shared_with(opts, |env| async move {
         let net = *NETWORK.get_or_init(GuestNetwork::pick);
@@ -905,31 +912,37 @@ async fn run_specs(part: usize) {
         None => format!("({labels}) && {DEFAULT_LABEL_FILTER}"),
     };
     cmd.arg(format!("-ginkgo.label-filter={filter}"));
-    if let Some(n) = std::env::var("CAPKR_CAPI_E2E_REPEAT").ok().filter(|n| !n.is_empty()) {
-        cmd.arg(format!("-ginkgo.repeat={n}"));
-    }
-    let started = Instant::now();
-    let out = cmd.output().expect("running the CAPI e2e suite");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let _ = std::fs::write(work.join(format!("last-run-{part}.txt")), &text);
-    eprintln!("{text}");
-    eprintln!(
-        "CAPI e2e suite: {:.1}s, {}",
-        started.elapsed().as_secs_f64(),
-        out.status
-    );
-    if !out.status.success() {
-        env.dump();
-        panic!(
-            "the CAPI e2e suite failed ({}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)\n{}",
-            out.status,
-            artifacts.display(),
-            failure_summary(&text)
+    // Ginkgo's own --repeat is its CLI's, not the test binary's: the loop is ours, each round
+    // a fresh Ginkgo run on the same environment, stopping at the first failure.
+    let rounds = 1 + std::env::var("CAPKR_CAPI_E2E_REPEAT")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut text = String::new();
+    for round in 1..=rounds {
+        let started = Instant::now();
+        let out = cmd.output().expect("running the CAPI e2e suite");
+        text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
         );
+        let _ = std::fs::write(work.join(format!("last-run-{part}.txt")), &text);
+        eprintln!("{text}");
+        eprintln!(
+            "CAPI e2e suite (round {round} of {rounds}): {:.1}s, {}",
+            started.elapsed().as_secs_f64(),
+            out.status
+        );
+        if !out.status.success() {
+            env.dump();
+            panic!(
+                "the CAPI e2e suite failed ({}, round {round} of {rounds}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)\n{}",
+                out.status,
+                artifacts.display(),
+                failure_summary(&text)
+            );
+        }
     }
     assert!(text.contains("SUCCESS!"), "no Ginkgo summary in the output");
     // A focus may select nothing of this part; without one, every part runs specs.

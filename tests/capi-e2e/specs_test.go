@@ -76,9 +76,11 @@ var _ = Describe("When testing KCP remediation", Label("kcp-remediation"), func(
 var _ = Describe("When testing KCP adoption", Label("kcp-adoption"), func() {
 	capie2e.KCPAdoptionSpec(ctx, func() capie2e.KCPAdoptionSpecInput {
 		return capie2e.KCPAdoptionSpecInput{
-			E2EConfig:             e2eConfig,
-			ClusterctlConfigPath:  clusterctlConfigPath,
-			BootstrapClusterProxy: bootstrapClusterProxy,
+			E2EConfig:            e2eConfig,
+			ClusterctlConfigPath: clusterctlConfigPath,
+			// Its second step updates the Cluster while CAPI writes the Cluster's status
+			// (conflict_proxy_test.go).
+			BootstrapClusterProxy: conflictRetryingProxy{bootstrapClusterProxy},
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
 			Flavor:                ptr.To("kcp-adoption"),
