@@ -394,3 +394,77 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
     assert_eq!(written.data["status"]["initialization"]["provisioned"], true);
     assert_eq!(written.data["status"]["infrastructureMachineKind"], "KaironMachine");
 }
+
+/// Kairon's published Machine schema (our own fixture of it, written from the field list of
+/// `charts/kairon/crds/machines.yaml` in zyvorai/kairon: no unknown field kept, strict field
+/// validation refusing one) takes, unchanged, the `spec.cloudInit` the bootstrap bridge makes of
+/// the bootstrap data CABPK v1.14.2's templates write: every field the bridge sets exists there
+/// with the type it has.
+#[tokio::test(flavor = "multi_thread")]
+async fn kairons_published_machine_schema_takes_the_cloud_init_the_bootstrap_bridge_writes() {
+    use capkr::kairon::cloud_init::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, translate_cloud_config};
+    use kube::core::{ApiResource, GroupVersionKind};
+
+    let opts = EnvOptions::new("kairon_schema").capi_managers(CapiManagers::NONE);
+    let env = Env::start(opts).await.expect("test environment");
+    env.create_namespace("kairon").await.unwrap();
+    let root = capkr_testenv::workspace_root();
+    let crd = std::fs::read_to_string(root.join("tests/fixtures/kairon/machines.kairon.zyvor.dev.yaml"))
+        .expect("the fixture of Kairon's Machine schema");
+    // It replaces the development CRD the environment installed, under the same name.
+    env.apply(&crd, None)
+        .await
+        .expect("Kairon's Machine schema is a valid structural CRD");
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("kairon.zyvor.dev", "v1alpha1", "Machine"),
+        "machines",
+    );
+    let machines: Api<DynamicObject> = Api::namespaced_with(env.client(), "kairon", &resource);
+    // Server-side apply: the one write whose field validation can be asked Strict here.
+    let strict = PatchParams::apply("capkr-test").validation(kube::api::ValidationDirective::Strict);
+    let testdata = root.join("tests/kairon-sim/testdata/cabpk");
+    let mut checked = 0;
+    for fixture in [
+        "control-plane-init",
+        "control-plane-join",
+        "worker-join",
+        "worker-files",
+        "worker-user",
+    ] {
+        let user_data = std::fs::read_to_string(testdata.join(format!("{fixture}.yaml"))).expect("a CABPK fixture");
+        let name = format!("demo-{fixture}");
+        let cloud_init = translate_cloud_config(&user_data, &GuestFacts::kairon(&name), DEFAULT_MAX_DECODED_BYTES)
+            .unwrap_or_else(|e| panic!("{fixture}: {e}"));
+        let sent = serde_json::to_value(&cloud_init).unwrap();
+        let vm: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "kairon"},
+            "spec": {"image": {"imageRef": "ubuntu-2404-kube-v1-36-3"},
+                     "resources": {"cpu": "2", "memory": "4Gi"}, "cloudInit": sent.clone()},
+        }))
+        .unwrap();
+        // The deprecation warning of v1alpha1 is no error; an unknown or mistyped field is.
+        let created = machines
+            .patch(&name, &strict, &Patch::Apply(&vm))
+            .await
+            .unwrap_or_else(|e| panic!("{fixture}: Kairon's schema refuses the Machine: {e}"));
+        assert_eq!(
+            created.data["spec"]["cloudInit"], sent,
+            "{fixture}: the schema pruned or changed cloudInit"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 5);
+    // The fixture bites: a field Kairon does not have is refused by name.
+    let unknown: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": "unknown-field", "namespace": "kairon"},
+        "spec": {"cloudInit": {"userData": "#cloud-config\n"}},
+    }))
+    .unwrap();
+    let err = machines
+        .patch("unknown-field", &strict, &Patch::Apply(&unknown))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("spec.cloudInit.userData"), "{err}");
+}

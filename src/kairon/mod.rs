@@ -16,6 +16,7 @@
 //!   [`evacuation`] (pure).
 
 mod client;
+pub mod cloud_init;
 pub mod desired;
 pub mod evacuation;
 mod fingerprint;

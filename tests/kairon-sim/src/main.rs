@@ -5,7 +5,8 @@
 //! - [`placement`], [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
 //! - [`migration`], [`evacuation`]: live migrations and host maintenance (pure);
 //! - [`machineset`]: Kairon's MachineSets: members created, removed, scaled in (pure);
-//! - [`guest`]: what a guest makes of its cloud-init user-data (pure);
+//! - [`guest`]: what a guest makes of its cloud-init user-data (pure); [`cloud_init`]: the
+//!   NoCloud seed Kairon renders from a structured cloudInit (pure);
 //! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
 //! - [`machines`], [`site_writes`], [`machineset_writes`], [`workload`], [`guest_ops`]: writes to the management
 //!   and the workload API servers ([`status_patch`]: what a status write sends);
@@ -21,6 +22,7 @@
 
 mod addons;
 mod addons_objects;
+mod cloud_init;
 mod endpoint;
 mod engine;
 mod evacuation;
