@@ -1,6 +1,8 @@
 //! The admin endpoints: `/healthz` and `/readyz` on `--health-addr`, `/metrics` (Prometheus
-//! text) on `--metrics-bind-address`: over HTTPS for authorized callers ([`secure`]), or plain
-//! HTTP to anyone with `--insecure-diagnostics`.
+//! text) on `--metrics-bind-address` (CAPI's `--diagnostics-address`): over HTTPS for
+//! authorized callers ([`secure`]), with the TLS flags' versions and suites ([`tls_options`]),
+//! or plain HTTP to anyone with `--insecure-diagnostics`. `/metrics` is the manager's only TLS
+//! listener: health is plain HTTP, as in CAPI's managers, and there is no webhook server.
 //!
 //! `/readyz` of the leader (or of a manager without leader election) means: every cache has
 //! done its first list, and the API server answers. A standby that is not leader runs no
@@ -21,6 +23,7 @@ use tracing::{info, warn};
 
 mod secure;
 mod tls;
+pub mod tls_options;
 
 use crate::controller::CacheReadiness;
 use crate::metrics::Metrics;

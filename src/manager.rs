@@ -162,7 +162,12 @@ pub async fn run(args: Args) -> Result<()> {
     };
     // Lease renewals and probes must not queue behind a burst of reconciles.
     let plain = client_from(&args.kubeconfig, &identity, None).await?;
-    info!(?settings, %identity, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
+    let feature_gates = args.feature_gates();
+    info!(?settings, ?feature_gates, %identity, version = env!("CARGO_PKG_VERSION"), "starting capkr-manager");
+    let webhook_flags = args.webhook_flags_given();
+    if !webhook_flags.is_empty() {
+        info!(flags = ?webhook_flags, "webhook flags ignored: the provider has no webhook server (validation is in the CRD schemas)");
+    }
 
     // Events get a client of their own with its own token bucket of the same size, as a Go
     // provider's event recorder has (controller-runtime builds it from the same rest.Config):
@@ -203,7 +208,7 @@ pub async fn run(args: Args) -> Result<()> {
             let reviews = client_from(&args.kubeconfig, &identity, Some(&review_limits)).await?;
             admin::MetricsAccess::Secure {
                 gate: admin::Gate::new(reviews),
-                tls: Box::new(admin::tls_config(dir)?),
+                tls: Box::new(admin::tls_config(dir, &args.tls_options())?),
             }
         };
         admin::spawn_metrics(addr, metrics.clone(), access)
@@ -214,11 +219,12 @@ pub async fn run(args: Args) -> Result<()> {
     let shutdown = shutdown_signal().shared();
     let mut elector = None;
     if args.leader_elect {
+        let (namespace, name) = args.leader_election_lease().map_err(anyhow::Error::msg)?;
         let mut e = LeaderElector::new(
             plain.clone(),
             LeaderElectionConfig {
-                namespace: args.leader_election_namespace.clone(),
-                name: args.leader_election_id.clone(),
+                namespace,
+                name,
                 identity: identity.clone(),
                 lease_duration: args.leader_elect_lease_duration,
                 renew_deadline: args.leader_elect_renew_deadline,

@@ -1,15 +1,18 @@
 //! `/metrics` as shipped, against a real API server: HTTPS, served only to callers whose token
 //! may `get /metrics` (TokenReview + SubjectAccessReview), with the manager acting as its
-//! ServiceAccount under the shipped RBAC — so the RBAC is proven to be enough.
+//! ServiceAccount under the shipped RBAC — so the RBAC is proven to be enough; and after
+//! reconciles of every kind, controller-runtime's standard names, which CAPI's dashboards
+//! query, with sane values beside ours.
 
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use capkr::api::KaironMachineTemplate;
 use capkr_testenv::{CapiManagers, Env, EnvOptions};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 /// `curl -k` of `https://127.0.0.1:<port>/metrics`: (HTTP status, body); status 0 when no TLS
 /// answer came.
@@ -349,5 +352,251 @@ async fn idle_tls_connections_are_closed_within_a_minute_and_do_not_block_a_scra
     );
     assert_eq!(scrape_status, 200, "a scrape while {IDLE} idle connections are open");
     assert_eq!(still_open, 0, "idle connections still open after 60 s");
+    assert!(manager.is_running());
+}
+
+/// The value of one series line (`name{labels} value`) of a scrape.
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// The sum of every series of `name` whose labels include `label`.
+fn sum(body: &str, name: &str, label: &str) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Objects of every kind in namespace `ns` for the four controllers to reconcile; with
+/// `refused`, only the KaironMachineTemplate whose status writes a ValidatingAdmissionPolicy
+/// refuses (its reconciles fail and are retried).
+fn objects(ns: &str, refused: bool) -> String {
+    let spec = "cpus: 2\n    memory: 4Gi\n    image: ubuntu-2404-kube-v1.36.3\n    diskSize: 20Gi";
+    let template = |name: &str, labels: &str| {
+        format!(
+            "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachineTemplate\nmetadata:\n  name: {name}\n  namespace: {ns}\n{labels}spec:\n  template:\n    spec:\n      {}\n",
+            spec.replace("\n    ", "\n      ")
+        )
+    };
+    if refused {
+        return template("t-refused", "  labels:\n    test.capkr.dev/refuse-status: \"true\"\n");
+    }
+    [
+        format!(
+            "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironCluster\nmetadata:\n  name: c1\n  namespace: {ns}\nspec:\n  controlPlaneEndpoint:\n    host: 10.20.0.100\n    port: 6443\n"
+        ),
+        format!(
+            "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachine\nmetadata:\n  name: m1\n  namespace: {ns}\nspec:\n  {}\n",
+            spec.replace("\n    ", "\n  ")
+        ),
+        format!(
+            "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachinePool\nmetadata:\n  name: p1\n  namespace: {ns}\nspec:\n  template:\n    {spec}\n"
+        ),
+        template("t1", ""),
+    ]
+    .join("---\n")
+}
+
+/// Refuses every status write of a KaironMachineTemplate labelled
+/// `test.capkr.dev/refuse-status`.
+const REFUSE_TEMPLATE_STATUS: &str = "apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: refuse-template-status
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+    - apiGroups: [infrastructure.cluster.x-k8s.io]
+      apiVersions: ['*']
+      operations: [CREATE, UPDATE]
+      resources: [kaironmachinetemplates/status]
+  validations:
+  - expression: 'false'
+    message: this test refuses the status of this template
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: refuse-template-status
+spec:
+  policyName: refuse-template-status
+  validationActions: [Deny]
+  matchResources:
+    objectSelector:
+      matchLabels:
+        test.capkr.dev/refuse-status: 'true'
+";
+
+/// After reconciles of every kind (one of them failing), `/metrics` as shipped has
+/// controller-runtime's reconcile and work-queue series under CAPI's controller names, as
+/// CAPI's Grafana dashboard `controller-runtime.json` queries them, with values that agree
+/// with each other and with ours; the work-queue series kube-runtime cannot show are absent.
+#[tokio::test(flavor = "multi_thread")]
+async fn reconciles_are_exposed_under_controller_runtimes_standard_names() {
+    let Setup { env, prometheus, .. } = setup(EnvOptions::new("operability-metrics-standard")).await;
+    env.apply(REFUSE_TEMPLATE_STATUS, None).await.unwrap();
+    let ns = "metrics-standard";
+    env.create_namespace(ns).await.unwrap();
+    // The policy takes a moment to be enforced: the manager starts once it refuses the
+    // template's status.
+    env.apply(&objects(ns, true), None).await.unwrap();
+    let templates: Api<KaironMachineTemplate> = Api::namespaced(env.client(), ns);
+    let status = serde_json::json!({"status": {"capacity": {"cpu": "1"}}});
+    capkr_testenv::wait_for(
+        "the policy to refuse the template's status",
+        Duration::from_secs(30),
+        || async {
+            templates
+                .patch_status("t-refused", &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .is_err_and(|e| e.to_string().contains("refuses the status"))
+        },
+    )
+    .await
+    .unwrap();
+    let (manager, port) = start_secure_manager(&env, &[]);
+    first_scrape(&manager, port, &prometheus).await;
+    env.apply(&objects(ns, false), None).await.unwrap();
+
+    let controllers = [
+        ("kaironmachine", 20.0),
+        ("kaironcluster", 10.0),
+        ("kaironmachinetemplate", 2.0),
+        ("kaironmachinepool", 5.0),
+    ];
+    let reconciled = capkr_testenv::wait_for(
+        "a reconcile of every kind, and a failed one of the refused template",
+        Duration::from_secs(60),
+        || async {
+            let (code, body) = scrape(port, Some(&prometheus), "https");
+            let done = code == 200
+                && controllers.iter().all(|(c, _)| {
+                    sum(
+                        &body,
+                        "controller_runtime_reconcile_total",
+                        &format!("controller=\"{c}\""),
+                    ) > 0.0
+                })
+                && value(
+                    &body,
+                    "controller_runtime_reconcile_errors_total{controller=\"kaironmachinetemplate\"}",
+                )
+                .is_some_and(|n| n >= 1.0);
+            Ok::<_, std::io::Error>(done.then_some(body))
+        },
+    )
+    .await;
+    if let Err(e) = reconciled {
+        panic!(
+            "{e:#}\n{}\n{}",
+            scrape(port, Some(&prometheus), "https").1,
+            manager.log_tail(40)
+        );
+    }
+    // A scrape reads one series after the other while reconciles end: the values are compared
+    // once two scrapes half a second apart agree (the refused template's retries back off, so
+    // such a pause comes).
+    let counts = |body: &str| -> Vec<String> {
+        body.lines()
+            .filter(|l| {
+                [
+                    "controller_runtime_",
+                    "workqueue_retries",
+                    "workqueue_work_duration_seconds_count",
+                ]
+                .iter()
+                .any(|p| l.starts_with(p))
+                    && !l.contains("_bucket")
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let settled = capkr_testenv::wait_for("two scrapes that agree", Duration::from_secs(60), || async {
+        let (_, first) = scrape(port, Some(&prometheus), "https");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (code, second) = scrape(port, Some(&prometheus), "https");
+        Ok::<_, std::io::Error>((code == 200 && counts(&first) == counts(&second)).then_some(second))
+    })
+    .await;
+    let body = settled.unwrap();
+    let get = |series: &str| value(&body, series).unwrap_or_else(|| panic!("{series} missing in\n{body}"));
+    for (c, places) in controllers {
+        let of = format!("{{controller=\"{c}\"}}");
+        let queue = format!("{{name=\"{c}\",controller=\"{c}\"}}");
+        let result = |r: &str| {
+            get(&format!(
+                "controller_runtime_reconcile_total{{controller=\"{c}\",result=\"{r}\"}}"
+            ))
+        };
+        let (success, error, requeue, requeue_after) = (
+            result("success"),
+            result("error"),
+            result("requeue"),
+            result("requeue_after"),
+        );
+        let total = success + error + requeue + requeue_after;
+        let errors = get(&format!("controller_runtime_reconcile_errors_total{of}"));
+        let timeouts = get(&format!("controller_runtime_reconcile_timeouts_total{of}"));
+        let timed = get(&format!("controller_runtime_reconcile_time_seconds_count{of}"));
+        let worked = get(&format!("workqueue_work_duration_seconds_count{queue}"));
+        let active = get(&format!("controller_runtime_active_workers{of}"));
+        let max = get(&format!("controller_runtime_max_concurrent_reconciles{of}"));
+        let retries = get(&format!("workqueue_retries_total{queue}"));
+        let longest = get(&format!("workqueue_longest_running_processor_seconds{queue}"));
+        let unfinished = get(&format!("workqueue_unfinished_work_seconds{queue}"));
+        let ours = get(&format!("capkr_reconcile_total{of}"));
+        println!(
+            "{c}: {total} reconciles ({success} success, {error} error, {requeue} requeue, {requeue_after} requeue_after), \
+             {retries} retries, {active}/{max} workers, longest running {longest:.3} s, unfinished {unfinished:.3} s"
+        );
+        assert!(total > 0.0, "{c}: reconciled");
+        assert_eq!(errors, error, "{c}: errors are the reconciles with result error");
+        assert!(
+            timeouts <= errors,
+            "{c}: a reconcile dropped at its deadline is an error"
+        );
+        assert_eq!(
+            retries,
+            error + requeue + requeue_after,
+            "{c}: every result but success is retried"
+        );
+        assert_eq!(timed, total, "{c}: every reconcile timed once and counted once");
+        assert_eq!(
+            worked, timed,
+            "{c}: work duration and reconcile time observe the same reconciles"
+        );
+        assert!((0.0..=max).contains(&active), "{c}: {active} active of {max}");
+        assert_eq!(max, places, "{c}: the flags' places (KaironMachines: two lanes of 10)");
+        assert!(
+            longest >= 0.0 && unfinished >= longest,
+            "{c}: {longest} longest, {unfinished} unfinished"
+        );
+        assert!(ours >= timed, "{c}: ours still counted ({ours})");
+        for le in ["0.005", "1.0", "60.0", "+Inf"] {
+            get(&format!(
+                "controller_runtime_reconcile_time_seconds_bucket{{le=\"{le}\",controller=\"{c}\"}}"
+            ));
+        }
+        get(&format!(
+            "workqueue_work_duration_seconds_bucket{{le=\"1e-8\",name=\"{c}\",controller=\"{c}\"}}"
+        ));
+    }
+    assert!(
+        get("controller_runtime_reconcile_errors_total{controller=\"kaironmachinetemplate\"}") >= 1.0,
+        "the refused template's reconciles failed"
+    );
+    for absent in [
+        "workqueue_depth",
+        "workqueue_adds_total",
+        "workqueue_queue_duration_seconds",
+    ] {
+        assert!(
+            !body.contains(absent),
+            "{absent}: kube-runtime does not show it, so it is not made up"
+        );
+    }
     assert!(manager.is_running());
 }

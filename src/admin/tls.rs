@@ -5,7 +5,9 @@
 //! connection closes the one idle longest, so that idle connections never keep a scraper out.
 //!
 //! The certificate is `tls.crt`/`tls.key` from `--metrics-cert-dir`, or a self-signed one made
-//! at start (as controller-runtime does when given none).
+//! at start (as controller-runtime does when given none); versions, suites and groups are what
+//! `--tls-min-version`, `--tls-cipher-suites` and `--tls-curve-preferences` allow
+//! ([`super::tls_options`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,6 +19,8 @@ use axum::Router;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
+use super::tls_options::TlsOptions;
+
 /// Longest a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest a connection may take to send a request's headers, after the handshake and between
@@ -25,8 +29,9 @@ const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections at once.
 const MAX_CONNECTIONS: usize = 64;
 
-/// The server's TLS configuration: the given certificate, or a self-signed one.
-pub(crate) fn tls_config(cert_dir: Option<&Path>) -> anyhow::Result<rustls::ServerConfig> {
+/// The server's TLS configuration: the given certificate, or a self-signed one, with what the
+/// TLS flags allow.
+pub(crate) fn tls_config(cert_dir: Option<&Path>, options: &TlsOptions) -> anyhow::Result<rustls::ServerConfig> {
     use anyhow::Context as _;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -54,10 +59,10 @@ pub(crate) fn tls_config(cert_dir: Option<&Path>) -> anyhow::Result<rustls::Serv
             (vec![cert.cert.der().clone()], key)
         }
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (provider, versions) = options.provider();
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS versions")?
+        .with_protocol_versions(&versions)
+        .context("TLS versions and cipher suites")?
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .context("the metrics certificate and key do not match")?;

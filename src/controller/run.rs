@@ -75,6 +75,18 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
         },
         "initial lists"
     );
+    // controller-runtime's series of each controller, as its controllers make them at start.
+    // The KaironMachine controller runs two lanes of `machine_concurrency` places each.
+    for (controller, places) in [
+        ("kaironmachine", 2 * u32::from(settings.machine_concurrency)),
+        ("kaironcluster", u32::from(settings.cluster_concurrency)),
+        ("kaironmachinetemplate", u32::from(settings.template_concurrency)),
+        ("kaironmachinepool", u32::from(settings.pool_concurrency)),
+    ] {
+        telemetry
+            .metrics
+            .controller_started(controller, places, settings.sync_period);
+    }
     // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
     // controllers.
     let (caches, watches) = Caches::new(&management, &settings, &telemetry);

@@ -205,7 +205,8 @@ pub(crate) fn keep_read_annotations<K: Resource>(obj: &mut K) {
 pub(crate) type ReconcileFuture = std::pin::Pin<Box<dyn Future<Output = Result<Action, Error>> + Send>>;
 
 /// Wraps a reconcile function: a span carrying the object's namespace, name and cluster (so
-/// every log line of the reconcile has them), and the reconcile metrics.
+/// every log line of the reconcile has them), and the reconcile metrics (ours, and
+/// controller-runtime's: the result, the duration, the worker it holds).
 pub(crate) fn instrumented<K, C, F, Fut>(
     controller: &'static str,
     metrics: Arc<Metrics>,
@@ -235,7 +236,10 @@ where
                 let res = fut.await;
                 match &res {
                     Err(e) => timer.failed(e.stage()),
-                    Ok(_) => backoff.succeeded(obj.as_ref()),
+                    Ok(action) => {
+                        timer.succeeded(action);
+                        backoff.succeeded(obj.as_ref());
+                    }
                 }
                 drop(timer);
                 res

@@ -1,74 +1,76 @@
-//! The manager's flags, named as the Go CAPI providers name theirs, and what they may be.
+//! The manager's flags, named as the Go CAPI providers name theirs (and with their meaning:
+//! CAPI's managers, clusterctl's components and the Cluster API Operator pass them), and what
+//! they may be.
+//!
+//! As Go's `pflag`, a flag given twice takes the last value: the Cluster API Operator appends
+//! its arguments (`--diagnostics-address`, `--leader-elect=true`, …) to those of the
+//! components, which may already name the same flag under another of its names.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgAction, Parser, ValueEnum};
 
+use crate::admin::tls_options::{self, CipherSuites, Curves, TlsOptions, TlsVersion};
 use crate::controller::{self, Settings};
+
+const WATCHING: &str = "Watching and reconciling";
+const LEADER: &str = "Leader election";
+const DIAGNOSTICS: &str = "Diagnostics: health, metrics, profiler";
+const TLS: &str = "TLS of the metrics server (CAPI's manager options)";
+const GATES: &str = "Feature gates";
+const WEBHOOK: &str = "Webhook server: accepted for CAPI's tooling, unused (the provider has no webhook server)";
+const KAIRON: &str = "Kairon";
+const CLIENT: &str = "Kubernetes API client";
+const LOGGING: &str = "Logging";
 
 /// Flags, named as the Go CAPI providers name theirs.
 #[derive(Parser, Debug, Clone)]
 #[command(
     name = "capkr-manager",
     version,
-    about = "Cluster API infrastructure provider for Kairon"
+    about = "Cluster API infrastructure provider for Kairon",
+    args_override_self = true
 )]
 pub struct Args {
     /// Namespace to watch; all namespaces when empty.
-    #[arg(long, env = "CAPKR_NAMESPACE", default_value = "")]
+    #[arg(long, env = "CAPKR_NAMESPACE", default_value = "", help_heading = WATCHING)]
     pub namespace: String,
 
     /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=<value>.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", help_heading = WATCHING)]
     pub watch_filter: String,
 
     /// Safety-net resync of every object (Go duration syntax, e.g. 10m0s).
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_duration, help_heading = WATCHING)]
     pub sync_period: Duration,
 
     /// KaironMachine reconciles at once in each of two lanes: machines on their way to a
     /// Kairon Machine (finalizer, bootstrap data, create, providerID), and all others (status,
-    /// deletion), which never queue behind the first.
-    #[arg(long, default_value_t = 10)]
-    pub kaironmachine_concurrency: u16,
+    /// deletion), which never queue behind the first. [default: 10]
+    #[arg(long, help_heading = WATCHING)]
+    pub kaironmachine_concurrency: Option<u16>,
 
-    /// Number of KaironClusters reconciled at once.
-    #[arg(long, default_value_t = 10)]
-    pub kaironcluster_concurrency: u16,
+    /// Number of KaironClusters reconciled at once. [default: 10]
+    #[arg(long, help_heading = WATCHING)]
+    pub kaironcluster_concurrency: Option<u16>,
 
-    /// Number of KaironMachineTemplates reconciled at once.
-    #[arg(long, default_value_t = 2)]
-    pub kaironmachinetemplate_concurrency: u16,
+    /// Number of KaironMachineTemplates reconciled at once. [default: 2]
+    #[arg(long, help_heading = WATCHING)]
+    pub kaironmachinetemplate_concurrency: Option<u16>,
+
+    /// Number of KaironMachinePools reconciled at once. [default: 5]
+    #[arg(long, help_heading = WATCHING)]
+    pub kaironmachinepool_concurrency: Option<u16>,
+
+    /// Reconciles at once of every controller whose own --<kind>-concurrency is not given (the
+    /// Cluster API Operator's `maxConcurrentReconciles`; for KaironMachines, per lane).
+    #[arg(long, help_heading = WATCHING)]
+    pub max_concurrent_reconciles: Option<u16>,
 
     /// Largest bootstrap payload accepted, in bytes.
-    #[arg(long, default_value_t = crate::capi::bootstrap::DEFAULT_MAX_BOOTSTRAP_DATA_BYTES)]
+    #[arg(long, default_value_t = crate::capi::bootstrap::DEFAULT_MAX_BOOTSTRAP_DATA_BYTES, help_heading = WATCHING)]
     pub max_bootstrap_data_size: usize,
-
-    /// Kubeconfig of the management cluster; in-cluster config or $KUBECONFIG when empty.
-    #[arg(long, default_value = "")]
-    pub kubeconfig: String,
-
-    /// Kubeconfig of the API server serving Kairon Machines; the management cluster when empty.
-    #[arg(long, default_value = "")]
-    pub kairon_kubeconfig: String,
-
-    /// This management cluster's identity on Kairon, written as a label on every Kairon
-    /// Machine it creates or adopts; the UID of its `kube-system` namespace when empty.
-    #[arg(long, env = "CAPKR_MANAGEMENT_CLUSTER_ID", default_value = "")]
-    pub management_cluster_id: String,
-
-    /// Management clusters (comma-separated identities) whose Kairon Machines this one may
-    /// adopt: the source of a `clusterctl move` to this management cluster.
-    #[arg(long, value_delimiter = ',', default_value = "")]
-    pub adopt_from_management_clusters: Vec<String>,
-
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-
-    /// Log verbosity: 0 info, 1 debug, 2 and more trace. RUST_LOG overrides it.
-    #[arg(short = 'v', long = "v", default_value_t = 0)]
-    pub verbosity: u8,
 
     /// Run the controllers only while holding the leader Lease (for more than one replica).
     /// `--leader-elect`, `--leader-elect=true` and `--leader-elect=false` work, as in Go.
@@ -78,51 +80,50 @@ pub struct Args {
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
-        action = clap::ArgAction::Set
+        action = clap::ArgAction::Set,
+        help_heading = LEADER
     )]
     pub leader_elect: bool,
 
     /// How long a lease not renewed stays valid for the other candidates.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_duration, help_heading = LEADER)]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader retries renewing before it gives up leadership (and exits).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_duration, help_heading = LEADER)]
     pub leader_elect_renew_deadline: Duration,
 
     /// How often candidates try to acquire, and the leader renews, the lease.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = parse_duration, help_heading = LEADER)]
     pub leader_elect_retry_period: Duration,
 
     /// Namespace of the leader Lease.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system")]
+    #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system", help_heading = LEADER)]
     pub leader_election_namespace: String,
 
-    /// Namespace of the Secrets that KaironClusterIdentities name: the manager's own.
-    #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system")]
-    pub identity_secret_namespace: String,
-
-    /// Kairon API servers an identity's kubeconfig may name (comma-separated): host names,
-    /// `*.domain`, IP addresses, networks (`10.0.0.0/8`); any server when empty.
-    #[arg(long, value_delimiter = ',', default_value = "")]
-    pub identity_allowed_servers: Vec<String>,
-
-    /// Name of the leader Lease.
-    #[arg(long, default_value = "controller-leader-election-capkr")]
+    /// Name of the leader Lease; `<namespace>/<name>` (as the Cluster API Operator passes it)
+    /// also sets its namespace.
+    #[arg(long, default_value = "controller-leader-election-capkr", help_heading = LEADER)]
     pub leader_election_id: String,
 
     /// This replica's identity in the Lease, events and User-Agent; hostname and a random
     /// suffix when empty.
-    #[arg(long, env = "POD_NAME", default_value = "")]
+    #[arg(long, env = "POD_NAME", default_value = "", help_heading = LEADER)]
     pub leader_elect_identity: String,
 
     /// Address of /healthz and /readyz.
-    #[arg(long, default_value = ":9440")]
+    #[arg(long, default_value = ":9440", help_heading = DIAGNOSTICS)]
     pub health_addr: String,
 
     /// Address of /metrics (HTTPS, authorized callers only; see --insecure-diagnostics); 0
-    /// disables it.
-    #[arg(long, default_value = ":8443")]
+    /// disables it. CAPI's --diagnostics-address (and the older --metrics-bind-addr) are
+    /// other names of it.
+    #[arg(
+        long,
+        visible_aliases = ["diagnostics-address", "metrics-bind-addr"],
+        default_value = ":8443",
+        help_heading = DIAGNOSTICS
+    )]
     pub metrics_bind_address: String,
 
     /// Serve /metrics over plain HTTP without authentication or authorization (as CAPI's
@@ -133,21 +134,112 @@ pub struct Args {
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
-        action = clap::ArgAction::Set
+        action = clap::ArgAction::Set,
+        help_heading = DIAGNOSTICS
     )]
     pub insecure_diagnostics: bool,
 
     /// Directory with `tls.crt` and `tls.key` for /metrics; a self-signed certificate when empty.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", help_heading = DIAGNOSTICS)]
     pub metrics_cert_dir: String,
 
+    /// CAPI's pprof address. Accepted empty only: the manager is not a Go program and has no
+    /// pprof profiler, so an address is refused at start rather than left silently unserved.
+    #[arg(long, default_value = "", help_heading = DIAGNOSTICS)]
+    pub profiler_address: String,
+
+    /// Lowest TLS version of the metrics server (HTTPS only): VersionTLS12 or VersionTLS13
+    /// (Go's VersionTLS10 and VersionTLS11 are refused: rustls implements neither).
+    #[arg(long, default_value = "VersionTLS12", value_parser = tls_options::parse_tls_version, help_heading = TLS)]
+    pub tls_min_version: TlsVersion,
+
+    /// Comma-separated TLS 1.2 cipher suites of the metrics server, by the IANA names Go's
+    /// crypto/tls gives: TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    /// TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    /// TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    /// TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256; all of them when empty. TLS 1.3 names are
+    /// accepted and, as in Go, change nothing (TLS 1.3 suites are always offered). Go's CBC,
+    /// RC4, 3DES and RSA key-exchange suites, and unknown names, are refused.
+    #[arg(long, default_value = "", value_parser = tls_options::parse_cipher_suites, help_heading = TLS)]
+    pub tls_cipher_suites: CipherSuites,
+
+    /// Comma-separated key-exchange groups of the metrics server as Go's numeric
+    /// tls.CurveID: 23 (P-256), 24 (P-384), 29 (X25519); all of them when empty (order
+    /// ignored, as in Go).
+    #[arg(long, default_value = "", value_parser = tls_options::parse_curves, help_heading = TLS)]
+    pub tls_curve_preferences: Curves,
+
+    /// Feature gates, `Gate=true|false,...` (Go's `strconv.ParseBool` values), as CAPI's
+    /// managers take them; given more than once, merged. Options are:
+    /// MachinePool=true|false (GA - default=true, locked: the KaironMachinePool controller
+    /// always runs, so false is refused);
+    /// AllAlpha=true|false and AllBeta=true|false (accepted: there is no alpha or beta gate).
+    /// An unknown gate stops the manager at start.
+    #[arg(long, value_parser = parse_feature_gates, action = ArgAction::Append, help_heading = GATES)]
+    pub feature_gates: Vec<FeatureGates>,
+
+    /// Kubeconfig of the management cluster; in-cluster config or $KUBECONFIG when empty.
+    #[arg(long, default_value = "", help_heading = CLIENT)]
+    pub kubeconfig: String,
+
     /// Requests per second to the Kubernetes API, sustained (client-side token bucket).
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, help_heading = CLIENT)]
     pub kube_api_qps: f32,
 
     /// Requests to the Kubernetes API allowed at once above --kube-api-qps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, help_heading = CLIENT)]
     pub kube_api_burst: u32,
+
+    /// Kubeconfig of the API server serving Kairon Machines; the management cluster when empty.
+    #[arg(long, default_value = "", help_heading = KAIRON)]
+    pub kairon_kubeconfig: String,
+
+    /// This management cluster's identity on Kairon, written as a label on every Kairon
+    /// Machine it creates or adopts; the UID of its `kube-system` namespace when empty.
+    #[arg(long, env = "CAPKR_MANAGEMENT_CLUSTER_ID", default_value = "", help_heading = KAIRON)]
+    pub management_cluster_id: String,
+
+    /// Management clusters (comma-separated identities) whose Kairon Machines this one may
+    /// adopt: the source of a `clusterctl move` to this management cluster.
+    #[arg(long, value_delimiter = ',', default_value = "", help_heading = KAIRON)]
+    pub adopt_from_management_clusters: Vec<String>,
+
+    /// Namespace of the Secrets that KaironClusterIdentities name: the manager's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "capkr-system", help_heading = KAIRON)]
+    pub identity_secret_namespace: String,
+
+    /// Kairon API servers an identity's kubeconfig may name (comma-separated): host names,
+    /// `*.domain`, IP addresses, networks (`10.0.0.0/8`); any server when empty.
+    #[arg(long, value_delimiter = ',', default_value = "", help_heading = KAIRON)]
+    pub identity_allowed_servers: Vec<String>,
+
+    /// Log format (CAPI's name: --logging-format).
+    #[arg(long, visible_alias = "logging-format", value_enum, default_value_t = LogFormat::Text, help_heading = LOGGING)]
+    pub log_format: LogFormat,
+
+    /// Log verbosity: 0 info, 1 debug, 2 and more trace. RUST_LOG overrides it.
+    #[arg(short = 'v', long = "v", default_value_t = 0, help_heading = LOGGING)]
+    pub verbosity: u8,
+
+    /// Unused: there is no webhook server.
+    #[arg(long, default_value_t = 9443, help_heading = WEBHOOK)]
+    pub webhook_port: u16,
+
+    /// Unused: there is no webhook server.
+    #[arg(long, default_value = "", help_heading = WEBHOOK)]
+    pub webhook_host: String,
+
+    /// Unused: there is no webhook server.
+    #[arg(long, default_value = "/tmp/k8s-webhook-server/serving-certs/", help_heading = WEBHOOK)]
+    pub webhook_cert_dir: String,
+
+    /// Unused: there is no webhook server.
+    #[arg(long, default_value = "tls.crt", help_heading = WEBHOOK)]
+    pub webhook_cert_name: String,
+
+    /// Unused: there is no webhook server.
+    #[arg(long, default_value = "tls.key", help_heading = WEBHOOK)]
+    pub webhook_key_name: String,
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,21 +248,112 @@ pub enum LogFormat {
     Json,
 }
 
+/// A feature gate of the manager.
+struct FeatureGate {
+    name: &'static str,
+    default: bool,
+    /// Locked to its default, as Kubernetes locks a GA gate: the other value is refused.
+    locked: bool,
+}
+
+/// The manager's feature gates. `MachinePool` is the one CAPI's managers and infrastructure
+/// providers share: here KaironMachinePools are always served.
+const FEATURE_GATES: &[FeatureGate] = &[FeatureGate {
+    name: "MachinePool",
+    default: true,
+    locked: true,
+}];
+
+/// Kubernetes' keys that set every alpha or every beta gate: there is none of either.
+const ALL_GATES_OF_A_STAGE: [&str; 2] = ["AllAlpha", "AllBeta"];
+
+/// One `--feature-gates` value: the gates it sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FeatureGates(BTreeMap<String, bool>);
+
+fn known_gates() -> String {
+    let mut known: Vec<String> = FEATURE_GATES
+        .iter()
+        .map(|g| {
+            format!(
+                "{} (default {}{})",
+                g.name,
+                g.default,
+                if g.locked { ", locked" } else { "" }
+            )
+        })
+        .collect();
+    known.extend(ALL_GATES_OF_A_STAGE.iter().map(|k| k.to_string()));
+    known.join(", ")
+}
+
+/// `Gate=bool,...`, as Kubernetes' component-base parses `--feature-gates`, with its rules:
+/// an unknown gate and a locked gate set to its other value are refused.
+fn parse_feature_gates(s: &str) -> Result<FeatureGates, String> {
+    let mut set = BTreeMap::new();
+    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((key, value)) = entry.split_once('=') else {
+            return Err(format!("missing bool value for {entry}"));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let Some(on) = parse_go_bool(value) else {
+            return Err(format!("invalid value of {key}={value}: use true or false"));
+        };
+        if ALL_GATES_OF_A_STAGE.contains(&key) {
+            continue;
+        }
+        let Some(gate) = FEATURE_GATES.iter().find(|g| g.name == key) else {
+            return Err(format!("unknown feature gate {key:?}; known gates: {}", known_gates()));
+        };
+        if gate.locked && on != gate.default {
+            return Err(format!(
+                "cannot set feature gate {key} to {on}, feature is locked to {}",
+                gate.default
+            ));
+        }
+        set.insert(key.to_string(), on);
+    }
+    Ok(FeatureGates(set))
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
 impl Args {
     /// Rejects values that would make the manager spin or never act, as client-go and
     /// controller-runtime do: a zero resync period would hot-loop every object, a zero retry
     /// period would spin on the Lease, and a lease that expires before the leader's renew
-    /// deadline would let two replicas lead at once.
+    /// deadline would let two replicas lead at once. Also what it would accept and not do: a
+    /// profiler address, a Lease id that names no Lease.
     pub fn validate(&self) -> Result<(), String> {
         if self.sync_period.is_zero() {
             return Err("--sync-period must be greater than 0".into());
         }
-        if self.kaironmachine_concurrency == 0
-            || self.kaironcluster_concurrency == 0
-            || self.kaironmachinetemplate_concurrency == 0
+        if [
+            self.kaironmachine_concurrency,
+            self.kaironcluster_concurrency,
+            self.kaironmachinetemplate_concurrency,
+            self.kaironmachinepool_concurrency,
+            self.max_concurrent_reconciles,
+        ]
+        .contains(&Some(0))
         {
-            return Err("the --*-concurrency flags must be at least 1".into());
+            return Err("the --*-concurrency flags and --max-concurrent-reconciles must be at least 1".into());
         }
+        if !self.profiler_address.is_empty() {
+            return Err(format!(
+                "--profiler-address={}: capkr-manager is not a Go program and has no pprof profiler to serve; \
+                 leave the flag out (or empty). Its reconcile, work-queue and request metrics are on /metrics",
+                self.profiler_address
+            ));
+        }
+        self.leader_election_lease()?;
         for (flag, id) in std::iter::once(("--management-cluster-id", &self.management_cluster_id))
             .chain(
                 self.adopt_from_management_clusters
@@ -213,21 +396,78 @@ impl Args {
 
     pub(crate) fn settings(&self) -> Settings {
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let defaults = Settings::default();
+        // A controller's own flag, else --max-concurrent-reconciles, else its default.
+        let places = |own: Option<u16>, default: u16| own.or(self.max_concurrent_reconciles).unwrap_or(default);
         Settings {
             namespace: non_empty(&self.namespace),
             watch_filter: non_empty(&self.watch_filter),
             sync_period: self.sync_period,
             max_bootstrap_data_bytes: self.max_bootstrap_data_size,
-            machine_concurrency: self.kaironmachine_concurrency,
-            cluster_concurrency: self.kaironcluster_concurrency,
-            template_concurrency: self.kaironmachinetemplate_concurrency,
-            pool_concurrency: controller::settings::POOL_CONCURRENCY,
+            machine_concurrency: places(self.kaironmachine_concurrency, defaults.machine_concurrency),
+            cluster_concurrency: places(self.kaironcluster_concurrency, defaults.cluster_concurrency),
+            template_concurrency: places(self.kaironmachinetemplate_concurrency, defaults.template_concurrency),
+            pool_concurrency: places(
+                self.kaironmachinepool_concurrency,
+                controller::settings::POOL_CONCURRENCY,
+            ),
             // Found out from the API servers at start.
             streaming_lists: false,
             kairon_streaming_lists: false,
             kairon_watch_timeout: (!self.kairon_kubeconfig.is_empty())
                 .then_some(controller::endpoint_trust::WATCH_TIMEOUT_SECS),
         }
+    }
+
+    /// The leader Lease: (namespace, name). `--leader-election-id=<ns>/<name>` names both,
+    /// as the Cluster API Operator writes it.
+    pub(crate) fn leader_election_lease(&self) -> Result<(String, String), String> {
+        let id = &self.leader_election_id;
+        match id.split_once('/') {
+            None if !id.is_empty() => Ok((self.leader_election_namespace.clone(), id.clone())),
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok((ns.to_string(), name.to_string()))
+            }
+            _ => Err(format!(
+                "--leader-election-id={id:?}: a Lease name, or <namespace>/<name>"
+            )),
+        }
+    }
+
+    /// The gates as set: every known gate, given or at its default.
+    pub(crate) fn feature_gates(&self) -> BTreeMap<&'static str, bool> {
+        FEATURE_GATES
+            .iter()
+            .map(|g| {
+                // Given more than once, the later value wins, as Kubernetes merges them.
+                let given = self.feature_gates.iter().rev().find_map(|f| f.0.get(g.name).copied());
+                (g.name, given.unwrap_or(g.default))
+            })
+            .collect()
+    }
+
+    /// What every TLS listener allows.
+    pub(crate) fn tls_options(&self) -> TlsOptions {
+        TlsOptions {
+            min_version: self.tls_min_version,
+            cipher_suites: self.tls_cipher_suites.0.clone(),
+            curves: self.tls_curve_preferences.0.clone(),
+        }
+    }
+
+    /// The webhook flags given with other values than their defaults: accepted, and unused.
+    pub(crate) fn webhook_flags_given(&self) -> Vec<&'static str> {
+        let d = Args::parse_from(["capkr-manager"]);
+        [
+            ("--webhook-port", self.webhook_port != d.webhook_port),
+            ("--webhook-host", self.webhook_host != d.webhook_host),
+            ("--webhook-cert-dir", self.webhook_cert_dir != d.webhook_cert_dir),
+            ("--webhook-cert-name", self.webhook_cert_name != d.webhook_cert_name),
+            ("--webhook-key-name", self.webhook_key_name != d.webhook_key_name),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
     }
 }
 
@@ -433,5 +673,165 @@ mod tests {
         );
         let err = parse(&["--leader-elect=yes"]).unwrap_err().to_string();
         assert!(err.contains("--leader-elect"), "{err}");
+    }
+
+    fn parsed(extra: &[&str]) -> Result<Args, String> {
+        Args::try_parse_from(["capkr-manager"].iter().chain(extra)).map_err(|e| e.to_string())
+    }
+
+    /// What CAPI's managers, clusterctl's components and the Cluster API Operator pass, with
+    /// Go's meaning: other names of our flags, the last of a repeated flag winning.
+    #[test]
+    fn capi_and_operator_flags_parse_with_their_go_meaning() {
+        type Check = fn(&Args) -> bool;
+        let cases: [(&[&str], Check); 14] = [
+            (&["--diagnostics-address=:9000"], |a| a.metrics_bind_address == ":9000"),
+            (&["--metrics-bind-addr=127.0.0.1:8080"], |a| {
+                a.metrics_bind_address == "127.0.0.1:8080"
+            }),
+            // The components' flag, then the operator's: the operator's wins.
+            (&["--metrics-bind-address=:8443", "--diagnostics-address=:8080"], |a| {
+                a.metrics_bind_address == ":8080"
+            }),
+            (&["--insecure-diagnostics=true"], |a| a.insecure_diagnostics),
+            (&["--leader-elect", "--leader-elect=false"], |a| !a.leader_elect),
+            (&["--leader-election-id=capkr-system/capkr-leader"], |a| {
+                a.leader_election_lease() == Ok(("capkr-system".into(), "capkr-leader".into()))
+            }),
+            (&["--sync-period=600s", "--v=1", "--v=4"], |a| {
+                a.sync_period == Duration::from_secs(600) && a.verbosity == 4
+            }),
+            (&["--logging-format=json"], |a| a.log_format == LogFormat::Json),
+            (&["--feature-gates=MachinePool=true,AllAlpha=false,AllBeta=true"], |a| {
+                a.feature_gates()["MachinePool"]
+            }),
+            (&["--feature-gates=MachinePool=True", "--feature-gates="], |a| {
+                a.feature_gates.len() == 2 && a.feature_gates()["MachinePool"]
+            }),
+            (
+                &[
+                    "--webhook-port=9443",
+                    "--webhook-host=0.0.0.0",
+                    "--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs",
+                    "--webhook-cert-name=tls.crt",
+                    "--webhook-key-name=tls.key",
+                ],
+                |a| a.webhook_flags_given() == ["--webhook-host", "--webhook-cert-dir"],
+            ),
+            (&["--profiler-address="], |a| a.validate().is_ok()),
+            (
+                &[
+                    "--tls-min-version=VersionTLS13",
+                    "--tls-cipher-suites=TLS_AES_128_GCM_SHA256,,TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                    "--tls-curve-preferences=29,23",
+                ],
+                |a| {
+                    a.tls_options()
+                        == TlsOptions {
+                            min_version: TlsVersion::Tls13,
+                            cipher_suites: vec![
+                                rustls::CipherSuite::TLS13_AES_128_GCM_SHA256,
+                                rustls::CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+                            ],
+                            curves: vec![rustls::NamedGroup::X25519, rustls::NamedGroup::secp256r1],
+                        }
+                },
+            ),
+            (&["--kaironmachinepool-concurrency=3"], |a| {
+                a.settings().pool_concurrency == 3
+            }),
+        ];
+        for (args, check) in cases {
+            let a = parsed(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            assert!(a.validate().is_ok(), "{args:?}: {:?}", a.validate());
+            assert!(check(&a), "{args:?}: {a:?}");
+        }
+        let d = parsed(&[]).unwrap();
+        assert_eq!(d.tls_options(), TlsOptions::default());
+        assert!(d.webhook_flags_given().is_empty());
+        assert_eq!(d.feature_gates(), BTreeMap::from([("MachinePool", true)]));
+    }
+
+    #[test]
+    fn max_concurrent_reconciles_sets_the_controllers_without_a_flag_of_their_own() {
+        let s = parsed(&["--max-concurrent-reconciles=4", "--kaironcluster-concurrency=7"])
+            .unwrap()
+            .settings();
+        assert_eq!(
+            (
+                s.machine_concurrency,
+                s.cluster_concurrency,
+                s.template_concurrency,
+                s.pool_concurrency
+            ),
+            (4, 7, 4, 4)
+        );
+        let s = parsed(&[]).unwrap().settings();
+        assert_eq!(
+            (
+                s.machine_concurrency,
+                s.cluster_concurrency,
+                s.template_concurrency,
+                s.pool_concurrency
+            ),
+            (10, 10, 2, 5),
+            "the defaults"
+        );
+        let err = parsed(&["--max-concurrent-reconciles=0"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(err.contains("--max-concurrent-reconciles"), "{err}");
+    }
+
+    #[test]
+    fn feature_gates_follow_kubernetes_rules_and_name_the_known_ones() {
+        let cases: [(&str, Result<(), &str>); 9] = [
+            ("MachinePool=true", Ok(())),
+            (" MachinePool = 1 , ", Ok(())),
+            ("AllAlpha=true,AllBeta=false", Ok(())),
+            ("", Ok(())),
+            (
+                "NoSuchGate=true",
+                Err("unknown feature gate \"NoSuchGate\"; known gates: MachinePool"),
+            ),
+            (
+                "MachinePool=false",
+                Err("cannot set feature gate MachinePool to false, feature is locked to true"),
+            ),
+            ("MachinePool", Err("missing bool value for MachinePool")),
+            ("MachinePool=yes", Err("invalid value of MachinePool=yes")),
+            ("machinepool=true", Err("unknown feature gate \"machinepool\"")),
+        ];
+        for (value, want) in cases {
+            match (parse_feature_gates(value), want) {
+                (Ok(_), Ok(())) => {}
+                (Err(e), Err(part)) => assert!(e.contains(part), "{value}: {e}"),
+                (got, _) => panic!("{value}: {got:?}"),
+            }
+        }
+        let err = parsed(&["--feature-gates=NoSuchGate=true"]).unwrap_err();
+        assert!(err.contains("--feature-gates") && err.contains("NoSuchGate"), "{err}");
+    }
+
+    #[test]
+    fn a_profiler_address_and_a_malformed_lease_id_are_refused_at_start() {
+        let err = parsed(&["--profiler-address=localhost:6060"])
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.contains("--profiler-address=localhost:6060") && err.contains("no pprof"),
+            "{err}"
+        );
+        for bad in ["/name", "ns/", "a/b/c", ""] {
+            let err = parsed(&[&format!("--leader-election-id={bad}")])
+                .unwrap()
+                .validate()
+                .unwrap_err();
+            assert!(err.contains("--leader-election-id"), "{bad}: {err}");
+        }
+        let a = parsed(&["--leader-election-namespace=ns1", "--leader-election-id=lease"]).unwrap();
+        assert_eq!(a.leader_election_lease(), Ok(("ns1".into(), "lease".into())));
     }
 }
