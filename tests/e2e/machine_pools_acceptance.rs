@@ -11,7 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use super::machine_pools::{
@@ -39,7 +39,10 @@ where
     let seen: Seen = Arc::default();
     let out = seen.clone();
     tokio::spawn(async move {
-        let mut events = watcher(api, lp).boxed();
+        // With a backoff an error (the workload API server gone when the rig is dropped) waits
+        // before the next try: without it the stream fails at once, again and again, the task
+        // never yields, and the runtime's shutdown at the test's end waits for it for ever.
+        let mut events = watcher(api, lp).default_backoff().boxed();
         while let Some(event) = events.next().await {
             let (obj, deleted) = match event {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
