@@ -46,10 +46,14 @@ struct Options {
     threads: Vec<(String, usize)>,
     first: Vec<String>,
     log_dir: PathBuf,
+    /// A binary still running after this long is killed and fails: a hung test fails the run
+    /// with its name, instead of holding it until CI's own limit ends it without a word. Longer
+    /// than the CAPI suite's own 45-minute timeout, which then speaks first.
+    timeout: Duration,
 }
 
 fn usage() -> &'static str {
-    "usage: capkr-test-runner [--slots N] [--wide TARGET]... [--threads TARGET=N]... [--first TARGET]... [--log-dir DIR]"
+    "usage: capkr-test-runner [--slots N] [--wide TARGET]... [--threads TARGET=N]... [--first TARGET]... [--log-dir DIR] [--timeout-minutes M (50)]"
 }
 
 fn parse_args() -> Result<Options> {
@@ -59,6 +63,7 @@ fn parse_args() -> Result<Options> {
         threads: vec![],
         first: vec![],
         log_dir: PathBuf::from("target/test-logs"),
+        timeout: Duration::from_secs(50 * 60),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -79,6 +84,10 @@ fn parse_args() -> Result<Options> {
             }
             "--first" => opts.first.push(value()?),
             "--log-dir" => opts.log_dir = PathBuf::from(value()?),
+            "--timeout-minutes" => {
+                let m: u64 = value()?.parse().context("--timeout-minutes wants a number")?;
+                opts.timeout = Duration::from_secs(m * 60);
+            }
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -300,18 +309,36 @@ fn main() -> Result<()> {
         std::thread::sleep(Duration::from_millis(200));
         let mut i = 0;
         while i < running.len() {
-            if let Some(status) = running[i].child.try_wait()? {
+            let timed_out = running[i].started.elapsed() > opts.timeout;
+            if timed_out {
+                // SIGKILL: its environments' processes go with their owner's death (testenv).
+                let _ = running[i].child.kill();
+            }
+            let status = if timed_out {
+                Some(running[i].child.wait()?)
+            } else {
+                running[i].child.try_wait()?
+            };
+            if let Some(status) = status {
                 let r = running.remove(i);
                 let took = r.started.elapsed();
                 let text = std::fs::read_to_string(&r.log).unwrap_or_default();
                 let (lines, counts) = libtest_report(&text);
                 // A binary that exits 0 without libtest's summary ran no test harness at all.
-                let ok = status.success() && counts.is_some();
+                let ok = !timed_out && status.success() && counts.is_some();
                 println!(
-                    "{}   {} in {:.0}s",
+                    "{}   {} in {:.0}s{}",
                     if ok { "ok " } else { "FAIL" },
                     r.binary.name,
-                    took.as_secs_f64()
+                    took.as_secs_f64(),
+                    if timed_out {
+                        format!(
+                            ", killed: still running after {} min (--timeout-minutes)",
+                            opts.timeout.as_secs() / 60
+                        )
+                    } else {
+                        String::new()
+                    }
                 );
                 for l in lines {
                     println!("{l}");
