@@ -371,8 +371,10 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     let provider_secrets = |m: &Management| Api::<Secret>::namespaced(m.env.client(), PROVIDER_NS);
     let identities = |m: &Management| Api::<KaironClusterIdentity>::all(m.env.client());
     if reach == Reach::SharedIdentity {
+        // Made for the identity, and marked so: the identity owns it, and clusterctl copies it.
         let secret: Secret = serde_json::from_value(json!({
-            "metadata": {"name": identity_name, "namespace": PROVIDER_NS},
+            "metadata": {"name": identity_name, "namespace": PROVIDER_NS, "annotations": {
+                "infrastructure.cluster.x-k8s.io/owned-by-kaironclusteridentity": identity_name}},
             "data": {"kubeconfig": k8s_openapi::ByteString(std::fs::read(kairon_env.kubeconfig_path()).unwrap())},
         }))
         .unwrap();

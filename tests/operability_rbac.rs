@@ -61,8 +61,10 @@ async fn the_manager_as_its_service_account_sets_the_identity_secret_owner_under
     // The identity's Kairon API is this API server (the admin kubeconfig, all data embedded).
     let kubeconfig = std::fs::read_to_string(env.kubeconfig_path()).unwrap();
     let secrets: Api<Secret> = Api::namespaced(env.client(), "capkr-system");
+    // Made for the identity, and marked so: the identity becomes its owner.
     let secret: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "site-a"},
+        "metadata": {"name": "site-a", "annotations": {
+            "infrastructure.cluster.x-k8s.io/owned-by-kaironclusteridentity": "site-a"}},
         "stringData": {"kubeconfig": kubeconfig},
     }))
     .unwrap();

@@ -5,11 +5,19 @@
 //! clusters' owners cannot read; a KaironCluster in an allowed namespace names the identity in
 //! `spec.identityRef` (`kind: KaironClusterIdentity`). The CRD carries clusterctl's
 //! `move-hierarchy` label and the manager makes the identity the owner of its Secret, so that
-//! `clusterctl move` copies both to the target (and leaves them on the source).
+//! `clusterctl move` copies both to the target (and leaves them on the source) and deleting the
+//! identity deletes its Secret — only a Secret that says it was made for the identity
+//! ([`OWNED_BY_IDENTITY_ANNOTATION`]): whoever may create an identity may name any Secret of
+//! the manager's namespace, and an owner reference would let it have that Secret deleted.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
+
+/// On a Secret of the manager's namespace: the KaironClusterIdentities (names, comma-separated)
+/// it was made for, which the manager makes its owners. Written by whoever writes the Secret
+/// (and so may delete it); a Secret without it is never owned by an identity that names it.
+pub const OWNED_BY_IDENTITY_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/owned-by-kaironclusteridentity";
 
 /// Credentials of a Kairon API server, for the KaironClusters of the namespaces it allows.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -99,6 +107,21 @@ impl KaironClusterIdentity {
         use kube::core::SelectorExt;
         Ok(labels.is_some_and(|l| selector.matches(l)))
     }
+
+    /// Whether this identity may become the owner of `secret` (the Secret it names): only if
+    /// the Secret says it was made for it ([`OWNED_BY_IDENTITY_ANNOTATION`]). An identity's
+    /// owner reference makes the garbage collector delete the Secret with the identity, so it
+    /// must never reach a Secret that serves something else.
+    pub fn may_own(&self, secret: &ObjectMeta) -> bool {
+        let Some(name) = self.metadata.name.as_deref() else {
+            return false;
+        };
+        secret
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(OWNED_BY_IDENTITY_ANNOTATION))
+            .is_some_and(|names| names.split(',').any(|n| n.trim() == name))
+    }
 }
 
 /// A selector with no label and no expression.
@@ -125,6 +148,32 @@ mod tests {
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn an_identity_may_own_only_a_secret_made_for_it() {
+        let id = identity(None);
+        let secret = |annotation: Option<&str>| ObjectMeta {
+            name: Some("site-a".into()),
+            annotations: annotation.map(|v| [(OWNED_BY_IDENTITY_ANNOTATION.to_string(), v.to_string())].into()),
+            ..Default::default()
+        };
+        for (case, annotation, owns) in [
+            ("no annotation: a Secret made for something else", None, false),
+            ("made for it", Some("site-a"), true),
+            ("made for another identity", Some("site-b"), false),
+            ("made for several, it among them", Some("site-b, site-a"), true),
+            ("a name it only starts", Some("site-ab"), false),
+            ("empty", Some(""), false),
+        ] {
+            assert_eq!(id.may_own(&secret(annotation)), owns, "{case}");
+        }
+        let mut other_annotations = secret(None);
+        other_annotations.annotations = Some([("x".to_string(), "site-a".to_string())].into());
+        assert!(!id.may_own(&other_annotations), "another annotation naming it");
+        let mut unnamed = id.clone();
+        unnamed.metadata.name = None;
+        assert!(!unnamed.may_own(&secret(Some("site-a"))), "an identity without a name");
     }
 
     #[test]

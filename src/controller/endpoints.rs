@@ -316,7 +316,8 @@ impl Endpoints {
     }
 
     /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
-    /// reconcile of the KaironMachine of every Kairon Machine that changes.
+    /// reconcile of the KaironMachine of every Kairon Machine that changes, if it is of that
+    /// namespace ([`kaironmachine_in`]).
     fn start(&self, key: &IdentityKey, client: Client, fingerprint: String) -> (Endpoint, tokio::task::AbortHandle) {
         let instances = Instances::new(client).with_owner(self.owner.clone()).with_write_gate();
         let (store, writer) = reflector::store();
@@ -334,6 +335,7 @@ impl Endpoints {
         let trigger = self.trigger.clone();
         let on_problem = self.trigger.clone();
         let known = store.clone();
+        let (served, served_on_problem) = (key.namespace.clone(), key.namespace.clone());
         let events = watcher(instances.api(Some(&key.namespace)), wc)
             .inspect_err(move |e| {
                 let e = bounded(&e.to_string(), MAX_PROBLEM);
@@ -352,7 +354,7 @@ impl Endpoints {
                 if first {
                     // The machines on this endpoint say so at once, not at their next resync.
                     for vm in known.state() {
-                        if let Some(km) = kairon::kaironmachine_for_instance(&vm) {
+                        if let Some(km) = kaironmachine_in(&vm, &served_on_problem) {
                             let _ = on_problem.unbounded_send(km);
                         }
                     }
@@ -371,7 +373,7 @@ impl Endpoints {
                     Event::Apply(vm) | Event::Delete(vm) | Event::InitApply(vm) => Some(vm),
                     Event::Init | Event::InitDone => None,
                 };
-                if let Some(km) = vm.as_ref().and_then(kairon::kaironmachine_for_instance) {
+                if let Some(km) = vm.as_ref().and_then(|vm| kaironmachine_in(vm, &served)) {
                     let _ = trigger.unbounded_send(km);
                 }
             }
@@ -418,6 +420,18 @@ impl Endpoints {
     }
 }
 
+/// The KaironMachine that Kairon Machine `vm` links back to, if it is of `namespace`: the one
+/// namespace whose KaironMachines an endpoint serves (an endpoint is one identity *and* one
+/// namespace the identity allows; the namespace's own for a Secret), or, for the default Kairon
+/// API, the Kairon Machine's own (the manager creates each in its KaironMachine's namespace).
+/// The link-back labels are written by whoever writes the Kairon Machine — on a tenant's Kairon
+/// API, the tenant: a Kairon Machine naming a KaironMachine of another namespace reconciles
+/// nothing, or a tenant could spend the manager's reconciles (and the client's budget) on any
+/// namespace's machines.
+pub(crate) fn kaironmachine_in(vm: &kairon::Machine, namespace: &str) -> Option<ObjectRef<KaironMachine>> {
+    kairon::kaironmachine_for_instance(vm).filter(|km| km.namespace.as_deref() == Some(namespace))
+}
+
 /// The identities named by KaironClusters and recorded on KaironMachines.
 pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMachine>) -> HashSet<IdentityKey> {
     let of_clusters = kcs.state().into_iter().filter_map(|kc| {
@@ -433,4 +447,47 @@ pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMa
         })
     });
     of_clusters.chain(of_machines).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_kairon_machine_reconciles_only_a_kaironmachine_of_the_namespace_served() {
+        const SERVED: &str = "team-a";
+        // (case, the Kairon Machine's namespace, the namespace its labels name, the
+        // KaironMachine reconciled)
+        for (case, vm_namespace, labelled, expected) in [
+            ("labelled for the namespace served", SERVED, Some(SERVED), Some("km1")),
+            (
+                "no labels: its own name, in the namespace served",
+                SERVED,
+                None,
+                Some("m1"),
+            ),
+            ("labelled for another namespace", SERVED, Some("team-b"), None),
+            ("in another namespace, without labels", "team-b", None, None),
+            (
+                "in another namespace, labelled for the one served",
+                "team-b",
+                Some(SERVED),
+                Some("km1"),
+            ),
+        ] {
+            let mut vm = kairon::fixtures::vm(Some("Running"));
+            vm.metadata.namespace = Some(vm_namespace.into());
+            if let Some(ns) = labelled {
+                vm.metadata.labels = Some(
+                    [
+                        (labels::KAIRONMACHINE_NAME.to_string(), "km1".to_string()),
+                        (labels::KAIRONMACHINE_NAMESPACE.to_string(), ns.to_string()),
+                    ]
+                    .into(),
+                );
+            }
+            let expected = expected.map(|name| ObjectRef::<KaironMachine>::new(name).within(SERVED));
+            assert_eq!(kaironmachine_in(&vm, SERVED), expected, "{case}");
+        }
+    }
 }

@@ -4,10 +4,14 @@
 //! - `kind: Secret` (in the cluster's namespace): our finalizer and clusterctl's `move` label
 //!   on the Secret.
 //! - `kind: KaironClusterIdentity`: our finalizer on the identity and on its Secret (in the
-//!   manager's namespace), and the identity as an owner of the Secret. The identity's CRD
-//!   carries clusterctl's `move-hierarchy` label, so `clusterctl move` copies the identity and,
-//!   through the owner reference, its Secret (and leaves both on the source, as they may serve
-//!   other clusters); deleting the identity garbage-collects its Secret, as with CAPV.
+//!   manager's namespace), and the identity as an owner of the Secret if the Secret says it was
+//!   made for the identity ([`OWNED_BY_IDENTITY_ANNOTATION`]). The identity's CRD carries
+//!   clusterctl's `move-hierarchy` label, so `clusterctl move` copies the identity and, through
+//!   the owner reference, its Secret (and leaves both on the source, as they may serve other
+//!   clusters); deleting the identity garbage-collects its Secret, as with CAPV. Without the
+//!   annotation the Secret is never owned: whoever may create an identity may name any Secret
+//!   of the manager's namespace, and the owner reference (which the manager can set, having
+//!   `delete` there) would let it have the garbage collector delete that Secret.
 //!
 //! The finalizers go when the last KaironCluster naming the identity has no VM left, or (for a
 //! shared identity) when the manager stops its last endpoint ([`sweep_every`]).
@@ -27,6 +31,7 @@ use tracing::{info, warn};
 use super::endpoints::{Endpoints, identities_in_use};
 use super::error::Error;
 use super::write::has_finalizer;
+use crate::api::kairon_cluster_identity::OWNED_BY_IDENTITY_ANNOTATION;
 use crate::api::{
     IDENTITY_KIND_CLUSTER_IDENTITY, KaironCluster, KaironClusterIdentity, KaironIdentityReference, KaironMachine,
 };
@@ -76,26 +81,60 @@ pub(crate) async fn protect(
     let Some(secret) = secrets.get_opt(name).await.map_err(Error::read(what.clone()))? else {
         return Ok(());
     };
-    let mut ops = finalizer_ops(&secret);
-    let uid = identity.metadata.uid.clone().unwrap_or_default();
-    if !secret.owner_references().iter().any(|o| o.uid == uid) {
-        let owner = json!({
-            "apiVersion": KaironClusterIdentity::api_version(&()),
-            "kind": KaironClusterIdentity::kind(&()),
-            "name": r.name,
-            "uid": uid,
-        });
-        let current = secret.owner_references();
-        if current.is_empty() {
-            ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": null}));
-            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]}));
-        } else {
-            ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": current}));
-            ops.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
-        }
-    }
+    let ops = [finalizer_ops(&secret), ownership_ops(&secret, &identity)].concat();
     apply(&secrets, name, ops, &what).await
 }
+
+/// The JSON patch operations that make `identity` an owner of `secret`, the Secret it names,
+/// when the Secret says it was made for the identity ([`KaironClusterIdentity::may_own`]), and
+/// that take away an owner reference to the identity from a Secret that does not (earlier
+/// versions made every identity the owner of the Secret it named). The owner reference is what
+/// makes `clusterctl move` copy the Secret and the garbage collector delete it with the
+/// identity: whoever may create an identity may name any Secret of the manager's namespace,
+/// and must not get it deleted. The patch applies only to the Secret read (its UID) while it
+/// still says so.
+fn ownership_ops(secret: &Secret, identity: &KaironClusterIdentity) -> Vec<Value> {
+    let Some(uid) = identity.metadata.uid.as_deref().filter(|u| !u.is_empty()) else {
+        return vec![];
+    };
+    let current = secret.owner_references();
+    let ours = current.iter().position(|o| o.uid == uid);
+    let made_for = identity.may_own(&secret.metadata);
+    let mut ops = vec![json!({"op": "test", "path": "/metadata/uid", "value": secret.metadata.uid})];
+    match (made_for, ours) {
+        (true, Some(_)) | (false, None) => return vec![],
+        (true, None) => {
+            let annotation = secret.annotations().get(OWNED_BY_IDENTITY_ANNOTATION);
+            ops.push(json!({"op": "test", "path": OWNED_BY_PATH, "value": annotation}));
+            let owner = json!({
+                "apiVersion": KaironClusterIdentity::api_version(&()),
+                "kind": KaironClusterIdentity::kind(&()),
+                "name": identity.name_any(),
+                "uid": uid,
+            });
+            if current.is_empty() {
+                ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": null}));
+                ops.push(json!({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]}));
+            } else {
+                ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": current}));
+                ops.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
+            }
+        }
+        (false, Some(i)) => {
+            warn!(
+                identity = %identity.name_any(),
+                secret = %secret.name_any(),
+                "the Secret does not say it was made for the identity naming it; removing the identity from its owners"
+            );
+            ops.push(json!({"op": "test", "path": "/metadata/ownerReferences", "value": current}));
+            ops.push(json!({"op": "remove", "path": format!("/metadata/ownerReferences/{i}")}));
+        }
+    }
+    ops
+}
+
+/// [`OWNED_BY_IDENTITY_ANNOTATION`] as a JSON pointer.
+const OWNED_BY_PATH: &str = "/metadata/annotations/infrastructure.cluster.x-k8s.io~1owned-by-kaironclusteridentity";
 
 /// Releases identity `r` of `kc` (called when its last VM is gone) unless another KaironCluster
 /// still names it: of the same namespace for a Secret, of any namespace the manager sees for a
@@ -245,5 +284,155 @@ pub(crate) async fn sweep_every(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::KaironClusterIdentitySpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn identity(name: &str, uid: Option<&str>) -> KaironClusterIdentity {
+        let mut id = KaironClusterIdentity::new(
+            name,
+            KaironClusterIdentitySpec {
+                secret_name: "creds".into(),
+                allowed_namespaces: None,
+            },
+        );
+        id.metadata.uid = uid.map(String::from);
+        id
+    }
+
+    fn owner(kind: &str, name: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "infrastructure.cluster.x-k8s.io/v1alpha1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    fn secret(made_for: Option<&str>, owners: Vec<OwnerReference>) -> Secret {
+        let mut s = Secret::default();
+        s.metadata.name = Some("creds".into());
+        s.metadata.uid = Some("secret-uid".into());
+        s.metadata.annotations = made_for.map(|v| [(OWNED_BY_IDENTITY_ANNOTATION.to_string(), v.to_string())].into());
+        s.metadata.owner_references = (!owners.is_empty()).then_some(owners);
+        s
+    }
+
+    /// Applies `ops` to `doc` as kube-apiserver does: its JSON patch (evanphx/json-patch)
+    /// passes a `test` of `null` on a path that is absent, the `json_patch` crate does not.
+    fn patch_as_the_api_server(doc: &mut Value, ops: Vec<Value>) -> Result<(), json_patch::PatchError> {
+        let ops: Vec<Value> = ops
+            .into_iter()
+            .filter(|op| {
+                let absent = op["path"].as_str().is_some_and(|p| doc.pointer(p).is_none());
+                !(op["op"] == "test" && op["value"].is_null() && absent)
+            })
+            .collect();
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops)).unwrap();
+        json_patch::patch(doc, &patch)
+    }
+
+    /// The owners' UIDs once `ops` are applied to `s` (every `test` must hold).
+    fn owners_after(s: &Secret, ops: Vec<Value>) -> Vec<String> {
+        let mut doc = serde_json::to_value(s).unwrap();
+        patch_as_the_api_server(&mut doc, ops).expect("every test of the patch holds");
+        let after: Secret = serde_json::from_value(doc).unwrap();
+        after.owner_references().iter().map(|o| o.uid.clone()).collect()
+    }
+
+    #[test]
+    fn an_identity_owns_only_the_secret_made_for_it() {
+        let site_a = identity("site-a", Some("id-uid"));
+        let other = owner("ConfigMap", "cm", "cm-uid");
+        let ours = owner("KaironClusterIdentity", "site-a", "id-uid");
+        for (case, s, id, owners) in [
+            (
+                "a Secret made for something else stays without owner",
+                secret(None, vec![]),
+                &site_a,
+                vec![],
+            ),
+            (
+                "a Secret owned by something else keeps only that owner",
+                secret(None, vec![other.clone()]),
+                &site_a,
+                vec!["cm-uid"],
+            ),
+            (
+                "a Secret made for another identity is not owned",
+                secret(Some("site-b"), vec![]),
+                &site_a,
+                vec![],
+            ),
+            (
+                "an owner reference an earlier version set on a Secret not made for it goes",
+                secret(None, vec![other.clone(), ours.clone()]),
+                &site_a,
+                vec!["cm-uid"],
+            ),
+            (
+                "a Secret made for it gets it as owner",
+                secret(Some("site-a"), vec![]),
+                &site_a,
+                vec!["id-uid"],
+            ),
+            (
+                "beside its other owners",
+                secret(Some("site-b,site-a"), vec![other.clone()]),
+                &site_a,
+                vec!["cm-uid", "id-uid"],
+            ),
+            (
+                "already owned: unchanged",
+                secret(Some("site-a"), vec![ours.clone()]),
+                &site_a,
+                vec!["id-uid"],
+            ),
+            (
+                "an identity without UID owns nothing",
+                secret(Some("site-a"), vec![]),
+                &identity("site-a", None),
+                vec![],
+            ),
+        ] {
+            let ops = ownership_ops(&s, id);
+            let before: Vec<String> = s.owner_references().iter().map(|o| o.uid.clone()).collect();
+            assert_eq!(owners_after(&s, ops.clone()), owners, "{case}");
+            if before == owners {
+                assert!(ops.is_empty(), "{case}: no write when nothing changes: {ops:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn ownership_applies_only_to_the_secret_read_while_it_says_so() {
+        let site_a = identity("site-a", Some("id-uid"));
+        let made_for = secret(Some("site-a"), vec![]);
+        let ops = ownership_ops(&made_for, &site_a);
+        // The same name, another Secret (deleted and made again meanwhile, without the mark).
+        let mut recreated = secret(None, vec![]);
+        recreated.metadata.uid = Some("another-uid".into());
+        let mut doc = serde_json::to_value(&recreated).unwrap();
+        assert!(
+            patch_as_the_api_server(&mut doc, ops.clone()).is_err(),
+            "another Secret"
+        );
+        // The same Secret, its annotation taken away meanwhile.
+        let mut unmarked = made_for.clone();
+        unmarked.metadata.annotations = Some([("other".to_string(), "x".to_string())].into());
+        let mut doc = serde_json::to_value(&unmarked).unwrap();
+        assert!(patch_as_the_api_server(&mut doc, ops).is_err(), "no longer made for it");
+    }
+
+    #[test]
+    fn the_annotations_pointer_names_the_annotation() {
+        let escaped = OWNED_BY_IDENTITY_ANNOTATION.replace('~', "~0").replace('/', "~1");
+        assert_eq!(OWNED_BY_PATH, format!("/metadata/annotations/{escaped}"));
     }
 }

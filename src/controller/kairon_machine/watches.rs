@@ -17,7 +17,7 @@ use super::lanes::{Lane, ObjectLocks, on_create_path};
 use crate::api::{self, KaironMachine};
 use crate::capi;
 use crate::controller::caches::Caches;
-use crate::controller::endpoints::Endpoints;
+use crate::controller::endpoints::{Endpoints, kaironmachine_in};
 use crate::controller::identity_protection::sweep_every;
 use crate::controller::runtime::Synced;
 use crate::controller::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, watch_error};
@@ -196,6 +196,9 @@ pub(crate) fn controller(
         refs.extend(turns.of_cluster(&m.namespace().unwrap_or_default(), &m.spec.cluster_name));
         refs
     };
+    // A Kairon Machine's KaironMachine, in the Kairon Machine's own namespace only: its
+    // link-back labels are written by whoever may write it.
+    let of_own_namespace = |vm: kairon::Machine| kaironmachine_in(&vm, vm.metadata.namespace.as_deref()?);
     // Watch errors are reported and retried by the watches themselves.
     let mapped = |r: Option<ObjectRef<KaironMachine>>| futures::future::ready(r);
     // Reconciles turned away because the other lane was reconciling the same object.
@@ -227,7 +230,7 @@ pub(crate) fn controller(
             .flat_map(move |c| futures::stream::iter(on_cluster(c)))
             .boxed(),
         instance_events
-            .filter_map(move |vm| mapped(vm.ok().and_then(|vm| kairon::kaironmachine_for_instance(&vm))))
+            .filter_map(move |vm| mapped(vm.ok().and_then(of_own_namespace)))
             .boxed(),
         triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()),
         requeue_rx.boxed(),
@@ -422,6 +425,11 @@ mod tests {
         assert_eq!(
             kairon::kaironmachine_for_instance(&v),
             Some(ObjectRef::new("km9").within("other"))
+        );
+        assert_eq!(
+            kaironmachine_in(&v, "ns"),
+            None,
+            "a Kairon Machine of ns triggers no KaironMachine of another namespace"
         );
     }
 }
