@@ -14,6 +14,11 @@ use clap::{ArgAction, Parser, ValueEnum};
 use crate::admin::tls_options::{self, CipherSuites, Curves, TlsOptions, TlsVersion};
 use crate::controller::{self, Settings};
 
+mod feature_gates;
+
+pub use feature_gates::FeatureGates;
+use feature_gates::parse_feature_gates;
+
 const WATCHING: &str = "Watching and reconciling";
 const LEADER: &str = "Leader election";
 const DIAGNOSTICS: &str = "Diagnostics: health, metrics, profiler";
@@ -248,76 +253,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// A feature gate of the manager.
-struct FeatureGate {
-    name: &'static str,
-    default: bool,
-    /// Locked to its default, as Kubernetes locks a GA gate: the other value is refused.
-    locked: bool,
-}
-
-/// The manager's feature gates. `MachinePool` is the one CAPI's managers and infrastructure
-/// providers share: here KaironMachinePools are always served.
-const FEATURE_GATES: &[FeatureGate] = &[FeatureGate {
-    name: "MachinePool",
-    default: true,
-    locked: true,
-}];
-
-/// Kubernetes' keys that set every alpha or every beta gate: there is none of either.
-const ALL_GATES_OF_A_STAGE: [&str; 2] = ["AllAlpha", "AllBeta"];
-
-/// One `--feature-gates` value: the gates it sets.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FeatureGates(BTreeMap<String, bool>);
-
-fn known_gates() -> String {
-    let mut known: Vec<String> = FEATURE_GATES
-        .iter()
-        .map(|g| {
-            format!(
-                "{} (default {}{})",
-                g.name,
-                g.default,
-                if g.locked { ", locked" } else { "" }
-            )
-        })
-        .collect();
-    known.extend(ALL_GATES_OF_A_STAGE.iter().map(|k| k.to_string()));
-    known.join(", ")
-}
-
-/// `Gate=bool,...`, as Kubernetes' component-base parses `--feature-gates`, with its rules:
-/// an unknown gate and a locked gate set to its other value are refused.
-fn parse_feature_gates(s: &str) -> Result<FeatureGates, String> {
-    let mut set = BTreeMap::new();
-    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let Some((key, value)) = entry.split_once('=') else {
-            return Err(format!("missing bool value for {entry}"));
-        };
-        let (key, value) = (key.trim(), value.trim());
-        let Some(on) = parse_go_bool(value) else {
-            return Err(format!("invalid value of {key}={value}: use true or false"));
-        };
-        if ALL_GATES_OF_A_STAGE.contains(&key) {
-            continue;
-        }
-        let Some(gate) = FEATURE_GATES.iter().find(|g| g.name == key) else {
-            return Err(format!("unknown feature gate {key:?}; known gates: {}", known_gates()));
-        };
-        if gate.locked && on != gate.default {
-            return Err(format!(
-                "cannot set feature gate {key} to {on}, feature is locked to {}",
-                gate.default
-            ));
-        }
-        set.insert(key.to_string(), on);
-    }
-    Ok(FeatureGates(set))
-}
-
 /// Go's `strconv.ParseBool`.
-fn parse_go_bool(s: &str) -> Option<bool> {
+pub(super) fn parse_go_bool(s: &str) -> Option<bool> {
     match s {
         "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
         "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
@@ -436,14 +373,7 @@ impl Args {
 
     /// The gates as set: every known gate, given or at its default.
     pub(crate) fn feature_gates(&self) -> BTreeMap<&'static str, bool> {
-        FEATURE_GATES
-            .iter()
-            .map(|g| {
-                // Given more than once, the later value wins, as Kubernetes merges them.
-                let given = self.feature_gates.iter().rev().find_map(|f| f.0.get(g.name).copied());
-                (g.name, given.unwrap_or(g.default))
-            })
-            .collect()
+        feature_gates::effective(&self.feature_gates)
     }
 
     /// What every TLS listener allows.
