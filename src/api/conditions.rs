@@ -66,6 +66,9 @@ pub mod reason {
     pub const INSTANCE_PROVISIONING: &str = "InstanceProvisioning";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
     pub const INSTANCE_FAILED: &str = "InstanceFailed";
+    /// Kairon reports phase Error (a reconcile of the VM failed; Kairon retries it): not
+    /// terminal, Kairon's message says why.
+    pub const INSTANCE_ERROR: &str = "InstanceError";
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";

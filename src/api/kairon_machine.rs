@@ -154,7 +154,9 @@ pub struct InstanceRef {
     pub namespace: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
-    /// Kairon phase: Pending, Provisioning, Running, Stopped, Failed or Terminating.
+    /// The Kairon Machine's phase as Kairon reports it (Running, Paused, Halted, Stopped,
+    /// Error, ...), the steps of bringing it up recorded as Provisioning, Terminating once it is
+    /// being deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// The Kairon host running the VM.

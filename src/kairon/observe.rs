@@ -146,10 +146,28 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         ),
         // One state for the KaironMachine: Kairon is bringing the machine up (see
         // `status_phase`).
-        phase::PENDING | phase::PROVISIONING => (
+        // Kairon's Starting, and Blocked (an incoming migration not yet arrived), are steps of
+        // the same bringing-up.
+        phase::PENDING | phase::PROVISIONING | phase::STARTING | phase::BLOCKED => (
             Status::False,
             reason::INSTANCE_PROVISIONING,
             format!("Kairon Machine {name} is being provisioned"),
+        ),
+        // Kairon's power states short of Stopped: the VM is there but does not run.
+        phase::PAUSED | phase::HALTED => (
+            Status::False,
+            reason::INSTANCE_STOPPED,
+            format!("Kairon Machine {name} is {}", phase_word(effective_phase(vm))),
+        ),
+        // Kairon's Error is not terminal: Kairon retries the VM, and so the KaironMachine waits,
+        // saying why.
+        phase::ERROR => (
+            Status::False,
+            reason::INSTANCE_ERROR,
+            match kairon_message(vm) {
+                Some(m) => format!("Kairon Machine {name} reports an error, which Kairon retries: {m}"),
+                None => format!("Kairon Machine {name} reports an error, which Kairon retries"),
+            },
         ),
         phase::STOPPED => (
             Status::False,
@@ -189,6 +207,22 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         ),
     };
     Decided::new(INSTANCE_PROVISIONED, status, r, message)
+}
+
+/// Kairon's `status.message`, bounded and cleaned, when it says anything.
+fn kairon_message(vm: &Machine) -> Option<String> {
+    vm.status
+        .as_ref()
+        .and_then(|s| s.message.as_deref())
+        .map(|m| bounded(m, MAX_KAIRON_MESSAGE))
+        .filter(|m| !m.trim().is_empty())
+}
+
+fn phase_word(p: &str) -> &'static str {
+    match p {
+        phase::PAUSED => "paused",
+        _ => "halted",
+    }
 }
 
 /// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
@@ -255,7 +289,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
 /// Provisioning.
 pub(crate) fn status_phase(vm: &Machine) -> &str {
     match effective_phase(vm) {
-        phase::PENDING => phase::PROVISIONING,
+        phase::PENDING | phase::STARTING | phase::BLOCKED => phase::PROVISIONING,
         other => other,
     }
 }
@@ -278,6 +312,13 @@ mod tests {
             (Some("Failed"), Status::False, reason::INSTANCE_FAILED),
             (Some("Terminating"), Status::False, reason::INSTANCE_TERMINATING),
             (Some("Hibernating"), Status::Unknown, reason::INSTANCE_PENDING),
+            // Kairon's own phases (kairon-node, kairon-controller).
+            (Some("Starting"), Status::False, reason::INSTANCE_PROVISIONING),
+            (Some("Blocked"), Status::False, reason::INSTANCE_PROVISIONING),
+            (Some("Paused"), Status::False, reason::INSTANCE_STOPPED),
+            (Some("Halted"), Status::False, reason::INSTANCE_STOPPED),
+            (Some("Error"), Status::False, reason::INSTANCE_ERROR),
+            (Some("Unknown"), Status::Unknown, reason::INSTANCE_PENDING),
         ];
         for (phase, status, r) in cases {
             let d = instance_condition(&vm(phase));
@@ -285,6 +326,42 @@ mod tests {
             assert_eq!(d.type_, INSTANCE_PROVISIONED);
             assert!(d.message.contains("m1"), "{phase:?}: {}", d.message);
         }
+    }
+
+    /// None of Kairon's phases is terminal: Error is reported with Kairon's message and waited
+    /// on, an unknown phase is named; the steps of bringing a VM up are recorded as one.
+    #[test]
+    fn kairons_phases_are_never_a_failure() {
+        for p in [
+            "Pending", "Starting", "Running", "Paused", "Halted", "Stopped", "Error", "Unknown", "Blocked",
+        ] {
+            assert_eq!(failure(&vm(Some(p))), None, "{p}");
+        }
+        let mut err = vm(Some("Error"));
+        err.status.as_mut().unwrap().message = Some("image \"ubuntu\": download failed:\n 404".into());
+        let d = instance_condition(&err);
+        assert_eq!(d.reason, reason::INSTANCE_ERROR);
+        assert!(d.message.contains("which Kairon retries: image"), "{}", d.message);
+        assert!(!d.message.contains('\n'), "{}", d.message);
+        err.status.as_mut().unwrap().message = Some("  ".into());
+        assert!(
+            instance_condition(&err)
+                .message
+                .ends_with("reports an error, which Kairon retries"),
+            "{}",
+            instance_condition(&err).message
+        );
+        assert!(
+            instance_condition(&vm(Some("Unknown")))
+                .message
+                .contains("unknown phase Unknown")
+        );
+        assert!(instance_condition(&vm(Some("Halted"))).message.ends_with("is halted"));
+        assert!(instance_condition(&vm(Some("Paused"))).message.ends_with("is paused"));
+        for p in ["Pending", "Starting", "Blocked"] {
+            assert_eq!(status_phase(&vm(Some(p))), phase::PROVISIONING, "{p}");
+        }
+        assert_eq!(status_phase(&vm(Some("Error"))), "Error");
     }
 
     #[test]

@@ -152,8 +152,25 @@ pub struct Address {
 }
 
 /// Kairon's phases.
+///
+/// Kairon's own (kairon-node and kairon-controller set them as plain strings; none is terminal,
+/// Kairon keeps reconciling): Pending, Starting, Running, Paused, Halted, Stopped, Error,
+/// Unknown, Blocked. Provisioning, Failed and Terminating are the simulator's until it plays
+/// Kairon's phases.
 pub mod phase {
     pub const PENDING: &str = "Pending";
+    /// Kairon: FluxVM is creating or starting the VM.
+    pub const STARTING: &str = "Starting";
+    /// Kairon: `spec.powerState: Paused` took effect.
+    pub const PAUSED: &str = "Paused";
+    /// Kairon: `spec.powerState: Halted`: the VMM is stopped, the VM and its disk are kept.
+    pub const HALTED: &str = "Halted";
+    /// Kairon: a reconcile of the Machine failed (`status.message` says why); Kairon retries.
+    pub const ERROR: &str = "Error";
+    /// Kairon: FluxVM reported a status Kairon does not know.
+    pub const UNKNOWN: &str = "Unknown";
+    /// Kairon: adopt-only (an incoming migration) and no runtime yet.
+    pub const BLOCKED: &str = "Blocked";
     pub const PROVISIONING: &str = "Provisioning";
     pub const RUNNING: &str = "Running";
     pub const STOPPED: &str = "Stopped";

@@ -208,6 +208,23 @@ mod tests {
                 provisioned: false,
                 failure_reason: Some("InsufficientResources"),
             },
+            // Kairon's Error is retried by Kairon: no failure reason, the Machine is not failed.
+            Case {
+                name: "kairon error",
+                observed: Observed::Instance(vm("Error")),
+                ready: ("False", reason::INSTANCE_ERROR),
+                instance: ("False", reason::INSTANCE_ERROR),
+                provisioned: false,
+                failure_reason: None,
+            },
+            Case {
+                name: "kairon halted",
+                observed: Observed::Instance(vm("Halted")),
+                ready: ("False", reason::INSTANCE_STOPPED),
+                instance: ("False", reason::INSTANCE_STOPPED),
+                provisioned: false,
+                failure_reason: None,
+            },
             Case {
                 name: "terminating",
                 observed: Observed::Instance(vm("Terminating")),
