@@ -1,0 +1,243 @@
+use super::*;
+use crate::kairon::Address;
+use crate::kairon::fixtures::vm;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+#[test]
+fn instance_condition_for_every_phase() {
+    let cases = [
+        (None, Status::False, reason::INSTANCE_PROVISIONING),
+        (Some("Pending"), Status::False, reason::INSTANCE_PROVISIONING),
+        (Some("Provisioning"), Status::False, reason::INSTANCE_PROVISIONING),
+        (Some("Running"), Status::True, reason::PROVISIONED),
+        (Some("Stopped"), Status::False, reason::INSTANCE_STOPPED),
+        (Some("Failed"), Status::False, reason::INSTANCE_FAILED),
+        (Some("Terminating"), Status::False, reason::INSTANCE_TERMINATING),
+        (Some("Hibernating"), Status::Unknown, reason::INSTANCE_PENDING),
+        // Kairon's own phases (kairon-node, kairon-controller).
+        (Some("Starting"), Status::False, reason::INSTANCE_PROVISIONING),
+        (Some("Blocked"), Status::False, reason::INSTANCE_PROVISIONING),
+        (Some("Paused"), Status::False, reason::INSTANCE_STOPPED),
+        (Some("Halted"), Status::False, reason::INSTANCE_STOPPED),
+        (Some("Error"), Status::False, reason::INSTANCE_ERROR),
+        (Some("Unknown"), Status::Unknown, reason::INSTANCE_PENDING),
+    ];
+    for (phase, status, r) in cases {
+        let d = instance_condition(&vm(phase));
+        assert_eq!((d.status, d.reason), (status, r), "phase {phase:?}");
+        assert_eq!(d.type_, INSTANCE_PROVISIONED);
+        assert!(d.message.contains("m1"), "{phase:?}: {}", d.message);
+    }
+}
+
+/// None of Kairon's phases is terminal: Error is reported with Kairon's message and waited
+/// on, an unknown phase is named; the steps of bringing a VM up are recorded as one.
+#[test]
+fn kairons_phases_are_never_a_failure() {
+    for p in [
+        "Pending", "Starting", "Running", "Paused", "Halted", "Stopped", "Error", "Unknown", "Blocked",
+    ] {
+        assert_eq!(failure(&vm(Some(p))), None, "{p}");
+    }
+    let mut err = vm(Some("Error"));
+    err.status.as_mut().unwrap().message = Some("image \"ubuntu\": download failed:\n 404".into());
+    let d = instance_condition(&err);
+    assert_eq!(d.reason, reason::INSTANCE_ERROR);
+    assert!(d.message.contains("which Kairon retries: image"), "{}", d.message);
+    assert!(!d.message.contains('\n'), "{}", d.message);
+    err.status.as_mut().unwrap().message = Some("  ".into());
+    assert!(
+        instance_condition(&err)
+            .message
+            .ends_with("reports an error, which Kairon retries"),
+        "{}",
+        instance_condition(&err).message
+    );
+    assert!(
+        instance_condition(&vm(Some("Unknown")))
+            .message
+            .contains("unknown phase Unknown")
+    );
+    assert!(instance_condition(&vm(Some("Halted"))).message.ends_with("is halted"));
+    assert!(instance_condition(&vm(Some("Paused"))).message.ends_with("is paused"));
+    for p in ["Pending", "Starting", "Blocked"] {
+        assert_eq!(status_phase(&vm(Some(p))), phase::PROVISIONING, "{p}");
+    }
+    assert_eq!(status_phase(&vm(Some("Error"))), "Error");
+}
+
+#[test]
+fn failed_message_carries_kairons_reason_and_message() {
+    let d = instance_condition(&vm(Some("Failed")));
+    assert!(
+        d.message.contains("Unschedulable: no host has 64 CPUs"),
+        "{}",
+        d.message
+    );
+    assert_eq!(
+        failure(&vm(Some("Failed"))),
+        Some(("Unschedulable".into(), "no host has 64 CPUs".into()))
+    );
+    assert_eq!(failure(&vm(Some("Running"))), None);
+}
+
+#[test]
+fn deletion_timestamp_means_terminating_whatever_the_phase() {
+    let mut m = vm(Some("Running"));
+    m.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    assert_eq!(effective_phase(&m), "Terminating");
+    assert!(!is_running(&m));
+}
+
+#[test]
+fn addresses_keep_only_capi_types() {
+    let a = addresses(&vm(Some("Running")));
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[0].type_, "InternalIP");
+    assert_eq!(a[1].type_, "Hostname");
+}
+
+#[test]
+fn kairons_free_text_is_bounded_and_cleaned_before_it_reaches_status_or_events() {
+    let mut m = vm(Some("Failed"));
+    let st = m.status.as_mut().unwrap();
+    st.reason = Some(format!("Disk\nError{}", "R".repeat(500)));
+    st.message = Some(format!("cloud-init: \u{1b}[31m{}", "user-data line\n".repeat(1000)));
+    let (r, msg) = failure(&m).unwrap();
+    assert!(r.len() <= MAX_KAIRON_REASON && !r.contains('\n'), "{r}");
+    assert!(msg.len() <= MAX_KAIRON_MESSAGE && !msg.contains('\n') && !msg.contains('\u{1b}'));
+    let d = instance_condition(&m);
+    assert!(d.message.len() < 1024, "fits an event note: {}", d.message.len());
+
+    let many: Vec<Address> = (0..300)
+        .map(|i| Address {
+            type_: "InternalIP".into(),
+            address: format!("10.0.{}.{}", i / 256, i % 256),
+        })
+        .collect();
+    let mut m = vm(Some("Running"));
+    m.status.as_mut().unwrap().addresses = Some(many);
+    assert_eq!(addresses(&m).len(), MAX_ADDRESSES, "the CRD's maxItems");
+
+    m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "z".repeat(300))].into());
+    assert_eq!(failure_domain(&m), None, "longer than the CRD allows: not reported");
+    m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a\nzone-b".into())].into());
+    assert_eq!(failure_domain(&m), None, "a control character: not reported");
+}
+
+/// What a tenant's Kairon API says of a VM (its phase, host, name, addresses) reaches
+/// `status.instance`, `status.addresses` and events cleaned and bounded.
+#[test]
+fn everything_a_kairon_api_sends_is_cleaned_and_bounded() {
+    let long = |c: &str| format!("{c}\n\u{1b}[31m{}", c.repeat(100_000));
+    let mut m = vm(Some("Running"));
+    m.metadata.name = Some(long("n"));
+    m.metadata.namespace = Some(long("s"));
+    m.metadata.uid = Some(long("u"));
+    let st = m.status.as_mut().unwrap();
+    st.host_name = Some(long("h"));
+    st.addresses = Some(vec![
+        Address {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1\n10.0.0.2".into(),
+        },
+        Address {
+            type_: "InternalIP".into(),
+            address: "10.0.0.3".into(),
+        },
+    ]);
+    let r = instance_ref(&m);
+    let fields = [Some(r.name), Some(r.namespace), r.uid, r.host];
+    for f in fields {
+        let f = f.expect("reported");
+        assert!(f.len() <= MAX_NAME, "{}", f.len());
+        assert!(!f.chars().any(char::is_control), "{f:?}");
+    }
+    let a = addresses(&m);
+    assert_eq!(a.len(), 1, "an address with a newline is left out: {a:?}");
+    assert_eq!(a[0].address, "10.0.0.3");
+    let d = instance_condition(&m);
+    assert!(d.message.len() < 1024, "{}", d.message.len());
+
+    let mut odd = vm(Some("Running"));
+    odd.status.as_mut().unwrap().phase = Some(long("p"));
+    let r = instance_ref(&odd);
+    let phase = r.phase.expect("a phase");
+    assert!(
+        phase.len() <= MAX_PHASE && !phase.chars().any(char::is_control),
+        "{phase:?}"
+    );
+    assert!(instance_condition(&odd).message.len() < 1024);
+}
+
+#[test]
+fn v1beta1_failure_reasons() {
+    assert_eq!(failure_reason_v1beta1("Unschedulable"), "InsufficientResources");
+    assert_eq!(failure_reason_v1beta1("ImageNotFound"), "InvalidConfiguration");
+    assert_eq!(failure_reason_v1beta1("DiskError"), "CreateError");
+}
+
+/// A case: its name, the VM's labels, the KaironMachine's providerID, the manager's
+/// management cluster, the answer.
+type OwnershipCase<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>, &'a Owner, Ownership);
+
+#[test]
+fn which_vms_are_this_kaironmachines() {
+    let owner = Owner {
+        id: "mc-a".into(),
+        adopt_from: vec!["mc-old".into()],
+    };
+    let uid = labels::KAIRONMACHINE_UID;
+    let mc = labels::MANAGEMENT_CLUSTER;
+    let holder = |name: &str, uid: &str| {
+        Some(Holder {
+            namespace: "ns".into(),
+            name: name.into(),
+            uid: uid.into(),
+        })
+    };
+    let foreign = |why: &str| Ownership::Foreign(why.into());
+    let this_vm = Some("kairon://vm-uid");
+    let no_id = Owner::default();
+    #[rustfmt::skip]
+    let cases: Vec<OwnershipCase> = vec![
+        ("its UID label names us", vec![(uid, "km-uid")], None, &owner, Ownership::Ours),
+        ("its UID label names us, whatever else", vec![(uid, "km-uid"), (mc, "mc-b")], Some("kairon://x"), &owner, Ownership::Ours),
+        ("no label, no providerID", vec![], None, &owner, foreign("no label names this KaironMachine")),
+        ("another KaironMachine's", vec![(uid, "other")], None, &owner, foreign("its labels name another KaironMachine")),
+        ("providerID names another VM", vec![(mc, "mc-a")], Some("kairon://another-vm"), &owner, foreign("no label names this KaironMachine")),
+        ("providerID names a plain Kairon VM", vec![], this_vm, &owner, foreign("no management-cluster label")),
+        ("providerID names another installation's VM", vec![(mc, "mc-b"), (uid, "other")], this_vm, &owner, foreign("management cluster mc-b")),
+        ("providerID names a VM of ours no KaironMachine claims", vec![(mc, "mc-a")], this_vm, &owner, Ownership::OursBeforeMove { holder: None }),
+        ("providerID names a VM of ours another KaironMachine claims", vec![(mc, "mc-a"), (uid, "old-uid"), (labels::KAIRONMACHINE_NAME, "m0")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m0", "old-uid") }),
+        ("providerID names a VM of the cluster moved from", vec![(mc, "mc-old"), (uid, "old-uid")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m1", "old-uid") }),
+        ("a member of a Kairon MachineSet is no standalone KaironMachine's, whatever its labels", vec![(uid, "km-uid"), (mc, "mc-a"), (crate::kairon::machineset::MACHINESET_LABEL, "pool")], this_vm, &owner, foreign("member of Kairon MachineSet pool")),
+        ("no management-cluster id (request-sequence tests)", vec![], this_vm, &no_id, Ownership::OursBeforeMove { holder: None }),
+    ];
+    for (name, vm_labels, pid, owner, want) in cases {
+        let mut km = KaironMachine::new("m1", Default::default());
+        km.metadata.uid = Some("km-uid".into());
+        km.spec.provider_id = pid.map(Into::into);
+        let mut m = vm(Some("Running"));
+        m.metadata.labels = Some(vm_labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        let got = ownership(&m, &km, owner);
+        match (&got, &want) {
+            (Ownership::Foreign(why), Ownership::Foreign(part)) => {
+                assert!(why.contains(part.as_str()), "{name}: {why}")
+            }
+            _ => assert_eq!(got, want, "{name}"),
+        }
+    }
+}
+
+#[test]
+fn instance_ref_and_failure_domain() {
+    let m = vm(Some("Running"));
+    let r = instance_ref(&m);
+    assert_eq!(r.name, "m1");
+    assert_eq!(r.namespace, "ns");
+    assert_eq!(r.uid.as_deref(), Some("vm-uid"));
+    assert_eq!(r.phase.as_deref(), Some("Running"));
+    assert_eq!(r.host.as_deref(), Some("kairon-node-7"));
+    assert_eq!(failure_domain(&m).as_deref(), Some("zone-a"));
+}
