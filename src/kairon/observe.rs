@@ -106,11 +106,7 @@ pub(crate) fn failure(vm: &Machine) -> Option<(String, String)> {
         .and_then(|s| s.reason.as_deref())
         .filter(|r| !r.is_empty())
         .map_or_else(|| "Unknown".into(), |r| bounded(r, MAX_KAIRON_REASON));
-    let message = status
-        .and_then(|s| s.message.as_deref())
-        .map(|m| bounded(m, MAX_KAIRON_MESSAGE))
-        .unwrap_or_default();
-    Some((reason, message))
+    Some((reason, kairon_message(vm).unwrap_or_default()))
 }
 
 /// CAPI's v1beta1 MachineStatusError for a Kairon failure reason.
@@ -157,7 +153,14 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         phase::PAUSED | phase::HALTED => (
             Status::False,
             reason::INSTANCE_STOPPED,
-            format!("Kairon Machine {name} is {}", phase_word(effective_phase(vm))),
+            format!(
+                "Kairon Machine {name} is {}",
+                if effective_phase(vm) == phase::PAUSED {
+                    "paused"
+                } else {
+                    "halted"
+                }
+            ),
         ),
         // Kairon's Error is not terminal: Kairon retries the VM, and so the KaironMachine waits,
         // saying why.
@@ -216,13 +219,6 @@ fn kairon_message(vm: &Machine) -> Option<String> {
         .and_then(|s| s.message.as_deref())
         .map(|m| bounded(m, MAX_KAIRON_MESSAGE))
         .filter(|m| !m.trim().is_empty())
-}
-
-fn phase_word(p: &str) -> &'static str {
-    match p {
-        phase::PAUSED => "paused",
-        _ => "halted",
-    }
 }
 
 /// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
