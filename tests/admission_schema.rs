@@ -397,12 +397,17 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
 
 /// Kairon's published Machine schema (our own fixture of it, written from the field list of
 /// `charts/kairon/crds/machines.yaml` in zyvorai/kairon: no unknown field kept, strict field
-/// validation refusing one) takes, unchanged, the `spec.cloudInit` the bootstrap bridge makes of
-/// the bootstrap data CABPK v1.14.2's templates write: every field the bridge sets exists there
-/// with the type it has.
+/// validation refusing one) takes, unchanged, the whole Kairon Machine the provider creates —
+/// image, resources, placement (a failure domain's node selector, the control planes'
+/// anti-affinity), a named network, and the `spec.cloudInit` the bootstrap bridge makes of the
+/// bootstrap data CABPK v1.14.2's templates write: every field it sets exists there with the
+/// type it has.
 #[tokio::test(flavor = "multi_thread")]
-async fn kairons_published_machine_schema_takes_the_cloud_init_the_bootstrap_bridge_writes() {
+async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes() {
+    use capkr::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec, NetworkRef};
     use capkr::kairon::cloud_init::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, translate_cloud_config};
+    use capkr::kairon::desired_kairon_machine;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use kube::core::{ApiResource, GroupVersionKind};
 
     let opts = EnvOptions::new("kairon_schema").capi_managers(CapiManagers::NONE);
@@ -423,6 +428,11 @@ async fn kairons_published_machine_schema_takes_the_cloud_init_the_bootstrap_bri
     // Server-side apply: the one write whose field validation can be asked Strict here.
     let strict = PatchParams::apply("capkr-test").validation(kube::api::ValidationDirective::Strict);
     let testdata = root.join("tests/kairon-sim/testdata/cabpk");
+    let zone = FailureDomainSpec {
+        name: "zone-a".into(),
+        control_plane: Some(true),
+        node_selector: Some([("topology.kubernetes.io/zone".to_string(), "zone-a".to_string())].into()),
+    };
     let mut checked = 0;
     for fixture in [
         "control-plane-init",
@@ -435,23 +445,49 @@ async fn kairons_published_machine_schema_takes_the_cloud_init_the_bootstrap_bri
         let name = format!("demo-{fixture}");
         let cloud_init = translate_cloud_config(&user_data, &GuestFacts::kairon(&name), DEFAULT_MAX_DECODED_BYTES)
             .unwrap_or_else(|e| panic!("{fixture}: {e}"));
-        let sent = serde_json::to_value(&cloud_init).unwrap();
-        let vm: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
-            "metadata": {"name": name, "namespace": "kairon"},
-            "spec": {"image": {"imageRef": "ubuntu-2404-kube-v1-36-3"},
-                     "resources": {"cpu": "2", "memory": "4Gi"}, "cloudInit": sent.clone()},
-        }))
-        .unwrap();
+        let mut km = KaironMachine::new(
+            &name,
+            KaironMachineSpec {
+                cpus: 2,
+                memory: Quantity("4Gi".into()),
+                image: machine_image(),
+                disk_size: Quantity("20Gi".into()),
+                network: fixture.starts_with("worker").then(|| NetworkRef { name: "br0".into() }),
+                node_selector: Some([("kairon.zyvor.dev/pool".to_string(), "general".to_string())].into()),
+                eviction_strategy: Some("External".into()),
+                ..Default::default()
+            },
+        );
+        km.metadata.namespace = Some("kairon".into());
+        km.metadata.uid = Some(format!("uid-{fixture}"));
+        let control_plane = fixture.starts_with("control-plane");
+        let desired = desired_kairon_machine(&km, "demo", control_plane, cloud_init, Some(&zone));
+        let mut vm = serde_json::to_value(&desired).unwrap();
+        vm["apiVersion"] = json!("kairon.zyvor.dev/v1alpha1");
+        vm["kind"] = json!("Machine");
+        let sent = vm["spec"].clone();
+        if control_plane {
+            assert!(
+                sent["placement"]["preferredAntiAffinity"].is_array(),
+                "{fixture}: {sent}"
+            );
+        } else {
+            assert_eq!(sent["network"]["bridge"], "br0", "{fixture}");
+        }
+        let vm: DynamicObject = serde_json::from_value(vm).unwrap();
         // The deprecation warning of v1alpha1 is no error; an unknown or mistyped field is.
         let created = machines
             .patch(&name, &strict, &Patch::Apply(&vm))
             .await
             .unwrap_or_else(|e| panic!("{fixture}: Kairon's schema refuses the Machine: {e}"));
-        assert_eq!(
-            created.data["spec"]["cloudInit"], sent,
-            "{fixture}: the schema pruned or changed cloudInit"
-        );
+        // Kairon's schema adds its defaults (powerState, the network's flags); it must keep
+        // everything the provider sent, as sent.
+        if let Some(path) = first_difference(&sent, &created.data["spec"], "spec") {
+            panic!(
+                "{fixture}: the schema pruned or changed {path}: sent {sent}, stored {}",
+                created.data["spec"]
+            );
+        }
         checked += 1;
     }
     assert_eq!(checked, 5);
@@ -467,4 +503,42 @@ async fn kairons_published_machine_schema_takes_the_cloud_init_the_bootstrap_bri
         .await
         .unwrap_err();
     assert!(err.to_string().contains("spec.cloudInit.userData"), "{err}");
+}
+
+/// The first place (a JSON path) where `kept` lacks or changes something of `sent`; `None` when
+/// every field of `sent` is in `kept` with the same value (`kept` may have more).
+fn first_difference(sent: &Value, kept: &Value, path: &str) -> Option<String> {
+    match (sent, kept) {
+        (Value::Object(s), Value::Object(k)) => s.iter().find_map(|(key, v)| match k.get(key) {
+            Some(kv) => first_difference(v, kv, &format!("{path}.{key}")),
+            None => Some(format!("{path}.{key}")),
+        }),
+        (Value::Array(s), Value::Array(k)) if s.len() == k.len() => s
+            .iter()
+            .zip(k)
+            .enumerate()
+            .find_map(|(i, (sv, kv))| first_difference(sv, kv, &format!("{path}[{i}]"))),
+        _ => (sent != kept).then(|| path.to_string()),
+    }
+}
+
+#[test]
+fn first_difference_finds_what_was_dropped_or_changed() {
+    let sent = json!({"a": {"b": 1, "c": [1, {"d": "x"}]}});
+    assert_eq!(
+        first_difference(&sent, &json!({"a": {"b": 1, "c": [1, {"d": "x"}]}, "e": 2}), "spec"),
+        None
+    );
+    assert_eq!(
+        first_difference(&sent, &json!({"a": {"c": [1, {"d": "x"}]}}), "spec").as_deref(),
+        Some("spec.a.b")
+    );
+    assert_eq!(
+        first_difference(&sent, &json!({"a": {"b": 1, "c": [1, {"d": "y"}]}}), "spec").as_deref(),
+        Some("spec.a.c[1].d")
+    );
+    assert_eq!(
+        first_difference(&sent, &json!({"a": {"b": 1, "c": [1]}}), "spec").as_deref(),
+        Some("spec.a.c")
+    );
 }

@@ -1361,7 +1361,7 @@ async fn a_tenants_kairon_api_triggers_reconciles_only_in_its_own_namespace() {
                 "app.kubernetes.io/managed-by": "cluster-api-provider-kairon",
                 "infrastructure.cluster.x-k8s.io/kaironmachine-name": "km",
                 "infrastructure.cluster.x-k8s.io/kaironmachine-namespace": ns}},
-            "spec": {"cpus": 1, "memory": "1Gi", "image": "img", "diskSize": "10Gi"}
+            "spec": {"resources": {"cpu": "1", "memory": "1Gi"}, "image": {"imageRef": "img", "diskSize": "10Gi"}}
         }))
         .unwrap()
     };

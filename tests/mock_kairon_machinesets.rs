@@ -65,7 +65,7 @@ async fn a_create_sends_the_user_data_and_an_error_never_repeats_it() {
     let (sets, mut h) = sets();
     let server = tokio::spawn(async move {
         let (_, sent) = expect(&mut h, "POST", SETS, 201, stored("1")).await;
-        assert_eq!(sent["spec"]["template"]["spec"]["cloudInit"]["userData"], SECRET);
+        assert_eq!(sent["spec"]["template"]["spec"]["legacyUserData"], SECRET);
         assert_eq!(sent["spec"]["replicas"], 0);
         assert_eq!(sent["spec"]["updateStrategy"]["type"], "OnDelete");
         assert_eq!(
@@ -73,7 +73,7 @@ async fn a_create_sends_the_user_data_and_an_error_never_repeats_it() {
             "pool-uid"
         );
         let mut quoting = status_error(422, "Invalid");
-        quoting["message"] = json!(format!("spec.template.spec.cloudInit.userData: {SECRET} is invalid"));
+        quoting["message"] = json!(format!("spec.template.spec.legacyUserData: {SECRET} is invalid"));
         expect(&mut h, "POST", SETS, 422, quoting).await;
         h
     });
@@ -144,8 +144,8 @@ async fn a_token_rotation_rewrites_only_the_user_data_and_its_digest() {
             ops[0],
             json!({"op": "test", "path": "/metadata/resourceVersion", "value": "3"})
         );
-        assert_eq!(ops[1]["path"], "/spec/template/spec/cloudInit");
-        assert_eq!(ops[1]["value"]["userData"], "rotated");
+        assert_eq!(ops[1]["path"], "/spec/template/spec/legacyUserData");
+        assert_eq!(ops[1]["value"], "rotated");
         assert_eq!(
             ops[2]["path"],
             "/metadata/annotations/infrastructure.cluster.x-k8s.io~1bootstrap-data-hash"
@@ -185,8 +185,8 @@ async fn a_template_change_replaces_the_whole_template() {
         assert_eq!(ops[0]["op"], "test");
         assert_eq!(ops[1]["op"], "replace");
         assert_eq!(ops[1]["path"], "/spec/template");
-        assert_eq!(ops[1]["value"]["spec"]["image"], "img-2");
-        assert_eq!(ops[1]["value"]["spec"]["cloudInit"]["userData"], SECRET);
+        assert_eq!(ops[1]["value"]["spec"]["image"]["imageRef"], "img-2");
+        assert_eq!(ops[1]["value"]["spec"]["legacyUserData"], SECRET);
         expect(
             &mut h,
             "PATCH",

@@ -290,7 +290,7 @@ async fn first_provisioning_adds_the_finalizer_then_creates_the_set_with_no_memb
         let (_, body) = expect(&mut h, "POST", SETS, 201, created).await;
         assert_eq!(body["spec"]["replicas"], 0, "created empty; the plan raises it");
         assert_eq!(
-            body["spec"]["template"]["spec"]["cloudInit"]["userData"],
+            body["spec"]["template"]["spec"]["legacyUserData"],
             "#cloud-config token-1"
         );
         assert_eq!(body["spec"]["updateStrategy"]["type"], "OnDelete");
@@ -307,9 +307,19 @@ async fn a_raise_reads_the_secret_and_a_rotated_token_rewrites_only_the_user_dat
     run(pool(), steady(3), move |mut h| async move {
         expect(&mut h, "GET", SECRET, 200, secret("#cloud-config token-2")).await;
         let (_, ops) = expect(&mut h, "PATCH", SET, 200, s_json).await;
-        assert_eq!(ops[0], json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"}));
-        assert_eq!(ops[1], json!({"op": "add", "path": "/spec/template/spec/cloudInit", "value": {"userData": "#cloud-config token-2"}}));
-        assert_eq!(ops.as_array().unwrap().len(), 3, "the template's hash is untouched: nothing rolls");
+        assert_eq!(
+            ops[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "7"})
+        );
+        assert_eq!(
+            ops[1],
+            json!({"op": "add", "path": "/spec/template/spec/legacyUserData", "value": "#cloud-config token-2"})
+        );
+        assert_eq!(
+            ops.as_array().unwrap().len(),
+            3,
+            "the template's hash is untouched: nothing rolls"
+        );
         expect_no_more(&mut h).await;
     })
     .await;

@@ -128,7 +128,7 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
     };
     let with_provider_id = {
         let mut k = with_finalizer.clone();
-        k.spec.provider_id = Some("kairon://vm-uid".into());
+        k.spec.provider_id = Some("kairon://m1".into());
         k.metadata.resource_version = Some("12".into());
         k.metadata.generation = Some(2);
         k
@@ -151,7 +151,7 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
             SECRET_PATH,
             200,
             json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap", "namespace": NS},
-                   "data": {"value": "I2Nsb3VkLWNvbmZpZwpzZWNyZXQ6IFRPUFNFQ1JFVA==", "format": "Y2xvdWQtY29uZmln"}}),
+                   "data": {"value": "I2Nsb3VkLWNvbmZpZwpydW5jbWQ6Ci0ga3ViZWFkbSBqb2luIC0tdG9rZW4gVE9QU0VDUkVUCg==", "format": "Y2xvdWQtY29uZmln"}}),
         )
         .await;
 
@@ -169,13 +169,14 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         assert_eq!(body["metadata"]["labels"][labels::CLUSTER_NAME], "demo");
         assert!(body["metadata"].get("ownerReferences").is_none());
         assert_eq!(
-            body["spec"]["cloudInit"]["userData"],
-            "#cloud-config\nsecret: TOPSECRET"
+            body["spec"]["cloudInit"],
+            json!({"hostname": "m1", "runCmd": ["kubeadm join --token TOPSECRET"]}),
+            "the bootstrap data as Kairon's structured cloudInit"
         );
-        assert_eq!(body["spec"]["cpus"], 2);
+        assert_eq!(body["spec"]["resources"]["cpu"], "2");
 
         let (_, patch) = expect(&mut h, "PATCH", KM_PATH, 200, with_provider_id).await;
-        assert_eq!(patch, json!({"spec": {"providerID": "kairon://vm-uid"}}));
+        assert_eq!(patch, json!({"spec": {"providerID": "kairon://m1"}}));
 
         let (query, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         assert!(
@@ -311,7 +312,7 @@ async fn a_foreign_vm_with_our_name_is_reported_and_left_alone() {
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
-        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "eA=="}})).await;
+        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "I2Nsb3VkLWNvbmZpZwpydW5jbWQ6Ci0ga3ViZWFkbSBqb2luIC0tdG9rZW4gVE9QU0VDUkVUCg=="}})).await;
         expect(&mut h, "POST", "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines", 409, status_error(409, "AlreadyExists")).await;
         expect(&mut h, "GET", VM_PATH, 200, foreign_json).await;
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
@@ -618,10 +619,7 @@ async fn a_vm_replaced_under_our_name_is_gone_not_ours() {
     let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
     let mut replaced = vm("Running");
     replaced.metadata.uid = Some("restored-uid".into());
-    replaced.status.as_mut().unwrap().addresses = Some(vec![kairon::Address {
-        type_: "InternalIP".into(),
-        address: "10.99.0.1".into(),
-    }]);
+    replaced.status.as_mut().unwrap().guest_ips = Some(vec!["10.99.0.1".into()]);
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -654,10 +652,10 @@ async fn a_create_kairon_rejects_is_reported_with_code_and_reason_and_is_an_erro
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let result = run(km, world, move |mut h| async move {
-        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "I2Nsb3VkLWNvbmZpZwpUT1BTRUNSRVQ="}})).await;
+        expect(&mut h, "GET", SECRET_PATH, 200, json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "m1-bootstrap"}, "data": {"value": "I2Nsb3VkLWNvbmZpZwpydW5jbWQ6Ci0ga3ViZWFkbSBqb2luIC0tdG9rZW4gVE9QU0VDUkVUCg=="}})).await;
         // Kairon's answer quotes the request, as API errors can.
         let mut answer = status_error(403, "Forbidden");
-        answer["message"] = json!("machines \"m1\" is forbidden: exceeded quota; spec.cloudInit.userData=#cloud-config TOPSECRET");
+        answer["message"] = json!("machines \"m1\" is forbidden: exceeded quota; spec.cloudInit.runCmd[0]=kubeadm join --token TOPSECRET");
         expect(&mut h, "POST", "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines", 403, answer).await;
         let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         let c = condition(&body["status"], INSTANCE_PROVISIONED);
@@ -687,7 +685,7 @@ fn machine_with_config() -> (capi::Machine, serde_json::Value) {
         "metadata": {"name": "m1-bootstrap", "namespace": NS, "labels": {"cluster.x-k8s.io/cluster-name": "demo"},
             "ownerReferences": [{"apiVersion": "bootstrap.cluster.x-k8s.io/v1beta2", "kind": "KubeadmConfig",
                 "name": "m1-config", "uid": "config-uid", "controller": true}]},
-        "data": {"value": "I2Nsb3VkLWNvbmZpZwpUT1BTRUNSRVQ="}});
+        "data": {"value": "I2Nsb3VkLWNvbmZpZwpydW5jbWQ6Ci0ga3ViZWFkbSBqb2luIC0tdG9rZW4gVE9QU0VDUkVUCg=="}});
     (m, secret)
 }
 
@@ -723,7 +721,7 @@ async fn a_bootstrap_secret_from_a_config_is_used_once_the_config_is_read_to_be_
             created,
         )
         .await;
-        assert_eq!(body["spec"]["cloudInit"]["userData"], "#cloud-config\nTOPSECRET");
+        assert_eq!(body["spec"]["cloudInit"]["runCmd"][0], "kubeadm join --token TOPSECRET");
         expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
         expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         expect_no_more(&mut h).await;

@@ -65,7 +65,7 @@ fn vm(host: &str, evacuation: bool) -> kairon::Machine {
     vm.metadata.labels = Some([(labels::KAIRONMACHINE_UID.to_string(), "km-uid".to_string())].into());
     vm.status = Some(kairon::MachineStatus {
         phase: Some("Running".into()),
-        host_name: Some(host.into()),
+        node_name: Some(host.into()),
         evacuation: evacuation.then(|| Evacuation {
             host_name: host.into(),
             reason: Some("HostMaintenance".into()),

@@ -148,7 +148,7 @@ async fn initial_lists_are_streamed_where_the_api_server_can_and_paged_where_not
                 "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
                 "metadata": {"name": format!("vm-{i}"), "labels": {
                     "app.kubernetes.io/managed-by": "cluster-api-provider-kairon"}},
-                "spec": {"cpus": 2, "memory": "1Gi", "image": "img", "diskSize": "10Gi"}
+                "spec": {"resources": {"cpu": "2", "memory": "1Gi"}, "image": {"imageRef": "img", "diskSize": "10Gi"}}
             }))
             .unwrap();
             vms.create(&Default::default(), &vm)

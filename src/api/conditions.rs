@@ -54,6 +54,9 @@ pub mod reason {
     pub const BOOTSTRAP_DATA_TOO_LARGE: &str = "BootstrapDataTooLarge";
     pub const BOOTSTRAP_DATA_INVALID: &str = "BootstrapDataInvalid";
     pub const UNSUPPORTED_BOOTSTRAP_FORMAT: &str = "UnsupportedBootstrapFormat";
+    /// The bootstrap data uses what Kairon's structured cloudInit cannot carry (a cloud-config
+    /// key, a second user, a jinja statement, binary file content): nothing is created.
+    pub const UNSUPPORTED_BOOTSTRAP_DATA: &str = "UnsupportedBootstrapData";
     /// The Secret is not the Machine's bootstrap data: not made by its bootstrap config, or
     /// one of CAPI's own (kubeconfig, CAs, service-account keys).
     pub const BOOTSTRAP_DATA_SECRET_NOT_TRUSTED: &str = "BootstrapDataSecretNotTrusted";

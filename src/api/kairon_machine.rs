@@ -42,8 +42,9 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KaironMachineSpec {
-    /// Provider ID of the machine, `kairon://<uid of the Kairon Machine>`. Written by the
-    /// controller once the Kairon Machine exists; never set it in a template.
+    /// Provider ID of the machine, `kairon://<name of the Kairon Machine>` (`kairon://<its
+    /// uid>` for a KaironMachinePool's members, and as earlier versions wrote it). Written by the controller once
+    /// the Kairon Machine exists; never set it in a template.
     #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub provider_id: Option<String>,
@@ -56,20 +57,21 @@ pub struct KaironMachineSpec {
     #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('512Mi')) >= 0").message("memory must be a quantity of at least 512Mi"))]
     pub memory: Quantity,
 
-    /// Name of the Kairon image the boot disk is made from.
+    /// Name of the Kairon MachineImage the boot disk is made from (Kairon's `spec.image.imageRef`).
     #[schemars(length(min = 1, max = 253))]
     pub image: String,
 
-    /// Size of the root disk, a quantity greater than zero.
+    /// Size of the root disk, a quantity greater than zero (Kairon's `spec.image.diskSize`).
     #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("diskSize must be a quantity greater than 0"))]
     pub disk_size: Quantity,
 
-    /// Kairon network to attach; Kairon's default network when absent.
+    /// A bridge on the Kairon node to attach the VM to (Kairon's `tap` network mode); Kairon's
+    /// default user-mode network when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRef>,
 
-    /// Labels of the Kairon hosts allowed to run the VM. A failure domain of the Machine adds
-    /// its own host selector on top.
+    /// Labels of the Kairon nodes allowed to run the VM (Kairon's `spec.placement.nodeSelector`).
+    /// A failure domain of the Machine adds its own node selector on top.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,
 
@@ -84,10 +86,10 @@ pub struct KaironMachineSpec {
     pub eviction_strategy: Option<String>,
 }
 
-/// Reference to a Kairon network.
+/// A network of the Kairon node: a bridge the VM's tap device is attached to.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct NetworkRef {
-    /// Network name.
+    /// Name of the bridge on the Kairon node.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }

@@ -6,10 +6,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
+use super::types::{Image, Network, Placement, Resources, WeightedTerm};
 use super::{
-    CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, Network, PROVIDER_ID_PREFIX, UserData, labels,
+    CloudInit, EVICTION_STRATEGY_ANNOTATION, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX,
+    labels,
 };
-use crate::api::{FailureDomainSpec, KaironMachine};
+use crate::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec};
 
 /// Longest value a label can hold.
 const MAX_LABEL_VALUE: usize = 63;
@@ -29,14 +31,49 @@ pub(crate) fn kaironmachine_for_instance(vm: &Machine) -> Option<ObjectRef<Kairo
     Some(ObjectRef::new(&name).within(&ns))
 }
 
-/// The provider ID for a Kairon Machine with this uid.
-pub fn provider_id(kairon_uid: &str) -> String {
+/// The provider ID of a Kairon Machine named `name`: `kairon://<name>`. The guest sees its
+/// Machine's name (the cloudInit hostname the provider sets) as its NoCloud `instance-id`, so
+/// templates give kubelet `kairon://{{ ds.meta_data.instance_id }}`.
+pub fn provider_id(name: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{name}")
+}
+
+/// The provider ID the old model gave a Kairon Machine (`kairon://<its uid>`), which a
+/// KaironMachine made by an earlier version still carries (a provider ID is write-once), and
+/// which a KaironMachinePool's members still get until pools move to Kairon's MachineSet.
+pub fn uid_provider_id(kairon_uid: &str) -> String {
     format!("{PROVIDER_ID_PREFIX}{kairon_uid}")
 }
 
+/// Whether `pid` names `vm`: by its name, or by its uid as the old model did.
+pub(crate) fn names_instance(pid: &str, vm: &Machine) -> bool {
+    let by_name = vm.metadata.name.as_deref().is_some_and(|n| pid == provider_id(n));
+    let by_uid = vm.metadata.uid.as_deref().is_some_and(|u| pid == uid_provider_id(u));
+    by_name || by_uid
+}
+
+/// Whether `vm` is the instance a KaironMachine with provider ID `pid` provisioned: named by
+/// its name (and, when the KaironMachine recorded the instance's uid, with that uid) or by its
+/// uid in the old model's form. A Machine re-created under the same name is another instance.
+pub(crate) fn is_the_instance(pid: &str, recorded_uid: Option<&str>, vm: &Machine) -> bool {
+    let uid = vm.metadata.uid.as_deref();
+    if uid.is_some_and(|u| pid == uid_provider_id(u)) {
+        return true;
+    }
+    let by_name = vm.metadata.name.as_deref().is_some_and(|n| pid == provider_id(n));
+    by_name && recorded_uid.is_none_or(|r| Some(r) == uid)
+}
+
+/// Weight of the soft anti-affinity that spreads a cluster's control planes over Kairon nodes.
+const CONTROL_PLANE_SPREAD_WEIGHT: i32 = 100;
+/// The topology a control plane's spreading is over: one Kairon node each.
+const NODE_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
+
 /// The Kairon Machine a KaironMachine should have: same name and namespace (deterministic, so
 /// a crash between create and status write can never produce a second VM), link-back labels,
-/// placement from the Machine's failure domain, and the bootstrap payload as user-data.
+/// Kairon's image, resources and placement from the KaironMachine and its Machine's failure
+/// domain, and the bootstrap data as Kairon's structured cloudInit (already translated, its
+/// hostname the Machine's name).
 ///
 /// No ownerReference is set on purpose: Kairon may drop it anyway, and a garbage-collected
 /// VM during `clusterctl move` (which deletes the source KaironMachines) would destroy a
@@ -44,7 +81,8 @@ pub fn provider_id(kairon_uid: &str) -> String {
 pub fn desired_kairon_machine(
     km: &KaironMachine,
     cluster_name: &str,
-    user_data: impl Into<UserData>,
+    control_plane: bool,
+    cloud_init: CloudInit,
     failure_domain: Option<&FailureDomainSpec>,
 ) -> Machine {
     let name = km.name_any();
@@ -58,44 +96,139 @@ pub fn desired_kairon_machine(
     }
     l.insert(labels::KAIRONMACHINE_NAMESPACE.to_string(), namespace.clone());
     l.insert(labels::KAIRONMACHINE_UID.to_string(), km.uid().unwrap_or_default());
-    if !cluster_name.is_empty() && cluster_name.len() <= MAX_LABEL_VALUE {
+    let cluster_labelled = !cluster_name.is_empty() && cluster_name.len() <= MAX_LABEL_VALUE;
+    if cluster_labelled {
         l.insert(labels::CLUSTER_NAME.to_string(), cluster_name.to_string());
+    }
+    if control_plane {
+        l.insert(labels::CONTROL_PLANE.to_string(), String::new());
     }
     l.insert(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string());
 
-    let annotations =
-        failure_domain.map(|fd| BTreeMap::from([(FAILURE_DOMAIN_ANNOTATION.to_string(), fd.name.clone())]));
+    let mut annotations = BTreeMap::new();
+    if let Some(fd) = failure_domain {
+        annotations.insert(FAILURE_DOMAIN_ANNOTATION.to_string(), fd.name.clone());
+    }
+    if let Some(strategy) = &km.spec.eviction_strategy {
+        annotations.insert(EVICTION_STRATEGY_ANNOTATION.to_string(), strategy.clone());
+    }
 
-    // The failure domain's host selector wins over the template's on a conflicting key: the
+    // The failure domain's node selector wins over the template's on a conflicting key: the
     // domain is CAPI's placement decision.
     let mut node_selector = km.spec.node_selector.clone().unwrap_or_default();
     if let Some(sel) = failure_domain.and_then(|fd| fd.node_selector.as_ref()) {
         node_selector.extend(sel.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
+    // Soft, so that a cluster with more control planes than Kairon nodes still schedules.
+    let spread = (control_plane && cluster_labelled).then(|| {
+        vec![WeightedTerm {
+            weight: CONTROL_PLANE_SPREAD_WEIGHT,
+            label_selector: BTreeMap::from([
+                (labels::CLUSTER_NAME.to_string(), cluster_name.to_string()),
+                (labels::CONTROL_PLANE.to_string(), String::new()),
+            ]),
+            topology_key: NODE_TOPOLOGY_KEY.to_string(),
+        }]
+    });
+    let placement = Placement {
+        node_selector: (!node_selector.is_empty()).then_some(node_selector),
+        preferred_anti_affinity: spread,
+    };
 
     Machine {
         metadata: ObjectMeta {
             name: Some(name),
             namespace: Some(namespace),
             labels: Some(l),
-            annotations,
+            annotations: (!annotations.is_empty()).then_some(annotations),
             ..Default::default()
         },
-        spec: MachineSpec {
-            cpus: km.spec.cpus,
-            memory: km.spec.memory.clone(),
-            image: km.spec.image.clone(),
-            disk_size: km.spec.disk_size.clone(),
-            network: km.spec.network.as_ref().map(|n| Network { name: n.name.clone() }),
-            node_selector: (!node_selector.is_empty()).then_some(node_selector),
-            cloud_init: Some(CloudInit {
-                user_data: Some(user_data.into()),
-                network_config: None,
-            }),
-            eviction_strategy: km.spec.eviction_strategy.clone(),
-        },
+        spec: kairon_spec(&km.spec, placement, Some(cloud_init)),
         status: None,
     }
+}
+
+/// Kairon's spec for a VM of this shape: the image by name (a MachineImage) with the disk size,
+/// CPUs and memory as Kairon's quantity strings, a named network as a tap on that bridge.
+pub(crate) fn kairon_spec(
+    shape: &KaironMachineSpec,
+    placement: Placement,
+    cloud_init: Option<CloudInit>,
+) -> MachineSpec {
+    MachineSpec {
+        image: Some(Image {
+            image_ref: Some(shape.image.clone()),
+            disk_size: Some(shape.disk_size.0.clone()),
+            ..Default::default()
+        }),
+        resources: Some(Resources {
+            cpu: Some(shape.cpus.to_string()),
+            memory: Some(kairon_memory(&shape.memory.0)),
+        }),
+        network: shape.network.as_ref().map(|n| Network {
+            mode: Some(NETWORK_MODE_TAP.to_string()),
+            bridge: Some(n.name.clone()),
+        }),
+        placement: (placement != Placement::default()).then_some(placement),
+        cloud_init,
+        ..Default::default()
+    }
+}
+
+/// Kairon's network mode that attaches the guest to a bridge of the node.
+const NETWORK_MODE_TAP: &str = "tap";
+
+/// A Kubernetes memory quantity as Kairon parses one (`internal/model/quantity.go`: a number
+/// with one of `Ti Gi Mi Ki T G M K`, or plain bytes). The CRD has already checked that it is a
+/// quantity of at least 512Mi; a form Kairon does not read (`Pi`, `E`, `k`, an exponent) is
+/// written as whole MiB, rounded up.
+pub(crate) fn kairon_memory(q: &str) -> String {
+    const KAIRONS: [&str; 8] = ["Ti", "Gi", "Mi", "Ki", "T", "G", "M", "K"];
+    let q = q.trim();
+    let plain =
+        |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit() || b == b'.') && n.parse::<f64>().is_ok();
+    for suffix in KAIRONS {
+        if let Some(n) = q.strip_suffix(suffix) {
+            if plain(n) {
+                return q.to_string();
+            }
+            break;
+        }
+    }
+    if plain(q) {
+        return q.to_string();
+    }
+    match quantity_bytes(q) {
+        Some(bytes) => format!("{}Mi", (bytes / (1024.0 * 1024.0)).ceil() as u64),
+        None => q.to_string(),
+    }
+}
+
+/// The bytes of a Kubernetes quantity (binary and decimal suffixes, decimal exponents).
+fn quantity_bytes(q: &str) -> Option<f64> {
+    const SUFFIXES: [(&str, f64); 13] = [
+        ("Ki", 1024.0),
+        ("Mi", 1048576.0),
+        ("Gi", 1073741824.0),
+        ("Ti", 1099511627776.0),
+        ("Pi", 1125899906842624.0),
+        ("Ei", 1152921504606846976.0),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("E", 1e18),
+        ("m", 1e-3),
+    ];
+    for (suffix, mult) in SUFFIXES {
+        if let Some(n) = q.strip_suffix(suffix)
+            && let Ok(v) = n.parse::<f64>()
+        {
+            return Some(v * mult);
+        }
+    }
+    q.parse::<f64>().ok()
 }
 
 #[cfg(test)]
@@ -132,6 +265,14 @@ mod tests {
         m.metadata.labels.as_ref().unwrap().get(k).map(String::as_str)
     }
 
+    fn cloud_init(hostname: &str) -> CloudInit {
+        CloudInit {
+            hostname: hostname.into(),
+            run_cmd: vec!["kubeadm join".into()],
+            ..Default::default()
+        }
+    }
+
     struct Case {
         name: &'static str,
         km: KaironMachine,
@@ -161,7 +302,7 @@ mod tests {
                 want_name_label: true,
             },
             Case {
-                name: "failure domain adds its host selector",
+                name: "failure domain adds its node selector",
                 km: km("m2"),
                 fd: Some(fd("zone-a", &[("zone", "a")])),
                 want_selector: Some(vec![("zone", "a")]),
@@ -186,13 +327,14 @@ mod tests {
             },
         ];
         for c in cases {
-            let m = desired_kairon_machine(&c.km, "demo", UserData("#cloud-config\n".into()), c.fd.as_ref());
+            let m = desired_kairon_machine(&c.km, "demo", false, cloud_init("h"), c.fd.as_ref());
             assert_eq!(m.metadata.name, c.km.metadata.name, "{}", c.name);
             assert_eq!(m.metadata.namespace.as_deref(), Some("ns"), "{}", c.name);
             assert!(m.metadata.owner_references.is_none(), "{}: no ownerReferences", c.name);
             assert_eq!(label(&m, labels::KAIRONMACHINE_UID), Some("km-uid"), "{}", c.name);
             assert_eq!(label(&m, labels::KAIRONMACHINE_NAMESPACE), Some("ns"), "{}", c.name);
             assert_eq!(label(&m, labels::CLUSTER_NAME), Some("demo"), "{}", c.name);
+            assert_eq!(label(&m, labels::CONTROL_PLANE), None, "{}", c.name);
             assert_eq!(
                 label(&m, labels::MANAGED_BY),
                 Some("cluster-api-provider-kairon"),
@@ -205,13 +347,22 @@ mod tests {
                 "{}",
                 c.name
             );
-            let sel = m.spec.node_selector.clone().map(|s| s.into_iter().collect::<Vec<_>>());
+            let placement = m.spec.placement.clone();
+            let sel = placement
+                .as_ref()
+                .and_then(|p| p.node_selector.clone())
+                .map(|s| s.into_iter().collect::<Vec<_>>());
             let want = c.want_selector.map(|v| {
                 v.into_iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect::<Vec<_>>()
             });
             assert_eq!(sel, want, "{}", c.name);
+            assert!(
+                placement.is_none_or(|p| p.preferred_anti_affinity.is_none()),
+                "{}: a worker is not spread",
+                c.name
+            );
             assert_eq!(
                 m.metadata
                     .annotations
@@ -222,35 +373,114 @@ mod tests {
                 "{}",
                 c.name
             );
-            assert_eq!(m.spec.cpus, 2);
-            assert_eq!(m.spec.memory, Quantity("4Gi".into()));
-            assert_eq!(m.spec.disk_size, Quantity("40Gi".into()));
-            assert_eq!(m.spec.image, "ubuntu-2404-kube-v1.36.1");
             assert_eq!(
-                m.spec.cloud_init.as_ref().unwrap().user_data.as_ref().unwrap().as_str(),
-                "#cloud-config\n"
+                m.spec.resources,
+                Some(Resources {
+                    cpu: Some("2".into()),
+                    memory: Some("4Gi".into())
+                })
             );
+            let image = m.spec.image.as_ref().expect("image");
+            assert_eq!(image.image_ref.as_deref(), Some("ubuntu-2404-kube-v1.36.1"));
+            assert_eq!(image.disk_size.as_deref(), Some("40Gi"));
+            assert_eq!(m.spec.cloud_init, Some(cloud_init("h")));
+            assert_eq!(m.spec.legacy_user_data, None);
+            assert_eq!(m.spec.node_name, None, "{}: Kairon schedules", c.name);
+        }
+    }
+
+    /// What the provider writes is Kairon's shape: no field of the old model's spec.
+    #[test]
+    fn the_spec_serializes_in_kairons_shape() {
+        let mut k = km("m");
+        k.spec.eviction_strategy = Some("External".into());
+        let m = desired_kairon_machine(&k, "demo", true, cloud_init("m"), Some(&fd("zone-a", &[("zone", "a")])));
+        let spec = serde_json::to_value(&m.spec).unwrap();
+        assert_eq!(
+            spec,
+            serde_json::json!({
+                "image": {"imageRef": "ubuntu-2404-kube-v1.36.1", "diskSize": "40Gi"},
+                "resources": {"cpu": "2", "memory": "4Gi"},
+                "placement": {
+                    "nodeSelector": {"zone": "a"},
+                    "preferredAntiAffinity": [{"weight": 100, "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"cluster.x-k8s.io/cluster-name": "demo", "cluster.x-k8s.io/control-plane": ""}}]
+                },
+                "cloudInit": {"hostname": "m", "runCmd": ["kubeadm join"]}
+            })
+        );
+        assert_eq!(label(&m, labels::CONTROL_PLANE), Some(""));
+        assert_eq!(
+            m.metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .get(EVICTION_STRATEGY_ANNOTATION)
+                .map(String::as_str),
+            Some("External"),
+            "the old model's strategy is an annotation, never a spec field"
+        );
+    }
+
+    #[test]
+    fn a_named_network_is_a_tap_on_that_bridge() {
+        let mut k = km("m");
+        k.spec.network = Some(NetworkRef {
+            name: "br-storage".into(),
+        });
+        let m = desired_kairon_machine(&k, "demo", false, CloudInit::default(), None);
+        assert_eq!(
+            m.spec.network,
+            Some(Network {
+                mode: Some("tap".into()),
+                bridge: Some("br-storage".into())
+            })
+        );
+    }
+
+    #[test]
+    fn memory_is_written_in_a_form_kairon_parses() {
+        for (given, want) in [
+            ("4Gi", "4Gi"),
+            ("512Mi", "512Mi"),
+            ("1.5Gi", "1.5Gi"),
+            ("8G", "8G"),
+            ("4294967296", "4294967296"),
+            ("1Pi", "1073741824Mi"),
+            ("600000k", "573Mi"),
+            ("4e9", "3815Mi"),
+        ] {
+            assert_eq!(kairon_memory(given), want, "{given}");
         }
     }
 
     #[test]
-    fn network_is_carried_over() {
-        let mut k = km("m");
-        k.spec.network = Some(NetworkRef { name: "storage".into() });
-        let m = desired_kairon_machine(&k, "demo", UserData::default(), None);
-        assert_eq!(m.spec.network, Some(Network { name: "storage".into() }));
-    }
-
-    #[test]
-    fn user_data_never_shows_in_debug_output() {
-        let m = desired_kairon_machine(&km("m"), "demo", UserData("TOP-SECRET-KEY".into()), None);
+    fn secrets_never_show_in_debug_output() {
+        let ci = CloudInit {
+            run_cmd: vec!["kubeadm join --token TOP-SECRET-KEY".into()],
+            ..Default::default()
+        };
+        let m = desired_kairon_machine(&km("m"), "demo", false, ci, None);
         let dbg = format!("{m:?}");
         assert!(!dbg.contains("TOP-SECRET-KEY"), "{dbg}");
         assert!(dbg.contains("redacted"));
     }
 
     #[test]
-    fn provider_id_uses_the_kairon_scheme() {
-        assert_eq!(provider_id("3f6c"), "kairon://3f6c");
+    fn provider_ids_use_the_kairon_scheme() {
+        assert_eq!(provider_id("demo-md-0-x7k2p"), "kairon://demo-md-0-x7k2p");
+        let mut vm = Machine::new("demo-md-0-x7k2p", MachineSpec::default());
+        vm.metadata.uid = Some("3f6c".into());
+        assert!(names_instance("kairon://demo-md-0-x7k2p", &vm));
+        assert!(names_instance("kairon://3f6c", &vm), "the old model's uid form");
+        assert!(!names_instance("kairon://other", &vm));
+        assert!(is_the_instance("kairon://demo-md-0-x7k2p", None, &vm));
+        assert!(is_the_instance("kairon://demo-md-0-x7k2p", Some("3f6c"), &vm));
+        assert!(
+            !is_the_instance("kairon://demo-md-0-x7k2p", Some("an-earlier-uid"), &vm),
+            "a Machine re-created under the name is another instance"
+        );
+        assert!(is_the_instance("kairon://3f6c", Some("3f6c"), &vm));
+        assert!(!is_the_instance("kairon://an-earlier-uid", None, &vm));
     }
 }

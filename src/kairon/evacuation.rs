@@ -70,7 +70,7 @@ pub fn stopped_at_deadline(vm: &Machine) -> bool {
 pub fn host(vm: &Machine) -> Option<String> {
     vm.status
         .as_ref()?
-        .host_name
+        .node_name
         .as_deref()
         .filter(|h| !h.is_empty())
         .map(|h| bounded(h, MAX_HOST))
@@ -169,7 +169,7 @@ mod tests {
             Some(("kairon-node-1".into(), "kairon-node-7".into()))
         );
         let mut unplaced = vm.clone();
-        unplaced.status.as_mut().unwrap().host_name = None;
+        unplaced.status.as_mut().unwrap().node_name = None;
         assert_eq!(moved(Some("kairon-node-1"), &unplaced), None);
     }
 }

@@ -1,30 +1,20 @@
 //! The Kairon Machine of every unit test that needs one (`m1` in `ns`, uid `vm-uid`, placed in
 //! `zone-a` on host `kairon-node-7`).
 
-use super::{Address, FAILURE_DOMAIN_ANNOTATION, Machine, MachineStatus};
+use super::{FAILURE_DOMAIN_ANNOTATION, Machine, MachineStatus};
 
 /// A Kairon Machine in `phase` (`None`: Kairon has not reported one yet). Running machines
-/// report an InternalIP, a Hostname and one address type CAPI does not know; Failed ones
-/// Kairon's reason and message.
+/// report a guest IP; Failed ones the simulator's reason and message.
 pub(crate) fn vm(phase: Option<&str>) -> Machine {
     let mut m = Machine::new("m1", Default::default());
     m.metadata.namespace = Some("ns".into());
     m.metadata.uid = Some("vm-uid".into());
     m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a".to_string())].into());
-    let address = |type_: &str, address: &str| Address {
-        type_: type_.into(),
-        address: address.into(),
-    };
     m.status = Some(MachineStatus {
         phase: phase.map(Into::into),
-        host_name: Some("kairon-node-7".into()),
-        addresses: (phase == Some("Running")).then(|| {
-            vec![
-                address("InternalIP", "10.42.0.17"),
-                address("Hostname", "m1"),
-                address("Weird", "x"),
-            ]
-        }),
+        node_name: Some("kairon-node-7".into()),
+        guest_ip: (phase == Some("Running")).then(|| "10.42.0.17".into()),
+        guest_ips: (phase == Some("Running")).then(|| vec!["10.42.0.17".into()]),
         reason: (phase == Some("Failed")).then(|| "Unschedulable".into()),
         message: (phase == Some("Failed")).then(|| "no host has 64 CPUs".into()),
         ..Default::default()

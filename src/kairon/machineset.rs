@@ -151,11 +151,14 @@ mod tests {
             "metadata": {"name": "pool", "namespace": "ns"},
             "spec": {"replicas": 3, "template": {
                 "metadata": {"labels": {"role": "worker"}},
-                "spec": {"cpus": 2, "memory": "4Gi", "image": "img", "diskSize": "20Gi",
-                         "cloudInit": {"userData": "#cloud-config"}}}}}))
+                "spec": {"resources": {"cpu": "2", "memory": "4Gi"}, "image": {"imageRef": "img"},
+                         "legacyUserData": "#cloud-config"}}}}))
         .expect("reads");
         assert_eq!(set.spec.replicas, 3);
-        assert_eq!(set.spec.template.spec.cpus, 2);
+        assert_eq!(
+            set.spec.template.spec.resources.as_ref().and_then(|r| r.cpu.as_deref()),
+            Some("2")
+        );
         assert_eq!(set.rolling_update(), Some((1, 0)), "RollingUpdate 1/0 when absent");
 
         let mut on_delete = set.clone();

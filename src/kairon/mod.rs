@@ -30,22 +30,24 @@ pub mod ownership;
 mod set_client;
 pub mod set_desired;
 pub mod set_observe;
-mod types;
+pub(crate) mod types;
 
 pub(crate) use client::read_event;
 pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub(crate) use desired::kaironmachine_for_instance;
-pub use desired::{desired_kairon_machine, provider_id};
+pub use desired::{desired_kairon_machine, provider_id, uid_provider_id};
+pub(crate) use desired::{is_the_instance, names_instance};
 pub(crate) use fingerprint::endpoint_fingerprint;
 pub(crate) use observe::{Holder, Ownership, ownership};
 pub use set_client::{MachineSets, SetCreated, SetError, keep_set_what_is_read, machine_set_from_value, read_set};
 pub use types::{
-    Address, CloudInit, Evacuation, Machine, MachineSpec, MachineStatus, Network, UserData, eviction, phase,
+    CloudInit, CloudInitFile, EVICTION_STRATEGY_ANNOTATION, Evacuation, Image, ImageSource, Machine, MachineSpec,
+    MachineStatus, Network, Placement, Resources, UserData, WeightedTerm, eviction, phase,
 };
 
-/// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's real schema
-/// adds is ignored, its conditions and user-data (which we never read back; bootstrap data is
-/// never held in memory) are dropped before parsing, missing
+/// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's schema has
+/// beyond our model is ignored, its conditions and bootstrap data (`cloudInit`,
+/// `legacyUserData`: never read back, never held in memory) are dropped before parsing, missing
 /// spec fields take their defaults, and an object that still cannot be read becomes a Machine
 /// with its metadata in phase [`phase::UNREADABLE`], `status.message` saying why — so that one odd object affects its
 /// own KaironMachine alone, never a whole list (a typed list fails whole).
@@ -55,6 +57,7 @@ pub fn machine_from_value(mut value: serde_json::Value) -> Machine {
     }
     if let Some(spec) = value.get_mut("spec").and_then(serde_json::Value::as_object_mut) {
         spec.remove("cloudInit");
+        spec.remove("legacyUserData");
     }
     let first = match serde_json::from_value::<Machine>(value.clone()) {
         Ok(m) => return m,
@@ -127,9 +130,18 @@ mod tests {
     fn a_cached_kairon_machine_keeps_what_is_read() {
         let mut vm = fixtures::vm(Some(phase::RUNNING));
         vm.spec = MachineSpec {
-            cpus: 2,
-            memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity("4Gi".into()),
-            image: "img".into(),
+            resources: Some(Resources {
+                cpu: Some("2".into()),
+                memory: Some("4Gi".into()),
+            }),
+            image: Some(Image {
+                image_ref: Some("img".into()),
+                ..Default::default()
+            }),
+            cloud_init: Some(CloudInit {
+                run_cmd: vec!["kubeadm join SECRET".into()],
+                ..Default::default()
+            }),
             ..Default::default()
         };
         vm.metadata.labels = Some(
@@ -221,12 +233,14 @@ mod tests {
     fn odd_kairon_machines_are_read_each_on_its_own() {
         let base = json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
             "metadata": {"name": "m1", "namespace": "ns", "uid": "u1"},
-            "spec": {"cpus": 2, "memory": "4Gi", "image": "img", "diskSize": "20Gi",
-                     "cloudInit": {"userData": "#cloud-config SECRET"}},
-            "status": {"phase": "Running", "addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}});
+            "spec": {"resources": {"cpu": "2", "memory": "4Gi"}, "image": {"imageRef": "img", "diskSize": "20Gi"},
+                     "cloudInit": {"runCmd": ["kubeadm join --token SECRET"]}, "legacyUserData": "#cloud-config SECRET"},
+            "status": {"phase": "Running", "guestIP": "10.0.0.1", "guestIPs": ["10.0.0.1"]}});
         let m = machine_from_value(base.clone());
         assert_eq!(m.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
-        assert!(m.spec.cloud_init.is_none(), "user-data is never held");
+        assert_eq!(m.status.as_ref().unwrap().guest_ip.as_deref(), Some("10.0.0.1"));
+        assert!(m.spec.cloud_init.is_none(), "bootstrap data is never held");
+        assert!(m.spec.legacy_user_data.is_none(), "bootstrap data is never held");
 
         let mut extra = base.clone();
         extra["spec"]["gpu"] = json!({"model": "x"});
@@ -250,8 +264,8 @@ mod tests {
         );
 
         let mut wrong = base.clone();
-        wrong["spec"]["cpus"] = json!("two");
-        wrong["spec"]["cloudInit"] = json!({"userData": ["#cloud-config SECRET"]});
+        wrong["status"]["guestIPs"] = json!("two");
+        wrong["spec"]["cloudInit"] = json!({"runCmd": "kubeadm join SECRET"});
         let m = machine_from_value(wrong);
         assert_eq!(m.metadata.uid.as_deref(), Some("u1"), "metadata is kept");
         assert_eq!(m.status.as_ref().unwrap().phase.as_deref(), Some(phase::UNREADABLE));
@@ -261,8 +275,8 @@ mod tests {
     }
 }
 
-/// Scheme of provider IDs: `kairon://<uid of the Kairon Machine>`. The guest sees the uid as
-/// its NoCloud `instance-id`, so kubelet can be given the same provider ID.
+/// Scheme of provider IDs: `kairon://<name of the Kairon Machine>` ([`provider_id`]). The guest
+/// sees the name as its NoCloud `instance-id`, so kubelet can be given the same provider ID.
 pub(crate) const PROVIDER_ID_PREFIX: &str = "kairon://";
 
 /// Links back from a Kairon Machine to the KaironMachine that created it. Labels, because
@@ -273,6 +287,9 @@ pub mod labels {
     /// The adoption key: only a Kairon Machine carrying our UID is ours.
     pub const KAIRONMACHINE_UID: &str = "infrastructure.cluster.x-k8s.io/kaironmachine-uid";
     pub const CLUSTER_NAME: &str = crate::capi::CLUSTER_NAME_LABEL;
+    /// On a control-plane VM (empty value), as on its CAPI Machine: what the control planes'
+    /// anti-affinity selects.
+    pub const CONTROL_PLANE: &str = crate::capi::CONTROL_PLANE_LABEL;
     /// The management cluster whose manager created or adopted the Kairon Machine
     /// ([`super::Owner`]).
     pub const MANAGEMENT_CLUSTER: &str = "infrastructure.cluster.x-k8s.io/kairon-management-cluster";

@@ -2,7 +2,7 @@
 
 use kube::ResourceExt;
 
-use super::{FAILURE_DOMAIN_ANNOTATION, Machine, Owner, labels, phase, provider_id};
+use super::{FAILURE_DOMAIN_ANNOTATION, Machine, Owner, labels, phase};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{InstanceRef, KaironMachine, MachineAddress};
 use crate::text::bounded;
@@ -46,7 +46,7 @@ pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Owne
         return Ownership::Ours;
     }
     let named = match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
-        (Some(pid), Some(uid)) => pid == provider_id(uid),
+        (Some(pid), Some(_)) => super::names_instance(pid, vm),
         _ => false,
     };
     if !named {
@@ -221,21 +221,34 @@ fn kairon_message(vm: &Machine) -> Option<String> {
         .filter(|m| !m.trim().is_empty())
 }
 
-/// Addresses in CAPI's vocabulary; anything else Kairon reports is left out.
+/// The VM's addresses in CAPI's vocabulary: each address Kairon learnt of the guest
+/// (`status.guestIPs`, then `guestIP` if not among them) as an InternalIP, and, once the VM
+/// runs, its hostname (the Machine's name, which the provider gives the guest). A value that
+/// is not clean is left out.
 pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
-    const TYPES: [&str; 5] = ["Hostname", "ExternalIP", "InternalIP", "ExternalDNS", "InternalDNS"];
-    vm.status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|a| TYPES.contains(&a.type_.as_str()) && is_clean(&a.address, MAX_ADDRESS))
-        .take(MAX_ADDRESSES)
-        .map(|a| MachineAddress {
-            type_: a.type_.clone(),
-            address: a.address.clone(),
-        })
-        .collect()
+    let status = vm.status.as_ref();
+    let listed = status.and_then(|s| s.guest_ips.as_deref()).unwrap_or_default();
+    let single = status
+        .and_then(|s| s.guest_ip.as_ref())
+        .filter(|ip| !listed.contains(ip));
+    let mut out: Vec<MachineAddress> = Vec::new();
+    for ip in listed.iter().chain(single) {
+        let ip = ip.trim();
+        if is_clean(ip, MAX_ADDRESS) && !out.iter().any(|a| a.address == ip) && out.len() < MAX_ADDRESSES - 1 {
+            out.push(MachineAddress {
+                type_: "InternalIP".into(),
+                address: ip.to_string(),
+            });
+        }
+    }
+    let name = vm.name_any();
+    if is_running(vm) && is_clean(&name, MAX_ADDRESS) {
+        out.push(MachineAddress {
+            type_: "Hostname".into(),
+            address: name,
+        });
+    }
+    out
 }
 
 /// The failure domain the VM was placed in.
@@ -273,7 +286,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
         host: vm
             .status
             .as_ref()
-            .and_then(|s| s.host_name.as_deref())
+            .and_then(|s| s.node_name.as_deref())
             .filter(|h| !h.is_empty() && phase != phase::PROVISIONING)
             .map(|h| bounded(h, MAX_NAME)),
         identity_ref: None,

@@ -188,10 +188,7 @@ impl MachineSets {
     ) -> Result<(), SetError> {
         let hash = super::set_desired::bootstrap_data_hash(&user_data);
         let mut template = template;
-        template.spec.cloud_init = Some(super::CloudInit {
-            user_data: Some(user_data),
-            network_config: None,
-        });
+        template.spec.legacy_user_data = Some(user_data);
         let template = serde_json::to_value(&template).map_err(|_| SetError::Write {
             action: "writing the template of",
             name: set.name_any(),
@@ -214,7 +211,7 @@ impl MachineSets {
         let hash = super::set_desired::bootstrap_data_hash(&user_data);
         let ops = json!([
             {"op": "test", "path": "/metadata/resourceVersion", "value": set.resource_version()},
-            {"op": "add", "path": "/spec/template/spec/cloudInit", "value": {"userData": user_data}},
+            {"op": "add", "path": "/spec/template/spec/legacyUserData", "value": user_data},
             annotation_op(set, &hash),
         ]);
         self.json_patch(set, "writing the user-data of", ops).await
@@ -318,13 +315,14 @@ pub fn read_set(obj: DynamicObject) -> MachineSet {
 }
 
 /// Reads a Kairon MachineSet leniently and without its user-data: `template.spec.cloudInit`
-/// is dropped before parsing (bootstrap data is never held in memory), and the template's
+/// and `legacyUserData` are dropped before parsing (bootstrap data is never held in memory), and the template's
 /// spec is read as a Kairon Machine's is (missing fields take their defaults). A set that
 /// still cannot be read keeps its metadata and an empty spec with no replicas: the pool
 /// then reports it rather than acting on a guess.
 pub fn machine_set_from_value(mut value: Value) -> MachineSet {
     if let Some(spec) = value.pointer_mut("/spec/template/spec").and_then(Value::as_object_mut) {
         spec.remove("cloudInit");
+        spec.remove("legacyUserData");
     }
     if let Ok(set) = serde_json::from_value::<MachineSet>(value.clone()) {
         return set;
@@ -356,6 +354,7 @@ pub fn machine_set_from_value(mut value: Value) -> MachineSet {
 /// managedFields and finalizers go.
 pub fn keep_set_what_is_read(set: &mut MachineSet) {
     set.spec.template.spec.cloud_init = None;
+    set.spec.template.spec.legacy_user_data = None;
     let meta = &mut set.metadata;
     meta.managed_fields = None;
     meta.owner_references = None;
@@ -371,16 +370,22 @@ mod tests {
     fn a_set_is_read_without_its_user_data_and_leniently() {
         let base = json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineSet",
             "metadata": {"name": "pool", "namespace": "ns", "uid": "u1"},
-            "spec": {"replicas": 3, "template": {"spec": {"cpus": 2, "memory": "4Gi", "image": "img",
-                "diskSize": "20Gi", "cloudInit": {"userData": "#cloud-config SECRET"}}}},
+            "spec": {"replicas": 3, "template": {"spec": {"resources": {"cpu": "2", "memory": "4Gi"},
+                "image": {"imageRef": "img"}, "legacyUserData": "#cloud-config SECRET",
+                "cloudInit": {"runCmd": ["kubeadm join SECRET"]}}}},
             "status": {"replicas": 3, "templateHash": "h1"}});
         let set = machine_set_from_value(base.clone());
         assert_eq!(set.spec.replicas, 3);
         assert!(set.spec.template.spec.cloud_init.is_none(), "user-data is never held");
+        assert!(
+            set.spec.template.spec.legacy_user_data.is_none(),
+            "user-data is never held"
+        );
         assert!(!format!("{set:?}").contains("SECRET"));
 
         let mut odd = base.clone();
         odd["spec"]["template"]["spec"]["gpu"] = json!({"model": "x"});
+        odd["spec"]["template"]["spec"]["resources"] = json!({"cpu": 2});
         odd["spec"]["template"]["spec"].as_object_mut().unwrap().remove("image");
         let set = machine_set_from_value(odd);
         assert_eq!(set.spec.replicas, 3, "added and missing template fields are fine");
@@ -399,13 +404,10 @@ mod tests {
             "metadata": {"name": "pool", "namespace": "ns", "labels": {labels::KAIRONMACHINEPOOL_UID: "p"},
                 "annotations": {BOOTSTRAP_DATA_HASH_ANNOTATION: "sha256:ab", "scaled-in.kairon.zyvor.dev/x": "1"},
                 "finalizers": ["kairon.zyvor.dev/machineset-cleanup"]},
-            "spec": {"replicas": 2, "template": {"spec": {"cpus": 2, "memory": "4Gi", "image": "img", "diskSize": "20Gi"}}}}));
-        set.spec.template.spec.cloud_init = Some(super::super::CloudInit {
-            user_data: Some(UserData("SECRET".into())),
-            network_config: None,
-        });
+            "spec": {"replicas": 2, "template": {"spec": {"resources": {"cpu": "2"}, "image": {"imageRef": "img"}}}}}));
+        set.spec.template.spec.legacy_user_data = Some(UserData("SECRET".into()));
         keep_set_what_is_read(&mut set);
-        assert!(set.spec.template.spec.cloud_init.is_none());
+        assert!(set.spec.template.spec.legacy_user_data.is_none());
         assert_eq!(set.annotations().len(), 1);
         assert_eq!(set.labels().len(), 1);
         assert!(set.metadata.finalizers.is_none());

@@ -14,10 +14,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use ring::digest::{SHA256, digest};
 
+use super::desired::kairon_spec;
 use super::machineset::{
     MachineSet, MachineSetSpec, MachineTemplate, TemplateMetadata, UpdateStrategy, update_strategy,
 };
-use super::{BOOTSTRAP_DATA_HASH_ANNOTATION, CloudInit, MachineSpec, Network, PROVIDER_ID_PREFIX, UserData, labels};
+use super::types::Placement;
+use super::{BOOTSTRAP_DATA_HASH_ANNOTATION, PROVIDER_ID_PREFIX, UserData, labels};
 use crate::api::KaironMachineSpec;
 
 /// Longest value a label can hold.
@@ -62,10 +64,7 @@ pub fn desired_machine_set(inputs: &SetInputs<'_>, user_data: UserData, replicas
         bootstrap_data_hash(&user_data),
     )]);
     let mut template = desired_template(inputs);
-    template.spec.cloud_init = Some(CloudInit {
-        user_data: Some(user_data),
-        network_config: None,
-    });
+    template.spec.legacy_user_data = Some(user_data);
     MachineSet {
         metadata: ObjectMeta {
             name: Some(pool.name.clone()),
@@ -98,18 +97,13 @@ pub fn desired_template(inputs: &SetInputs<'_>) -> MachineTemplate {
         l.insert(labels::KUBERNETES_VERSION.to_string(), label_value(v));
     }
     let t = inputs.template;
+    let placement = Placement {
+        node_selector: t.node_selector.clone().filter(|s| !s.is_empty()),
+        ..Default::default()
+    };
     MachineTemplate {
         metadata: Some(TemplateMetadata { labels: Some(l) }),
-        spec: MachineSpec {
-            cpus: t.cpus,
-            memory: t.memory.clone(),
-            image: t.image.clone(),
-            disk_size: t.disk_size.clone(),
-            network: t.network.as_ref().map(|n| Network { name: n.name.clone() }),
-            node_selector: t.node_selector.clone().filter(|s| !s.is_empty()),
-            cloud_init: None,
-            eviction_strategy: t.eviction_strategy.clone(),
-        },
+        spec: kairon_spec(t, placement, None),
     }
 }
 
@@ -118,6 +112,7 @@ pub fn desired_template(inputs: &SetInputs<'_>) -> MachineTemplate {
 pub fn template_drifted(set: &MachineSet, want: &MachineTemplate) -> bool {
     let mut have = set.spec.template.clone();
     have.spec.cloud_init = None;
+    have.spec.legacy_user_data = None;
     let norm = |t: &mut MachineTemplate| {
         if t.metadata
             .as_ref()
@@ -125,8 +120,13 @@ pub fn template_drifted(set: &MachineSet, want: &MachineTemplate) -> bool {
         {
             t.metadata = None;
         }
-        if t.spec.node_selector.as_ref().is_some_and(BTreeMap::is_empty) {
-            t.spec.node_selector = None;
+        if let Some(p) = t.spec.placement.as_mut()
+            && p.node_selector.as_ref().is_some_and(BTreeMap::is_empty)
+        {
+            p.node_selector = None;
+        }
+        if t.spec.placement.as_ref().is_some_and(|p| *p == Placement::default()) {
+            t.spec.placement = None;
         }
     };
     let mut want = want.clone();
@@ -244,14 +244,14 @@ mod tests {
         ] {
             assert_eq!(label(tl, k), None, "{k} would change on a move and roll the pool");
         }
-        assert_eq!(t.spec.image, "ubuntu-2404-kube-v1.36.1");
-        assert_eq!(t.spec.network, Some(Network { name: "storage".into() }));
-        let ud = t
-            .spec
-            .cloud_init
-            .as_ref()
-            .and_then(|c| c.user_data.as_ref())
-            .expect("user-data");
+        let image = t.spec.image.as_ref().expect("image");
+        assert_eq!(image.image_ref.as_deref(), Some("ubuntu-2404-kube-v1.36.1"));
+        assert_eq!(
+            t.spec.network.as_ref().and_then(|n| n.bridge.as_deref()),
+            Some("storage")
+        );
+        assert_eq!(t.spec.cloud_init, None, "the old model's pools carry raw user-data");
+        let ud = t.spec.legacy_user_data.as_ref().expect("user-data");
         assert_eq!(ud.as_str(), "#cloud-config");
     }
 
@@ -261,7 +261,7 @@ mod tests {
         let base = inputs(&p, &s, "boot-a");
         let set = desired_machine_set(&base, UserData("token-1".into()), 3);
         let mut cached = set.clone();
-        cached.spec.template.spec.cloud_init = None;
+        cached.spec.template.spec.legacy_user_data = None;
 
         let mut bigger = shape();
         bigger.cpus = 4;

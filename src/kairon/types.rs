@@ -1,15 +1,27 @@
-//! Our model of a Kairon Machine.
+//! Our model of a Kairon Machine, in the shape of Kairon's published Machine CRD
+//! (`charts/kairon/crds/machines.yaml`; `docs/kairon-api.md`), with only the fields the
+//! provider writes or reads. Kairon declares every spec field optional and prunes what it does
+//! not declare, so each field here is optional and omitted when empty: what the provider sends
+//! is accepted unchanged by Kairon's schema under strict field validation
+//! (`tests/admission_schema.rs`).
+//!
+//! A few status fields are the simulator's, not Kairon's (marked *simulator only*): the host
+//! maintenance of the old model (`hostLabels`, `evacuation`, `reason`), until MachinePools and
+//! maintenance move to Kairon's MachineSet and MachineMigrations. A real Kairon never sets
+//! them, and the provider reads their absence as "no maintenance".
 
 use std::collections::BTreeMap;
 use std::fmt;
 
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A Kairon virtual machine. Namespaced; reconciled by kairon-controller (or the simulator).
+pub use super::cloud_init::{CloudInit, CloudInitFile};
+
+/// A Kairon virtual machine. Namespaced; reconciled by kairon-controller and kairon-node (or
+/// the simulator).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
@@ -20,58 +32,125 @@ use serde::{Deserialize, Serialize};
     derive = "PartialEq",
     derive = "Default",
     doc = "Machine is a Kairon virtual machine (development CRD; production clusters get it from Kairon).",
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeName"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "Host", type_ = "string", json_path = ".status.hostName"),
+    printcolumn(name = "CPU", type_ = "string", json_path = ".spec.resources.cpu"),
+    printcolumn(name = "Memory", type_ = "string", json_path = ".spec.resources.memory"),
+    printcolumn(name = "IP", type_ = "string", json_path = ".status.guestIP"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MachineSpec {
-    #[x_kube(validation = Rule::new("self >= 1").message("cpus must be at least 1"))]
-    pub cpus: i32,
-    pub memory: Quantity,
-    pub image: String,
-    pub disk_size: Quantity,
+    /// The Kairon node (a Kubernetes Node of Kairon's cluster) the VM is bound to; written by
+    /// kairon-controller when it schedules the Machine, never by the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// A MachineInstanceType whose resources Kairon copies into `resources` when both its cpu
+    /// and memory are empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_type_name: Option<String>,
+    /// The boot disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<Image>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Guest customization, applied once when the runtime is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init: Option<CloudInit>,
-    /// What Kairon does with the VM when its host goes into maintenance (KubeVirt's names):
-    /// `LiveMigrateIfPossible` (Kairon's default when absent: migrate live when the VM can be,
-    /// else as `External`), `LiveMigrate` (only live; the maintenance waits), `External` (never
-    /// moved: `status.evacuation` asks the owner to replace the VM before the deadline) or
-    /// `None` (stopped when the maintenance starts, without asking). See [`eviction`].
+    /// `Running` (the schema's default), `Stopped`, `Paused` or `Halted`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self in ['LiveMigrateIfPossible', 'LiveMigrate', 'External', 'None']").message("evictionStrategy must be one of LiveMigrateIfPossible, LiveMigrate, External, None"))]
-    pub eviction_strategy: Option<String>,
+    pub power_state: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    /// *Simulator only*, never written on a Kairon Machine the provider creates: the raw
+    /// bootstrap data of a KaironMachinePool's MachineSet template (the old model's pools, until
+    /// they move to Kairon's MachineSet). A real Kairon prunes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy_user_data: Option<UserData>,
 }
 
-/// Kairon's eviction strategies (`spec.evictionStrategy`).
-pub mod eviction {
-    pub const LIVE_MIGRATE_IF_POSSIBLE: &str = "LiveMigrateIfPossible";
-    pub const LIVE_MIGRATE: &str = "LiveMigrate";
-    pub const EXTERNAL: &str = "External";
-    pub const NONE: &str = "None";
+impl MachineSpec {
+    /// The MachineImage `spec.image.imageRef` names, if any.
+    pub fn image_ref(&self) -> Option<&str> {
+        self.image.as_ref().and_then(|i| i.image_ref.as_deref())
+    }
 }
 
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct Network {
-    pub name: String,
-}
-
-/// Forwarded verbatim into the NoCloud seed the VM boots with.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+/// `spec.image`: one of `imageRef`, `path` or `source` (Kairon also knows `catalogName`,
+/// `blank` and OCI sources, which the provider does not write).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct CloudInit {
+pub struct Image {
+    /// A cluster-scoped MachineImage, which kairon-controller resolves into `source` and
+    /// `digest` (and `diskSize`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_data: Option<UserData>,
+    pub image_ref: Option<String>,
+    /// A disk file already present on the Kairon node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network_config: Option<String>,
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ImageSource>,
+    /// `sha256:…` of the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// Size of the VM's copy of the disk, a quantity string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_size: Option<String>,
 }
 
-/// Cloud-init user-data: CAPI bootstrap data, which holds cluster secrets. Its `Debug` never
-/// shows the content, so it cannot reach a log line by accident.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ImageSource {
+    /// A disk image kairon-node downloads.
+    #[serde(default, rename = "httpURL", skip_serializing_if = "Option::is_none")]
+    pub http_url: Option<String>,
+}
+
+/// `spec.resources`: quantities as strings, parsed by Kairon (`"2"` CPUs, `"4Gi"` memory).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+}
+
+/// `spec.network`: how the guest's NIC is attached (`mode` `user`, the default, `tap` or
+/// `macvtap`; `bridge` for tap).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Network {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bridge: Option<String>,
+}
+
+/// `spec.placement`: which Kairon nodes may run the VM.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Placement {
+    /// Labels a Kairon node must have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Soft spreading away from other Machines (a term's `labelSelector` is an equality map
+    /// over their labels; a Machine never matches itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preferred_anti_affinity: Option<Vec<WeightedTerm>>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct WeightedTerm {
+    pub weight: i32,
+    pub label_selector: BTreeMap<String, String>,
+    pub topology_key: String,
+}
+
+/// Raw cloud-init user-data: CAPI bootstrap data, which holds cluster secrets. Its `Debug`
+/// never shows the content, so it cannot reach a log line by accident.
 #[derive(Serialize, Deserialize, Clone, Default, PartialEq, Eq, JsonSchema)]
 #[serde(transparent)]
 #[schemars(transparent)]
@@ -95,39 +174,61 @@ impl From<String> for UserData {
     }
 }
 
-/// What kairon-controller reports.
+/// What Kairon reports.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineStatus {
-    /// Pending, Provisioning, Running, Stopped, Failed or Terminating.
+    /// See [`phase`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// Equals `metadata.uid`; the guest's NoCloud instance-id.
-    #[serde(default, rename = "instanceID", skip_serializing_if = "Option::is_none")]
-    pub instance_id: Option<String>,
-    /// The Kairon host the VM runs on; changes in place when the VM is migrated live.
+    /// The Kairon node whose kairon-node reports the VM; changes in place when the VM moves.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_name: Option<String>,
-    /// The labels of the host in `hostName` (its zone among them), as placed or migrated.
+    pub node_name: Option<String>,
+    /// FluxVM's id of the current runtime: new for every runtime, so never an identity.
+    #[serde(default, rename = "runtimeID", skip_serializing_if = "Option::is_none")]
+    pub runtime_id: Option<String>,
+    /// The guest's address, when Kairon learns one (tap networking with netns, or the guest
+    /// agent).
+    #[serde(default, rename = "guestIP", skip_serializing_if = "Option::is_none")]
+    pub guest_ip: Option<String>,
+    #[serde(default, rename = "guestIPs", skip_serializing_if = "Option::is_none")]
+    pub guest_ips: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_labels: Option<BTreeMap<String, String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub addresses: Option<Vec<Address>>,
-    /// Present while Kairon wants the VM off its host and will not move it itself: the VM's
-    /// owner should replace it before `deadline`, when Kairon stops it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evacuation: Option<Evacuation>,
-    /// Machine-readable reason when Failed (e.g. ImageNotFound, Unschedulable) or Stopped by
-    /// Kairon (EvacuationDeadlineExceeded).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub observed_generation: Option<i64>,
+    /// The last reconcile error; empty once a reconcile is clean.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
+    /// *Simulator only*: the labels of the node in `nodeName` (its zone among them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_labels: Option<BTreeMap<String, String>>,
+    /// *Simulator only*: the old model's request that the VM's owner take it off its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evacuation: Option<Evacuation>,
+    /// *Simulator only*: a machine-readable reason when `Failed` (e.g. ImageNotFound) or
+    /// stopped by the simulator (EvacuationDeadlineExceeded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
-/// Kairon's request that the VM's owner take it off its host (`status.evacuation`).
+/// *Simulator only*: what the old model's host maintenance does with the VM (KubeVirt's
+/// names), carried as the annotation [`EVICTION_STRATEGY_ANNOTATION`] because Kairon's Machine
+/// has no such field (Kairon moves VMs by MachineMigrations): `LiveMigrateIfPossible` (the
+/// default when absent), `LiveMigrate`, `External` (the owner is asked to replace the VM before
+/// a deadline) or `None`.
+pub mod eviction {
+    pub const LIVE_MIGRATE_IF_POSSIBLE: &str = "LiveMigrateIfPossible";
+    pub const LIVE_MIGRATE: &str = "LiveMigrate";
+    pub const EXTERNAL: &str = "External";
+    pub const NONE: &str = "None";
+}
+
+/// The annotation of [`eviction`] on a Kairon Machine.
+pub const EVICTION_STRATEGY_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/eviction-strategy";
+
+/// *Simulator only*: the old model's request that the VM's owner take it off its host
+/// (`status.evacuation`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Evacuation {
@@ -142,13 +243,6 @@ pub struct Evacuation {
     /// RFC 3339: when Kairon stops the VM if it still runs on `hostName`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline: Option<String>,
-}
-
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct Address {
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub address: String,
 }
 
 /// Kairon's phases.

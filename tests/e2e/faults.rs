@@ -170,8 +170,8 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
     rig.assert_one_vm_per_kaironmachine().await;
 }
 
-/// Bad bootstrap data (ignition, no `value`, an oversized value, a missing Secret) gives a
-/// clear condition each, creates nothing, never leaks the payload into logs, and the
+/// Bad bootstrap data (ignition, no `value`, an oversized value, a missing Secret, a
+/// cloud-config Kairon's structured cloudInit cannot carry) gives a clear condition each, creates nothing, never leaks the payload into logs, and the
 /// manager keeps serving the healthy cluster next to it.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
@@ -205,6 +205,22 @@ async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
             reason::BOOTSTRAP_DATA_TOO_LARGE,
         ),
         ("bad-nosecret", None, reason::BOOTSTRAP_SECRET_NOT_FOUND),
+        (
+            "bad-bootcmd",
+            Some(vec![(
+                "value",
+                format!("#cloud-config\nbootcmd:\n- echo {marker}\nruncmd:\n- kubeadm join\n"),
+            )]),
+            reason::UNSUPPORTED_BOOTSTRAP_DATA,
+        ),
+        (
+            "bad-jinja",
+            Some(vec![(
+                "value",
+                format!("## template: jinja\n#cloud-config\nruncmd:\n- \"{{% if ds %}}{marker}{{% endif %}}\"\n"),
+            )]),
+            reason::UNSUPPORTED_BOOTSTRAP_DATA,
+        ),
     ];
     let secrets: kube::Api<Secret> = kube::Api::namespaced(rig.env.client(), &rig.ns);
     let machines = rig.machines();
@@ -241,6 +257,17 @@ async fn bad_bootstrap_data_gives_conditions_and_creates_nothing() {
             !text.contains(marker),
             "{name}: the status never carries bootstrap data"
         );
+        if *name == "bad-bootcmd" {
+            assert!(
+                text.contains("cloud-config key bootcmd has no Kairon equivalent"),
+                "{name}: the condition names the key: {text}"
+            );
+            assert_eq!(
+                km.status.as_ref().and_then(|s| s.failure_reason()),
+                Some("InvalidConfiguration"),
+                "{name}: terminal, as CAPI's contract has it"
+            );
+        }
     }
     // The manager keeps serving the healthy cluster: scale it and see the new worker run.
     rig.scale(2).await;

@@ -83,7 +83,7 @@ async fn create_then_steady_state_writes_nothing() {
             "{name}: Machine.status.failureDomain"
         );
         let vm = &vms[&name];
-        let host = vm.status.as_ref().and_then(|s| s.host_name.clone()).unwrap_or_default();
+        let host = vm.status.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
         let zone_hosts = if want_fd == "zone-a" {
             vec!["kairon-node-1"]
         } else {

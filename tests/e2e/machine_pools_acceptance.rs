@@ -259,7 +259,8 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
             .collect();
         let all_new = members.len() == 5
             && members.iter().all(|vm| {
-                vm.spec.image == NEW_IMAGE && !old_uids.contains(vm.metadata.uid.as_deref().unwrap_or_default())
+                vm.spec.image_ref() == Some(NEW_IMAGE)
+                    && !old_uids.contains(vm.metadata.uid.as_deref().unwrap_or_default())
             });
         if all_new && capkr_testenv::cluster::all_running_with_a_node(&machines, 5) {
             break;
@@ -269,7 +270,7 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
                 "the pool did not roll onto {NEW_IMAGE}: {:?}",
                 members
                     .iter()
-                    .map(|vm| (vm.name_any(), vm.spec.image.clone()))
+                    .map(|vm| (vm.name_any(), vm.spec.image_ref().map(str::to_string)))
                     .collect::<Vec<_>>()
             ));
         }
@@ -281,7 +282,7 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
         "maxUnavailable 0: never fewer than 5 available, saw {fewest_available}"
     );
     let set = sets.get(&pool).await.unwrap();
-    assert_eq!(set.spec.template.spec.image, NEW_IMAGE);
+    assert_eq!(set.spec.template.spec.image_ref(), Some(NEW_IMAGE));
     rig.assert_one_vm_per_kaironmachine().await;
 
     // The Cluster deleted with its pool: nothing of it is left on Kairon.

@@ -234,7 +234,7 @@ async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops
     let host = vm
         .status
         .as_ref()
-        .and_then(|s| s.host_name.clone())
+        .and_then(|s| s.node_name.clone())
         .expect("the VM is placed");
     let pp = PatchParams::default();
     vms.patch(

@@ -12,7 +12,6 @@ use capkr::api::{KaironMachine, KaironMachineSpec};
 use capkr::kairon;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
@@ -189,7 +188,17 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
     let old_uid = old.uid().unwrap();
     assert_eq!(
         km.spec.provider_id.as_deref(),
-        Some(format!("kairon://{old_uid}").as_str())
+        Some(format!("kairon://{name}").as_str())
+    );
+    let recorded = km
+        .status
+        .as_ref()
+        .and_then(|s| s.instance.as_ref())
+        .and_then(|i| i.uid.clone());
+    assert_eq!(
+        recorded.as_deref(),
+        Some(old_uid.as_str()),
+        "the instance's uid is recorded"
     );
 
     // Paused, the manager does not look while the VM is swapped.
@@ -216,7 +225,7 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
             let status = vm.status.unwrap_or_default();
             Ok::<_, kube::Error>(
                 (status.phase.as_deref() == Some("Running"))
-                    .then(|| status.addresses.unwrap_or_default())
+                    .then(|| status.guest_ips.unwrap_or_default())
                     .filter(|a| !a.is_empty()),
             )
         })
@@ -258,19 +267,15 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
         if !old
             .status
             .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .is_some_and(|o| o.iter().any(|x| x.address == a.address))
+            .and_then(|s| s.guest_ips.as_ref())
+            .is_some_and(|o| o.contains(&a))
         {
-            assert!(
-                !reported.contains(&a.address),
-                "the replacement's address {} is not reported",
-                a.address
-            );
+            assert!(!reported.contains(&a), "the replacement's address {a} is not reported");
         }
     }
     assert_eq!(
         km.spec.provider_id,
-        Some(format!("kairon://{old_uid}")),
+        Some(format!("kairon://{name}")),
         "providerID is write-once"
     );
     assert!(rig.manager.is_running());
@@ -400,10 +405,15 @@ fn planted_vm(rig: &Rig, name: &str, labels: Vec<(&str, String)>) -> kairon::Mac
     let mut vm = kairon::Machine::new(
         name,
         kairon::MachineSpec {
-            cpus: 1,
-            memory: Quantity("1Gi".into()),
-            image: "img".into(),
-            disk_size: Quantity("10Gi".into()),
+            resources: Some(kairon::Resources {
+                cpu: Some("1".into()),
+                memory: Some("1Gi".into()),
+            }),
+            image: Some(kairon::Image {
+                image_ref: Some("img".into()),
+                disk_size: Some("10Gi".into()),
+                ..Default::default()
+            }),
             ..Default::default()
         },
     );

@@ -138,7 +138,11 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
         .get(&kmp_name)
         .await
         .expect("the pool's Kairon MachineSet, named as the pool");
-    assert_eq!(set.spec.template.spec.image, image, "the set makes VMs of {image}");
+    assert_eq!(
+        set.spec.template.spec.image_ref(),
+        Some(image.as_str()),
+        "the set makes VMs of {image}"
+    );
     let vms: Vec<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns)
         .list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={kmp_name}")))
         .await

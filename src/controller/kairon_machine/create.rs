@@ -17,6 +17,7 @@ use crate::api::{self, KaironCluster};
 use crate::capi::{self, bootstrap, bootstrap::Source};
 use crate::controller::error::Error;
 use crate::events::reason as event;
+use crate::kairon::cloud_init::{GuestFacts, translate_cloud_config};
 use crate::kairon::{self, Created, desired_kairon_machine};
 
 /// How often to look again for a bootstrap Secret that is named but missing (Secrets are read
@@ -73,7 +74,38 @@ pub(super) async fn create_instance(
     };
 
     let km = scope.km.as_ref();
-    let desired = desired_kairon_machine(km, &scope.cluster_name, user_data, failure_domain.as_ref());
+    // Kairon has no raw user-data: the bootstrap data becomes its structured cloudInit, the
+    // guest's hostname (and NoCloud instance-id) the Machine's name.
+    let facts = GuestFacts::kairon(&km.name_any());
+    let max_decoded = 2 * ctx.settings.max_bootstrap_data_bytes;
+    let cloud_init = match translate_cloud_config(&user_data, &facts, max_decoded) {
+        Ok(cloud_init) => cloud_init,
+        Err(e) => {
+            // The same data fails again: terminal until the bootstrap config changes. The
+            // message names a key, field, path or line, never content.
+            let condition = Decided::new(
+                INSTANCE_PROVISIONED,
+                Status::False,
+                reason::UNSUPPORTED_BOOTSTRAP_DATA,
+                format!("bootstrap data cannot be given to Kairon: {e}"),
+            );
+            return Ok(Step::Stop(
+                Observed::Terminal {
+                    condition,
+                    failure_reason: "InvalidConfiguration",
+                },
+                Action::await_change(),
+            ));
+        }
+    };
+    drop(user_data);
+    let desired = desired_kairon_machine(
+        km,
+        &scope.cluster_name,
+        machine.is_control_plane(),
+        cloud_init,
+        failure_domain.as_ref(),
+    );
     let vm = match target.instances.create(desired).await? {
         Created::New(vm) => {
             let (ns, name) = (&scope.ns, km.name_any());

@@ -201,10 +201,15 @@ async fn reconcile_instance(
         },
     };
     // Our providerID names the VM we provisioned. A Kairon Machine under the same name with
-    // another UID (a restore, a re-create by hand) is not that VM, whatever its labels say:
-    // its addresses are not our node's. The instance is gone.
+    // another UID than the one recorded (a restore, a re-create by hand) is not that VM,
+    // whatever its labels say: its addresses are not our node's. The instance is gone.
+    let recorded_uid = km
+        .status
+        .as_ref()
+        .and_then(|s| s.instance.as_ref())
+        .and_then(|i| i.uid.as_deref());
     if let Some(pid) = km.spec.provider_id.as_deref()
-        && vm.metadata.uid.as_deref().map(provider_id).as_deref() != Some(pid)
+        && !kairon::is_the_instance(pid, recorded_uid, &vm)
     {
         if let Some(elsewhere) = target.elsewhere(&name) {
             return Ok(Step::Stop(elsewhere, retry_elsewhere(target, ctx)));
@@ -233,10 +238,8 @@ async fn reconcile_instance(
         Verdict::Ours => {}
     }
 
-    if km.spec.provider_id.is_none()
-        && let Some(uid) = vm.metadata.uid.as_deref()
-    {
-        let body = json!({"spec": {"providerID": provider_id(uid)}});
+    if km.spec.provider_id.is_none() && vm.metadata.uid.is_some() {
+        let body = json!({"spec": {"providerID": provider_id(&vm.name_any())}});
         ctx.writer(ns).merge_patch(km, "spec.providerID", body).await?;
     }
     Ok(Step::Continue(vm))

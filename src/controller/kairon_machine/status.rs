@@ -350,7 +350,7 @@ mod tests {
             Box::new(*v)
         };
         let mut provisioning = vm("Provisioning");
-        provisioning.status.as_mut().unwrap().host_name = Some("kairon-node-7".into());
+        provisioning.status.as_mut().unwrap().node_name = Some("kairon-node-7".into());
         let first = next_status(
             None,
             StatusInput::Live(&Observed::Instance(just_created)),

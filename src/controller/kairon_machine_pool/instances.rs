@@ -17,7 +17,7 @@ use crate::api::{KaironMachine, KaironMachinePool};
 use crate::capi::{CLUSTER_NAME_LABEL, POOL_NAME_LABEL, format_label_value};
 use crate::kairon::labels::KAIRONMACHINEPOOL_NAME;
 use crate::kairon::set_desired::label_value;
-use crate::kairon::{Machine, provider_id};
+use crate::kairon::{Machine, uid_provider_id};
 
 /// The KaironMachine for member `vm` of `pool`'s set, the pool belonging to MachinePool
 /// `machine_pool` of cluster `cluster`. `None` for a VM Kairon has not given a UID (not
@@ -44,7 +44,7 @@ pub fn kaironmachine_for_member(
         block_owner_deletion: None,
     };
     let mut spec = pool.spec.template.clone();
-    spec.provider_id = Some(provider_id(uid));
+    spec.provider_id = Some(uid_provider_id(uid));
     Some(KaironMachine {
         metadata: ObjectMeta {
             name: Some(vm.name_any()),
@@ -62,7 +62,7 @@ pub fn kaironmachine_for_member(
 /// name taken): it must name that very VM.
 pub fn stands_for(km: &KaironMachine, vm: &Machine) -> bool {
     match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
-        (Some(pid), Some(uid)) => pid == provider_id(uid),
+        (Some(pid), Some(uid)) => pid == uid_provider_id(uid),
         _ => false,
     }
 }

@@ -264,12 +264,15 @@ fn hostname(config: &Map<String, Value>, local_hostname: &str) -> Result<String,
 }
 
 /// A name FluxVM can write unquoted into meta-data: letters, digits, `-` and `.`.
+/// A DNS name a guest can take as its hostname: at most 253 characters, each dot-separated
+/// label 1 to 63 letters, digits or hyphens (a longer label is no host name, and Linux keeps at
+/// most 64 bytes of a hostname).
 fn is_hostname(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && name.split('.').all(|label| {
+            (1..=63).contains(&label.len()) && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        })
 }
 
 /// The one user Kairon makes: the image's default user is always there, plus one user with

@@ -1,5 +1,4 @@
 use super::*;
-use crate::kairon::Address;
 use crate::kairon::fixtures::vm;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -109,15 +108,16 @@ fn kairons_free_text_is_bounded_and_cleaned_before_it_reaches_status_or_events()
     let d = instance_condition(&m);
     assert!(d.message.len() < 1024, "fits an event note: {}", d.message.len());
 
-    let many: Vec<Address> = (0..300)
-        .map(|i| Address {
-            type_: "InternalIP".into(),
-            address: format!("10.0.{}.{}", i / 256, i % 256),
-        })
-        .collect();
+    let many: Vec<String> = (0..300).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect();
     let mut m = vm(Some("Running"));
-    m.status.as_mut().unwrap().addresses = Some(many);
-    assert_eq!(addresses(&m).len(), MAX_ADDRESSES, "the CRD's maxItems");
+    m.status.as_mut().unwrap().guest_ips = Some(many);
+    let a = addresses(&m);
+    assert_eq!(a.len(), MAX_ADDRESSES, "the CRD's maxItems");
+    assert_eq!(
+        a.last().map(|a| a.type_.as_str()),
+        Some("Hostname"),
+        "the hostname still fits"
+    );
 
     m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "z".repeat(300))].into());
     assert_eq!(failure_domain(&m), None, "longer than the CRD allows: not reported");
@@ -135,17 +135,9 @@ fn everything_a_kairon_api_sends_is_cleaned_and_bounded() {
     m.metadata.namespace = Some(long("s"));
     m.metadata.uid = Some(long("u"));
     let st = m.status.as_mut().unwrap();
-    st.host_name = Some(long("h"));
-    st.addresses = Some(vec![
-        Address {
-            type_: "InternalIP".into(),
-            address: "10.0.0.1\n10.0.0.2".into(),
-        },
-        Address {
-            type_: "InternalIP".into(),
-            address: "10.0.0.3".into(),
-        },
-    ]);
+    st.node_name = Some(long("h"));
+    st.guest_ips = Some(vec!["10.0.0.1\n10.0.0.2".into(), "10.0.0.3".into()]);
+    st.guest_ip = Some("10.0.0.1\n10.0.0.2".into());
     let r = instance_ref(&m);
     let fields = [Some(r.name), Some(r.namespace), r.uid, r.host];
     for f in fields {

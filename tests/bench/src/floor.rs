@@ -22,6 +22,7 @@ use capkr::api::{KaironMachine, MACHINE_FINALIZER};
 use capkr::capi::{self, bootstrap};
 use capkr::client::TokenBucket;
 use capkr::controller::kairon_machine::{Observed, StatusInput, next_status};
+use capkr::kairon::cloud_init::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, translate_cloud_config};
 use capkr::kairon::{self, desired_kairon_machine, provider_id};
 use capkr_testenv::Env;
 use futures::StreamExt;
@@ -297,7 +298,10 @@ impl Shared {
             .context("reading the bootstrap Secret")?;
         let user_data = bootstrap::bootstrap_data(&secret, bootstrap::DEFAULT_MAX_BOOTSTRAP_DATA_BYTES)
             .map_err(|e| anyhow!("bootstrap data: {e}"))?;
-        let desired = desired_kairon_machine(km, objects::CLUSTER, user_data, None);
+        let facts = GuestFacts::kairon(&name);
+        let cloud_init = translate_cloud_config(&user_data, &facts, DEFAULT_MAX_DECODED_BYTES)
+            .map_err(|e| anyhow!("bootstrap data: {e}"))?;
+        let desired = desired_kairon_machine(km, objects::CLUSTER, machine.is_control_plane(), cloud_init, None);
         let vms: Api<kairon::Machine> = Api::namespaced(self.client.clone(), NAMESPACE);
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -308,10 +312,9 @@ impl Shared {
             kube::Error::Api(s) => anyhow!("creating the Kairon Machine: {} {}", s.code, s.reason),
             _ => anyhow!("creating the Kairon Machine failed"),
         })?;
-        let uid = vm
-            .uid()
+        vm.uid()
             .ok_or_else(|| anyhow!("the created Kairon Machine has no uid"))?;
-        let body = json!({"spec": {"providerID": provider_id(&uid)}});
+        let body = json!({"spec": {"providerID": provider_id(&vm.name_any())}});
         kms.patch(&name, &patch_params, &Patch::Merge(&body))
             .await
             .context("recording the providerID")

@@ -13,9 +13,6 @@
 //! The user-data is a cloud-config that [`crate::guest`] reads as it reads CAPI's bootstrap
 //! data (with [`meta`] for meta-data).
 
-// Read by the tests until the guest boots from structured cloudInit.
-#![cfg_attr(not(test), allow(dead_code))]
-
 use base64::Engine;
 use capkr::kairon::cloud_init::CloudInit;
 

@@ -29,6 +29,7 @@ use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
 use crate::machineset_writes::SetWriter;
+use crate::placement::{node_selector, preferred_anti_affinity};
 use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::site_writes::SiteWriter;
@@ -405,12 +406,17 @@ impl Engine {
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });
             }
             Step::Place => {
-                let status = match self.allocations.placement.choose(m.spec.node_selector.as_ref()) {
+                let machines = &self.machines;
+                let placement = &self.allocations.placement;
+                let avoid = placement.anti_affinity(key, preferred_anti_affinity(&m.spec), |k| {
+                    machines.get(k).map(|m| m.labels())
+                });
+                let status = match placement.choose(node_selector(&m.spec), &avoid) {
                     Ok(host) => {
                         tracing::info!(machine = %key, host = %host, "{from} -> Provisioning");
                         self.allocations.placement.assign(key, &host);
                         let labels = self.allocations.placement.labels_of(&host).cloned();
-                        sim::provisioning_status(&m, &host, labels, now)
+                        sim::provisioning_status(&m, &host, labels, sim::new_runtime_id(), now)
                     }
                     Err(unschedulable) => {
                         tracing::info!(machine = %key, why = %unschedulable.0, "{from} -> Failed (Unschedulable)");

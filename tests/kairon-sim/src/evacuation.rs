@@ -1,5 +1,6 @@
 //! Host maintenance as kairon-controller plays it, as pure functions: for a Host with
-//! `spec.maintenance`, what happens to each VM on it by its `spec.evictionStrategy`, which
+//! `spec.maintenance`, what happens to each VM on it by its eviction strategy (the annotation
+//! [`EVICTION_STRATEGY_ANNOTATION`]), which
 //! migration Kairon makes next (one at a time per host), when a VM is stopped, and the Host's
 //! status. Everything is derived from the objects (the Host's `maintenanceStartedAt`, the
 //! Machines' `status.evacuation`, the migrations Kairon made, labelled with the host), so a
@@ -12,7 +13,7 @@ use capkr::kairon::maintenance::{
     EVACUATION_LABEL, HOST_MAINTENANCE, Host, HostStatus, MachineMigration, MachineMigrationSpec, host_phase,
     migration_phase,
 };
-use capkr::kairon::{Evacuation, Machine, MachineStatus, eviction, phase};
+use capkr::kairon::{EVICTION_STRATEGY_ANNOTATION, Evacuation, Machine, MachineStatus, eviction, phase};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -64,16 +65,12 @@ pub fn vm_plan(vm: &Machine, host: &str, migration: Option<&MachineMigration>, n
             },
         };
     }
-    let strategy = vm
-        .spec
-        .eviction_strategy
-        .as_deref()
-        .unwrap_or(eviction::LIVE_MIGRATE_IF_POSSIBLE);
+    let strategy = eviction_strategy(vm);
     let live_only = match strategy {
         eviction::NONE => {
             return VmPlan::Stop {
                 reason: HOST_MAINTENANCE.to_string(),
-                message: format!("stopped by Kairon: host {host} went into maintenance (evictionStrategy None)"),
+                message: format!("stopped by Kairon: host {host} went into maintenance (eviction strategy None)"),
             };
         }
         eviction::EXTERNAL => return VmPlan::RequestEvacuation,
@@ -106,6 +103,16 @@ pub fn vm_plan(vm: &Machine, host: &str, migration: Option<&MachineMigration>, n
         Some(migration_phase::SUCCEEDED) => VmPlan::Migrate,
         _ => VmPlan::Migrating,
     }
+}
+
+/// The VM's eviction strategy: its [`EVICTION_STRATEGY_ANNOTATION`], `LiveMigrateIfPossible`
+/// when absent or empty.
+pub fn eviction_strategy(vm: &Machine) -> &str {
+    vm.annotations()
+        .get(EVICTION_STRATEGY_ANNOTATION)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .unwrap_or(eviction::LIVE_MIGRATE_IF_POSSIBLE)
 }
 
 /// The VM's evacuation request for `host`, if any.
@@ -315,14 +322,16 @@ pub fn evacuation_migration_name(machine: &str) -> String {
     }
 }
 
-/// The VM powered off by Kairon: `Stopped`, off its host (no `hostName`, `hostLabels` or
-/// `evacuation`); its addresses stay with it until it is deleted.
+/// The VM powered off by Kairon: `Stopped`, its runtime gone and off its host (no
+/// `runtimeID`, `nodeName`, `hostLabels` or `evacuation`); its address stays with it until it
+/// is deleted.
 pub fn stopped_status(vm: &Machine, reason: &str, message: &str, now: Timestamp) -> MachineStatus {
     let mut status = MachineStatus {
         phase: Some(phase::STOPPED.to_string()),
         reason: Some(reason.to_string()),
         message: Some(message.to_string()),
-        host_name: None,
+        node_name: None,
+        runtime_id: None,
         host_labels: None,
         evacuation: None,
         ..vm.status.clone().unwrap_or_default()

@@ -35,16 +35,23 @@ fn machine(v: &Vm) -> Machine {
         metadata: ObjectMeta {
             name: Some(v.name.into()),
             namespace: Some("ns".into()),
-            annotations: (!v.migratable).then(|| [(NOT_MIGRATABLE_ANNOTATION.to_string(), "true".to_string())].into()),
+            annotations: Some(
+                (!v.migratable)
+                    .then(|| (NOT_MIGRATABLE_ANNOTATION.to_string(), "true".to_string()))
+                    .into_iter()
+                    .chain(
+                        v.strategy
+                            .map(|s| (EVICTION_STRATEGY_ANNOTATION.to_string(), s.to_string())),
+                    )
+                    .collect(),
+            ),
             ..Default::default()
         },
-        spec: capkr::kairon::MachineSpec {
-            eviction_strategy: v.strategy.map(Into::into),
-            ..Default::default()
-        },
+        spec: Default::default(),
         status: Some(MachineStatus {
             phase: Some(v.phase.into()),
-            host_name: Some(HOST.into()),
+            node_name: Some(HOST.into()),
+            runtime_id: Some("rt-1".into()),
             evacuation: v.evacuation_deadline.map(|d| Evacuation {
                 host_name: HOST.into(),
                 reason: Some(HOST_MAINTENANCE.into()),
@@ -127,6 +134,20 @@ fn each_vm_is_evacuated_as_its_strategy_says() {
         let got = vm_plan(&machine(&v), HOST, mig.as_ref(), t(20));
         assert!(check(&got), "{name}: {got:?}");
     }
+}
+
+#[test]
+fn the_strategy_is_the_annotation_and_absent_or_empty_is_kairons_default() {
+    let mut m = machine(&vm_("m", Some(eviction::EXTERNAL), true));
+    assert_eq!(eviction_strategy(&m), eviction::EXTERNAL);
+    m.annotations_mut()
+        .insert(EVICTION_STRATEGY_ANNOTATION.into(), " None ".into());
+    assert_eq!(eviction_strategy(&m), eviction::NONE);
+    m.annotations_mut()
+        .insert(EVICTION_STRATEGY_ANNOTATION.into(), String::new());
+    assert_eq!(eviction_strategy(&m), eviction::LIVE_MIGRATE_IF_POSSIBLE);
+    m.annotations_mut().remove(EVICTION_STRATEGY_ANNOTATION);
+    assert_eq!(eviction_strategy(&m), eviction::LIVE_MIGRATE_IF_POSSIBLE);
 }
 
 #[test]
@@ -282,16 +303,14 @@ fn a_pending_migration_whose_vm_left_is_removed() {
 }
 
 #[test]
-fn a_stopped_vm_leaves_its_host_but_keeps_its_addresses() {
+fn a_stopped_vm_leaves_its_host_but_keeps_its_address() {
     let mut m = machine(&Vm {
         evacuation_deadline: Some(0),
         ..vm_("a", None, true)
     });
     if let Some(s) = m.status.as_mut() {
-        s.addresses = Some(vec![capkr::kairon::Address {
-            type_: "InternalIP".into(),
-            address: "10.0.0.2".into(),
-        }]);
+        s.guest_ip = Some("10.0.0.2".into());
+        s.guest_ips = Some(vec!["10.0.0.2".into()]);
         s.host_labels = Some([("zone".to_string(), "a".to_string())].into());
     }
     let s = stopped_status(&m, phase::EVACUATION_DEADLINE_EXCEEDED, DEADLINE_MESSAGE, t(30));
@@ -302,8 +321,10 @@ fn a_stopped_vm_leaves_its_host_but_keeps_its_addresses() {
         .flatten()
         .find(|c| c.type_ == crate::sim::CONDITION_BOOTED);
     assert_eq!(booted.map(|c| c.status.as_str()), Some("False"));
-    assert_eq!((s.host_name, s.host_labels, s.evacuation), (None, None, None));
-    assert!(s.addresses.is_some());
+    assert_eq!((s.node_name, s.host_labels, s.evacuation), (None, None, None));
+    assert_eq!(s.runtime_id, None, "the runtime is gone");
+    assert_eq!(s.guest_ip.as_deref(), Some("10.0.0.2"));
+    assert!(s.guest_ips.is_some());
 }
 
 #[test]

@@ -12,12 +12,13 @@ use base64::Engine;
 use k8s_openapi::api::core::v1::Taint;
 use serde_json::Value;
 
-/// The NoCloud meta-data Kairon gives a VM.
+/// The NoCloud meta-data a VM boots with (see [`crate::boot`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MetaData {
-    /// `instance-id`: the Machine's uid.
+    /// `instance-id`: FluxVM's is the cloudInit's hostname; the old model's the Machine's uid.
     pub instance_id: String,
-    /// `local-hostname`: the Machine's name.
+    /// `local-hostname`: FluxVM's is the cloudInit's hostname; the old model's the Machine's
+    /// name.
     pub local_hostname: String,
 }
 

@@ -9,8 +9,9 @@ use capkr::kairon::{Machine, labels, phase};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::boot::{BootInput, boot_input, has_address, node_facts};
 use crate::fleet::{ClusterRef, Fleet, FleetError, Stopped};
-use crate::guest::{self, MetaData};
+use crate::guest;
 use crate::kubeadm::control_plane_plan;
 use crate::kubeadm_objects::delete_mirror_pods;
 use crate::kubelet::{GuestOutcome, RegisteredNode};
@@ -25,73 +26,27 @@ const RETRY_SCRIPTS_RUNNING: Duration = Duration::from_secs(1);
 /// How often to look for a workload cluster's kubeconfig Secret that does not exist yet.
 const RETRY_NO_KUBECONFIG: Duration = Duration::from_secs(2);
 
-/// What the guest of `m` registers as, from its user-data; `None` (logged) if it cannot boot
-/// a kubelet. Never logs the user-data.
-pub fn node_facts(m: &Machine) -> Option<NodeFacts> {
-    let key = Key::of(m);
-    let Some(user_data) = m.spec.cloud_init.as_ref().and_then(|c| c.user_data.as_ref()) else {
-        tracing::warn!(machine = %key, "no cloud-init user-data: no kubelet will register a Node");
-        return None;
-    };
-    let meta = MetaData {
-        instance_id: m.uid().unwrap_or_default(),
-        local_hostname: m.name_any(),
-    };
-    let identity = match guest::resolve(user_data.as_str(), &meta) {
-        Ok(identity) => identity,
-        Err(e) => {
-            tracing::warn!(machine = %key, error = %e, "guest cannot boot a kubelet: no Node will register");
-            return None;
-        }
-    };
-    if identity.provider_id.is_none() {
-        tracing::warn!(machine = %key, node = %identity.node_name, "kubeadm config sets no provider-id: Node registers without providerID");
-    }
-    let internal_ip = m
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .and_then(|a| a.iter().find(|a| a.type_ == "InternalIP"))
-        .map(|a| a.address.clone());
-    let kubelet_version = guest::kubelet_version(&m.spec.image, identity.kubernetes_version.as_deref());
-    Some(NodeFacts {
-        identity,
-        kubelet_version,
-        machine_uid: meta.instance_id,
-        internal_ip,
-        hostname: meta.local_hostname,
-        cpus: m.spec.cpus,
-        memory: m.spec.memory.clone(),
-        disk: m.spec.disk_size.clone(),
-    })
-}
-
 fn cluster_of(m: &Machine) -> Option<String> {
     m.labels().get(labels::CLUSTER_NAME).cloned()
 }
 
-/// What the booting guest reads: its user-data (empty if none) and its NoCloud meta-data.
-fn boot_input<'a>(m: &'a Machine, facts: &NodeFacts) -> (&'a str, MetaData) {
-    let user_data = m
-        .spec
-        .cloud_init
-        .as_ref()
-        .and_then(|c| c.user_data.as_ref())
-        .map(|u| u.as_str())
-        .unwrap_or_default();
-    let meta = MetaData {
-        instance_id: facts.machine_uid.clone(),
-        local_hostname: m.name_any(),
-    };
-    (user_data, meta)
+/// What the booting guest reads; empty user-data if none (it then runs and writes nothing).
+fn boot_of(m: &Machine) -> BootInput {
+    boot_input(m).unwrap_or_else(|| BootInput {
+        user_data: String::new(),
+        meta: guest::MetaData {
+            instance_id: String::new(),
+            local_hostname: m.name_any(),
+        },
+    })
 }
 
 /// With real control-plane VMs: runs what `kubeadm init`/`join --control-plane` would start
 /// on this VM before its kubelet registers. `Err` is the outcome to report instead.
 async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, cluster: &str) -> Result<(), GuestOutcome> {
     let key = Key::of(m);
-    let (user_data, meta) = boot_input(m, facts);
-    let plan = guest::written_files(user_data, &meta)
+    let boot = boot_of(m);
+    let plan = guest::written_files(&boot.user_data, &boot.meta)
         .ok()
         .map(|files| control_plane_plan(&files));
     let plan = match plan {
@@ -136,9 +91,9 @@ pub async fn register(
     // cloud-init's runcmd: the pre-kubeadm commands first; kubeadm (and so everything below)
     // waits for them.
     if let Some(scripts) = &scripts {
-        let (user_data, meta) = boot_input(&m, &facts);
+        let boot = boot_of(&m);
         if scripts
-            .advance(&facts.machine_uid, &key.to_string(), user_data, &meta)
+            .advance(&facts.machine_uid, &key.to_string(), &boot.user_data, &boot.meta)
             .await
             == Progress::Running
         {
@@ -248,8 +203,8 @@ pub async fn stop(
     let (cluster, name) = match known {
         Some(node) => (node.cluster.clone(), node.name().to_string()),
         // Not registered by this process (it restarted since): the Node the guest had, if any.
-        None => match (cluster_of(&m), m.status.as_ref().and_then(|s| s.addresses.as_ref())) {
-            (Some(cluster), Some(_)) => match node_facts(&m) {
+        None => match (cluster_of(&m), has_address(&m)) {
+            (Some(cluster), true) => match node_facts(&m) {
                 Some(facts) => (cluster, facts.identity.node_name),
                 None => return GuestOutcome::Stopped,
             },
@@ -303,8 +258,7 @@ pub async fn remove_node(
         None => {
             // Not registered by this process (e.g. after a restart): resolve it again,
             // quietly, unless the Machine ever ran.
-            let ran =
-                m.status.as_ref().is_some_and(|s| s.addresses.is_some()) || sim::phase_of(&m) == Some(phase::RUNNING);
+            let ran = has_address(&m) || sim::phase_of(&m) == Some(phase::RUNNING);
             let Some(cluster) = cluster_of(&m) else { return };
             if !ran {
                 return;

@@ -111,15 +111,16 @@ impl Allocations {
     pub fn observe(&mut self, key: &Key, machine: &Machine) -> Option<Key> {
         let status = machine.status.as_ref();
         let holds_host = holds_host(status.and_then(|s| s.phase.as_deref()));
-        match status.and_then(|s| s.host_name.as_deref()) {
+        match status.and_then(|s| s.node_name.as_deref()) {
             Some(host) if holds_host => self.placement.assign(key, host),
             _ => self.placement.release(key),
         }
+        // `guestIP`, else the first of `guestIPs`, that is the pool's.
         let address = status
-            .and_then(|s| s.addresses.as_ref())
-            .and_then(|addrs| addrs.iter().find(|a| a.type_ == "InternalIP"))
-            .and_then(|a| a.address.parse::<Ipv4Addr>().ok())
-            .filter(|a| self.pool.contains(*a));
+            .into_iter()
+            .flat_map(|s| s.guest_ip.iter().chain(s.guest_ips.iter().flatten()))
+            .filter_map(|a| a.parse::<Ipv4Addr>().ok())
+            .find(|a| self.pool.contains(*a));
         match address {
             Some(addr) => self.pool.claim(key, addr),
             None => {

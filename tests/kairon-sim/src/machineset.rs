@@ -43,12 +43,13 @@ pub enum SetStep {
 }
 
 /// The hash of a set's template that members are labelled with: template labels and spec,
-/// without `cloudInit` (new user-data, such as a rotated bootstrap token, must not roll a
+/// without `cloudInit` and `legacyUserData` (new user-data, such as a rotated bootstrap token, must not roll a
 /// set). FNV-1a over the JSON form, so it is the same in every process and version.
 pub fn template_hash(set: &MachineSet) -> String {
     let template = &set.spec.template;
     let mut spec = template.spec.clone();
     spec.cloud_init = None;
+    spec.legacy_user_data = None;
     let labels = template.metadata.as_ref().and_then(|m| m.labels.clone());
     let canonical = json!({"labels": labels, "spec": spec}).to_string();
     let hash = canonical.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {

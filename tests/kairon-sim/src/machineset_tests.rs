@@ -2,11 +2,18 @@ use capkr::kairon::machineset::{
     MACHINESET_FINALIZER, MachineSetSpec, MachineTemplate, RollingUpdate, TemplateMetadata, UpdateStrategy,
     update_strategy,
 };
-use capkr::kairon::{CloudInit, MachineSpec, MachineStatus, UserData};
+use capkr::kairon::{CloudInit, Image, MachineSpec, MachineStatus, Resources, UserData};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
 use super::*;
+
+fn image(name: &str) -> Option<Image> {
+    Some(Image {
+        image_ref: Some(name.into()),
+        ..Default::default()
+    })
+}
 
 fn set(replicas: i32) -> MachineSet {
     let mut s = MachineSet::new(
@@ -18,12 +25,12 @@ fn set(replicas: i32) -> MachineSet {
                     labels: Some([("role".to_string(), "worker".to_string())].into()),
                 }),
                 spec: MachineSpec {
-                    cpus: 2,
-                    image: "img-1".into(),
-                    cloud_init: Some(CloudInit {
-                        user_data: Some(UserData("#cloud-config token-1".into())),
-                        network_config: None,
+                    resources: Some(Resources {
+                        cpu: Some("2".into()),
+                        memory: None,
                     }),
+                    image: image("img-1"),
+                    legacy_user_data: Some(UserData("#cloud-config token-1".into())),
                     ..Default::default()
                 },
             },
@@ -227,7 +234,7 @@ fn members_kairon_removes_itself_do_not_scale_in() {
 fn rolling_update_surges_first_and_removes_outdated_only_when_the_new_runs() {
     let mut s = set(3);
     let members = running(&s, 0..3);
-    s.spec.template.spec.image = "img-2".into();
+    s.spec.template.spec.image = image("img-2");
     assert_eq!(plan(&s, &refs(&members)), SetStep::Create { count: 1 });
 
     let mut members = members;
@@ -252,7 +259,7 @@ fn rolling_update_surges_first_and_removes_outdated_only_when_the_new_runs() {
             .iter()
             .all(|m| m.labels().get(TEMPLATE_HASH_LABEL) == Some(&hash))
     );
-    assert!(members.iter().all(|m| m.spec.image == "img-2"));
+    assert!(members.iter().all(|m| m.spec.image_ref() == Some("img-2")));
     assert_eq!(s.status.as_ref().and_then(|st| st.updated_replicas), Some(3));
 }
 
@@ -260,7 +267,7 @@ fn rolling_update_surges_first_and_removes_outdated_only_when_the_new_runs() {
 fn rolling_update_without_surge_removes_first() {
     let mut s = set(3);
     let members = running(&s, 0..3);
-    s.spec.template.spec.image = "img-2".into();
+    s.spec.template.spec.image = image("img-2");
     s.spec.update_strategy = Some(UpdateStrategy {
         type_: update_strategy::ROLLING_UPDATE.into(),
         rolling_update: Some(RollingUpdate {
@@ -283,7 +290,7 @@ fn rolling_update_without_surge_removes_first() {
 fn on_delete_never_touches_existing_members_and_replacements_are_new() {
     let mut s = set(3);
     let mut members = running(&s, 0..3);
-    s.spec.template.spec.image = "img-2".into();
+    s.spec.template.spec.image = image("img-2");
     s.spec.update_strategy = Some(UpdateStrategy {
         type_: update_strategy::ON_DELETE.into(),
         rolling_update: None,
@@ -307,7 +314,7 @@ fn on_delete_never_touches_existing_members_and_replacements_are_new() {
     s.spec.replicas = 3;
     assert_eq!(plan(&s, &refs(&members)), SetStep::Create { count: 1 });
     let created = member(&s, "pool-zzzzz");
-    assert_eq!(created.spec.image, "img-2");
+    assert_eq!(created.spec.image_ref(), Some("img-2"));
 }
 
 #[test]
@@ -318,9 +325,10 @@ fn the_template_hash_covers_labels_and_spec_but_not_user_data() {
     assert_eq!(hash, template_hash(&s.clone()), "stable");
 
     let mut user_data = s.clone();
+    user_data.spec.template.spec.legacy_user_data = Some(UserData("#cloud-config token-2".into()));
     user_data.spec.template.spec.cloud_init = Some(CloudInit {
-        user_data: Some(UserData("#cloud-config token-2".into())),
-        network_config: Some("net".into()),
+        hostname: "pool-member".into(),
+        ..Default::default()
     });
     assert_eq!(
         template_hash(&user_data),
@@ -335,8 +343,14 @@ fn the_template_hash_covers_labels_and_spec_but_not_user_data() {
     };
     assert_eq!(plan(&fresh_status, &refs(&members)), SetStep::Wait, "does not roll");
     assert_eq!(
-        member(&user_data, "pool-x").spec.cloud_init,
-        user_data.spec.template.spec.cloud_init,
+        (
+            member(&user_data, "pool-x").spec.legacy_user_data,
+            member(&user_data, "pool-x").spec.cloud_init
+        ),
+        (
+            user_data.spec.template.spec.legacy_user_data.clone(),
+            user_data.spec.template.spec.cloud_init.clone()
+        ),
         "but a new member gets it"
     );
 
@@ -352,7 +366,10 @@ fn the_template_hash_covers_labels_and_spec_but_not_user_data() {
     assert_ne!(template_hash(&labels), hash, "a template label rolls");
 
     let mut spec = s.clone();
-    spec.spec.template.spec.cpus = 4;
+    spec.spec.template.spec.resources = Some(Resources {
+        cpu: Some("4".into()),
+        memory: None,
+    });
     assert_ne!(template_hash(&spec), hash);
 }
 

@@ -22,6 +22,7 @@
 
 mod addons;
 mod addons_objects;
+mod boot;
 mod cloud_init;
 mod endpoint;
 mod engine;
@@ -122,7 +123,7 @@ struct Args {
     /// Other commands are never run. For test flavors that gate kubeadm on a signal.
     #[arg(long)]
     guest_scripts_dir: Option<PathBuf>,
-    /// A live migration's Running -> Succeeded (the VM's hostName changes then).
+    /// A live migration's Running -> Succeeded (the VM's nodeName changes then).
     #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
     migration_delay: Duration,
     /// Create (or adopt) a cluster-scoped Host object per --hosts entry and play its

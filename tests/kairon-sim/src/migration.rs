@@ -1,8 +1,8 @@
 //! Live migration as kairon-controller plays it, as pure functions: given a MachineMigration,
 //! its VM and the hosts, what to do next; and the statuses each step writes. A migration goes
 //! `Pending` → `Running` (source and target chosen) → after `--migration-delay` the VM's
-//! `hostName`/`hostLabels` change and the migration is `Succeeded`; or it is `Failed` with a
-//! reason. Nothing else of the VM changes (UID, addresses, phase, what runs in it). Derived
+//! `nodeName`/`hostLabels` change and the migration is `Succeeded`; or it is `Failed` with a
+//! reason. Nothing else of the VM changes (UID, runtime, address, phase, what runs in it). Derived
 //! from the objects only, so a finished migration is never acted on again, and a restart
 //! picks up where the statuses say.
 
@@ -14,7 +14,7 @@ use capkr::kairon::{Machine, MachineStatus, phase};
 use k8s_openapi::jiff::{RoundMode, SignedDuration, Timestamp, TimestampRound, Unit};
 use kube::ResourceExt;
 
-use crate::placement::Placement;
+use crate::placement::{Placement, node_selector};
 use crate::sim::{CONDITION_SCHEDULED, phase_of, set_condition};
 
 /// On a Kairon Machine: the VM cannot move live (host devices, say). Any value but `"false"`.
@@ -77,8 +77,8 @@ fn is_running(m: &Machine) -> bool {
     phase_of(m) == Some(phase::RUNNING) && m.metadata.deletion_timestamp.is_none()
 }
 
-fn host_name(m: &Machine) -> Option<&str> {
-    m.status.as_ref().and_then(|s| s.host_name.as_deref())
+fn node_name(m: &Machine) -> Option<&str> {
+    m.status.as_ref().and_then(|s| s.node_name.as_deref())
 }
 
 /// The migration's next step. `vm` is its Machine (same namespace, `spec.machineName`) if it
@@ -106,7 +106,7 @@ pub fn next_migration_step(
                 phase_of(m).unwrap_or("not started")
             }
         )),
-        Some(m) => host_name(m)
+        Some(m) => node_name(m)
             .map(|h| (m, h))
             .ok_or_else(|| format!("Machine {name} runs on no host")),
     };
@@ -130,7 +130,7 @@ pub fn next_migration_step(
             }
             let target = match mig.spec.target_host.as_deref().filter(|t| !t.is_empty()) {
                 Some(target) => placement.check_target(target, source).map(|()| target.to_string()),
-                None => placement.choose_target(vm.spec.node_selector.as_ref(), source),
+                None => placement.choose_target(node_selector(&vm.spec), source),
             };
             match target {
                 Ok(target) => MigrationStep::Start {
@@ -215,17 +215,17 @@ pub fn failed_status(mig: &MachineMigration, reason: &str, message: &str, now: T
     }
 }
 
-/// The VM after a live migration: the same VM on `target` (an evacuation request is void:
-/// the VM left the host).
+/// The VM after a live migration: the same VM, the same runtime, on `target` (an evacuation
+/// request is void: the VM left the host).
 pub fn moved_status(
     m: &Machine,
     target: &str,
     labels: Option<&BTreeMap<String, String>>,
     now: Timestamp,
 ) -> MachineStatus {
-    let from = host_name(m).unwrap_or("-");
+    let from = node_name(m).unwrap_or("-");
     let mut status = MachineStatus {
-        host_name: Some(target.to_string()),
+        node_name: Some(target.to_string()),
         host_labels: labels.cloned(),
         evacuation: None,
         ..m.status.clone().unwrap_or_default()
@@ -281,7 +281,7 @@ mod tests {
             spec: Default::default(),
             status: Some(MachineStatus {
                 phase: Some(phase.into()),
-                host_name: host.map(Into::into),
+                node_name: host.map(Into::into),
                 ..Default::default()
             }),
         }
@@ -367,7 +367,10 @@ mod tests {
     #[test]
     fn an_explicit_migration_ignores_the_eviction_strategy() {
         let mut m = vm(phase::RUNNING, Some("h1"), false, false);
-        m.spec.eviction_strategy = Some(capkr::kairon::eviction::EXTERNAL.into());
+        m.annotations_mut().insert(
+            capkr::kairon::EVICTION_STRATEGY_ANNOTATION.into(),
+            capkr::kairon::eviction::EXTERNAL.into(),
+        );
         let step = next_migration_step(&mig(None, None), Some(&m), &placement(), false, t(0), Duration::ZERO);
         assert_eq!(
             step,
@@ -402,15 +405,17 @@ mod tests {
     fn a_moved_vm_names_its_new_host_and_labels_and_nothing_else_changes() {
         let mut m = vm(phase::RUNNING, Some("h1"), false, false);
         if let Some(s) = m.status.as_mut() {
-            s.instance_id = Some("uid".into());
+            s.runtime_id = Some("rt-1".into());
+            s.guest_ip = Some("10.42.0.5".into());
             s.evacuation = Some(Default::default());
         }
         let labels: BTreeMap<String, String> = [("zone".to_string(), "b".to_string())].into();
         let moved = moved_status(&m, "h2", Some(&labels), t(0));
-        assert_eq!(moved.host_name.as_deref(), Some("h2"));
+        assert_eq!(moved.node_name.as_deref(), Some("h2"));
         assert_eq!(moved.host_labels, Some(labels));
         assert_eq!(moved.evacuation, None);
-        assert_eq!(moved.instance_id.as_deref(), Some("uid"));
+        assert_eq!(moved.runtime_id.as_deref(), Some("rt-1"), "the same runtime, moved");
+        assert_eq!(moved.guest_ip.as_deref(), Some("10.42.0.5"));
         assert_eq!(moved.phase.as_deref(), Some(phase::RUNNING));
     }
 

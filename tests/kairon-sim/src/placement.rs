@@ -1,12 +1,14 @@
 //! Kairon hosts and which VM runs on which: placement of new VMs and of live-migration
-//! targets against `spec.nodeSelector`, host capacity and cordoned hosts (a Host object's
-//! `spec.unschedulable`, or a host in maintenance). Pure bookkeeping; the engine keeps it in
+//! targets against `spec.placement.nodeSelector`, host capacity and cordoned hosts (a Host
+//! object's `spec.unschedulable`, or a host in maintenance), and new VMs spread by
+//! `spec.placement.preferredAntiAffinity`. Pure bookkeeping; the engine keeps it in
 //! line with the Machines' and MachineMigrations' statuses and the Host objects, so it is
 //! rebuilt from the objects after a restart.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use capkr::kairon::maintenance::host_matches;
+use capkr::kairon::{MachineSpec, WeightedTerm};
 
 use crate::sim::Key;
 
@@ -16,6 +18,22 @@ pub struct Host {
     pub name: String,
     pub labels: BTreeMap<String, String>,
 }
+
+/// `spec.placement.nodeSelector`: the labels a host must have.
+pub fn node_selector(spec: &MachineSpec) -> Option<&BTreeMap<String, String>> {
+    spec.placement.as_ref().and_then(|p| p.node_selector.as_ref())
+}
+
+/// `spec.placement.preferredAntiAffinity`.
+pub fn preferred_anti_affinity(spec: &MachineSpec) -> &[WeightedTerm] {
+    spec.placement
+        .as_ref()
+        .and_then(|p| p.preferred_anti_affinity.as_deref())
+        .unwrap_or_default()
+}
+
+/// The topology key whose value is a host's name when its labels do not give one.
+pub const HOSTNAME_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
 
 /// Why a Machine cannot be placed (or moved): the `message` of a Failed/Unschedulable status
 /// or of a Failed/NoTargetHost migration.
@@ -46,10 +64,59 @@ impl Placement {
         }
     }
 
-    /// Picks the least-loaded schedulable host whose labels satisfy `selector` and that has
-    /// room (ties go to the first listed), as a scheduler spreading VMs would.
-    pub fn choose(&self, selector: Option<&BTreeMap<String, String>>) -> Result<String, Unschedulable> {
-        self.choose_among(selector, None)
+    /// Picks a schedulable host whose labels satisfy `selector` and that has room: the one
+    /// `avoid` weighs least (see [`Self::anti_affinity`]; absent: 0), then the least loaded
+    /// (ties go to the first listed), as a scheduler spreading VMs would.
+    pub fn choose(
+        &self,
+        selector: Option<&BTreeMap<String, String>>,
+        avoid: &HashMap<String, i64>,
+    ) -> Result<String, Unschedulable> {
+        self.choose_among(selector, None, avoid)
+    }
+
+    /// How much the VM `me` would rather not go to each host, by its soft anti-affinity
+    /// `terms`: per host, the summed weight of the terms another VM breaks there. A term is
+    /// broken on a host when a VM other than `me` that holds a slot (or a migration target)
+    /// in the same topology domain has every label of the term's `labelSelector` (its labels
+    /// by `labels_of`). A domain is the value of the term's `topologyKey` among the host's
+    /// labels; [`HOSTNAME_TOPOLOGY_KEY`] is the host's name unless its labels say otherwise.
+    /// Hosts without the key are not weighed.
+    pub fn anti_affinity<'a>(
+        &self,
+        me: &Key,
+        terms: &[WeightedTerm],
+        labels_of: impl Fn(&Key) -> Option<&'a BTreeMap<String, String>>,
+    ) -> HashMap<String, i64> {
+        let mut avoid: HashMap<String, i64> = HashMap::new();
+        for term in terms.iter().filter(|t| t.weight > 0) {
+            let matches =
+                |labels: &BTreeMap<String, String>| term.label_selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+            let taken: BTreeSet<String> = self
+                .host_of
+                .iter()
+                .chain(self.reserved.iter())
+                .filter(|(k, _)| *k != me && labels_of(k).is_some_and(matches))
+                .filter_map(|(_, host)| self.domain(host, &term.topology_key))
+                .collect();
+            for host in &self.hosts {
+                if self
+                    .domain(&host.name, &term.topology_key)
+                    .is_some_and(|d| taken.contains(&d))
+                {
+                    *avoid.entry(host.name.clone()).or_default() += i64::from(term.weight);
+                }
+            }
+        }
+        avoid
+    }
+
+    /// The topology domain of `host` for `key`.
+    fn domain(&self, host: &str, key: &str) -> Option<String> {
+        match self.labels_of(host).and_then(|l| l.get(key)) {
+            Some(value) => Some(value.clone()),
+            None => (key == HOSTNAME_TOPOLOGY_KEY).then(|| host.to_string()),
+        }
     }
 
     /// Where a live migration of a VM on `source` goes when no target is named: as
@@ -59,7 +126,7 @@ impl Placement {
         selector: Option<&BTreeMap<String, String>>,
         source: &str,
     ) -> Result<String, Unschedulable> {
-        self.choose_among(selector, Some(source))
+        self.choose_among(selector, Some(source), &HashMap::new())
     }
 
     /// Whether a migration may go to the named `target` (an operator's choice: the VM's
@@ -87,6 +154,7 @@ impl Placement {
         &self,
         selector: Option<&BTreeMap<String, String>>,
         excluded: Option<&str>,
+        avoid: &HashMap<String, i64>,
     ) -> Result<String, Unschedulable> {
         let matching: Vec<&Host> = self
             .hosts
@@ -119,7 +187,12 @@ impl Placement {
         candidates
             .iter()
             .filter(|h| self.has_room(&loads, &h.name))
-            .min_by_key(|h| loads.get(h.name.as_str()).copied().unwrap_or(0))
+            .min_by_key(|h| {
+                (
+                    avoid.get(&h.name).copied().unwrap_or(0),
+                    loads.get(h.name.as_str()).copied().unwrap_or(0),
+                )
+            })
             .map(|h| h.name.clone())
             .ok_or_else(|| {
                 Unschedulable(format!(
@@ -198,208 +271,5 @@ fn describe_selector(selector: Option<&BTreeMap<String, String>>) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(name: &str) -> Key {
-        Key {
-            namespace: "default".into(),
-            name: name.into(),
-        }
-    }
-
-    fn host(name: &str, labels: &[(&str, &str)]) -> Host {
-        Host {
-            name: name.into(),
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-        }
-    }
-
-    fn selector(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
-    }
-
-    const ZONE: &str = "topology.kairon.zyvor.dev/zone";
-
-    fn three_hosts(capacity: usize) -> Placement {
-        Placement::new(
-            vec![
-                host("h1", &[(ZONE, "zone-a")]),
-                host("h2", &[(ZONE, "zone-b")]),
-                host("h3", &[(ZONE, "zone-b")]),
-            ],
-            capacity,
-        )
-    }
-
-    #[test]
-    fn placement_honours_node_selector_and_capacity() {
-        struct Case {
-            name: &'static str,
-            capacity: usize,
-            placed: &'static [(&'static str, &'static str)],
-            selector: Option<&'static [(&'static str, &'static str)]>,
-            want: Result<&'static str, &'static str>,
-        }
-        let cases = [
-            Case {
-                name: "no selector, empty hosts",
-                capacity: 0,
-                placed: &[],
-                selector: None,
-                want: Ok("h1"),
-            },
-            Case {
-                name: "spreads to least loaded",
-                capacity: 0,
-                placed: &[("m1", "h1")],
-                selector: None,
-                want: Ok("h2"),
-            },
-            Case {
-                name: "selector picks zone",
-                capacity: 0,
-                placed: &[],
-                selector: Some(&[(ZONE, "zone-b")]),
-                want: Ok("h2"),
-            },
-            Case {
-                name: "empty selector matches all",
-                capacity: 0,
-                placed: &[],
-                selector: Some(&[]),
-                want: Ok("h1"),
-            },
-            Case {
-                name: "unknown zone",
-                capacity: 0,
-                placed: &[],
-                selector: Some(&[(ZONE, "zone-x")]),
-                want: Err("no host matches nodeSelector {topology.kairon.zyvor.dev/zone=zone-x}"),
-            },
-            Case {
-                name: "zone full",
-                capacity: 1,
-                placed: &[("m1", "h1")],
-                selector: Some(&[(ZONE, "zone-a")]),
-                want: Err(
-                    "all 1 host(s) matching nodeSelector {topology.kairon.zyvor.dev/zone=zone-a} are full (capacity 1 machines per host)",
-                ),
-            },
-            Case {
-                name: "capacity skips full host",
-                capacity: 2,
-                placed: &[("m1", "h1"), ("m2", "h1"), ("m3", "h2"), ("m4", "h3"), ("m5", "h3")],
-                selector: None,
-                want: Ok("h2"),
-            },
-            Case {
-                name: "all full",
-                capacity: 1,
-                placed: &[("m1", "h1"), ("m2", "h2"), ("m3", "h3")],
-                selector: None,
-                want: Err("all 3 host(s) matching nodeSelector {} are full (capacity 1 machines per host)"),
-            },
-            Case {
-                name: "unlimited",
-                capacity: 0,
-                placed: &[("m1", "h1"), ("m2", "h2"), ("m3", "h3")],
-                selector: None,
-                want: Ok("h1"),
-            },
-        ];
-        for case in cases {
-            let mut placement = Placement::new(
-                vec![
-                    host("h1", &[(ZONE, "zone-a")]),
-                    host("h2", &[(ZONE, "zone-b")]),
-                    host("h3", &[]),
-                ],
-                case.capacity,
-            );
-            for (m, h) in case.placed {
-                placement.assign(&key(m), h);
-            }
-            let sel = case.selector.map(selector);
-            let got = placement.choose(sel.as_ref());
-            let want = case.want.map(str::to_string).map_err(|m| Unschedulable(m.to_string()));
-            assert_eq!(got, want, "{}", case.name);
-        }
-    }
-
-    #[test]
-    fn releasing_a_machine_frees_its_slot() {
-        let mut placement = Placement::new(vec![host("h1", &[])], 1);
-        placement.assign(&key("m1"), "h1");
-        assert!(placement.choose(None).is_err());
-        placement.release(&key("m1"));
-        assert_eq!(placement.choose(None), Ok("h1".to_string()));
-    }
-
-    #[test]
-    fn cordoned_hosts_get_no_new_vms() {
-        let mut placement = three_hosts(0);
-        placement.set_cordoned(["h2".to_string()].into());
-        let zone_b = selector(&[(ZONE, "zone-b")]);
-        assert_eq!(placement.choose(Some(&zone_b)), Ok("h3".to_string()));
-        placement.set_cordoned(["h2".to_string(), "h3".to_string()].into());
-        let err = placement.choose(Some(&zone_b)).unwrap_err();
-        assert!(err.0.contains("no schedulable host matches"), "{}", err.0);
-        assert_eq!(placement.choose(None), Ok("h1".to_string()));
-    }
-
-    #[test]
-    fn migration_targets_exclude_the_source_and_cordoned_hosts() {
-        let mut placement = three_hosts(0);
-        placement.assign(&key("m1"), "h2");
-        let zone_b = selector(&[(ZONE, "zone-b")]);
-        assert_eq!(placement.choose_target(Some(&zone_b), "h2"), Ok("h3".to_string()));
-        placement.set_cordoned(["h3".to_string()].into());
-        let err = placement.choose_target(Some(&zone_b), "h2").unwrap_err();
-        assert!(err.0.contains("other than the VM's"), "{}", err.0);
-        // Without a selector, any other schedulable host.
-        assert_eq!(placement.choose_target(None, "h2"), Ok("h1".to_string()));
-    }
-
-    #[test]
-    fn migrations_under_way_hold_their_target() {
-        let mut placement = three_hosts(1);
-        placement.assign(&key("m1"), "h2");
-        placement.set_reserved([(key("m1"), "h3".to_string())].into());
-        let zone_b = selector(&[(ZONE, "zone-b")]);
-        assert!(placement.choose(Some(&zone_b)).is_err());
-        assert!(placement.check_target("h3", "h1").is_err());
-        placement.set_reserved(HashMap::new());
-        assert_eq!(placement.choose(Some(&zone_b)), Ok("h3".to_string()));
-    }
-
-    #[test]
-    fn named_targets_must_be_known_schedulable_other_and_have_room() {
-        let mut placement = three_hosts(1);
-        placement.assign(&key("m1"), "h1");
-        placement.assign(&key("m2"), "h2");
-        placement.set_cordoned(["h3".to_string()].into());
-        let cases = [
-            ("h1", "no: the source", false),
-            ("hx", "no: unknown", false),
-            ("h3", "no: cordoned", false),
-            ("h2", "no: full", false),
-        ];
-        for (target, name, ok) in cases {
-            assert_eq!(placement.check_target(target, "h1").is_ok(), ok, "{name}");
-        }
-        placement.set_cordoned(BTreeSet::new());
-        // The selector is not checked: zone-a's VM may go to zone-b's h3 when named.
-        assert_eq!(placement.check_target("h3", "h1"), Ok(()));
-    }
-
-    #[test]
-    fn machines_on_a_host_are_listed_in_order() {
-        let mut placement = three_hosts(0);
-        placement.assign(&key("b"), "h1");
-        placement.assign(&key("a"), "h1");
-        placement.assign(&key("c"), "h2");
-        assert_eq!(placement.machines_on("h1"), vec![&key("a"), &key("b")]);
-        assert!(placement.machines_on("h3").is_empty());
-    }
-}
+#[path = "placement_tests.rs"]
+mod tests;

@@ -48,14 +48,16 @@ pub fn pre_kubeadm_scripts(user_data: &str, meta: &MetaData) -> Vec<ScriptComman
         .iter()
         .filter_map(|c| match c {
             serde_json::Value::String(s) => Some(s.clone()),
-            // The list form (exec without a shell): joined, as far as the first word goes.
-            serde_json::Value::Array(words) => Some(
-                words
-                    .iter()
-                    .filter_map(serde_json::Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ),
+            // The list form (exec without a shell): a shell's `-c`/`-lc` command as that
+            // command (FluxVM writes each of Kairon's runCmd entries as `[bash, -lc, X]`),
+            // any other joined, as far as the first word goes.
+            serde_json::Value::Array(words) => {
+                let words: Vec<&str> = words.iter().filter_map(serde_json::Value::as_str).collect();
+                Some(match words.as_slice() {
+                    [shell, flag, command] if is_shell(shell) && matches!(*flag, "-c" | "-lc") => command.to_string(),
+                    _ => words.join(" "),
+                })
+            }
             _ => None,
         })
         .collect();
@@ -77,6 +79,10 @@ pub fn pre_kubeadm_scripts(user_data: &str, meta: &MetaData) -> Vec<ScriptComman
             })
         })
         .collect()
+}
+
+fn is_shell(word: &str) -> bool {
+    matches!(word, "bash" | "sh" | "/bin/bash" | "/bin/sh" | "/usr/bin/bash")
 }
 
 fn runs_kubeadm(command: &str) -> bool {
@@ -260,6 +266,16 @@ mod tests {
                 "path tricks",
                 "  - ./../wait-signal.sh\n  - .//run/../wait-signal.sh\n  - kubeadm init\n",
                 &[],
+            ),
+            (
+                "FluxVM's form of Kairon's runCmd: each command under bash -lc",
+                "  - [ bash, -lc, './wait-signal.sh \"tok\"' ]\n  - [ bash, -lc, 'kubeadm init' ]\n  - [ bash, -lc, './wait-signal.sh after' ]\n",
+                &["./wait-signal.sh \"tok\""],
+            ),
+            (
+                "another exec list is joined",
+                "  - [ /wait-signal.sh, a ]\n  - [ env, X=1, ./wait-signal.sh ]\n  - kubeadm join\n",
+                &["/wait-signal.sh a"],
             ),
             ("no runcmd", "  []\n", &[]),
         ];

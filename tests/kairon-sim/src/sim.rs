@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use capkr::kairon::{Address, Machine, MachineStatus, phase};
+use capkr::kairon::{Machine, MachineStatus, phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -109,11 +109,11 @@ pub enum Step {
     Wait,
     /// Add the `vm-cleanup` finalizer (before anything else, so no VM can leak).
     AddFinalizer,
-    /// Accept the Machine: `Pending`, `instanceID = uid`.
+    /// Accept the Machine: `Pending`.
     Accept,
-    /// Choose a host: `Provisioning`, or `Failed`/`Unschedulable`.
+    /// Choose a host: `Provisioning` with a new runtime there, or `Failed`/`Unschedulable`.
     Place,
-    /// Finish booting: `Running` with addresses, or `Failed` (forced or random).
+    /// Finish booting: `Running` with the guest's address, or `Failed` (forced or random).
     Boot,
     /// A running Machine was told to fail by annotation.
     Fail { reason: String, message: String },
@@ -212,20 +212,37 @@ fn base_status(m: &Machine) -> MachineStatus {
 pub fn accepted_status(m: &Machine) -> MachineStatus {
     MachineStatus {
         phase: Some(phase::PENDING.to_string()),
-        instance_id: m.metadata.uid.clone(),
         ..base_status(m)
     }
 }
 
+/// A fresh FluxVM VM id, as `status.runtimeID` carries it: a random UUID (version 4). Every
+/// runtime gets its own; it names no Machine.
+pub fn new_runtime_id() -> String {
+    let a = fastrand::u64(..);
+    let b = fastrand::u64(..);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0x0fff,
+        0x8000 | ((b >> 48) & 0x3fff),
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// Placed on `host`: the VM's runtime is created there (`runtime_id`, new for every runtime).
 pub fn provisioning_status(
     m: &Machine,
     host: &str,
     host_labels: Option<BTreeMap<String, String>>,
+    runtime_id: String,
     now: Timestamp,
 ) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::PROVISIONING.to_string());
-    status.host_name = Some(host.to_string());
+    status.node_name = Some(host.to_string());
+    status.runtime_id = Some(runtime_id);
     status.host_labels = host_labels;
     set_condition(
         &mut status,
@@ -241,16 +258,8 @@ pub fn provisioning_status(
 pub fn running_status(m: &Machine, internal_ip: &str, now: Timestamp) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::RUNNING.to_string());
-    status.addresses = Some(vec![
-        Address {
-            type_: "InternalIP".to_string(),
-            address: internal_ip.to_string(),
-        },
-        Address {
-            type_: "Hostname".to_string(),
-            address: m.name_any(),
-        },
-    ]);
+    status.guest_ip = Some(internal_ip.to_string());
+    status.guest_ips = Some(vec![internal_ip.to_string()]);
     set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "guest is up", now);
     status
 }
@@ -455,17 +464,17 @@ mod tests {
         let m = machine(None, true, false, &[]);
         let accepted = accepted_status(&m);
         assert_eq!(accepted.phase.as_deref(), Some(phase::PENDING));
-        assert_eq!(accepted.instance_id.as_deref(), Some("uid-1"));
+        assert_eq!(accepted.runtime_id, None, "no runtime before the VM is placed");
 
         let m = Machine {
             status: Some(accepted),
             ..m
         };
         let labels: BTreeMap<String, String> = [("zone".to_string(), "b".to_string())].into();
-        let provisioning = provisioning_status(&m, "kairon-node-2", Some(labels.clone()), now);
-        assert_eq!(provisioning.host_name.as_deref(), Some("kairon-node-2"));
+        let provisioning = provisioning_status(&m, "kairon-node-2", Some(labels.clone()), "rt-1".into(), now);
+        assert_eq!(provisioning.node_name.as_deref(), Some("kairon-node-2"));
         assert_eq!(provisioning.host_labels, Some(labels));
-        assert_eq!(provisioning.instance_id.as_deref(), Some("uid-1"));
+        assert_eq!(provisioning.runtime_id.as_deref(), Some("rt-1"));
 
         let m = Machine {
             status: Some(provisioning),
@@ -473,19 +482,9 @@ mod tests {
         };
         let running = running_status(&m, "10.42.0.7", now);
         assert_eq!(running.phase.as_deref(), Some(phase::RUNNING));
-        assert_eq!(
-            running.addresses,
-            Some(vec![
-                Address {
-                    type_: "InternalIP".into(),
-                    address: "10.42.0.7".into()
-                },
-                Address {
-                    type_: "Hostname".into(),
-                    address: "m".into()
-                },
-            ])
-        );
+        assert_eq!(running.guest_ip.as_deref(), Some("10.42.0.7"));
+        assert_eq!(running.guest_ips, Some(vec!["10.42.0.7".to_string()]));
+        assert_eq!(running.runtime_id.as_deref(), Some("rt-1"), "the same runtime boots");
         let types: BTreeMap<String, String> = running
             .conditions
             .iter()
@@ -494,6 +493,17 @@ mod tests {
             .collect();
         assert_eq!(types.get(CONDITION_SCHEDULED).map(String::as_str), Some("True"));
         assert_eq!(types.get(CONDITION_BOOTED).map(String::as_str), Some("True"));
+    }
+
+    #[test]
+    fn every_runtime_gets_a_fresh_id() {
+        let ids: std::collections::BTreeSet<String> = (0..100).map(|_| new_runtime_id()).collect();
+        assert_eq!(ids.len(), 100);
+        for id in &ids {
+            let groups: Vec<usize> = id.split('-').map(str::len).collect();
+            assert_eq!(groups, [8, 4, 4, 4, 12], "{id}");
+            assert!(id.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit()), "{id}");
+        }
     }
 
     #[test]

@@ -85,10 +85,13 @@ mod tests {
     }
 
     #[test]
-    fn clearing_a_machines_host_and_evacuation_sends_nulls() {
+    fn clearing_a_machines_node_runtime_and_evacuation_sends_nulls() {
         let old = MachineStatus {
             phase: Some("Running".into()),
-            host_name: Some("h1".into()),
+            node_name: Some("h1".into()),
+            runtime_id: Some("rt-1".into()),
+            guest_ip: Some("10.42.0.2".into()),
+            guest_ips: Some(vec!["10.42.0.2".into()]),
             host_labels: Some([("zone".to_string(), "a".to_string())].into()),
             evacuation: Some(Evacuation {
                 host_name: "h1".into(),
@@ -98,13 +101,26 @@ mod tests {
         };
         let new = MachineStatus {
             phase: Some("Stopped".into()),
+            guest_ip: Some("10.42.0.2".into()),
+            guest_ips: Some(vec!["10.42.0.2".into()]),
             ..Default::default()
         };
         let patch = status_patch(Some(&old), &new).unwrap();
         assert_eq!(
             patch,
-            Some(json!({"phase": "Stopped", "hostName": null, "hostLabels": null, "evacuation": null}))
+            Some(
+                json!({"phase": "Stopped", "nodeName": null, "runtimeID": null, "hostLabels": null, "evacuation": null})
+            )
         );
+        // Kairon's names for what a placed and booted VM gets.
+        let booted = MachineStatus {
+            phase: Some("Running".into()),
+            ..old.clone()
+        };
+        let patch = status_patch(None, &booted).unwrap().unwrap();
+        for field in ["nodeName", "runtimeID", "guestIP", "guestIPs"] {
+            assert!(patch.get(field).is_some(), "{field}: {patch}");
+        }
         assert_eq!(status_patch(Some(&old), &old).unwrap(), None);
     }
 }

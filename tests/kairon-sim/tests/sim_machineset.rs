@@ -73,8 +73,9 @@ async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_rest
         "metadata": {"name": "demo-pool-0"},
         "spec": {"replicas": 3, "template": {
             "metadata": {"labels": {"role": "worker"}},
-            "spec": {"cpus": 2, "memory": "4Gi", "image": "img-1", "diskSize": "20Gi",
-                     "cloudInit": {"userData": "#cloud-config"}}}}}))
+            "spec": {"resources": {"cpu": "2", "memory": "4Gi"},
+                     "image": {"imageRef": "img-1", "diskSize": "20Gi"},
+                     "legacyUserData": "#cloud-config"}}}}))
     .expect("set");
     sets.create(&PostParams::default(), &set).await.expect("create set");
 
@@ -153,19 +154,19 @@ async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_rest
                 .expect("patch set");
         }
     };
-    patch(json!({"spec": {"template": {"spec": {"cloudInit": {"userData": "#cloud-config new"}}}}})).await;
+    patch(json!({"spec": {"template": {"spec": {"legacyUserData": "#cloud-config new"}}}})).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let mut now: Vec<String> = members(&machines).await.iter().map(|m| m.name_any()).collect();
     now.sort();
     assert_eq!(now, expected, "user-data does not roll");
-    patch(json!({"spec": {"template": {"spec": {"image": "img-2"}}}})).await;
+    patch(json!({"spec": {"template": {"spec": {"image": {"imageRef": "img-2"}}}}})).await;
     wait_for("2 Running members of img-2", Duration::from_secs(60), async || {
         let ms = members(&machines).await;
         let status = sets.get("demo-pool-0").await.ok()?.status?;
         let done = ms.len() == 2
             && ms
                 .iter()
-                .all(|m| m.spec.image == "img-2" && phase(m) == Some("Running"))
+                .all(|m| m.spec.image_ref() == Some("img-2") && phase(m) == Some("Running"))
             && status.updated_replicas == Some(2)
             && status.ready_replicas == Some(2);
         done.then_some(())

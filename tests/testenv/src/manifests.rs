@@ -109,14 +109,39 @@ pub fn prepare_webhook_configuration(mut cfg: Value, suffix: &str, target: &Webh
     Ok(cfg)
 }
 
-/// Kairon Machines carry bootstrap data (CA and service-account keys) in
-/// `spec.cloudInit.userData`; dumps must never print it.
+/// Kairon Machines and MachineSets carry bootstrap data (CA and service-account keys, join
+/// tokens): in `spec.cloudInit` (file contents, commands) and, for the simulator's pools,
+/// `legacyUserData` — of the object or of its template. Dumps must never print it: each of
+/// those values becomes `<redacted: N bytes>`; paths, permissions, the hostname and the user
+/// stay readable.
 pub fn redact_user_data(obj: &mut Value) {
-    if let Some(ci) = obj.pointer_mut("/spec/cloudInit").and_then(Value::as_object_mut) {
+    fn redact(v: &mut Value) {
+        let len = v.as_str().map(str::len).unwrap_or(0);
+        *v = json!(format!("<redacted: {len} bytes>"));
+    }
+    for spec in ["/spec", "/spec/template/spec"] {
+        let Some(spec) = obj.pointer_mut(spec).and_then(Value::as_object_mut) else {
+            continue;
+        };
+        if let Some(v) = spec.get_mut("legacyUserData") {
+            redact(v);
+        }
+        let Some(ci) = spec.get_mut("cloudInit").and_then(Value::as_object_mut) else {
+            continue;
+        };
         for k in ["userData", "networkConfig"] {
             if let Some(v) = ci.get_mut(k) {
-                let len = v.as_str().map(str::len).unwrap_or(0);
-                *v = json!(format!("<redacted: {len} bytes>"));
+                redact(v);
+            }
+        }
+        if let Some(cmds) = ci.get_mut("runCmd").and_then(Value::as_array_mut) {
+            cmds.iter_mut().for_each(redact);
+        }
+        if let Some(files) = ci.get_mut("writeFiles").and_then(Value::as_array_mut) {
+            for f in files {
+                if let Some(c) = f.get_mut("content") {
+                    redact(c);
+                }
             }
         }
     }
@@ -167,9 +192,25 @@ mod tests {
     }
 
     #[test]
-    fn user_data_is_redacted() {
-        let mut m = json!({"spec": {"cloudInit": {"userData": "secret"}}});
+    fn bootstrap_data_is_redacted() {
+        let mut m = json!({"spec": {"cloudInit": {"hostname": "m1", "runCmd": ["kubeadm join --token secret"],
+            "writeFiles": [{"path": "/etc/kubernetes/pki/ca.key", "content": "secret", "permissions": "0600"}]},
+            "legacyUserData": "secret"}});
         redact_user_data(&mut m);
-        assert_eq!(m["spec"]["cloudInit"]["userData"], "<redacted: 6 bytes>");
+        assert_eq!(m["spec"]["cloudInit"]["runCmd"][0], "<redacted: 27 bytes>");
+        assert_eq!(
+            m["spec"]["cloudInit"]["writeFiles"][0]["content"],
+            "<redacted: 6 bytes>"
+        );
+        assert_eq!(
+            m["spec"]["cloudInit"]["writeFiles"][0]["path"],
+            "/etc/kubernetes/pki/ca.key"
+        );
+        assert_eq!(m["spec"]["cloudInit"]["hostname"], "m1");
+        assert_eq!(m["spec"]["legacyUserData"], "<redacted: 6 bytes>");
+        let mut set = json!({"spec": {"template": {"spec": {"legacyUserData": "secret"}}}});
+        redact_user_data(&mut set);
+        assert_eq!(set["spec"]["template"]["spec"]["legacyUserData"], "<redacted: 6 bytes>");
+        assert!(!m.to_string().contains("secret") && !set.to_string().contains("secret"));
     }
 }

@@ -228,11 +228,16 @@ fn hostname_comes_from_the_cloud_config_else_the_guest() {
         let got = translate(&format!("#cloud-config\n{body}")).map(|c| c.hostname);
         assert_eq!(got.as_deref().map_err(Clone::clone), want, "{body}");
     }
-    let bad = GuestFacts::kairon("not a name");
-    assert_eq!(
-        translate_cloud_config("#cloud-config\n", &bad, 1),
-        Err(TranslateError::InvalidHostname { key: "local-hostname" })
-    );
+    let long_label = "x".repeat(64);
+    for bad in ["not a name", long_label.as_str(), "a..b", "ends-with-a-dot."] {
+        assert_eq!(
+            translate_cloud_config("#cloud-config\n", &GuestFacts::kairon(bad), 1),
+            Err(TranslateError::InvalidHostname { key: "local-hostname" }),
+            "{bad}"
+        );
+    }
+    let long_fqdn = format!("{}.example.com", "x".repeat(63));
+    assert!(translate_cloud_config("#cloud-config\n", &GuestFacts::kairon(&long_fqdn), 1).is_ok());
 }
 
 #[test]

@@ -353,7 +353,7 @@ impl Engine {
         }
     }
 
-    /// `status.hostLabels` names the labels of the VM's host: set when placed and migrated,
+    /// `status.hostLabels` names the labels of the VM's node: set when placed and migrated,
     /// and on Machines placed before the simulator wrote it.
     fn write_host_labels(&mut self) {
         let stale: Vec<(Key, String)> = self
@@ -366,7 +366,7 @@ impl Engine {
             })
             .filter_map(|(k, m)| {
                 let status = m.status.as_ref()?;
-                let host = status.host_name.as_deref()?;
+                let host = status.node_name.as_deref()?;
                 let labels = self.allocations.placement.labels_of(host)?;
                 (status.host_labels.as_ref() != Some(labels)).then(|| (k.clone(), host.to_string()))
             })

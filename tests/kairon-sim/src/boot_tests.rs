@@ -1,0 +1,149 @@
+use capkr::kairon::cloud_init::{CloudInit, CloudInitFile};
+use capkr::kairon::{Image, MachineStatus, Resources, UserData};
+
+use super::*;
+
+fn machine(spec: MachineSpec) -> Machine {
+    let mut m = Machine::new("vm-a", spec);
+    m.metadata.namespace = Some("ns".into());
+    m.metadata.uid = Some("uid-a".into());
+    m
+}
+
+#[test]
+fn structured_cloud_init_boots_from_its_seed_with_the_hostname_as_meta_data() {
+    let m = machine(MachineSpec {
+        cloud_init: Some(CloudInit {
+            hostname: "node-a".into(),
+            run_cmd: vec!["kubeadm join".into()],
+            write_files: vec![CloudInitFile {
+                path: "/etc/a".into(),
+                content: "x".into(),
+                permissions: "0600".into(),
+            }],
+            ..Default::default()
+        }),
+        legacy_user_data: Some(UserData("#cloud-config ignored".into())),
+        ..Default::default()
+    });
+    let boot = boot_input(&m).expect("boots");
+    assert!(boot.user_data.starts_with("#cloud-config\n"), "{boot:?}");
+    assert!(boot.user_data.contains("hostname: 'node-a'"));
+    assert!(boot.user_data.contains("[ bash, -lc, 'kubeadm join' ]"));
+    assert!(
+        !boot.user_data.contains("ignored"),
+        "cloudInit wins over legacy user-data"
+    );
+    assert_eq!(boot.meta.instance_id, "node-a");
+    assert_eq!(boot.meta.local_hostname, "node-a");
+}
+
+#[test]
+fn legacy_user_data_boots_with_the_old_meta_data_and_empty_cloud_init_is_none() {
+    let mut m = machine(MachineSpec {
+        cloud_init: Some(CloudInit::default()),
+        legacy_user_data: Some(UserData("#cloud-config\nruncmd: []\n".into())),
+        ..Default::default()
+    });
+    let boot = boot_input(&m).expect("boots");
+    assert_eq!(boot.user_data, "#cloud-config\nruncmd: []\n");
+    assert_eq!(boot.meta.instance_id, "uid-a");
+    assert_eq!(boot.meta.local_hostname, "vm-a");
+
+    m.spec.legacy_user_data = None;
+    assert_eq!(boot_input(&m), None, "an empty cloudInit gives the guest no seed");
+    assert!(node_facts(&m).is_none());
+}
+
+#[test]
+fn the_debug_form_never_shows_the_user_data() {
+    let m = machine(MachineSpec {
+        legacy_user_data: Some(UserData("#cloud-config TOPSECRET".into())),
+        ..Default::default()
+    });
+    let shown = format!("{:?}", boot_input(&m).expect("boots"));
+    assert!(!shown.contains("TOPSECRET"), "{shown}");
+    assert!(shown.contains("redacted"), "{shown}");
+}
+
+#[test]
+fn cpus_are_read_as_kairon_writes_them() {
+    assert_eq!(cpus(Some("2")), 2);
+    assert_eq!(cpus(Some(" 4 ")), 4);
+    assert_eq!(cpus(Some("1.5")), 2);
+    assert_eq!(cpus(Some("500m")), 1);
+    assert_eq!(cpus(Some("2500m")), 3);
+    for unreadable in [
+        None,
+        Some(""),
+        Some("two"),
+        Some("0"),
+        Some("-1"),
+        Some("1x"),
+        Some("99999999999"),
+    ] {
+        assert_eq!(cpus(unreadable), DEFAULT_CPUS, "{unreadable:?}");
+    }
+}
+
+#[test]
+fn quantities_become_kubernetes_quantities_or_the_default() {
+    assert_eq!(quantity(Some("4Gi"), DEFAULT_MEMORY).0, "4Gi");
+    assert_eq!(quantity(Some("512M"), DEFAULT_MEMORY).0, "512M");
+    assert_eq!(quantity(Some("100K"), DEFAULT_MEMORY).0, "100k", "Kairon's K");
+    assert_eq!(quantity(Some("1e3"), DEFAULT_MEMORY).0, "1e3");
+    for bad in [None, Some(""), Some("lots"), Some("4GB"), Some("1.2.3Gi"), Some(".")] {
+        assert_eq!(quantity(bad, DEFAULT_MEMORY).0, DEFAULT_MEMORY, "{bad:?}");
+    }
+}
+
+#[test]
+fn node_facts_take_resources_disk_image_and_address() {
+    let mut m = machine(MachineSpec {
+        resources: Some(Resources {
+            cpu: Some("3".into()),
+            memory: Some("6Gi".into()),
+        }),
+        image: Some(Image {
+            image_ref: Some("ubuntu-2404-kube-v1.34.1".into()),
+            disk_size: Some("40Gi".into()),
+            ..Default::default()
+        }),
+        legacy_user_data: Some(UserData(
+            "#cloud-config\nwrite_files:\n- path: /run/kubeadm/kubeadm-join-config.yaml\n  content: |\n    apiVersion: kubeadm.k8s.io/v1beta4\n    kind: JoinConfiguration\n    nodeRegistration:\n      kubeletExtraArgs:\n      - name: provider-id\n        value: kairon://vm-a\n".into(),
+        )),
+        ..Default::default()
+    });
+    m.status = Some(MachineStatus {
+        guest_ips: Some(vec!["10.0.0.7".into()]),
+        ..Default::default()
+    });
+    let facts = node_facts(&m).expect("facts");
+    assert_eq!(facts.cpus, 3);
+    assert_eq!(facts.memory.0, "6Gi");
+    assert_eq!(facts.disk.0, "40Gi");
+    assert_eq!(facts.internal_ip.as_deref(), Some("10.0.0.7"));
+    assert_eq!(facts.hostname, "vm-a");
+    assert_eq!(facts.machine_uid, "uid-a");
+    assert_eq!(image_name(&m.spec), "ubuntu-2404-kube-v1.34.1");
+
+    m.status.as_mut().expect("status").guest_ip = Some("10.0.0.9".into());
+    assert_eq!(guest_address(&m).as_deref(), Some("10.0.0.9"), "guestIP first");
+    assert!(has_address(&m));
+}
+
+#[test]
+fn image_names_fall_back_from_ref_to_path_to_url() {
+    let spec = |image: Image| MachineSpec {
+        image: Some(image),
+        ..Default::default()
+    };
+    assert_eq!(image_name(&MachineSpec::default()), "");
+    assert_eq!(
+        image_name(&spec(Image {
+            path: Some("/var/lib/img-v1.33.0.qcow2".into()),
+            ..Default::default()
+        })),
+        "/var/lib/img-v1.33.0.qcow2"
+    );
+}
