@@ -55,8 +55,7 @@ async fn watch(
         let present: BTreeSet<String> = vms_now
             .iter()
             .filter(|v| v.metadata.deletion_timestamp.is_none())
-            .filter_map(|v| v.uid())
-            .map(|uid| format!("kairon://{uid}"))
+            .map(|v| format!("kairon://{}", v.name_any()))
             .collect();
         {
             let mut s = seen.lock().unwrap();

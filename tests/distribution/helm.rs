@@ -514,7 +514,7 @@ async fn manager_with_the_charts_rbac_provisions_a_machine_and_cannot_list_secre
     let vm: kairon::Machine = Api::namespaced(client.clone(), NS).get(&machine_name()).await.unwrap();
     assert_eq!(
         m.data["spec"]["providerID"].as_str(),
-        Some(format!("kairon://{}", vm.metadata.uid.unwrap()).as_str())
+        Some(format!("kairon://{}", vm.metadata.name.unwrap()).as_str())
     );
     // Nothing the manager tried was refused.
     let log = std::fs::read_to_string(manager.log_path()).unwrap_or_default();

@@ -64,7 +64,7 @@ spec:
     let probe: capkr::kairon::Machine = serde_json::from_value(json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
         "metadata": {"name": "probe", "namespace": rig.ns},
-        "spec": {"cpus": 1, "memory": "1Gi", "image": "img", "diskSize": "1Gi"}
+        "spec": {"resources": {"cpu": "1", "memory": "1Gi"}, "image": {"imageRef": "img", "diskSize": "1Gi"}}
     }))
     .unwrap();
     rig.wait("the policy refuses Kairon Machines", UP, || async {

@@ -153,7 +153,7 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
     }))
     .unwrap();
     let km = kms.create(&PostParams::default(), &km).await.unwrap();
-    // Its Kairon Machine, in a shape we do not know (cpus as text).
+    // Its Kairon Machine, in a shape we do not know (the image as text, not an object).
     let vms: Api<DynamicObject> = Api::namespaced_with(
         rig.env.client(),
         odd_ns,
@@ -164,7 +164,7 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
         "metadata": {"name": "oddling", "namespace": odd_ns, "labels": {
             "app.kubernetes.io/managed-by": "cluster-api-provider-kairon",
             "infrastructure.cluster.x-k8s.io/kaironmachine-uid": km.uid().unwrap()}},
-        "spec": {"cpus": "two", "memory": "1Gi", "image": "img", "diskSize": "10Gi", "gpu": {"model": "x"}}
+        "spec": {"resources": {"cpu": "1", "memory": "1Gi"}, "image": "two", "gpu": {"model": "x"}}
     }))
     .unwrap();
     vms.create(&PostParams::default(), &odd).await.unwrap();

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::common::{Rig, RigOptions, condition};
 use capkr::api::conditions::{self, READY};
+use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams};
 
 #[tokio::test(flavor = "multi_thread")]
@@ -72,7 +73,7 @@ async fn cluster_comes_up_with_real_capi_and_deleting_it_leaves_no_kairon_machin
         let vm = vms.get(&name).await.unwrap();
         assert_eq!(
             provider_id,
-            format!("kairon://{}", vm.metadata.uid.clone().unwrap()),
+            format!("kairon://{}", vm.name_any()),
             "{name}: providerID names the VM"
         );
         assert_eq!(vm.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
