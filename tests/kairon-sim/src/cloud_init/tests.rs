@@ -120,6 +120,23 @@ fn the_guest_registers_under_the_name_and_provider_id_the_provider_knows() {
 }
 
 #[test]
+fn a_kubeadm_config_the_bridge_dropped_leaves_the_guest_without_a_kubelet() {
+    for name in ["control-plane-init.yaml", "control-plane-join.yaml", "worker-join.yaml"] {
+        let mut ci = translate(&fixture(name)).unwrap();
+        let before = ci.write_files.len();
+        ci.write_files
+            .retain(|f| !(f.content.contains("InitConfiguration") || f.content.contains("JoinConfiguration")));
+        assert_eq!(ci.write_files.len(), before - 1, "{name}: one kubeadm config file");
+        let seed = seed(&ci).unwrap();
+        let refused = guest::resolve(&seed.user_data, &meta(&ci));
+        assert!(
+            refused.is_err(),
+            "{name}: the guest's kubeadm has no config: {refused:?}"
+        );
+    }
+}
+
+#[test]
 fn cabpk_keys_without_a_kairon_equivalent_are_refused_by_name() {
     let cases = [
         ("worker-ntp.yaml", TranslateError::Unsupported { key: "ntp".into() }),
