@@ -1,5 +1,5 @@
 //! Our model of Kairon's hosts and VM migrations (`docs/kairon-api.md`). The provider never
-//! reads or writes these: it sees their effect on a Machine's status (`hostName`,
+//! reads or writes these: it sees their effect on a Machine's status (`nodeName`,
 //! `hostLabels`, `evacuation`). They are here so that the development CRDs, the simulator and
 //! the tests share one model.
 

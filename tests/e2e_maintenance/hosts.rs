@@ -42,7 +42,7 @@ pub async fn vm_hosts(rig: &GuestRig) -> BTreeMap<String, String> {
         .await
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .map(|m| (name(m), m.data["status"]["hostName"].as_str().unwrap_or("").to_string()))
+        .map(|m| (name(m), m.data["status"]["nodeName"].as_str().unwrap_or("").to_string()))
         .collect()
 }
 
