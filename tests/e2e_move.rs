@@ -549,7 +549,11 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     for km in &adopted {
         assert!(before.contains_key(&km.name_any()), "{}: its VM", km.name_any());
         // A single KaironMachine's VM is named by its name; a pool member's by its UID.
-        let vm_id = if of_a_pool(km) { before[&km.name_any()].clone() } else { km.name_any() };
+        let vm_id = if of_a_pool(km) {
+            before[&km.name_any()].clone()
+        } else {
+            km.name_any()
+        };
         assert_eq!(
             km.spec.provider_id.as_deref(),
             Some(format!("kairon://{vm_id}").as_str()),
