@@ -1331,7 +1331,7 @@ async fn a_tenants_kairon_api_triggers_reconciles_only_in_its_own_namespace() {
         let km: KaironMachine = serde_json::from_value(json!({
             "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachine",
             "metadata": {"name": "km", "namespace": ns},
-            "spec": {"cpus": 1, "memory": "1Gi", "image": "img", "diskSize": "10Gi"}
+            "spec": {"image": {"imageRef": "img", "diskSize": "10Gi"}, "resources": {"cpu": 1, "memory": "1Gi"}}
         }))
         .unwrap();
         Api::<KaironMachine>::namespaced(rig.env.client(), ns)

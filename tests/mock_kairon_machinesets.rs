@@ -33,7 +33,10 @@ fn pool() -> PoolLink {
 }
 
 fn shape() -> capkr::api::KaironMachineSpec {
-    serde_json::from_value(json!({"cpus": 2, "memory": "4Gi", "image": "img", "diskSize": "20Gi"})).unwrap()
+    serde_json::from_value(
+        json!({"image": {"imageRef": "img", "diskSize": "20Gi"}, "resources": {"cpu": 2, "memory": "4Gi"}}),
+    )
+    .unwrap()
 }
 
 fn desired() -> MachineSet {
@@ -171,7 +174,7 @@ async fn a_token_rotation_rewrites_only_the_user_data_and_its_digest() {
 async fn a_template_change_replaces_the_whole_template() {
     let (sets, mut h) = sets();
     let (p, mut s) = (pool(), shape());
-    s.image = "img-2".into();
+    s.image = capkr::api::MachineImage::from_image_ref("img-2", Some("20Gi"));
     let template = desired_template(&SetInputs {
         pool: &p,
         cluster_name: "demo",

@@ -373,7 +373,7 @@ fn sum(body: &str, name: &str, label: &str) -> f64 {
 /// `refused`, only the KaironMachineTemplate whose status writes a ValidatingAdmissionPolicy
 /// refuses (its reconciles fail and are retried).
 fn objects(ns: &str, refused: bool) -> String {
-    let spec = "cpus: 2\n    memory: 4Gi\n    image: ubuntu-2404-kube-v1.36.3\n    diskSize: 20Gi";
+    let spec = "image:\n      imageRef: ubuntu-2404-kube-v1.36.3\n      diskSize: 20Gi\n    resources:\n      cpu: 2\n      memory: 4Gi";
     let template = |name: &str, labels: &str| {
         format!(
             "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachineTemplate\nmetadata:\n  name: {name}\n  namespace: {ns}\n{labels}spec:\n  template:\n    spec:\n      {}\n",

@@ -32,14 +32,14 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(oldSelf.spec.providerID) || (has(self.spec.providerID) && self.spec.providerID == oldSelf.spec.providerID)").message("spec.providerID is write-once: it cannot be changed or removed once set").field_path(".spec.providerID"),
-    validation = Rule::new("self.spec.cpus == oldSelf.spec.cpus").message("spec.cpus is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.cpus"),
-    validation = Rule::new("self.spec.memory == oldSelf.spec.memory").message("spec.memory is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.memory"),
     validation = Rule::new("self.spec.image == oldSelf.spec.image").message("spec.image is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.image"),
-    validation = Rule::new("self.spec.diskSize == oldSelf.spec.diskSize").message("spec.diskSize is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.diskSize"),
+    validation = Rule::new("has(self.spec.resources) == has(oldSelf.spec.resources) && (!has(self.spec.resources) || self.spec.resources == oldSelf.spec.resources)").message("spec.resources is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.resources"),
+    validation = Rule::new("has(self.spec.instanceTypeName) == has(oldSelf.spec.instanceTypeName) && (!has(self.spec.instanceTypeName) || self.spec.instanceTypeName == oldSelf.spec.instanceTypeName)").message("spec.instanceTypeName is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.instanceTypeName"),
     validation = Rule::new("has(self.spec.network) == has(oldSelf.spec.network) && (!has(self.spec.network) || self.spec.network == oldSelf.spec.network)").message("spec.network is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.network"),
-    validation = Rule::new("has(self.spec.nodeSelector) == has(oldSelf.spec.nodeSelector) && (!has(self.spec.nodeSelector) || self.spec.nodeSelector == oldSelf.spec.nodeSelector)").message("spec.nodeSelector is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.nodeSelector"),
+    validation = Rule::new("has(self.spec.placement) == has(oldSelf.spec.placement) && (!has(self.spec.placement) || self.spec.placement == oldSelf.spec.placement)").message("spec.placement is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.placement"),
     validation = Rule::new("has(self.spec.evictionStrategy) == has(oldSelf.spec.evictionStrategy) && (!has(self.spec.evictionStrategy) || self.spec.evictionStrategy == oldSelf.spec.evictionStrategy)").message("spec.evictionStrategy is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.evictionStrategy"),
 )]
+#[x_kube(validation = Rule::new("has(self.resources) != has(self.instanceTypeName)").message("exactly one of resources and instanceTypeName must be set"))]
 #[serde(rename_all = "camelCase")]
 pub struct KaironMachineSpec {
     /// Provider ID of the machine, `kairon://<name of the Kairon Machine>` (`kairon://<its
@@ -49,31 +49,31 @@ pub struct KaironMachineSpec {
     #[schemars(length(min = 1, max = 512))]
     pub provider_id: Option<String>,
 
-    /// Number of virtual CPUs.
-    #[x_kube(validation = Rule::new("self >= 1").message("cpus must be at least 1"))]
-    pub cpus: i32,
+    /// The boot disk, as Kairon takes it (Kairon's `spec.image`): exactly one of `imageRef` (a
+    /// Kairon MachineImage), `path` (a disk already on the Kairon node) or `httpURL` (a disk
+    /// kairon-node downloads, with its `digest`), and optionally the size of the VM's copy.
+    pub image: MachineImage,
 
-    /// Memory of the VM, a quantity of at least 512Mi.
-    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('512Mi')) >= 0").message("memory must be a quantity of at least 512Mi"))]
-    pub memory: Quantity,
+    /// CPUs and memory of the VM (Kairon's `spec.resources`). Exactly one of `resources` and
+    /// `instanceTypeName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<MachineResources>,
 
-    /// Name of the Kairon MachineImage the boot disk is made from (Kairon's `spec.image.imageRef`).
+    /// A Kairon MachineInstanceType of the Kairon Machine's namespace, whose cpu and memory
+    /// Kairon copies into the Machine's resources (Kairon's `spec.instanceTypeName`). Exactly
+    /// one of `resources` and `instanceTypeName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    pub image: String,
+    pub instance_type_name: Option<String>,
 
-    /// Size of the root disk, a quantity greater than zero (Kairon's `spec.image.diskSize`).
-    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("diskSize must be a quantity greater than 0"))]
-    pub disk_size: Quantity,
-
-    /// A bridge on the Kairon node to attach the VM to (Kairon's `tap` network mode); Kairon's
-    /// default user-mode network when absent.
+    /// How the VM's network interface is attached (Kairon's `spec.network`): Kairon's
+    /// user-mode network when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<NetworkRef>,
+    pub network: Option<MachineNetwork>,
 
-    /// Labels of the Kairon nodes allowed to run the VM (Kairon's `spec.placement.nodeSelector`).
-    /// A failure domain of the Machine adds its own node selector on top.
+    /// Which Kairon nodes may run the VM (Kairon's `spec.placement`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node_selector: Option<BTreeMap<String, String>>,
+    pub placement: Option<MachinePlacement>,
 
     /// What happens to the VM when its Kairon host goes into maintenance.
     /// `LiveMigrateIfPossible` (the default when absent): Kairon moves it live to another host
@@ -86,12 +86,139 @@ pub struct KaironMachineSpec {
     pub eviction_strategy: Option<String>,
 }
 
-/// A network of the Kairon node: a bridge the VM's tap device is attached to.
+/// The boot disk of a KaironMachine, in the shape of Kairon's `spec.image`.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct NetworkRef {
-    /// Name of the bridge on the Kairon node.
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("[has(self.imageRef), has(self.path), has(self.httpURL)].filter(x, x).size() == 1").message("image: exactly one of imageRef, path and httpURL must be set"))]
+#[x_kube(validation = Rule::new("has(self.httpURL) == has(self.digest)").message("image.digest is required with image.httpURL (Kairon's node cache key) and only with it"))]
+pub struct MachineImage {
+    /// A cluster-scoped Kairon MachineImage (Kairon's `spec.image.imageRef`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
-    pub name: String,
+    pub image_ref: Option<String>,
+
+    /// An absolute path of a disk file already present on the Kairon node (Kairon's
+    /// `spec.image.path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 4096))]
+    #[x_kube(validation = Rule::new("self.startsWith('/')").message("image.path must be an absolute path"))]
+    pub path: Option<String>,
+
+    /// An http(s) URL of a disk image kairon-node downloads (Kairon's
+    /// `spec.image.source.httpURL`); needs `digest`.
+    #[serde(default, rename = "httpURL", skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 8, max = 2048))]
+    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("image.httpURL must be an http:// or https:// URL"))]
+    pub http_url: Option<String>,
+
+    /// `sha256:` and 64 lowercase hex digits: the digest of the `httpURL` image (Kairon's
+    /// `spec.image.digest`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 71))]
+    #[x_kube(validation = Rule::new("self.matches('^sha256:[a-f0-9]{64}$')").message("image.digest must be sha256: followed by 64 lowercase hex digits"))]
+    pub digest: Option<String>,
+
+    /// Size of the VM's copy of the disk, a quantity greater than zero (Kairon's
+    /// `spec.image.diskSize`); the image's own size when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("image.diskSize must be a quantity greater than 0"))]
+    pub disk_size: Option<Quantity>,
+}
+
+impl MachineImage {
+    /// A boot disk from a Kairon MachineImage.
+    pub fn from_image_ref(name: impl Into<String>, disk_size: Option<&str>) -> Self {
+        MachineImage {
+            image_ref: Some(name.into()),
+            disk_size: disk_size.map(|d| Quantity(d.to_string())),
+            ..Default::default()
+        }
+    }
+}
+
+/// CPUs and memory of a KaironMachine, in the shape of Kairon's `spec.resources`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct MachineResources {
+    /// Number of virtual CPUs, a whole number of at least 1 (Kairon rounds a fraction up).
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isInteger() && quantity(string(self)).asInteger() >= 1").message("resources.cpu must be a whole number of at least 1"))]
+    pub cpu: Quantity,
+
+    /// Memory of the VM, a quantity of at least 512Mi.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).compareTo(quantity('512Mi')) >= 0").message("resources.memory must be a quantity of at least 512Mi"))]
+    pub memory: Quantity,
+}
+
+impl MachineResources {
+    pub fn new(cpu: i64, memory: &str) -> Self {
+        MachineResources {
+            cpu: Quantity(cpu.to_string()),
+            memory: Quantity(memory.to_string()),
+        }
+    }
+}
+
+/// How the VM's network interface is attached, in the shape of Kairon's `spec.network`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[x_kube(validation = Rule::new("(has(self.mode) && self.mode == 'tap') == has(self.bridge)").message("network.bridge is required with network.mode tap and only with it"))]
+pub struct MachineNetwork {
+    /// `user` (Kairon's default: user-mode networking behind the node) or `tap` (a tap device
+    /// on `bridge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['user', 'tap']").message("network.mode must be user or tap"))]
+    pub mode: Option<String>,
+
+    /// The bridge on the Kairon node the tap device is attached to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15))]
+    pub bridge: Option<String>,
+}
+
+/// Values of `spec.network.mode`.
+pub mod network_mode {
+    pub const USER: &str = "user";
+    pub const TAP: &str = "tap";
+}
+
+/// Which Kairon nodes may run a KaironMachine's VM.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePlacement {
+    /// Labels of the Kairon nodes allowed to run the VM (Kairon's
+    /// `spec.placement.nodeSelector`). A failure domain of the Machine adds its own node
+    /// selector on top.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// How a cluster's control-plane VMs are kept on different Kairon nodes, so that one node
+    /// going down takes at most one etcd member: `Preferred` (the default: Kairon's
+    /// `preferredAntiAffinity`, so a cluster with more control planes than Kairon nodes still
+    /// schedules), `Required` (Kairon's `antiAffinity`: a control plane waits in Pending rather
+    /// than share a node) or `None`. Workers are not spread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['Preferred', 'Required', 'None']").message("placement.controlPlaneAntiAffinity must be Preferred, Required or None"))]
+    pub control_plane_anti_affinity: Option<String>,
+}
+
+/// Values of `spec.placement.controlPlaneAntiAffinity`.
+pub mod anti_affinity {
+    pub const PREFERRED: &str = "Preferred";
+    pub const REQUIRED: &str = "Required";
+    pub const NONE: &str = "None";
+}
+
+impl KaironMachineSpec {
+    /// The node selector the spec gives, if any.
+    pub fn node_selector(&self) -> Option<&BTreeMap<String, String>> {
+        self.placement.as_ref()?.node_selector.as_ref()
+    }
+
+    /// `spec.placement.controlPlaneAntiAffinity`, `Preferred` when absent.
+    pub fn control_plane_anti_affinity(&self) -> &str {
+        self.placement
+            .as_ref()
+            .and_then(|p| p.control_plane_anti_affinity.as_deref())
+            .unwrap_or(anti_affinity::PREFERRED)
+    }
 }
 
 /// Observed state of a KaironMachine.

@@ -34,7 +34,7 @@ use super::{KaironIdentityReference, KaironMachineSpec};
     printcolumn(name = "MachinePool", type_ = "string", json_path = ".metadata.ownerReferences[?(@.kind==\"MachinePool\")].name", description = "MachinePool that owns this KaironMachinePool"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
-    printcolumn(name = "Image", type_ = "string", json_path = ".spec.template.image"),
+    printcolumn(name = "Image", type_ = "string", json_path = ".spec.template.image.imageRef"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("!has(oldSelf.spec.providerID) || (has(self.spec.providerID) && self.spec.providerID == oldSelf.spec.providerID)").message("spec.providerID is write-once: it cannot be changed or removed once set").field_path(".spec.providerID"),
 )]

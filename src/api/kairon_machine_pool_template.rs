@@ -20,8 +20,16 @@ use super::{KaironMachinePoolSpec, TemplateObjectMeta};
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "KaironMachinePoolTemplate is the template KaironMachinePools are cloned from.",
-    printcolumn(name = "Image", type_ = "string", json_path = ".spec.template.spec.template.image"),
-    printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.template.spec.template.cpus"),
+    printcolumn(
+        name = "Image",
+        type_ = "string",
+        json_path = ".spec.template.spec.template.image.imageRef"
+    ),
+    printcolumn(
+        name = "CPU",
+        type_ = "string",
+        json_path = ".spec.template.spec.template.resources.cpu"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 pub struct KaironMachinePoolTemplateSpec {

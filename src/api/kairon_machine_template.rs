@@ -23,9 +23,19 @@ use super::{KaironMachineSpec, TemplateObjectMeta};
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
     doc = "KaironMachineTemplate is the template KaironMachines are cloned from.",
-    printcolumn(name = "Image", type_ = "string", json_path = ".spec.template.spec.image"),
-    printcolumn(name = "CPUs", type_ = "integer", json_path = ".spec.template.spec.cpus"),
-    printcolumn(name = "Memory", type_ = "string", json_path = ".spec.template.spec.memory"),
+    printcolumn(name = "Image", type_ = "string", json_path = ".spec.template.spec.image.imageRef"),
+    printcolumn(name = "CPU", type_ = "string", json_path = ".spec.template.spec.resources.cpu"),
+    printcolumn(
+        name = "Memory",
+        type_ = "string",
+        json_path = ".spec.template.spec.resources.memory"
+    ),
+    printcolumn(
+        name = "InstanceType",
+        type_ = "string",
+        json_path = ".spec.template.spec.instanceTypeName",
+        priority = 1
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 pub struct KaironMachineTemplateSpec {

@@ -21,7 +21,8 @@ pub use kairon_cluster::{
 pub use kairon_cluster_identity::{AllowedNamespaces, KaironClusterIdentity, KaironClusterIdentitySpec};
 pub use kairon_machine::{
     DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
-    MachineAddress, NetworkRef, V1Beta1Status,
+    MachineAddress, MachineImage, MachineNetwork, MachinePlacement, MachineResources, V1Beta1Status, anti_affinity,
+    network_mode,
 };
 pub use kairon_machine_pool::{
     INFRASTRUCTURE_MACHINE_KIND, KaironMachinePool, KaironMachinePoolSpec, KaironMachinePoolStatus, MachineSetRef,

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{Future, StreamExt, TryStreamExt};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::Store;
@@ -37,13 +36,19 @@ pub(crate) struct Context {
 
 /// Capacity and node info of a machine made from `spec`. Pure.
 pub(crate) fn template_status(spec: &KaironMachineSpec) -> KaironMachineTemplateStatus {
-    let capacity = BTreeMap::from([
-        ("cpu".to_string(), Quantity(spec.cpus.to_string())),
-        ("memory".to_string(), spec.memory.clone()),
-        ("ephemeral-storage".to_string(), spec.disk_size.clone()),
-    ]);
+    // What the spec says and nothing else: with an instance type (its cpu and memory are
+    // Kairon's, in a MachineInstanceType) or without a disk size (the image's own), that part
+    // of the capacity is not known here and is left out rather than guessed.
+    let mut capacity = BTreeMap::new();
+    if let Some(r) = &spec.resources {
+        capacity.insert("cpu".to_string(), r.cpu.clone());
+        capacity.insert("memory".to_string(), r.memory.clone());
+    }
+    if let Some(disk) = &spec.image.disk_size {
+        capacity.insert("ephemeral-storage".to_string(), disk.clone());
+    }
     KaironMachineTemplateStatus {
-        capacity: Some(capacity),
+        capacity: (!capacity.is_empty()).then_some(capacity),
         node_info: Some(NodeInfo {
             architecture: Some(ARCHITECTURE.into()),
             operating_system: Some(OPERATING_SYSTEM.into()),
@@ -109,16 +114,16 @@ pub(crate) fn controller(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{MachineImage, MachineResources};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     #[test]
     fn capacity_and_node_info_from_the_template_spec() {
         let cases = [(1, "512Mi", "1Gi"), (2, "4Gi", "40Gi"), (64, "256Gi", "2Ti")];
         for (cpus, memory, disk) in cases {
             let spec = KaironMachineSpec {
-                cpus,
-                memory: Quantity(memory.into()),
-                disk_size: Quantity(disk.into()),
-                image: "img".into(),
+                resources: Some(MachineResources::new(cpus, memory)),
+                image: MachineImage::from_image_ref("img", Some(disk)),
                 ..Default::default()
             };
             let s = template_status(&spec);
@@ -131,5 +136,24 @@ mod tests {
             assert_eq!(ni.architecture.as_deref(), Some("amd64"));
             assert_eq!(ni.operating_system.as_deref(), Some("linux"));
         }
+    }
+
+    #[test]
+    fn an_instance_type_or_an_images_own_size_leaves_that_capacity_out() {
+        let spec = KaironMachineSpec {
+            instance_type_name: Some("m.large".into()),
+            image: MachineImage::from_image_ref("img", Some("20Gi")),
+            ..Default::default()
+        };
+        let cap = template_status(&spec).capacity.expect("the disk is known");
+        assert_eq!(cap.keys().collect::<Vec<_>>(), ["ephemeral-storage"]);
+        let spec = KaironMachineSpec {
+            instance_type_name: Some("m.large".into()),
+            image: MachineImage::from_image_ref("img", None),
+            ..Default::default()
+        };
+        let s = template_status(&spec);
+        assert_eq!(s.capacity, None, "nothing known, nothing claimed");
+        assert!(s.node_info.is_some());
     }
 }

@@ -6,12 +6,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::types::{Image, Network, Placement, Resources, WeightedTerm};
+use super::types::{Image, ImageSource, Network, Placement, Resources, Term, WeightedTerm};
 use super::{
     CloudInit, EVICTION_STRATEGY_ANNOTATION, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX,
     labels,
 };
-use crate::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec};
+use crate::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec, anti_affinity};
 
 /// Longest value a label can hold.
 const MAX_LABEL_VALUE: usize = 63;
@@ -115,25 +115,39 @@ pub fn desired_kairon_machine(
 
     // The failure domain's node selector wins over the template's on a conflicting key: the
     // domain is CAPI's placement decision.
-    let mut node_selector = km.spec.node_selector.clone().unwrap_or_default();
+    let mut node_selector = km.spec.node_selector().cloned().unwrap_or_default();
     if let Some(sel) = failure_domain.and_then(|fd| fd.node_selector.as_ref()) {
         node_selector.extend(sel.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
-    // Soft, so that a cluster with more control planes than Kairon nodes still schedules.
-    let spread = (control_plane && cluster_labelled).then(|| {
-        vec![WeightedTerm {
-            weight: CONTROL_PLANE_SPREAD_WEIGHT,
-            label_selector: BTreeMap::from([
-                (labels::CLUSTER_NAME.to_string(), cluster_name.to_string()),
-                (labels::CONTROL_PLANE.to_string(), String::new()),
-            ]),
-            topology_key: NODE_TOPOLOGY_KEY.to_string(),
-        }]
-    });
-    let placement = Placement {
+    let mut placement = Placement {
         node_selector: (!node_selector.is_empty()).then_some(node_selector),
-        preferred_anti_affinity: spread,
+        ..Default::default()
     };
+    // A cluster's control planes on different Kairon nodes, so one node lost takes at most
+    // one etcd member: soft by default, so that a cluster with more control planes than Kairon
+    // nodes still schedules. The selector needs the cluster's label on every control plane.
+    if control_plane && cluster_labelled {
+        let others = BTreeMap::from([
+            (labels::CLUSTER_NAME.to_string(), cluster_name.to_string()),
+            (labels::CONTROL_PLANE.to_string(), String::new()),
+        ]);
+        match km.spec.control_plane_anti_affinity() {
+            anti_affinity::NONE => {}
+            anti_affinity::REQUIRED => {
+                placement.anti_affinity = Some(vec![Term {
+                    label_selector: others,
+                    topology_key: NODE_TOPOLOGY_KEY.to_string(),
+                }])
+            }
+            _ => {
+                placement.preferred_anti_affinity = Some(vec![WeightedTerm {
+                    weight: CONTROL_PLANE_SPREAD_WEIGHT,
+                    label_selector: others,
+                    topology_key: NODE_TOPOLOGY_KEY.to_string(),
+                }])
+            }
+        }
+    }
 
     Machine {
         metadata: ObjectMeta {
@@ -148,35 +162,39 @@ pub fn desired_kairon_machine(
     }
 }
 
-/// Kairon's spec for a VM of this shape: the image by name (a MachineImage) with the disk size,
-/// CPUs and memory as Kairon's quantity strings, a named network as a tap on that bridge.
+/// Kairon's spec for a VM of this shape: the KaironMachine's image, resources (or instance
+/// type) and network are already in Kairon's shapes and go over field by field; memory is
+/// written in a form Kairon's parser reads.
 pub(crate) fn kairon_spec(
     shape: &KaironMachineSpec,
     placement: Placement,
     cloud_init: Option<CloudInit>,
 ) -> MachineSpec {
+    let image = &shape.image;
     MachineSpec {
         image: Some(Image {
-            image_ref: Some(shape.image.clone()),
-            disk_size: Some(shape.disk_size.0.clone()),
-            ..Default::default()
+            image_ref: image.image_ref.clone(),
+            path: image.path.clone(),
+            source: image.http_url.as_ref().map(|url| ImageSource {
+                http_url: Some(url.clone()),
+            }),
+            digest: image.digest.clone(),
+            disk_size: image.disk_size.as_ref().map(|q| q.0.clone()),
         }),
-        resources: Some(Resources {
-            cpu: Some(shape.cpus.to_string()),
-            memory: Some(kairon_memory(&shape.memory.0)),
+        resources: shape.resources.as_ref().map(|r| Resources {
+            cpu: Some(r.cpu.0.clone()),
+            memory: Some(kairon_memory(&r.memory.0)),
         }),
+        instance_type_name: shape.instance_type_name.clone(),
         network: shape.network.as_ref().map(|n| Network {
-            mode: Some(NETWORK_MODE_TAP.to_string()),
-            bridge: Some(n.name.clone()),
+            mode: n.mode.clone(),
+            bridge: n.bridge.clone(),
         }),
         placement: (placement != Placement::default()).then_some(placement),
         cloud_init,
         ..Default::default()
     }
 }
-
-/// Kairon's network mode that attaches the guest to a bridge of the node.
-const NETWORK_MODE_TAP: &str = "tap";
 
 /// A Kubernetes memory quantity as Kairon parses one (`internal/model/quantity.go`: a number
 /// with one of `Ti Gi Mi Ki T G M K`, or plain bytes). The CRD has already checked that it is a
@@ -234,17 +252,15 @@ fn quantity_bytes(q: &str) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{KaironMachineSpec, NetworkRef};
+    use crate::api::{KaironMachineSpec, MachineImage, MachineNetwork, MachinePlacement, MachineResources};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn km(name: &str) -> KaironMachine {
         let mut km = KaironMachine::new(
             name,
             KaironMachineSpec {
-                cpus: 2,
-                memory: Quantity("4Gi".into()),
-                image: "ubuntu-2404-kube-v1.36.1".into(),
-                disk_size: Quantity("40Gi".into()),
+                resources: Some(MachineResources::new(2, "4Gi")),
+                image: MachineImage::from_image_ref("ubuntu-2404-kube-v1.36.1", Some("40Gi")),
                 ..Default::default()
             },
         );
@@ -285,13 +301,16 @@ mod tests {
     #[test]
     fn desired_kairon_machine_table() {
         let mut with_sel = km("m-sel");
-        with_sel.spec.node_selector = Some(
-            [
-                ("disk".to_string(), "ssd".to_string()),
-                ("zone".to_string(), "template".to_string()),
-            ]
-            .into(),
-        );
+        with_sel.spec.placement = Some(MachinePlacement {
+            node_selector: Some(
+                [
+                    ("disk".to_string(), "ssd".to_string()),
+                    ("zone".to_string(), "template".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        });
         let cases = vec![
             Case {
                 name: "plain",
@@ -423,10 +442,75 @@ mod tests {
     }
 
     #[test]
-    fn a_named_network_is_a_tap_on_that_bridge() {
+    fn control_planes_are_spread_as_the_spec_asks() {
+        let spread = |how: Option<&str>| {
+            let mut k = km("m");
+            k.spec.placement = how.map(|h| MachinePlacement {
+                control_plane_anti_affinity: Some(h.into()),
+                ..Default::default()
+            });
+            let m = desired_kairon_machine(&k, "demo", true, CloudInit::default(), None);
+            let p = m.spec.placement.unwrap_or_default();
+            (p.preferred_anti_affinity.is_some(), p.anti_affinity)
+        };
+        let others = BTreeMap::from([
+            (labels::CLUSTER_NAME.to_string(), "demo".to_string()),
+            (labels::CONTROL_PLANE.to_string(), String::new()),
+        ]);
+        assert_eq!(spread(None), (true, None), "soft by default");
+        assert_eq!(spread(Some("Preferred")), (true, None));
+        assert_eq!(
+            spread(Some("Required")),
+            (
+                false,
+                Some(vec![Term {
+                    label_selector: others,
+                    topology_key: "kubernetes.io/hostname".into()
+                }])
+            ),
+            "Kairon's hard antiAffinity"
+        );
+        assert_eq!(spread(Some("None")), (false, None));
+    }
+
+    #[test]
+    fn every_image_source_and_an_instance_type_go_over_in_kairons_shape() {
+        let digest = format!("sha256:{}", "a".repeat(64));
         let mut k = km("m");
-        k.spec.network = Some(NetworkRef {
-            name: "br-storage".into(),
+        k.spec.image = MachineImage {
+            http_url: Some("https://images.example/u.qcow2".into()),
+            digest: Some(digest.clone()),
+            ..Default::default()
+        };
+        k.spec.resources = None;
+        k.spec.instance_type_name = Some("m.large".into());
+        let spec =
+            serde_json::to_value(desired_kairon_machine(&k, "demo", false, CloudInit::default(), None).spec).unwrap();
+        assert_eq!(
+            spec["image"],
+            serde_json::json!({"source": {"httpURL": "https://images.example/u.qcow2"}, "digest": digest})
+        );
+        assert_eq!(spec["instanceTypeName"], "m.large");
+        assert!(spec.get("resources").is_none(), "Kairon fills resources from the type");
+        k.spec.image = MachineImage {
+            path: Some("/var/lib/kairon/images/u.qcow2".into()),
+            disk_size: Some(Quantity("30Gi".into())),
+            ..Default::default()
+        };
+        let spec =
+            serde_json::to_value(desired_kairon_machine(&k, "demo", false, CloudInit::default(), None).spec).unwrap();
+        assert_eq!(
+            spec["image"],
+            serde_json::json!({"path": "/var/lib/kairon/images/u.qcow2", "diskSize": "30Gi"})
+        );
+    }
+
+    #[test]
+    fn a_tap_network_is_a_tap_on_that_bridge() {
+        let mut k = km("m");
+        k.spec.network = Some(MachineNetwork {
+            mode: Some("tap".into()),
+            bridge: Some("br-storage".into()),
         });
         let m = desired_kairon_machine(&k, "demo", false, CloudInit::default(), None);
         assert_eq!(

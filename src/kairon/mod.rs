@@ -42,7 +42,7 @@ pub(crate) use observe::{Holder, Ownership, ownership};
 pub use set_client::{MachineSets, SetCreated, SetError, keep_set_what_is_read, machine_set_from_value, read_set};
 pub use types::{
     CloudInit, CloudInitFile, EVICTION_STRATEGY_ANNOTATION, Evacuation, Image, ImageSource, Machine, MachineSpec,
-    MachineStatus, Network, Placement, Resources, UserData, WeightedTerm, eviction, phase,
+    MachineStatus, Network, Placement, Resources, Term, UserData, WeightedTerm, eviction, phase,
 };
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's schema has

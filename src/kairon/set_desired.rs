@@ -98,7 +98,7 @@ pub fn desired_template(inputs: &SetInputs<'_>) -> MachineTemplate {
     }
     let t = inputs.template;
     let placement = Placement {
-        node_selector: t.node_selector.clone().filter(|s| !s.is_empty()),
+        node_selector: t.node_selector().filter(|s| !s.is_empty()).cloned(),
         ..Default::default()
     };
     MachineTemplate {
@@ -180,8 +180,7 @@ pub(crate) fn label_value(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::NetworkRef;
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use crate::api::{MachineImage, MachineNetwork, MachinePlacement, MachineResources};
 
     fn pool() -> PoolLink {
         PoolLink {
@@ -193,11 +192,12 @@ mod tests {
 
     fn shape() -> KaironMachineSpec {
         KaironMachineSpec {
-            cpus: 2,
-            memory: Quantity("4Gi".into()),
-            image: "ubuntu-2404-kube-v1.36.1".into(),
-            disk_size: Quantity("40Gi".into()),
-            network: Some(NetworkRef { name: "storage".into() }),
+            resources: Some(MachineResources::new(2, "4Gi")),
+            image: MachineImage::from_image_ref("ubuntu-2404-kube-v1.36.1", Some("40Gi")),
+            network: Some(MachineNetwork {
+                mode: Some("tap".into()),
+                bridge: Some("storage".into()),
+            }),
             ..Default::default()
         }
     }
@@ -264,13 +264,19 @@ mod tests {
         cached.spec.template.spec.legacy_user_data = None;
 
         let mut bigger = shape();
-        bigger.cpus = 4;
+        bigger.resources = Some(MachineResources::new(4, "4Gi"));
         let mut other_image = shape();
-        other_image.image = "ubuntu-2404-kube-v1.36.2".into();
+        other_image.image = MachineImage::from_image_ref("ubuntu-2404-kube-v1.36.2", Some("40Gi"));
         let mut selector = shape();
-        selector.node_selector = Some([("disk".to_string(), "ssd".to_string())].into());
+        selector.placement = Some(MachinePlacement {
+            node_selector: Some([("disk".to_string(), "ssd".to_string())].into()),
+            ..Default::default()
+        });
         let mut empty_selector = shape();
-        empty_selector.node_selector = Some(BTreeMap::new());
+        empty_selector.placement = Some(MachinePlacement {
+            node_selector: Some(BTreeMap::new()),
+            ..Default::default()
+        });
         let other_pool = PoolLink {
             uid: "uid-after-move".into(),
             ..pool()

@@ -139,6 +139,17 @@ pub struct Placement {
     /// over their labels; a Machine never matches itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preferred_anti_affinity: Option<Vec<WeightedTerm>>,
+    /// Hard spreading away from other Machines: a node in the same topology domain as a
+    /// matching Machine is not a candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anti_affinity: Option<Vec<Term>>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Term {
+    pub label_selector: BTreeMap<String, String>,
+    pub topology_key: String,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]

@@ -99,7 +99,7 @@ var _ = Describe("When changing the machines of a Kairon cluster with in-place u
 				km := &unstructured.Unstructured{}
 				km.SetGroupVersionKind(schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1alpha1", Kind: "KaironMachine"})
 				g.Expect(mgmt.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, km)).To(Succeed())
-				cpus, _, _ := unstructured.NestedInt64(km.Object, "spec", "cpus")
+				cpus, _, _ := unstructured.NestedInt64(km.Object, "spec", "resources", "cpu")
 				g.Expect(cpus).To(BeEquivalentTo(3), "the new worker's KaironMachine %s has the new CPUs", name)
 			}
 			g.Expect(kept).To(Equal(3), "the control plane's VMs kept, the worker's replaced: before %v, after %v", before, after)

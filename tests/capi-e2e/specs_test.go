@@ -166,7 +166,7 @@ var _ = Describe("When testing ClusterClass changes", Label("clusterclass-change
 			// A field of the KaironMachineTemplate that no ClusterClass patch sets: the
 			// workers move to the hosts of zone-b (the simulator's hosts are labelled).
 			ModifyMachineDeploymentInfrastructureMachineTemplateFields: map[string]interface{}{
-				"spec.template.spec.nodeSelector": map[string]interface{}{
+				"spec.template.spec.placement.nodeSelector": map[string]interface{}{
 					"topology.kairon.zyvor.dev/zone": "zone-b",
 				},
 			},

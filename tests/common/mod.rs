@@ -390,10 +390,8 @@ impl Drop for Rig {
 /// The smallest KaironMachine spec the tests create by hand (1 CPU, 1Gi, image `img`, 10Gi disk).
 pub fn km_spec() -> capkr::api::KaironMachineSpec {
     capkr::api::KaironMachineSpec {
-        cpus: 1,
-        memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
-        image: "img".into(),
-        disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("10Gi".into()),
+        image: capkr::api::MachineImage::from_image_ref("img", Some("10Gi")),
+        resources: Some(capkr::api::MachineResources::new(1, "1Gi")),
         ..Default::default()
     }
 }

@@ -30,7 +30,7 @@ fn machine_template(cpus: i64, annotations: Value) -> DynamicObject {
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
         "kind": "KaironMachineTemplate",
         "metadata": {"name": "workers", "namespace": NS, "annotations": annotations},
-        "spec": {"template": {"spec": {"image": machine_image(), "cpus": cpus, "memory": "4Gi", "diskSize": "20Gi"}}},
+        "spec": {"template": {"spec": {"image": {"imageRef": machine_image(), "diskSize": "20Gi"}, "resources": {"cpu": cpus, "memory": "4Gi"}}}},
     }))
 }
 
@@ -67,7 +67,7 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
     let mut cpus = 2;
     let message = wait_for("the spec update to be denied", Duration::from_secs(30), || {
         cpus += 1;
-        let patch = json!({"spec": {"template": {"spec": {"cpus": cpus}}}});
+        let patch = json!({"spec": {"template": {"spec": {"resources": {"cpu": cpus}}}}});
         let kmts = kmts.clone();
         async move {
             let r = kmts
@@ -82,7 +82,7 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
         message.contains("KaironMachineTemplate workers: spec.template.spec is immutable"),
         "{message}"
     );
-    let current = kmts.get("workers").await.unwrap().data["spec"]["template"]["spec"]["cpus"].clone();
+    let current = kmts.get("workers").await.unwrap().data["spec"]["template"]["spec"]["resources"]["cpu"].clone();
 
     // Metadata (CAPI syncs labels/annotations onto templates) and status (the manager
     // writes capacity) stay writable.
@@ -108,9 +108,9 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
         .patch("workers", &topology.clone().dry_run(), &Patch::Apply(&changed))
         .await
         .expect("an SSA dry run with the topology annotation is accepted");
-    assert_eq!(dry.data["spec"]["template"]["spec"]["cpus"], 16);
+    assert_eq!(dry.data["spec"]["template"]["spec"]["resources"]["cpu"], 16);
     assert_eq!(
-        kmts.get("workers").await.unwrap().data["spec"]["template"]["spec"]["cpus"],
+        kmts.get("workers").await.unwrap().data["spec"]["template"]["spec"]["resources"]["cpu"],
         current,
         "a dry run changes nothing"
     );
@@ -150,14 +150,14 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
             "kind": "KaironMachinePoolTemplate",
             "metadata": {"name": "pool", "namespace": NS, "annotations": annotations},
             "spec": {"template": {"spec": {"template":
-                {"image": machine_image(), "cpus": cpus, "memory": "4Gi", "diskSize": "20Gi"}}}},
+                {"image": {"imageRef": machine_image(), "diskSize": "20Gi"}, "resources": {"cpu": cpus, "memory": "4Gi"}}}}},
         }))
     };
     kmpts
         .create(&PostParams::default(), &pool_template(2, json!({})))
         .await
         .unwrap();
-    let patch = json!({"spec": {"template": {"spec": {"template": {"cpus": 4}}}}});
+    let patch = json!({"spec": {"template": {"spec": {"template": {"resources": {"cpu": 4}}}}}});
     let message = denied(
         kmpts
             .patch("pool", &PatchParams::default(), &Patch::Merge(&patch))
@@ -171,9 +171,12 @@ async fn template_specs_are_immutable_except_for_topology_dry_runs() {
         .patch("pool", &dry, &Patch::Apply(&annotated))
         .await
         .expect("the topology's dry run passes");
-    assert_eq!(dried.data["spec"]["template"]["spec"]["template"]["cpus"], 4);
     assert_eq!(
-        kmpts.get("pool").await.unwrap().data["spec"]["template"]["spec"]["template"]["cpus"],
+        dried.data["spec"]["template"]["spec"]["template"]["resources"]["cpu"],
+        4
+    );
+    assert_eq!(
+        kmpts.get("pool").await.unwrap().data["spec"]["template"]["spec"]["template"]["resources"]["cpu"],
         2,
         "a dry run changes nothing"
     );

@@ -326,7 +326,7 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
         Some(PROVIDER_ID)
     );
     let kmp = by_kind("KaironMachinePool").next().expect("a KaironMachinePool");
-    assert!(kmp["spec"]["template"]["image"].is_string());
+    assert!(kmp["spec"]["template"]["image"]["imageRef"].is_string());
     let objs = docs(&repo.generate_cluster("c1", "ns1", "identity"));
     let kc = objs.iter().find(|o| o["kind"] == "KaironCluster").unwrap();
     assert_eq!(
@@ -370,14 +370,14 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
         .collect();
     for path in [
         "/spec/template/spec/controlPlaneEndpoint",
-        "/spec/template/spec/image",
-        "/spec/template/spec/cpus",
-        "/spec/template/spec/memory",
-        "/spec/template/spec/diskSize",
-        "/spec/template/spec/template/image",
-        "/spec/template/spec/template/cpus",
-        "/spec/template/spec/template/memory",
-        "/spec/template/spec/template/diskSize",
+        "/spec/template/spec/image/imageRef",
+        "/spec/template/spec/resources/cpu",
+        "/spec/template/spec/resources/memory",
+        "/spec/template/spec/image/diskSize",
+        "/spec/template/spec/template/image/imageRef",
+        "/spec/template/spec/template/resources/cpu",
+        "/spec/template/spec/template/resources/memory",
+        "/spec/template/spec/template/image/diskSize",
         "/spec/template/spec/template/evictionStrategy",
     ] {
         assert!(patched.contains(path), "ClusterClass patches {path}: {patched:?}");
@@ -415,7 +415,7 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
     let infra = &pool_class["infrastructure"]["templateRef"];
     assert_eq!(infra["kind"], "KaironMachinePoolTemplate");
     let kmpt = template("KaironMachinePoolTemplate", &infra["name"]);
-    assert!(kmpt["spec"]["template"]["spec"]["template"]["image"].is_string());
+    assert!(kmpt["spec"]["template"]["spec"]["template"]["image"]["imageRef"].is_string());
     let bootstrap = &pool_class["bootstrap"]["templateRef"];
     assert_eq!(bootstrap["kind"], "KubeadmConfigTemplate");
     let kct = template("KubeadmConfigTemplate", &bootstrap["name"]);

@@ -149,7 +149,7 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
         "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachine",
         "metadata": {"name": "oddling", "namespace": odd_ns, "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2",
             "kind": "Machine", "name": "oddling", "uid": machine.uid().unwrap()}]},
-        "spec": {"cpus": 1, "memory": "1Gi", "image": "img", "diskSize": "10Gi"}
+        "spec": {"image": {"imageRef": "img", "diskSize": "10Gi"}, "resources": {"cpu": 1, "memory": "1Gi"}}
     }))
     .unwrap();
     let km = kms.create(&PostParams::default(), &km).await.unwrap();

@@ -361,10 +361,8 @@ async fn a_worker_without_bootstrap_data_waits_for_it_once_the_control_plane_is_
     let mut km = KaironMachine::new(
         "late",
         KaironMachineSpec {
-            cpus: 1,
-            memory: k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
-            image: "img".into(),
-            disk_size: k8s_openapi::apimachinery::pkg::api::resource::Quantity("10Gi".into()),
+            image: capkr::api::MachineImage::from_image_ref("img", Some("10Gi")),
+            resources: Some(capkr::api::MachineResources::new(1, "1Gi")),
             ..Default::default()
         },
     );

@@ -238,7 +238,7 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
         .patch(
             &pool,
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": {"image": NEW_IMAGE}}})),
+            &Patch::Merge(json!({"spec": {"template": {"image": {"imageRef": NEW_IMAGE}}}})),
         )
         .await
         .unwrap();

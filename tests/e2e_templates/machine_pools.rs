@@ -93,7 +93,7 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
             let st = &kmp.data["status"];
             if int(&st["replicas"]) != n
                 || int(&st["readyReplicas"]) != n
-                || kmp.data["spec"]["template"]["image"] != image.as_str()
+                || kmp.data["spec"]["template"]["image"]["imageRef"] != image.as_str()
             {
                 return Err(format!("KaironMachinePool {} {st}", kmp.data["spec"]));
             }
@@ -123,9 +123,9 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
     let template = &kmp.data["spec"]["template"];
     assert_eq!(
         (
-            template["cpus"].clone(),
-            template["memory"].clone(),
-            template["diskSize"].clone()
+            template["resources"]["cpu"].clone(),
+            template["resources"]["memory"].clone(),
+            template["image"]["diskSize"].clone()
         ),
         (json!(2), json!("4Gi"), json!("20Gi")),
         "the workerMachine variable's defaults: {template}"
@@ -174,7 +174,11 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
         let vm = vms.iter().find(|v| v.name_any() == km_name).expect("its VM");
         let id = format!("kairon://{}", vm.metadata.uid.clone().unwrap_or_default());
         assert_eq!(km.data["spec"]["providerID"], id.as_str(), "{km_name} names its VM");
-        assert_eq!(km.data["spec"]["image"], image.as_str(), "{km_name} boots {image}");
+        assert_eq!(
+            km.data["spec"]["image"]["imageRef"],
+            image.as_str(),
+            "{km_name} boots {image}"
+        );
         assert_eq!(km.finalizers(), [MACHINE_FINALIZER.to_string()], "{km_name}");
         let machine = machines
             .iter()

@@ -29,7 +29,12 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
         .to_string();
     let to = next_patch_version(&from);
     let (old_image, new_image) = (machine_image_for(&from), machine_image_for(&to));
-    let image_of = |km: &kube::api::DynamicObject| km.data["spec"]["image"].as_str().unwrap_or_default().to_string();
+    let image_of = |km: &kube::api::DynamicObject| {
+        km.data["spec"]["image"]["imageRef"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
     let before: BTreeMap<String, String> = rig
         .list(&kaironmachines())
         .await
@@ -92,7 +97,7 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
                 .items;
             let stale: Vec<String> = templates
                 .iter()
-                .filter(|t| t.data["spec"]["template"]["spec"]["image"] != new_image.as_str())
+                .filter(|t| t.data["spec"]["template"]["spec"]["image"]["imageRef"] != new_image.as_str())
                 .map(name)
                 .collect();
             if templates.is_empty() || !stale.is_empty() {

@@ -102,15 +102,12 @@ pub fn provisioned_cluster(ns: &str, paused: bool) -> capkr::capi::Cluster {
 /// `machine-uid`), no VM yet.
 pub fn kaironmachine(ns: &str) -> capkr::api::KaironMachine {
     use capkr::api::{KaironMachine, KaironMachineSpec};
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     let mut km = KaironMachine::new(
         "m1",
         KaironMachineSpec {
-            cpus: 2,
-            memory: Quantity("4Gi".into()),
-            image: "ubuntu-2404-kube-v1.36.3".into(),
-            disk_size: Quantity("20Gi".into()),
+            image: capkr::api::MachineImage::from_image_ref("ubuntu-2404-kube-v1.36.3", Some("20Gi")),
+            resources: Some(capkr::api::MachineResources::new(2, "4Gi")),
             ..Default::default()
         },
     );

@@ -675,7 +675,7 @@ impl GuestRig {
             .await
             .unwrap_or_else(|e| panic!("KaironMachineTemplate {from}: {e}"));
         let mut spec = old.data["spec"].clone();
-        spec["template"]["spec"]["image"] = Value::String(image.to_string());
+        spec["template"]["spec"]["image"]["imageRef"] = Value::String(image.to_string());
         let mut new = DynamicObject::new(to, &r).within(&self.ns);
         new.data = serde_json::json!({ "spec": spec });
         api.create(&Default::default(), &new)

@@ -70,18 +70,15 @@ pub fn stands_for(km: &KaironMachine, vm: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{KaironMachinePoolSpec, KaironMachineSpec};
-    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use crate::api::{KaironMachinePoolSpec, KaironMachineSpec, MachineImage, MachineResources};
 
     fn pool() -> KaironMachinePool {
         let mut p = KaironMachinePool::new(
             "demo-mp-0",
             KaironMachinePoolSpec {
                 template: KaironMachineSpec {
-                    cpus: 2,
-                    memory: Quantity("4Gi".into()),
-                    image: "img".into(),
-                    disk_size: Quantity("20Gi".into()),
+                    resources: Some(MachineResources::new(2, "4Gi")),
+                    image: MachineImage::from_image_ref("img", Some("20Gi")),
                     ..Default::default()
                 },
                 ..Default::default()
@@ -110,7 +107,7 @@ mod tests {
         assert_eq!(l.get(POOL_NAME_LABEL).map(String::as_str), Some("demo-mp-0"));
         assert_eq!(l.get(KAIRONMACHINEPOOL_NAME).map(String::as_str), Some("demo-mp-0"));
         assert_eq!(km.spec.provider_id.as_deref(), Some("kairon://vm-uid"));
-        assert_eq!(km.spec.image, "img");
+        assert_eq!(km.spec.image.image_ref.as_deref(), Some("img"));
         let owners = km.metadata.owner_references.as_ref().expect("owner");
         assert_eq!(owners.len(), 1);
         assert_eq!(owners[0].kind, "KaironMachinePool");

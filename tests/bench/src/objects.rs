@@ -169,10 +169,8 @@ async fn create_machine(client: &Client, ns: &str, i: usize) -> Result<(String, 
         "kind": "KaironMachine",
         "metadata": {"name": name, "namespace": ns, "labels": labels, "ownerReferences": [owner]},
         "spec": {
-            "cpus": 2,
-            "memory": "4Gi",
-            "image": format!("ubuntu-2404-kube-{VERSION}"),
-            "diskSize": "20Gi",
+            "image": {"imageRef": format!("ubuntu-2404-kube-{VERSION}"), "diskSize": "20Gi"},
+            "resources": {"cpu": 2, "memory": "4Gi"},
         },
     }))?;
     kms.create(&PostParams::default(), &km)

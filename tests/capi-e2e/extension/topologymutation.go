@@ -70,7 +70,7 @@ func patchKaironMachineTemplate(u *unstructured.Unstructured, variables map[stri
 	if err != nil {
 		return err
 	}
-	return unstructured.SetNestedField(u.Object, image, "spec", "template", "spec", "image")
+	return unstructured.SetNestedField(u.Object, image, "spec", "template", "spec", "image", "imageRef")
 }
 
 // patchKubeadmControlPlaneTemplate sets what the in-place update spec chooses for the control

@@ -73,7 +73,7 @@ def create(a):
             "kind": "Machine",
             "metadata": {"name": f"{a.prefix}{i:04d}", "namespace": a.namespace,
                          "labels": {"cluster.x-k8s.io/cluster-name": a.cluster, "sim-load": a.prefix.strip("-")}},
-            "spec": {"cpus": 2, "memory": "4Gi", "image": "ubuntu-2404-kube-v1.36.1", "diskSize": "40Gi",
+            "spec": {"image": {"imageRef": "ubuntu-2404-kube-v1.36.1", "diskSize": "40Gi"}, "resources": {"cpu": 2, "memory": "4Gi"},
                      "cloudInit": {"userData": USER_DATA}},
         }
         for i in range(a.count)

@@ -29,7 +29,7 @@ use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
 use crate::machineset_writes::SetWriter;
-use crate::placement::{node_selector, preferred_anti_affinity};
+use crate::placement::{FORBIDDEN, node_selector, preferred_anti_affinity, required_anti_affinity};
 use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::site_writes::SiteWriter;
@@ -408,9 +408,14 @@ impl Engine {
             Step::Place => {
                 let machines = &self.machines;
                 let placement = &self.allocations.placement;
-                let avoid = placement.anti_affinity(key, preferred_anti_affinity(&m.spec), |k| {
-                    machines.get(k).map(|m| m.labels())
-                });
+                let labels_of = |k: &Key| machines.get(k).map(|m| m.labels());
+                let mut avoid = placement.anti_affinity(key, preferred_anti_affinity(&m.spec), labels_of);
+                for host in placement
+                    .anti_affinity(key, &required_anti_affinity(&m.spec), labels_of)
+                    .into_keys()
+                {
+                    avoid.insert(host, FORBIDDEN);
+                }
                 let status = match placement.choose(node_selector(&m.spec), &avoid) {
                     Ok(host) => {
                         tracing::info!(machine = %key, host = %host, "{from} -> Provisioning");

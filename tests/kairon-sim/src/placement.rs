@@ -1,14 +1,14 @@
 //! Kairon hosts and which VM runs on which: placement of new VMs and of live-migration
 //! targets against `spec.placement.nodeSelector`, host capacity and cordoned hosts (a Host
 //! object's `spec.unschedulable`, or a host in maintenance), and new VMs spread by
-//! `spec.placement.preferredAntiAffinity`. Pure bookkeeping; the engine keeps it in
+//! `spec.placement.preferredAntiAffinity` (and kept apart by the hard `antiAffinity`). Pure bookkeeping; the engine keeps it in
 //! line with the Machines' and MachineMigrations' statuses and the Host objects, so it is
 //! rebuilt from the objects after a restart.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use capkr::kairon::maintenance::host_matches;
-use capkr::kairon::{MachineSpec, WeightedTerm};
+use capkr::kairon::{MachineSpec, Term, WeightedTerm};
 
 use crate::sim::Key;
 
@@ -31,6 +31,26 @@ pub fn preferred_anti_affinity(spec: &MachineSpec) -> &[WeightedTerm] {
         .and_then(|p| p.preferred_anti_affinity.as_deref())
         .unwrap_or_default()
 }
+
+/// `spec.placement.antiAffinity`: hard terms, as weighted ones of [`FORBIDDEN`] weight.
+pub fn required_anti_affinity(spec: &MachineSpec) -> Vec<WeightedTerm> {
+    let terms: &[Term] = spec
+        .placement
+        .as_ref()
+        .and_then(|p| p.anti_affinity.as_deref())
+        .unwrap_or_default();
+    terms
+        .iter()
+        .map(|t| WeightedTerm {
+            weight: 1,
+            label_selector: t.label_selector.clone(),
+            topology_key: t.topology_key.clone(),
+        })
+        .collect()
+}
+
+/// What a host broken by a hard anti-affinity term weighs in `avoid`: never chosen.
+pub const FORBIDDEN: i64 = i64::MAX / 4;
 
 /// The topology key whose value is a host's name when its labels do not give one.
 pub const HOSTNAME_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
@@ -183,8 +203,19 @@ impl Placement {
                 matching.len()
             )));
         }
+        let allowed: Vec<&Host> = candidates
+            .iter()
+            .filter(|h| avoid.get(&h.name).copied().unwrap_or(0) < FORBIDDEN)
+            .copied()
+            .collect();
+        if allowed.is_empty() {
+            return Err(Unschedulable(format!(
+                "every host matching nodeSelector {} breaks the Machine's antiAffinity",
+                describe_selector(selector)
+            )));
+        }
         let loads = self.loads();
-        candidates
+        allowed
             .iter()
             .filter(|h| self.has_room(&loads, &h.name))
             .min_by_key(|h| {

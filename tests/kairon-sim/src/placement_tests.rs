@@ -1,5 +1,5 @@
 //! Table tests of [`super`]: selectors, capacity, cordoned hosts, migration targets and
-//! soft anti-affinity.
+//! soft and hard anti-affinity.
 
 use super::*;
 
@@ -303,7 +303,55 @@ fn the_spec_names_selector_and_terms_under_placement() {
     spec.placement = Some(capkr::kairon::Placement {
         node_selector: Some(selector(&[(ZONE, "zone-a")])),
         preferred_anti_affinity: Some(vec![term(1, &[], HOSTNAME_TOPOLOGY_KEY)]),
+        anti_affinity: Some(vec![capkr::kairon::Term {
+            label_selector: selector(&[("cluster", "demo")]),
+            topology_key: HOSTNAME_TOPOLOGY_KEY.into(),
+        }]),
     });
     assert_eq!(node_selector(&spec), Some(&selector(&[(ZONE, "zone-a")])));
     assert_eq!(preferred_anti_affinity(&spec).len(), 1);
+    assert_eq!(
+        required_anti_affinity(&spec),
+        [term(1, &[("cluster", "demo")], HOSTNAME_TOPOLOGY_KEY)]
+    );
+}
+
+#[test]
+fn hard_anti_affinity_never_shares_a_host_and_says_so_when_none_is_left() {
+    const CP: &str = "cluster.x-k8s.io/control-plane";
+    let mut placement = three_hosts(0);
+    placement.assign(&key("cp-0"), "h1");
+    let labels: HashMap<Key, BTreeMap<String, String>> = [
+        (key("cp-0"), selector(&[(CP, "")])),
+        (key("cp-1"), selector(&[(CP, "")])),
+    ]
+    .into();
+    let labels_of = |k: &Key| labels.get(k);
+    let hard = [term(1, &[(CP, "")], HOSTNAME_TOPOLOGY_KEY)];
+    let forbidden = |p: &Placement| -> HashMap<String, i64> {
+        p.anti_affinity(&key("cp-1"), &hard, labels_of)
+            .into_keys()
+            .map(|h| (h, FORBIDDEN))
+            .collect()
+    };
+
+    // Unlike a soft term, a hard one is never given in to: with only h1 in zone-a, nothing.
+    let zone_a = selector(&[(ZONE, "zone-a")]);
+    let err = placement.choose(Some(&zone_a), &forbidden(&placement)).unwrap_err();
+    assert!(err.0.contains("antiAffinity"), "{}", err.0);
+    assert_eq!(placement.choose(None, &forbidden(&placement)), Ok("h2".to_string()));
+
+    // Every host taken by a control plane: cp-1 stays unplaced.
+    placement.assign(&key("cp-2"), "h2");
+    placement.assign(&key("cp-3"), "h3");
+    let labels: HashMap<Key, BTreeMap<String, String>> = ["cp-0", "cp-1", "cp-2", "cp-3"]
+        .into_iter()
+        .map(|n| (key(n), selector(&[(CP, "")])))
+        .collect();
+    let avoid: HashMap<String, i64> = placement
+        .anti_affinity(&key("cp-1"), &hard, |k: &Key| labels.get(k))
+        .into_keys()
+        .map(|h| (h, FORBIDDEN))
+        .collect();
+    assert!(placement.choose(None, &avoid).is_err());
 }

@@ -88,7 +88,7 @@ impl Infrastructure {
       topology.kairon.zyvor.dev/zone: zone-b"#
             ),
             machine_spec: format!(
-                "  cpus: 2\n  memory: 4Gi\n  image: {}\n  diskSize: 20Gi",
+                "  image:\n    imageRef: {}\n    diskSize: 20Gi\n  resources:\n    cpu: 2\n    memory: 4Gi",
                 machine_image()
             ),
             provider_id: true,

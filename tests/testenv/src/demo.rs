@@ -427,8 +427,8 @@ mod tests {
         );
         let join = &docs[5]["spec"]["template"]["spec"]["joinConfiguration"]["nodeRegistration"];
         assert_eq!(join["kubeletExtraArgs"][0]["name"], "provider-id");
-        assert_eq!(docs[3]["spec"]["memory"], "4Gi");
-        assert_eq!(docs[6]["spec"]["template"]["spec"]["diskSize"], "20Gi");
+        assert_eq!(docs[3]["spec"]["resources"]["memory"], "4Gi");
+        assert_eq!(docs[6]["spec"]["template"]["spec"]["image"]["diskSize"], "20Gi");
         assert_eq!(docs[1]["spec"]["controlPlaneEndpoint"]["port"], 6443);
         assert_eq!(docs[7]["spec"]["replicas"], 2);
     }

@@ -200,10 +200,12 @@ metadata:
 spec:
   template:
     spec:
-      cpus: 1
-      memory: 1Gi
-      image: img
-      diskSize: 10Gi
+      image:
+        imageRef: img
+        diskSize: 10Gi
+      resources:
+        cpu: 1
+        memory: 1Gi
 "#,
         owner.uid().unwrap()
     );
