@@ -38,7 +38,10 @@ fn at(s: i64) -> Time {
 }
 
 fn template() -> capkr::api::KaironMachineSpec {
-    serde_json::from_value(json!({"image": {"imageRef": "img", "diskSize": "20Gi"}, "resources": {"cpu": 2, "memory": "4Gi"}})).unwrap()
+    serde_json::from_value(
+        json!({"image": {"imageRef": "img", "diskSize": "20Gi"}, "resources": {"cpu": 2, "memory": "4Gi"}}),
+    )
+    .unwrap()
 }
 
 fn machine_pool(replicas: i32) -> MachinePool {
