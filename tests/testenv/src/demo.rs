@@ -151,10 +151,10 @@ pub async fn machine_rows(env: &Env, namespace: &str, cluster: &str) -> Result<V
 
 pub fn render_table(rows: &[MachineRow]) -> String {
     let header = ["MACHINE", "ROLE", "PHASE", "INFRA READY", "PROVIDER ID", "NODE"];
-    let cells: Vec<[String; 6]> = rows
+    let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            [
+            vec![
                 r.name.clone(),
                 r.role.to_string(),
                 r.phase.clone(),
@@ -168,8 +168,13 @@ pub fn render_table(rows: &[MachineRow]) -> String {
             ]
         })
         .collect();
-    let mut widths = header.map(str::len);
-    for c in &cells {
+    columns(&header, &cells)
+}
+
+/// Left-aligned columns two spaces apart, as kubectl prints them.
+fn columns(header: &[&str], cells: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for c in cells {
         for (i, v) in c.iter().enumerate() {
             widths[i] = widths[i].max(v.len());
         }
@@ -183,11 +188,102 @@ pub fn render_table(rows: &[MachineRow]) -> String {
             .trim_end()
             .to_string()
     };
-    let mut out = vec![line(&header)];
-    for c in &cells {
+    let mut out = vec![line(header)];
+    for c in cells {
         out.push(line(&c.iter().map(String::as_str).collect::<Vec<_>>()));
     }
     out.join("\n")
+}
+
+/// The Kairon Machines of `namespace` as Kairon shows them (its printer columns, with the
+/// image), and the spec the provider wrote on the first control plane's: image, resources,
+/// placement and network as they are, `cloudInit` only counted (it holds the cluster's
+/// secrets).
+pub async fn kairon_machines_summary(env: &Env, namespace: &str) -> Result<String> {
+    let client = env.client();
+    let (ar, _) = resolve_kind(&client, "kairon.zyvor.dev/v1alpha1", "Machine").await?;
+    let mut vms = Api::<DynamicObject>::namespaced_with(client, namespace, &ar)
+        .list(&ListParams::default())
+        .await?
+        .items;
+    vms.sort_by_key(|vm| vm.metadata.name.clone());
+    let text = |v: &Value| v.as_str().map(str::to_string).unwrap_or_else(|| "-".into());
+    let cells: Vec<Vec<String>> = vms
+        .iter()
+        .map(|vm| {
+            let (spec, status) = (&vm.data["spec"], &vm.data["status"]);
+            vec![
+                vm.metadata.name.clone().unwrap_or_default(),
+                text(&status["nodeName"]),
+                text(&status["phase"]),
+                text(&spec["resources"]["cpu"]),
+                text(&spec["resources"]["memory"]),
+                text(&spec["image"]["imageRef"]),
+                text(&status["guestIP"]),
+            ]
+        })
+        .collect();
+    let mut out = columns(&["NAME", "NODE", "PHASE", "CPU", "MEMORY", "IMAGE", "IP"], &cells);
+    let control_plane = vms.iter().find(|vm| {
+        vm.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key("cluster.x-k8s.io/control-plane"))
+    });
+    if let Some(vm) = control_plane {
+        let spec = &vm.data["spec"];
+        let mut shown = serde_json::Map::new();
+        for key in [
+            "image",
+            "resources",
+            "instanceTypeName",
+            "network",
+            "placement",
+            "nodeName",
+        ] {
+            if !spec[key].is_null() {
+                shown.insert(key.to_string(), spec[key].clone());
+            }
+        }
+        let ci = &spec["cloudInit"];
+        let count = |k: &str| ci[k].as_array().map_or(0, Vec::len);
+        shown.insert(
+            "cloudInit".into(),
+            serde_json::json!(format!(
+                "hostname {}, {} writeFiles, {} runCmd (not shown: the cluster's secrets)",
+                text(&ci["hostname"]),
+                count("writeFiles"),
+                count("runCmd")
+            )),
+        );
+        out.push_str(&format!(
+            "\n\nspec of Kairon Machine {}:\n{}",
+            vm.metadata.name.clone().unwrap_or_default(),
+            serde_yaml_like(&Value::Object(shown), 1)
+        ));
+    }
+    Ok(out)
+}
+
+/// A JSON value as indented YAML-like text (maps and lists; scalars as JSON).
+fn serde_yaml_like(v: &Value, depth: usize) -> String {
+    let pad = "  ".repeat(depth);
+    match v {
+        Value::Object(m) => m
+            .iter()
+            .map(|(k, v)| match v {
+                Value::Object(_) | Value::Array(_) => format!("{pad}{k}:\n{}", serde_yaml_like(v, depth + 1)),
+                scalar => format!("{pad}{k}: {scalar}"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Value::Array(items) => items
+            .iter()
+            .map(|i| format!("{pad}- {}", serde_yaml_like(i, depth + 1).trim_start()))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        scalar => format!("{pad}{scalar}"),
+    }
 }
 
 /// Redraws the table in place on a terminal; prints it on change otherwise.
@@ -338,6 +434,10 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
         time_to_ready.as_secs_f64(),
         env_startup.as_secs_f64()
     ));
+    match kairon_machines_summary(env, NAMESPACE).await {
+        Ok(summary) => say(&format!("\nThe Kairon Machines, as Kairon shows them:\n{summary}")),
+        Err(e) => say(&format!("\n(listing the Kairon Machines failed: {e:#})")),
+    }
     if opts.exit_when_ready {
         return Ok(report);
     }
@@ -401,6 +501,20 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kairon_machine_spec_prints_as_yaml() {
+        let spec = serde_json::json!({
+            "image": {"imageRef": "ubuntu", "diskSize": "20Gi"},
+            "placement": {"preferredAntiAffinity": [{"weight": 100, "topologyKey": "kubernetes.io/hostname"}]}
+        });
+        assert_eq!(
+            serde_yaml_like(&spec, 1),
+            "  image:\n    diskSize: \"20Gi\"\n    imageRef: \"ubuntu\"\n  placement:\n    preferredAntiAffinity:\n      - topologyKey: \"kubernetes.io/hostname\"\n        weight: 100"
+        );
+        let table = columns(&["NAME", "IP"], &[vec!["vm-1".into(), "-".into()]]);
+        assert_eq!(table, "NAME  IP\nvm-1  -");
+    }
 
     #[test]
     fn sample_cluster_manifests_parse_into_eight_objects() {
