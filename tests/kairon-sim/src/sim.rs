@@ -11,8 +11,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-/// kairon-controller's finalizer: the VM is torn down before the Machine goes away.
-pub const FINALIZER: &str = "kairon.zyvor.dev/vm-cleanup";
+/// kairon-node's finalizer (`internal/agent/agent.go`): the VM is torn down before the
+/// Machine goes away.
+pub const FINALIZER: &str = "kairon.zyvor.dev/runtime-cleanup";
 /// Forces the Machine to `Failed` with the annotation's value as `reason`.
 pub const FAIL_ANNOTATION: &str = "sim.kairon.zyvor.dev/fail";
 /// `"false"` makes the guest's Node NotReady; absent or `"true"` keeps it Ready.
@@ -107,7 +108,7 @@ pub fn clock_of(m: &Machine) -> Option<Clock> {
 pub enum Step {
     /// Nothing until the object changes or its timer runs out.
     Wait,
-    /// Add the `vm-cleanup` finalizer (before anything else, so no VM can leak).
+    /// Add the `runtime-cleanup` finalizer (before anything else, so no VM can leak).
     AddFinalizer,
     /// Accept the Machine: `Pending`.
     Accept,
