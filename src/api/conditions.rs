@@ -67,6 +67,9 @@ pub mod reason {
     // KaironMachine: the instance
     pub const INSTANCE_PENDING: &str = "InstancePending";
     pub const INSTANCE_PROVISIONING: &str = "InstanceProvisioning";
+    /// Kairon could not place the VM yet (its `Scheduled=False`: no node fits, a quota, CPU
+    /// pinning); Kairon keeps trying, and its reason and message say why.
+    pub const INSTANCE_NOT_SCHEDULED: &str = "InstanceNotScheduled";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
     pub const INSTANCE_FAILED: &str = "InstanceFailed";
     /// Kairon reports phase Error (a reconcile of the VM failed; Kairon retries it): not

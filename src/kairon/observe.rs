@@ -144,6 +144,16 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         // `status_phase`).
         // Kairon's Starting, and Blocked (an incoming migration not yet arrived), are steps of
         // the same bringing-up.
+        // Kairon says why it cannot place a Pending Machine (a False it leaves behind on a
+        // Machine scheduled later is not read once the phase moves on).
+        phase::PENDING if not_scheduled(vm).is_some() => (
+            Status::False,
+            reason::INSTANCE_NOT_SCHEDULED,
+            format!(
+                "Kairon Machine {name} is not scheduled yet: {}",
+                not_scheduled(vm).unwrap_or_default()
+            ),
+        ),
         phase::PENDING | phase::PROVISIONING | phase::STARTING | phase::BLOCKED => (
             Status::False,
             reason::INSTANCE_PROVISIONING,
@@ -210,6 +220,25 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         ),
     };
     Decided::new(INSTANCE_PROVISIONED, status, r, message)
+}
+
+/// Kairon's `Scheduled=False` as `reason: message` (bounded and cleaned as read), if any.
+fn not_scheduled(vm: &Machine) -> Option<String> {
+    let c = vm
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == super::KAIRON_SCHEDULED && c.status == "False")?;
+    let reason = bounded(&c.reason, MAX_KAIRON_REASON);
+    let message = bounded(&c.message, MAX_KAIRON_MESSAGE);
+    Some(match (reason.trim().is_empty(), message.trim().is_empty()) {
+        (false, false) => format!("{reason}: {message}"),
+        (false, true) => reason,
+        (true, false) => message,
+        (true, true) => "Kairon reports Scheduled=False".into(),
+    })
 }
 
 /// Kairon's `status.message`, bounded and cleaned, when it says anything.

@@ -200,3 +200,91 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
     assert!(!log.contains("panicked"), "no panic");
     assert!(rig.manager.is_running());
 }
+
+/// A VM no Kairon node fits is not a failure: Kairon leaves it `Pending` with
+/// `Scheduled=False` and keeps trying (the simulator plays that), and the KaironMachine says so
+/// with Kairon's reason and message, waiting, never terminally failed (the old simulator failed
+/// such a VM, and the KaironMachine reported `InstanceFailed`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vm_no_kairon_node_fits_waits_and_says_why() {
+    use capkr::api::MachinePlacement;
+    use k8s_openapi::api::core::v1::Secret;
+
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("kairon_unschedulable")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    let name = "nowhere";
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(format!("{name}-bootstrap"));
+    secret.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
+    secret.string_data = Some([("value".to_string(), "#cloud-config\nruncmd:\n- echo up\n".to_string())].into());
+    Api::<Secret>::namespaced(rig.env.client(), &rig.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let km = KaironMachine::new(
+        name,
+        capkr::api::KaironMachineSpec {
+            placement: Some(MachinePlacement {
+                node_selector: Some([("topology.kairon.zyvor.dev/zone".to_string(), "zone-z".to_string())].into()),
+                ..Default::default()
+            }),
+            ..crate::common::km_spec()
+        },
+    );
+    rig.kms().create(&PostParams::default(), &km).await.unwrap();
+    let machine: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": name, "namespace": rig.ns, "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster}},
+        "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
+                 "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": name}}
+    }))
+    .unwrap();
+    rig.machines().create(&PostParams::default(), &machine).await.unwrap();
+
+    let message = rig
+        .wait("the KaironMachine says Kairon cannot place its VM", UP, || async {
+            let km = rig.kms().get(name).await?;
+            let c = conditions::get(
+                km.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_deref())
+                    .unwrap_or_default(),
+                INSTANCE_PROVISIONED,
+            )
+            .filter(|c| c.reason == reason::INSTANCE_NOT_SCHEDULED)
+            .map(|c| c.message.clone());
+            Ok::<_, kube::Error>(c)
+        })
+        .await;
+    assert!(message.contains("Unschedulable"), "Kairon's reason: {message}");
+    assert!(message.contains("zone-z"), "Kairon's message: {message}");
+    // Kairon tries again, the VM stays Pending and the KaironMachine waits: nothing terminal.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let vm = rig.vms().get(name).await.unwrap();
+    assert_eq!(vm.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
+    let km = rig.kms().get(name).await.unwrap();
+    assert_eq!(
+        km.status.as_ref().and_then(|s| s.failure_reason()),
+        None,
+        "not a failure"
+    );
+    let still = conditions::get(
+        km.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default(),
+        INSTANCE_PROVISIONED,
+    )
+    .map(|c| c.reason.clone());
+    assert_eq!(still.as_deref(), Some(reason::INSTANCE_NOT_SCHEDULED));
+    let m = rig.machines().get(name).await.unwrap();
+    assert_ne!(
+        m.data["status"]["phase"], "Failed",
+        "CAPI's Machine is not failed either"
+    );
+}

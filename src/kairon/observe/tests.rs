@@ -233,3 +233,54 @@ fn instance_ref_and_failure_domain() {
     assert_eq!(r.host.as_deref(), Some("kairon-node-7"));
     assert_eq!(failure_domain(&m).as_deref(), Some("zone-a"));
 }
+
+/// Kairon's `Scheduled=False` on a Pending Machine says why it waits; it is read through the
+/// same lenient reader as every Kairon Machine, bounded, and ignored once the Machine moved on
+/// (Kairon only ever writes it False, so one can stay behind).
+#[test]
+fn kairons_scheduled_false_explains_a_pending_machine() {
+    let read = |phase: &str, conditions: serde_json::Value| {
+        crate::kairon::machine_from_value(serde_json::json!({
+            "metadata": {"name": "m1", "namespace": "ns"},
+            "spec": {},
+            "status": {"phase": phase, "conditions": conditions},
+        }))
+    };
+    let quota = serde_json::json!([
+        {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-04T10:00:00Z"},
+        {"type": "Scheduled", "status": "False", "reason": "QuotaBlocked",
+         "message": "MachineQuota team-a: cpu 16 of 16 used", "lastTransitionTime": "2026-12-04T10:00:00Z"},
+    ]);
+    let pending = read("Pending", quota.clone());
+    assert_ne!(effective_phase(&pending), phase::UNREADABLE, "conditions never make a Machine unreadable");
+    let kept = pending.status.as_ref().and_then(|s| s.conditions.as_ref()).expect("kept");
+    assert_eq!(kept.len(), 1, "only Scheduled=False is kept: {kept:?}");
+    let d = instance_condition(&pending);
+    assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_NOT_SCHEDULED));
+    assert!(
+        d.message.ends_with("not scheduled yet: QuotaBlocked: MachineQuota team-a: cpu 16 of 16 used"),
+        "{}",
+        d.message
+    );
+    assert_eq!(status_phase(&pending), phase::PROVISIONING, "recorded as any step of coming up");
+
+    // A False left behind once Kairon placed and started the Machine says nothing any more.
+    let d = instance_condition(&read("Starting", quota));
+    assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
+
+    // Without reason or message, without a readable time, hostile: read all the same, bounded.
+    let bare = read("Pending", serde_json::json!([{"type": "Scheduled", "status": "False", "lastTransitionTime": "soon"}]));
+    assert!(instance_condition(&bare).message.ends_with("Kairon reports Scheduled=False"));
+    let flood = "x\u{1b}[2J".repeat(10_000);
+    let hostile = read(
+        "Pending",
+        serde_json::json!([{"type": "Scheduled", "status": "False", "reason": flood, "message": flood}]),
+    );
+    let d = instance_condition(&hostile);
+    assert!(d.message.len() < 1024, "{} bytes", d.message.len());
+    assert!(!d.message.contains('\u{1b}'));
+
+    // Scheduled=True (not Kairon's, but a tenant's API may say it) or none: as before.
+    let d = instance_condition(&read("Pending", serde_json::json!([{"type": "Scheduled", "status": "True"}])));
+    assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
+}

@@ -424,8 +424,14 @@ impl Engine {
                         sim::provisioning_status(&m, &host, labels, sim::new_runtime_id(), now)
                     }
                     Err(unschedulable) => {
-                        tracing::info!(machine = %key, why = %unschedulable.0, "{from} -> Failed (Unschedulable)");
-                        sim::failed_status(&m, sim::REASON_UNSCHEDULABLE, &unschedulable.0, now)
+                        tracing::info!(machine = %key, why = %unschedulable.0, "{from}: not scheduled (Unschedulable), tried again later");
+                        // Tried again after another placement delay, as kairon-controller
+                        // requeues a Machine it could not place.
+                        let again = Instant::now() + self.opts.delays.jittered(sim::Clock::Provision, fastrand::f64());
+                        if let Some(timer) = self.timers.get_mut(key) {
+                            timer.at = again;
+                        }
+                        sim::unschedulable_status(&m, &unschedulable.0, now)
                     }
                 };
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });

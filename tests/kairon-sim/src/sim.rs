@@ -112,7 +112,8 @@ pub enum Step {
     AddFinalizer,
     /// Accept the Machine: `Pending`.
     Accept,
-    /// Choose a host: `Provisioning` with a new runtime there, or `Failed`/`Unschedulable`.
+    /// Choose a host: `Provisioning` with a new runtime there, or, as kairon-controller,
+    /// stay `Pending` with `Scheduled=False` (`Unschedulable`) and try again later.
     Place,
     /// Finish booting: `Running` with the guest's address, or `Failed` (forced or random).
     Boot,
@@ -245,14 +246,17 @@ pub fn provisioning_status(
     status.node_name = Some(host.to_string());
     status.runtime_id = Some(runtime_id);
     status.host_labels = host_labels;
-    set_condition(
-        &mut status,
-        CONDITION_SCHEDULED,
-        true,
-        "Scheduled",
-        &format!("placed on host {host}"),
-        now,
-    );
+    // kairon-controller only ever writes Scheduled=False: one from an earlier attempt stays.
+    let _ = now;
+    status
+}
+
+/// Not placed, as kairon-controller leaves a Machine no node fits: still `Pending`, with
+/// `Scheduled=False`, reason `Unschedulable` and why; it tries again later.
+pub fn unschedulable_status(m: &Machine, message: &str, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    status.phase = Some(phase::PENDING.to_string());
+    set_condition(&mut status, CONDITION_SCHEDULED, false, REASON_UNSCHEDULABLE, message, now);
     status
 }
 
@@ -492,7 +496,7 @@ mod tests {
             .flatten()
             .map(|c| (c.type_.clone(), c.status.clone()))
             .collect();
-        assert_eq!(types.get(CONDITION_SCHEDULED).map(String::as_str), Some("True"));
+        assert_eq!(types.get(CONDITION_SCHEDULED), None, "Kairon never writes Scheduled=True");
         assert_eq!(types.get(CONDITION_BOOTED).map(String::as_str), Some("True"));
     }
 
@@ -523,12 +527,20 @@ mod tests {
     }
 
     #[test]
-    fn failure_while_pending_is_a_scheduling_failure() {
+    fn an_unschedulable_machine_stays_pending_and_says_why_and_the_false_stays_once_placed() {
         let now = Timestamp::UNIX_EPOCH;
         let m = machine(Some(phase::PENDING), true, false, &[]);
-        let failed = failed_status(&m, REASON_UNSCHEDULABLE, "no host", now);
-        assert_eq!(failed.phase.as_deref(), Some(phase::FAILED));
-        assert_eq!(failed.reason.as_deref(), Some(REASON_UNSCHEDULABLE));
-        assert_eq!(failed.conditions.unwrap()[0].type_, CONDITION_SCHEDULED);
+        let waiting = unschedulable_status(&m, "no host matches nodeSelector {zone=z}", now);
+        assert_eq!(waiting.phase.as_deref(), Some(phase::PENDING));
+        assert_eq!(waiting.reason, None, "not a failure");
+        let c = &waiting.conditions.as_ref().unwrap()[0];
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str(), c.reason.as_str()),
+            (CONDITION_SCHEDULED, "False", REASON_UNSCHEDULABLE)
+        );
+        assert_eq!(c.message, "no host matches nodeSelector {zone=z}");
+        assert_eq!(next_step(&Machine { status: Some(waiting.clone()), ..m.clone() }, true), Step::Place);
+        let placed = provisioning_status(&Machine { status: Some(waiting), ..m }, "h1", None, "rt".into(), now);
+        assert_eq!(placed.conditions.unwrap()[0].status, "False", "as Kairon leaves it");
     }
 }
