@@ -252,25 +252,45 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
          "message": "MachineQuota team-a: cpu 16 of 16 used", "lastTransitionTime": "2026-12-04T10:00:00Z"},
     ]);
     let pending = read("Pending", quota.clone());
-    assert_ne!(effective_phase(&pending), phase::UNREADABLE, "conditions never make a Machine unreadable");
-    let kept = pending.status.as_ref().and_then(|s| s.conditions.as_ref()).expect("kept");
+    assert_ne!(
+        effective_phase(&pending),
+        phase::UNREADABLE,
+        "conditions never make a Machine unreadable"
+    );
+    let kept = pending
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .expect("kept");
     assert_eq!(kept.len(), 1, "only Scheduled=False is kept: {kept:?}");
     let d = instance_condition(&pending);
     assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_NOT_SCHEDULED));
     assert!(
-        d.message.ends_with("not scheduled yet: QuotaBlocked: MachineQuota team-a: cpu 16 of 16 used"),
+        d.message
+            .ends_with("not scheduled yet: QuotaBlocked: MachineQuota team-a: cpu 16 of 16 used"),
         "{}",
         d.message
     );
-    assert_eq!(status_phase(&pending), phase::PROVISIONING, "recorded as any step of coming up");
+    assert_eq!(
+        status_phase(&pending),
+        phase::PROVISIONING,
+        "recorded as any step of coming up"
+    );
 
     // A False left behind once Kairon placed and started the Machine says nothing any more.
     let d = instance_condition(&read("Starting", quota));
     assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
 
     // Without reason or message, without a readable time, hostile: read all the same, bounded.
-    let bare = read("Pending", serde_json::json!([{"type": "Scheduled", "status": "False", "lastTransitionTime": "soon"}]));
-    assert!(instance_condition(&bare).message.ends_with("Kairon reports Scheduled=False"));
+    let bare = read(
+        "Pending",
+        serde_json::json!([{"type": "Scheduled", "status": "False", "lastTransitionTime": "soon"}]),
+    );
+    assert!(
+        instance_condition(&bare)
+            .message
+            .ends_with("Kairon reports Scheduled=False")
+    );
     let flood = "x\u{1b}[2J".repeat(10_000);
     let hostile = read(
         "Pending",
@@ -281,6 +301,9 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
     assert!(!d.message.contains('\u{1b}'));
 
     // Scheduled=True (not Kairon's, but a tenant's API may say it) or none: as before.
-    let d = instance_condition(&read("Pending", serde_json::json!([{"type": "Scheduled", "status": "True"}])));
+    let d = instance_condition(&read(
+        "Pending",
+        serde_json::json!([{"type": "Scheduled", "status": "True"}]),
+    ));
     assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
 }

@@ -256,7 +256,14 @@ pub fn provisioning_status(
 pub fn unschedulable_status(m: &Machine, message: &str, now: Timestamp) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::PENDING.to_string());
-    set_condition(&mut status, CONDITION_SCHEDULED, false, REASON_UNSCHEDULABLE, message, now);
+    set_condition(
+        &mut status,
+        CONDITION_SCHEDULED,
+        false,
+        REASON_UNSCHEDULABLE,
+        message,
+        now,
+    );
     status
 }
 
@@ -496,7 +503,11 @@ mod tests {
             .flatten()
             .map(|c| (c.type_.clone(), c.status.clone()))
             .collect();
-        assert_eq!(types.get(CONDITION_SCHEDULED), None, "Kairon never writes Scheduled=True");
+        assert_eq!(
+            types.get(CONDITION_SCHEDULED),
+            None,
+            "Kairon never writes Scheduled=True"
+        );
         assert_eq!(types.get(CONDITION_BOOTED).map(String::as_str), Some("True"));
     }
 
@@ -539,8 +550,26 @@ mod tests {
             (CONDITION_SCHEDULED, "False", REASON_UNSCHEDULABLE)
         );
         assert_eq!(c.message, "no host matches nodeSelector {zone=z}");
-        assert_eq!(next_step(&Machine { status: Some(waiting.clone()), ..m.clone() }, true), Step::Place);
-        let placed = provisioning_status(&Machine { status: Some(waiting), ..m }, "h1", None, "rt".into(), now);
+        assert_eq!(
+            next_step(
+                &Machine {
+                    status: Some(waiting.clone()),
+                    ..m.clone()
+                },
+                true
+            ),
+            Step::Place
+        );
+        let placed = provisioning_status(
+            &Machine {
+                status: Some(waiting),
+                ..m
+            },
+            "h1",
+            None,
+            "rt".into(),
+            now,
+        );
         assert_eq!(placed.conditions.unwrap()[0].status, "False", "as Kairon leaves it");
     }
 }
