@@ -19,8 +19,15 @@ fn obj(kind: &str, name: &str, spec: Value) -> DynamicObject {
 }
 
 fn machine_spec() -> Value {
-    json!({"cpus": 2, "memory": "4Gi", "image": machine_image(), "diskSize": "20Gi"})
+    json!({"image": {"imageRef": machine_image(), "diskSize": "20Gi"}, "resources": {"cpu": 2, "memory": "4Gi"}})
 }
+
+/// A digest of the form the CRD takes (`sha256:` and 64 lowercase hex digits).
+fn digest() -> String {
+    format!("sha256:{}", "0123456789abcdef".repeat(4))
+}
+
+const IMAGE_URL: &str = "https://images.example/ubuntu-2404-kube.qcow2";
 
 fn with(mut v: Value, path: &[&str], value: Value) -> Value {
     let mut cur = &mut v;
@@ -48,6 +55,10 @@ fn plural(kind: &str) -> &'static str {
     }
 }
 
+/// An update that must be refused: API, object name, merge patch, and the field paths the
+/// refusal must name with the phrase each must carry.
+type Update<'a> = (&'a Api<DynamicObject>, &'a str, Value, Vec<(&'a str, String)>);
+
 async fn rejection(env: &Env, o: &DynamicObject) -> Option<String> {
     let kind = o.types.as_ref().unwrap().kind.clone();
     match api(env, &kind, plural(&kind)).create(&PostParams::default(), o).await {
@@ -65,42 +76,62 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
 
     let tmpl = |spec: Value| json!({"template": {"spec": spec}});
     let endpoint = json!({"controlPlaneEndpoint": {"host": "10.0.0.10", "port": 6443}});
+    let image = |v: Value| with(machine_spec(), &["image"], v);
+    let network = |v: Value| with(machine_spec(), &["network"], v);
+    let by_type = with(machine_spec(), &["resources"], Value::Null);
+    let one_source = "image: exactly one of imageRef, path and httpURL must be set";
+    let digest_with_url = "image.digest is required with image.httpURL";
+    let whole_cpu = "resources.cpu must be a whole number of at least 1";
+    let one_size = "exactly one of resources and instanceTypeName must be set";
+    let bridge = "network.bridge is required with network.mode tap and only with it";
     // (kind, spec, field path the message must name, phrase it must contain)
     let cases: Vec<(&str, Value, &str, &str)> = vec![
         (
             "KaironMachine",
-            with(machine_spec(), &["cpus"], json!(0)),
-            "spec.cpus",
-            "cpus must be at least 1",
+            with(machine_spec(), &["resources", "cpu"], json!(0)),
+            "spec.resources.cpu",
+            whole_cpu,
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["cpus"], json!(-4)),
-            "spec.cpus",
-            "cpus must be at least 1",
+            with(machine_spec(), &["resources", "cpu"], json!(-4)),
+            "spec.resources.cpu",
+            whole_cpu,
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["memory"], json!("256Mi")),
-            "spec.memory",
-            "at least 512Mi",
+            with(machine_spec(), &["resources", "cpu"], json!("1.5")),
+            "spec.resources.cpu",
+            whole_cpu,
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["memory"], json!("lots")),
-            "spec.memory",
-            "",
+            with(machine_spec(), &["resources", "cpu"], json!("500m")),
+            "spec.resources.cpu",
+            whole_cpu,
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["diskSize"], json!("0")),
-            "spec.diskSize",
-            "greater than 0",
+            with(machine_spec(), &["resources", "memory"], json!("256Mi")),
+            "spec.resources.memory",
+            "resources.memory must be a quantity of at least 512Mi",
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["image"], json!("")),
-            "spec.image",
+            with(machine_spec(), &["resources", "memory"], json!("lots")),
+            "spec.resources.memory",
+            "resources.memory must be a quantity of at least 512Mi",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["image", "diskSize"], json!("0")),
+            "spec.image.diskSize",
+            "image.diskSize must be a quantity greater than 0",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["image", "imageRef"], json!("")),
+            "spec.image.imageRef",
             "",
         ),
         (
@@ -111,9 +142,76 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["cpus"], Value::Null),
-            "spec.cpus",
+            with(machine_spec(), &["image"], json!("ubuntu-2404-kube")),
+            "spec.image",
+            "must be of type object",
+        ),
+        (
+            "KaironMachine",
+            image(json!({"imageRef": machine_image(), "path": "/var/lib/kairon/images/u.qcow2"})),
+            "spec.image",
+            one_source,
+        ),
+        (
+            "KaironMachine",
+            image(json!({"imageRef": machine_image(), "httpURL": IMAGE_URL, "digest": digest()})),
+            "spec.image",
+            one_source,
+        ),
+        (
+            "KaironMachine",
+            image(json!({"diskSize": "20Gi"})),
+            "spec.image",
+            one_source,
+        ),
+        (
+            "KaironMachine",
+            image(json!({"httpURL": IMAGE_URL})),
+            "spec.image",
+            digest_with_url,
+        ),
+        (
+            "KaironMachine",
+            image(json!({"imageRef": machine_image(), "digest": digest()})),
+            "spec.image",
+            digest_with_url,
+        ),
+        (
+            "KaironMachine",
+            image(json!({"httpURL": IMAGE_URL, "digest": digest().to_uppercase().replacen("SHA256", "sha256", 1)})),
+            "spec.image.digest",
+            "image.digest must be sha256: followed by 64 lowercase hex digits",
+        ),
+        (
+            "KaironMachine",
+            image(json!({"httpURL": "ftp://images.example/u.qcow2", "digest": digest()})),
+            "spec.image.httpURL",
+            "image.httpURL must be an http:// or https:// URL",
+        ),
+        (
+            "KaironMachine",
+            image(json!({"path": "images/u.qcow2"})),
+            "spec.image.path",
+            "image.path must be an absolute path",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["resources", "cpu"], Value::Null),
+            "spec.resources.cpu",
             "Required",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["instanceTypeName"], json!("m.large")),
+            "spec",
+            one_size,
+        ),
+        ("KaironMachine", by_type.clone(), "spec", one_size),
+        (
+            "KaironMachine",
+            with(by_type, &["instanceTypeName"], json!("")),
+            "spec.instanceTypeName",
+            "",
         ),
         (
             "KaironMachine",
@@ -123,15 +221,38 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["network"], json!({"name": ""})),
-            "spec.network.name",
+            network(json!({"mode": "tap", "bridge": ""})),
+            "spec.network.bridge",
             "",
+        ),
+        ("KaironMachine", network(json!({"mode": "tap"})), "spec.network", bridge),
+        (
+            "KaironMachine",
+            network(json!({"mode": "user", "bridge": "br0"})),
+            "spec.network",
+            bridge,
         ),
         (
             "KaironMachine",
-            with(machine_spec(), &["cpus"], json!("two")),
-            "spec.cpus",
-            "",
+            network(json!({"mode": "macvtap"})),
+            "spec.network.mode",
+            "network.mode must be user or tap",
+        ),
+        (
+            "KaironMachine",
+            with(
+                machine_spec(),
+                &["placement"],
+                json!({"controlPlaneAntiAffinity": "Soft"}),
+            ),
+            "spec.placement.controlPlaneAntiAffinity",
+            "placement.controlPlaneAntiAffinity must be Preferred, Required or None",
+        ),
+        (
+            "KaironMachine",
+            with(machine_spec(), &["resources", "cpu"], json!("two")),
+            "spec.resources.cpu",
+            whole_cpu,
         ),
         (
             "KaironMachine",
@@ -153,15 +274,27 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         (
             "KaironMachineTemplate",
-            tmpl(with(machine_spec(), &["cpus"], json!(0))),
-            "spec.template.spec.cpus",
-            "cpus must be at least 1",
+            tmpl(with(machine_spec(), &["resources", "cpu"], json!(0))),
+            "spec.template.spec.resources.cpu",
+            whole_cpu,
         ),
         (
             "KaironMachineTemplate",
-            tmpl(with(machine_spec(), &["memory"], json!("100Mi"))),
-            "spec.template.spec.memory",
+            tmpl(with(machine_spec(), &["resources", "memory"], json!("100Mi"))),
+            "spec.template.spec.resources.memory",
             "at least 512Mi",
+        ),
+        (
+            "KaironMachineTemplate",
+            tmpl(with(machine_spec(), &["instanceTypeName"], json!("m.large"))),
+            "spec.template.spec",
+            one_size,
+        ),
+        (
+            "KaironMachineTemplate",
+            tmpl(with(machine_spec(), &["image", "httpURL"], json!(IMAGE_URL))),
+            "spec.template.spec.image",
+            one_source,
         ),
         (
             "KaironCluster",
@@ -237,6 +370,12 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         (
             "KaironMachinePool",
+            json!({"template": with(machine_spec(), &["network"], json!({"mode": "tap"}))}),
+            "spec.template.network",
+            bridge,
+        ),
+        (
+            "KaironMachinePool",
             json!({"template": machine_spec(), "strategy": {"maxSurge": 0, "maxUnavailable": 0}}),
             "spec.strategy",
             "must not both be 0",
@@ -248,13 +387,13 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             "must not be set",
         ),
     ];
-    assert!(cases.len() >= 15);
+    assert!(cases.len() >= 50);
     let mut failures = vec![];
     for (i, (kind, spec, field, phrase)) in cases.iter().enumerate() {
         let o = obj(kind, &format!("bad-{i}"), spec.clone());
         match rejection(&env, &o).await {
             None => failures.push(format!("case {i} ({kind} {spec}): accepted")),
-            Some(msg) if !msg.contains(field) || !msg.contains(phrase) => failures.push(format!(
+            Some(msg) if !msg.contains(&format!("{field}: ")) || !msg.contains(phrase) => failures.push(format!(
                 "case {i} ({kind} {spec}): message {msg:?} lacks {field:?} or {phrase:?}"
             )),
             Some(_) => {}
@@ -268,15 +407,67 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         .create(&PostParams::default(), &obj("KaironMachine", "good", machine_spec()))
         .await
         .expect("a valid KaironMachine");
-    for strategy in ["LiveMigrateIfPossible", "External"] {
-        let spec = with(machine_spec(), &["evictionStrategy"], json!(strategy));
-        machines
-            .create(
-                &PostParams::default(),
-                &obj("KaironMachine", &strategy.to_lowercase(), spec),
-            )
+    let typed = with(
+        with(machine_spec(), &["resources"], Value::Null),
+        &["instanceTypeName"],
+        json!("m.large"),
+    );
+    let required = with(
+        machine_spec(),
+        &["placement"],
+        json!({"nodeSelector": {"kairon.zyvor.dev/pool": "general"}, "controlPlaneAntiAffinity": "Required"}),
+    );
+    let goods: Vec<(&str, Value)> = vec![
+        (
+            "livemigrateifpossible",
+            with(machine_spec(), &["evictionStrategy"], json!("LiveMigrateIfPossible")),
+        ),
+        (
+            "external",
+            with(machine_spec(), &["evictionStrategy"], json!("External")),
+        ),
+        ("cpu-string", with(machine_spec(), &["resources", "cpu"], json!("2"))),
+        (
+            "memory-bytes",
+            with(machine_spec(), &["resources", "memory"], json!(1073741824)),
+        ),
+        ("image-size", with(machine_spec(), &["image", "diskSize"], Value::Null)),
+        (
+            "image-path",
+            image(json!({"path": "/var/lib/kairon/images/u.qcow2", "diskSize": "20Gi"})),
+        ),
+        ("image-https", image(json!({"httpURL": IMAGE_URL, "digest": digest()}))),
+        (
+            "image-http",
+            image(json!({"httpURL": "http://images.local/u.qcow2", "digest": digest()})),
+        ),
+        ("typed", typed),
+        ("tap", network(json!({"mode": "tap", "bridge": "br0"}))),
+        ("user", network(json!({"mode": "user"}))),
+        ("required", required),
+        (
+            "preferred",
+            with(
+                machine_spec(),
+                &["placement"],
+                json!({"controlPlaneAntiAffinity": "Preferred"}),
+            ),
+        ),
+        (
+            "spread-none",
+            with(
+                machine_spec(),
+                &["placement"],
+                json!({"controlPlaneAntiAffinity": "None"}),
+            ),
+        ),
+    ];
+    for (name, spec) in goods {
+        let created = machines
+            .create(&PostParams::default(), &obj("KaironMachine", name, spec.clone()))
             .await
-            .unwrap_or_else(|e| panic!("evictionStrategy {strategy} is accepted: {e}"));
+            .unwrap_or_else(|e| panic!("{name} ({spec}) is accepted: {e}"));
+        assert_eq!(created.data["spec"], spec, "{name}: stored as sent");
     }
     let clusters = api(&env, "KaironCluster", "kaironclusters");
     clusters
@@ -286,45 +477,110 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
 
     // ...and their immutable fields stay put.
     let pp = PatchParams::default();
-    let updates: Vec<(&Api<DynamicObject>, Value, &str, &str)> = vec![
-        (&machines, json!({"spec": {"cpus": 8}}), "spec.cpus", "immutable"),
+    // A KaironMachine's refusal names the field twice: its path and its rule's message.
+    let immutable = |field: &'static str| {
+        (
+            field,
+            format!("{field} is immutable: create a new KaironMachineTemplate and roll out instead"),
+        )
+    };
+    let updates: Vec<Update> = vec![
         (
             &machines,
-            json!({"spec": {"image": "other"}}),
-            "spec.image",
-            "immutable",
+            "good",
+            json!({"spec": {"resources": {"cpu": 8}}}),
+            vec![immutable("spec.resources")],
         ),
         (
             &machines,
-            json!({"spec": {"nodeSelector": {"a": "b"}}}),
-            "spec.nodeSelector",
-            "immutable",
+            "good",
+            json!({"spec": {"resources": {"memory": "8Gi"}}}),
+            vec![immutable("spec.resources")],
         ),
         (
             &machines,
+            "good",
+            json!({"spec": {"image": {"imageRef": "other"}}}),
+            vec![immutable("spec.image")],
+        ),
+        (
+            &machines,
+            "good",
+            json!({"spec": {"image": {"diskSize": "80Gi"}}}),
+            vec![immutable("spec.image")],
+        ),
+        (
+            &machines,
+            "good",
+            json!({"spec": {"resources": null, "instanceTypeName": "m.large"}}),
+            vec![immutable("spec.resources"), immutable("spec.instanceTypeName")],
+        ),
+        (
+            &machines,
+            "typed",
+            json!({"spec": {"instanceTypeName": "m.xlarge"}}),
+            vec![immutable("spec.instanceTypeName")],
+        ),
+        (
+            &machines,
+            "good",
+            json!({"spec": {"network": {"mode": "tap", "bridge": "br0"}}}),
+            vec![immutable("spec.network")],
+        ),
+        (
+            &machines,
+            "tap",
+            json!({"spec": {"network": {"bridge": "br1"}}}),
+            vec![immutable("spec.network")],
+        ),
+        (
+            &machines,
+            "good",
+            json!({"spec": {"placement": {"nodeSelector": {"a": "b"}}}}),
+            vec![immutable("spec.placement")],
+        ),
+        (
+            &machines,
+            "required",
+            json!({"spec": {"placement": {"controlPlaneAntiAffinity": "Preferred"}}}),
+            vec![immutable("spec.placement")],
+        ),
+        (
+            &machines,
+            "required",
+            json!({"spec": {"placement": null}}),
+            vec![immutable("spec.placement")],
+        ),
+        (
+            &machines,
+            "good",
             json!({"spec": {"evictionStrategy": "External"}}),
-            "spec.evictionStrategy",
-            "immutable",
+            vec![immutable("spec.evictionStrategy")],
         ),
         (
             &clusters,
+            "good",
             json!({"spec": {"controlPlaneEndpoint": {"host": "10.0.0.11"}}}),
-            "spec.controlPlaneEndpoint",
-            "immutable once set",
+            vec![(
+                "spec.controlPlaneEndpoint",
+                "spec.controlPlaneEndpoint.host is immutable once set".into(),
+            )],
         ),
         (
             &clusters,
+            "good",
             json!({"spec": {"identityRef": {"kind": "Secret", "name": "kairon-site-b"}}}),
-            "spec.identityRef",
-            "immutable",
+            vec![("spec.identityRef", "spec.identityRef is immutable".into())],
         ),
     ];
-    for (api, patch, field, phrase) in updates {
-        match api.patch("good", &pp, &Patch::Merge(patch.clone())).await {
-            Ok(_) => panic!("update {patch} accepted"),
+    for (api, name, patch, wants) in updates {
+        match api.patch(name, &pp, &Patch::Merge(patch.clone())).await {
+            Ok(_) => panic!("update of {name} {patch} accepted"),
             Err(kube::Error::Api(s)) => assert!(
-                s.message.contains(field) && s.message.contains(phrase),
-                "{patch}: {}",
+                wants
+                    .iter()
+                    .all(|(field, phrase)| s.message.contains(&format!("{field}: ")) && s.message.contains(phrase)),
+                "{name} {patch}: {} lacks one of {wants:?}",
                 s.message
             ),
             Err(e) => panic!("{e}"),
@@ -369,7 +625,7 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         )
         .await
         .expect("a valid KaironMachinePool");
-    let rolled = json!({"spec": {"template": {"image": "ubuntu-2404-kube-v1.36.9", "cpus": 4},
+    let rolled = json!({"spec": {"template": {"image": {"imageRef": "ubuntu-2404-kube-v1.36.9"}, "resources": {"cpu": 4}},
         "providerID": "kairon://machinesets/a", "providerIDList": ["kairon://vm-1", "kairon://vm-2"]}});
     pools
         .patch("good", &pp, &Patch::Merge(rolled))
@@ -398,13 +654,17 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
 /// Kairon's published Machine schema (our own fixture of it, written from the field list of
 /// `charts/kairon/crds/machines.yaml` in zyvorai/kairon: no unknown field kept, strict field
 /// validation refusing one) takes, unchanged, the whole Kairon Machine the provider creates —
-/// image, resources, placement (a failure domain's node selector, the control planes'
-/// anti-affinity), a named network, and the `spec.cloudInit` the bootstrap bridge makes of the
+/// each image source (a MachineImage, a path, an http URL with its digest), resources or an
+/// instance type, placement (a failure domain's node selector, the control planes' preferred or
+/// required anti-affinity), a tap network, and the `spec.cloudInit` the bootstrap bridge makes of the
 /// bootstrap data CABPK v1.14.2's templates write: every field it sets exists there with the
 /// type it has.
 #[tokio::test(flavor = "multi_thread")]
 async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes() {
-    use capkr::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec, NetworkRef};
+    use capkr::api::{
+        FailureDomainSpec, KaironMachine, KaironMachineSpec, MachineImage, MachineNetwork, MachinePlacement,
+        MachineResources, anti_affinity, network_mode,
+    };
     use capkr::kairon::cloud_init::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, translate_cloud_config};
     use capkr::kairon::desired_kairon_machine;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -433,64 +693,135 @@ async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes
         control_plane: Some(true),
         node_selector: Some([("topology.kubernetes.io/zone".to_string(), "zone-a".to_string())].into()),
     };
+    let by_ref = || MachineImage::from_image_ref(machine_image(), Some("20Gi"));
+    let by_url = MachineImage {
+        http_url: Some(IMAGE_URL.into()),
+        digest: Some(digest()),
+        disk_size: Some(Quantity("20Gi".into())),
+        ..Default::default()
+    };
+    let by_path = MachineImage {
+        path: Some("/var/lib/kairon/images/ubuntu-2404-kube.qcow2".into()),
+        ..Default::default()
+    };
+    // (CABPK fixture, boot disk, instance type instead of resources, control-plane anti-affinity)
+    let cases = [
+        ("control-plane-init", by_ref(), None, None),
+        ("control-plane-join", by_url, None, Some(anti_affinity::REQUIRED)),
+        (
+            "control-plane-join",
+            by_ref(),
+            Some("m.large"),
+            Some(anti_affinity::NONE),
+        ),
+        ("worker-join", by_ref(), None, None),
+        ("worker-files", by_path, Some("m.large"), None),
+        ("worker-user", by_ref(), None, None),
+    ];
     let mut checked = 0;
-    for fixture in [
-        "control-plane-init",
-        "control-plane-join",
-        "worker-join",
-        "worker-files",
-        "worker-user",
-    ] {
+    for (i, (fixture, image, instance_type, spread)) in cases.into_iter().enumerate() {
         let user_data = std::fs::read_to_string(testdata.join(format!("{fixture}.yaml"))).expect("a CABPK fixture");
-        let name = format!("demo-{fixture}");
+        let name = format!("demo-{i}-{fixture}");
         let cloud_init = translate_cloud_config(&user_data, &GuestFacts::kairon(&name), DEFAULT_MAX_DECODED_BYTES)
             .unwrap_or_else(|e| panic!("{fixture}: {e}"));
+        let control_plane = fixture.starts_with("control-plane");
         let mut km = KaironMachine::new(
             &name,
             KaironMachineSpec {
-                cpus: 2,
-                memory: Quantity("4Gi".into()),
-                image: machine_image(),
-                disk_size: Quantity("20Gi".into()),
-                network: fixture.starts_with("worker").then(|| NetworkRef { name: "br0".into() }),
-                node_selector: Some([("kairon.zyvor.dev/pool".to_string(), "general".to_string())].into()),
+                image: image.clone(),
+                resources: instance_type.is_none().then(|| MachineResources::new(2, "4Gi")),
+                instance_type_name: instance_type.map(String::from),
+                network: (!control_plane).then(|| MachineNetwork {
+                    mode: Some(network_mode::TAP.into()),
+                    bridge: Some("br0".into()),
+                }),
+                placement: Some(MachinePlacement {
+                    node_selector: Some([("kairon.zyvor.dev/pool".to_string(), "general".to_string())].into()),
+                    control_plane_anti_affinity: spread.map(String::from),
+                }),
                 eviction_strategy: Some("External".into()),
                 ..Default::default()
             },
         );
         km.metadata.namespace = Some("kairon".into());
-        km.metadata.uid = Some(format!("uid-{fixture}"));
-        let control_plane = fixture.starts_with("control-plane");
+        km.metadata.uid = Some(format!("uid-{i}-{fixture}"));
         let desired = desired_kairon_machine(&km, "demo", control_plane, cloud_init, Some(&zone));
         let mut vm = serde_json::to_value(&desired).unwrap();
         vm["apiVersion"] = json!("kairon.zyvor.dev/v1alpha1");
         vm["kind"] = json!("Machine");
         let sent = vm["spec"].clone();
+        let case = format!("{name} ({spread:?})");
+        // What is checked is what was sent: each variant reached Kairon's shape.
+        let placement = &sent["placement"];
+        assert_eq!(
+            placement["nodeSelector"]["kairon.zyvor.dev/pool"], "general",
+            "{case}: {sent}"
+        );
+        assert_eq!(
+            placement["nodeSelector"]["topology.kubernetes.io/zone"], "zone-a",
+            "{case}: {sent}"
+        );
+        match (control_plane, spread) {
+            (true, Some(anti_affinity::REQUIRED)) => assert!(
+                placement["antiAffinity"].is_array() && placement.get("preferredAntiAffinity").is_none(),
+                "{case}: {sent}"
+            ),
+            (true, Some(anti_affinity::NONE)) | (false, _) => assert!(
+                placement.get("antiAffinity").is_none() && placement.get("preferredAntiAffinity").is_none(),
+                "{case}: {sent}"
+            ),
+            (true, _) => assert!(
+                placement["preferredAntiAffinity"].is_array() && placement.get("antiAffinity").is_none(),
+                "{case}: {sent}"
+            ),
+        }
         if control_plane {
-            assert!(
-                sent["placement"]["preferredAntiAffinity"].is_array(),
-                "{fixture}: {sent}"
-            );
+            assert!(sent.get("network").is_none(), "{case}: {sent}");
         } else {
-            assert_eq!(sent["network"]["bridge"], "br0", "{fixture}");
+            assert_eq!(sent["network"], json!({"mode": "tap", "bridge": "br0"}), "{case}");
+        }
+        if let Some(url) = &image.http_url {
+            assert_eq!(
+                sent["image"],
+                json!({"source": {"httpURL": url}, "digest": digest(), "diskSize": "20Gi"}),
+                "{case}"
+            );
+        } else if let Some(path) = &image.path {
+            assert_eq!(sent["image"], json!({"path": path}), "{case}");
+        } else {
+            assert_eq!(
+                sent["image"],
+                json!({"imageRef": machine_image(), "diskSize": "20Gi"}),
+                "{case}"
+            );
+        }
+        match instance_type {
+            Some(t) => assert!(
+                sent["instanceTypeName"] == t && sent.get("resources").is_none(),
+                "{case}: {sent}"
+            ),
+            None => assert!(
+                sent["resources"] == json!({"cpu": "2", "memory": "4Gi"}) && sent.get("instanceTypeName").is_none(),
+                "{case}: {sent}"
+            ),
         }
         let vm: DynamicObject = serde_json::from_value(vm).unwrap();
         // The deprecation warning of v1alpha1 is no error; an unknown or mistyped field is.
         let created = machines
             .patch(&name, &strict, &Patch::Apply(&vm))
             .await
-            .unwrap_or_else(|e| panic!("{fixture}: Kairon's schema refuses the Machine: {e}"));
+            .unwrap_or_else(|e| panic!("{case}: Kairon's schema refuses the Machine: {e}"));
         // Kairon's schema adds its defaults (powerState, the network's flags); it must keep
         // everything the provider sent, as sent.
         if let Some(path) = first_difference(&sent, &created.data["spec"], "spec") {
             panic!(
-                "{fixture}: the schema pruned or changed {path}: sent {sent}, stored {}",
+                "{case}: the schema pruned or changed {path}: sent {sent}, stored {}",
                 created.data["spec"]
             );
         }
         checked += 1;
     }
-    assert_eq!(checked, 5);
+    assert_eq!(checked, 6);
     // The fixture bites: a field Kairon does not have is refused by name.
     let unknown: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",

@@ -34,60 +34,249 @@ fn machine(spec: Value) -> Value {
     json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachine", "metadata": {"name": "m"}, "spec": spec})
 }
 
+/// A spec every rule accepts: a Kairon MachineImage with a disk size, 2 CPUs and 4Gi.
 fn good_spec() -> Value {
-    json!({"cpus": 2, "memory": "4Gi", "image": "ubuntu-2404-kube-v1.36.1", "diskSize": "40Gi"})
+    json!({
+        "image": {"imageRef": "ubuntu-2404-kube-v1.36.1", "diskSize": "40Gi"},
+        "resources": {"cpu": 2, "memory": "4Gi"},
+    })
 }
 
-fn with(mut base: Value, key: &str, value: Value) -> Value {
-    base[key] = value;
+/// `base` with the field at the dotted `path` set to `value`, or removed when `value` is null.
+fn with(mut base: Value, path: &str, value: Value) -> Value {
+    let (parents, key) = path.rsplit_once('.').unwrap_or(("", path));
+    let mut cur = &mut base;
+    for p in parents.split('.').filter(|p| !p.is_empty()) {
+        cur = &mut cur[p];
+    }
+    match value {
+        Value::Null => {
+            cur.as_object_mut().expect("an object to remove from").remove(key);
+        }
+        v => cur[key] = v,
+    }
     base
 }
 
-#[test]
-fn kaironmachine_quantities_table() {
-    let cases: Vec<(&str, Value, Option<&str>)> = vec![
-        ("good", good_spec(), None),
-        ("one cpu", with(good_spec(), "cpus", json!(1)), None),
-        (
-            "zero cpus",
-            with(good_spec(), "cpus", json!(0)),
-            Some("cpus must be at least 1"),
-        ),
-        (
-            "negative cpus",
-            with(good_spec(), "cpus", json!(-2)),
-            Some("cpus must be at least 1"),
-        ),
-        ("512Mi memory", with(good_spec(), "memory", json!("512Mi")), None),
-        ("memory as bytes", with(good_spec(), "memory", json!(1073741824)), None),
-        (
-            "256Mi memory",
-            with(good_spec(), "memory", json!("256Mi")),
-            Some("memory must be a quantity of at least 512Mi"),
-        ),
-        (
-            "memory not a quantity",
-            with(good_spec(), "memory", json!("lots")),
-            Some("memory must be a quantity of at least 512Mi"),
-        ),
-        (
-            "zero disk",
-            with(good_spec(), "diskSize", json!("0")),
-            Some("diskSize must be a quantity greater than 0"),
-        ),
-        (
-            "disk not a quantity",
-            with(good_spec(), "diskSize", json!("big")),
-            Some("diskSize must be a quantity greater than 0"),
-        ),
-    ];
+/// A case of a KaironMachine table: name, spec, and `None` or the `(field path, message)` of the
+/// rule that refuses it.
+type MachineCase<'a> = (&'a str, Value, Option<(&'a str, &'a str)>);
+
+/// Runs a table of KaironMachine specs: `None` must pass every rule; `Some((path, message))`
+/// must fail, each failure being that rule at that field path (one bad field, one rule).
+fn check_machine_table(cases: Vec<MachineCase>) {
     for (name, spec, want) in cases {
         let got = failures("kaironmachines", &machine(spec), None);
         match want {
             None => assert!(got.is_empty(), "{name}: unexpected {got:?}"),
-            Some(msg) => assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}"),
+            Some((path, msg)) => assert!(
+                !got.is_empty()
+                    && got
+                        .iter()
+                        .all(|g| g.starts_with(&format!("{path}: ")) && g.contains(msg)),
+                "{name}: want only {path}: {msg:?}, got {got:?}"
+            ),
         }
     }
+}
+
+const CPU: &str = "resources.cpu must be a whole number of at least 1";
+const MEMORY: &str = "resources.memory must be a quantity of at least 512Mi";
+const DISK: &str = "image.diskSize must be a quantity greater than 0";
+const ONE_SOURCE: &str = "image: exactly one of imageRef, path and httpURL must be set";
+const DIGEST_WITH_URL: &str = "image.digest is required with image.httpURL";
+const DIGEST_FORM: &str = "image.digest must be sha256: followed by 64 lowercase hex digits";
+const URL: &str = "image.httpURL must be an http:// or https:// URL";
+const PATH: &str = "image.path must be an absolute path";
+const ONE_SIZE: &str = "exactly one of resources and instanceTypeName must be set";
+const BRIDGE: &str = "network.bridge is required with network.mode tap and only with it";
+const MODE: &str = "network.mode must be user or tap";
+const ANTI_AFFINITY: &str = "placement.controlPlaneAntiAffinity must be Preferred, Required or None";
+
+#[test]
+fn kaironmachine_quantities_table() {
+    let cpu = |v: Value| with(good_spec(), "resources.cpu", v);
+    let memory = |v: Value| with(good_spec(), "resources.memory", v);
+    let disk = |v: Value| with(good_spec(), "image.diskSize", v);
+    check_machine_table(vec![
+        ("good", good_spec(), None),
+        ("cpu 1", cpu(json!(1)), None),
+        ("cpu 2 as an integer", cpu(json!(2)), None),
+        ("cpu \"2\" as a string", cpu(json!("2")), None),
+        ("cpu 0", cpu(json!(0)), Some(("spec.resources.cpu", CPU))),
+        ("cpu -2", cpu(json!(-2)), Some(("spec.resources.cpu", CPU))),
+        ("cpu \"1.5\"", cpu(json!("1.5")), Some(("spec.resources.cpu", CPU))),
+        ("cpu \"500m\"", cpu(json!("500m")), Some(("spec.resources.cpu", CPU))),
+        (
+            "cpu not a quantity",
+            cpu(json!("two")),
+            Some(("spec.resources.cpu", CPU)),
+        ),
+        ("memory 512Mi", memory(json!("512Mi")), None),
+        ("memory as bytes", memory(json!(1073741824)), None),
+        (
+            "memory 256Mi",
+            memory(json!("256Mi")),
+            Some(("spec.resources.memory", MEMORY)),
+        ),
+        (
+            "memory not a quantity",
+            memory(json!("lots")),
+            Some(("spec.resources.memory", MEMORY)),
+        ),
+        ("no diskSize: the image's own size", disk(Value::Null), None),
+        ("diskSize 0", disk(json!("0")), Some(("spec.image.diskSize", DISK))),
+        (
+            "diskSize not a quantity",
+            disk(json!("big")),
+            Some(("spec.image.diskSize", DISK)),
+        ),
+    ]);
+}
+
+#[test]
+fn kaironmachine_image_resources_network_placement_table() {
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let url = "https://images.example/ubuntu-2404.qcow2";
+    let image = |v: Value| with(good_spec(), "image", v);
+    let by_type = with(good_spec(), "resources", Value::Null);
+    let network = |v: Value| with(good_spec(), "network", v);
+    let placement = |v: Value| with(good_spec(), "placement", v);
+    let anti_affinity = |v: &str| placement(json!({"controlPlaneAntiAffinity": v}));
+    check_machine_table(vec![
+        ("image from a MachineImage", good_spec(), None),
+        (
+            "image from a path",
+            image(json!({"path": "/var/lib/kairon/images/ubuntu.qcow2", "diskSize": "40Gi"})),
+            None,
+        ),
+        (
+            "image from an https URL with its digest",
+            image(json!({"httpURL": url, "digest": digest})),
+            None,
+        ),
+        (
+            "image from an http URL with its digest",
+            image(json!({"httpURL": "http://images.local/u.qcow2", "digest": digest})),
+            None,
+        ),
+        (
+            "imageRef and path",
+            image(json!({"imageRef": "u", "path": "/u.qcow2"})),
+            Some(("spec.image", ONE_SOURCE)),
+        ),
+        (
+            "imageRef and httpURL",
+            image(json!({"imageRef": "u", "httpURL": url, "digest": digest})),
+            Some(("spec.image", ONE_SOURCE)),
+        ),
+        (
+            "path and httpURL",
+            image(json!({"path": "/u.qcow2", "httpURL": url, "digest": digest})),
+            Some(("spec.image", ONE_SOURCE)),
+        ),
+        (
+            "no source, only a disk size",
+            image(json!({"diskSize": "40Gi"})),
+            Some(("spec.image", ONE_SOURCE)),
+        ),
+        ("no source at all", image(json!({})), Some(("spec.image", ONE_SOURCE))),
+        (
+            "httpURL without digest",
+            image(json!({"httpURL": url})),
+            Some(("spec.image", DIGEST_WITH_URL)),
+        ),
+        (
+            "digest without httpURL",
+            image(json!({"imageRef": "u", "digest": digest})),
+            Some(("spec.image", DIGEST_WITH_URL)),
+        ),
+        (
+            "digest in upper case",
+            image(json!({"httpURL": url, "digest": digest.to_uppercase().replacen("SHA256", "sha256", 1)})),
+            Some(("spec.image.digest", DIGEST_FORM)),
+        ),
+        (
+            "digest too short",
+            image(json!({"httpURL": url, "digest": "sha256:0123abcd"})),
+            Some(("spec.image.digest", DIGEST_FORM)),
+        ),
+        (
+            "digest of another algorithm",
+            image(json!({"httpURL": url, "digest": digest.replacen("sha256", "sha512", 1)})),
+            Some(("spec.image.digest", DIGEST_FORM)),
+        ),
+        (
+            "ftp URL",
+            image(json!({"httpURL": "ftp://images.example/u.qcow2", "digest": digest})),
+            Some(("spec.image.httpURL", URL)),
+        ),
+        (
+            "URL without a scheme",
+            image(json!({"httpURL": "images.example/u.qcow2", "digest": digest})),
+            Some(("spec.image.httpURL", URL)),
+        ),
+        (
+            "relative path",
+            image(json!({"path": "images/ubuntu.qcow2"})),
+            Some(("spec.image.path", PATH)),
+        ),
+        (
+            "instance type instead of resources",
+            with(by_type.clone(), "instanceTypeName", json!("m.large")),
+            None,
+        ),
+        (
+            "resources and instance type",
+            with(good_spec(), "instanceTypeName", json!("m.large")),
+            Some(("spec", ONE_SIZE)),
+        ),
+        ("neither resources nor instance type", by_type, Some(("spec", ONE_SIZE))),
+        (
+            "network tap on a bridge",
+            network(json!({"mode": "tap", "bridge": "br0"})),
+            None,
+        ),
+        ("network user", network(json!({"mode": "user"})), None),
+        (
+            "network tap without bridge",
+            network(json!({"mode": "tap"})),
+            Some(("spec.network", BRIDGE)),
+        ),
+        (
+            "bridge with network user",
+            network(json!({"mode": "user", "bridge": "br0"})),
+            Some(("spec.network", BRIDGE)),
+        ),
+        (
+            "bridge without a mode (user)",
+            network(json!({"bridge": "br0"})),
+            Some(("spec.network", BRIDGE)),
+        ),
+        (
+            "network macvtap",
+            network(json!({"mode": "macvtap"})),
+            Some(("spec.network.mode", MODE)),
+        ),
+        (
+            "placement nodeSelector",
+            placement(json!({"nodeSelector": {"kairon.zyvor.dev/pool": "general"}})),
+            None,
+        ),
+        ("controlPlaneAntiAffinity Preferred", anti_affinity("Preferred"), None),
+        ("controlPlaneAntiAffinity Required", anti_affinity("Required"), None),
+        ("controlPlaneAntiAffinity None", anti_affinity("None"), None),
+        (
+            "controlPlaneAntiAffinity Soft",
+            anti_affinity("Soft"),
+            Some(("spec.placement.controlPlaneAntiAffinity", ANTI_AFFINITY)),
+        ),
+        (
+            "controlPlaneAntiAffinity in lower case",
+            anti_affinity("required"),
+            Some(("spec.placement.controlPlaneAntiAffinity", ANTI_AFFINITY)),
+        ),
+    ]);
 }
 
 #[test]
@@ -117,49 +306,69 @@ fn providerid_is_write_once() {
 
 #[test]
 fn kaironmachine_spec_is_immutable_except_providerid() {
-    let old = machine(good_spec());
-    let cases: Vec<(&str, Value, &str)> = vec![
-        ("cpus", with(good_spec(), "cpus", json!(4)), "spec.cpus is immutable"),
-        (
-            "memory",
-            with(good_spec(), "memory", json!("8Gi")),
-            "spec.memory is immutable",
-        ),
-        (
-            "image",
-            with(good_spec(), "image", json!("other")),
-            "spec.image is immutable",
-        ),
-        (
-            "diskSize",
-            with(good_spec(), "diskSize", json!("80Gi")),
-            "spec.diskSize is immutable",
-        ),
-        (
-            "network added",
-            with(good_spec(), "network", json!({"name": "n"})),
-            "spec.network is immutable",
-        ),
-        (
-            "nodeSelector added",
-            with(good_spec(), "nodeSelector", json!({"a": "b"})),
-            "spec.nodeSelector is immutable",
-        ),
+    let typed = with(
+        with(good_spec(), "resources", Value::Null),
+        "instanceTypeName",
+        json!("m.large"),
+    );
+    let tapped = with(good_spec(), "network", json!({"mode": "tap", "bridge": "br0"}));
+    let placed = with(
+        good_spec(),
+        "placement",
+        json!({"nodeSelector": {"a": "b"}, "controlPlaneAntiAffinity": "Required"}),
+    );
+    // (change, new spec, old spec, the fields whose immutability rule refuses it)
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Value, Value, &[&str])> = vec![
+        ("resources.cpu", with(good_spec(), "resources.cpu", json!(4)), good_spec(), &["spec.resources"]),
+        ("resources.memory", with(good_spec(), "resources.memory", json!("8Gi")), good_spec(), &["spec.resources"]),
+        ("image.imageRef", with(good_spec(), "image.imageRef", json!("other")), good_spec(), &["spec.image"]),
+        ("image.diskSize", with(good_spec(), "image.diskSize", json!("80Gi")), good_spec(), &["spec.image"]),
+        ("image.diskSize removed", with(good_spec(), "image.diskSize", Value::Null), good_spec(), &["spec.image"]),
+        ("image source", with(good_spec(), "image", json!({"path": "/u.qcow2"})), good_spec(), &["spec.image"]),
+        ("resources for an instance type", typed.clone(), good_spec(), &["spec.resources", "spec.instanceTypeName"]),
+        ("instance type for resources", good_spec(), typed.clone(), &["spec.resources", "spec.instanceTypeName"]),
+        ("instanceTypeName", with(typed.clone(), "instanceTypeName", json!("m.xlarge")), typed.clone(), &["spec.instanceTypeName"]),
+        ("network added", tapped.clone(), good_spec(), &["spec.network"]),
+        ("network removed", good_spec(), tapped.clone(), &["spec.network"]),
+        ("network.bridge", with(tapped.clone(), "network.bridge", json!("br1")), tapped.clone(), &["spec.network"]),
+        ("placement added", placed.clone(), good_spec(), &["spec.placement"]),
+        ("placement removed", good_spec(), placed.clone(), &["spec.placement"]),
+        ("placement.nodeSelector", with(placed.clone(), "placement.nodeSelector", json!({"a": "c"})), placed.clone(), &["spec.placement"]),
+        ("placement.controlPlaneAntiAffinity", with(placed.clone(), "placement.controlPlaneAntiAffinity", json!("Preferred")), placed.clone(), &["spec.placement"]),
     ];
-    for (name, spec, msg) in cases {
-        let got = failures("kaironmachines", &machine(spec), Some(&old));
-        assert!(got.iter().any(|g| g.contains(msg)), "{name}: want {msg:?}, got {got:?}");
+    for (name, new, old, fields) in cases {
+        // The client-side validator reports a rule's fieldPath as written (`.spec.image`).
+        let mut got: Vec<String> = failures("kaironmachines", &machine(new), Some(&machine(old)))
+            .into_iter()
+            .map(|g| g.trim_start_matches('.').to_string())
+            .collect();
+        got.sort();
+        let mut want: Vec<String> = fields
+            .iter()
+            .map(|f| format!("{f}: {f} is immutable: create a new KaironMachineTemplate and roll out instead"))
+            .collect();
+        want.sort();
+        assert_eq!(got, want, "{name}");
     }
-    let with_net = machine(with(good_spec(), "network", json!({"name": "n"})));
-    let got = failures("kaironmachines", &machine(good_spec()), Some(&with_net));
-    assert!(
-        got.iter().any(|g| g.contains("spec.network is immutable")),
-        "network removed: {got:?}"
+    // Everything set, nothing changed: passes; adding the providerID is no change of shape.
+    let full = with(
+        with(placed, "network", json!({"mode": "tap", "bridge": "br0"})),
+        "evictionStrategy",
+        json!("External"),
     );
     assert!(
-        failures("kaironmachines", &with_net, Some(&with_net)).is_empty(),
+        failures("kaironmachines", &machine(full.clone()), Some(&machine(full.clone()))).is_empty(),
         "unchanged spec passes"
     );
+    let got = failures(
+        "kaironmachines",
+        &machine(with(full.clone(), "providerID", json!("kairon://m"))),
+        Some(&machine(full)),
+    );
+    assert!(got.is_empty(), "providerID written: {got:?}");
+    let got = failures("kaironmachines", &machine(typed.clone()), Some(&machine(typed)));
+    assert!(got.is_empty(), "an instance type unchanged: {got:?}");
 }
 
 #[test]
@@ -220,16 +429,43 @@ fn template_must_not_carry_a_providerid() {
             .any(|g| g.contains("spec.template.spec.providerID must not be set")),
         "{got:?}"
     );
-    let got = failures("kaironmachinetemplates", &t(with(good_spec(), "cpus", json!(0))), None);
-    assert!(
-        got.iter().any(|g| g.contains("cpus must be at least 1")),
-        "quantity rules apply in templates: {got:?}"
-    );
+    // The KaironMachine's rules apply in templates, at the template's paths.
+    for (spec, path, msg) in [
+        (
+            with(good_spec(), "resources.cpu", json!(0)),
+            "spec.template.spec.resources.cpu",
+            CPU,
+        ),
+        (
+            with(good_spec(), "instanceTypeName", json!("m.large")),
+            "spec.template.spec",
+            ONE_SIZE,
+        ),
+        (
+            with(good_spec(), "image.path", json!("/u.qcow2")),
+            "spec.template.spec.image",
+            ONE_SOURCE,
+        ),
+        (
+            with(good_spec(), "network", json!({"mode": "tap"})),
+            "spec.template.spec.network",
+            BRIDGE,
+        ),
+    ] {
+        let got = failures("kaironmachinetemplates", &t(spec), None);
+        assert!(
+            !got.is_empty()
+                && got
+                    .iter()
+                    .all(|g| g.starts_with(&format!("{path}: ")) && g.contains(msg)),
+            "template: want only {path}: {msg:?}, got {got:?}"
+        );
+    }
     // Templates carry no transition rules of their own: immutability is an admission policy
     // with the SSA dry-run exception ClusterClass needs.
     let got = failures(
         "kaironmachinetemplates",
-        &t(with(good_spec(), "cpus", json!(8))),
+        &t(with(good_spec(), "resources.cpu", json!(8))),
         Some(&t(good_spec())),
     );
     assert!(got.is_empty(), "{got:?}");
@@ -449,8 +685,16 @@ fn kaironmachinepool_rules_table() {
     let strategy = |s: Value| with(base.clone(), "strategy", s);
     let mut tpl_pid = base.clone();
     tpl_pid["template"]["providerID"] = json!("kairon://x");
-    let mut new_image = pid("kairon://machinesets/a");
-    new_image["template"]["image"] = json!("ubuntu-2404-kube-v1.36.2");
+    let new_image = with(
+        pid("kairon://machinesets/a"),
+        "template.image.imageRef",
+        json!("ubuntu-2404-kube-v1.36.2"),
+    );
+    let new_size = with(
+        with(pid("kairon://machinesets/a"), "template.resources", Value::Null),
+        "template.instanceTypeName",
+        json!("m.large"),
+    );
     #[rustfmt::skip]
     let cases: Vec<(&str, Value, Option<Value>, Option<&str>)> = vec![
         ("good", base.clone(), None, None),
@@ -458,8 +702,11 @@ fn kaironmachinepool_rules_table() {
         ("providerID changed", pid("kairon://machinesets/b"), Some(pid("kairon://machinesets/a")), Some("spec.providerID is write-once")),
         ("providerID removed", base.clone(), Some(pid("kairon://machinesets/a")), Some("spec.providerID is write-once")),
         ("template changed: rolls, allowed", new_image, Some(pid("kairon://machinesets/a")), None),
+        ("template resized to an instance type: rolls, allowed", new_size, Some(pid("kairon://machinesets/a")), None),
         ("template with a providerID", tpl_pid, None, Some("spec.template.providerID must not be set")),
-        ("template cpus 0", { let mut b = base.clone(); b["template"]["cpus"] = json!(0); b }, None, Some("cpus must be at least 1")),
+        ("template cpu 0", with(base.clone(), "template.resources.cpu", json!(0)), None, Some(CPU)),
+        ("template without resources or instance type", with(base.clone(), "template.resources", Value::Null), None, Some(ONE_SIZE)),
+        ("template httpURL without digest", with(base.clone(), "template.image", json!({"httpURL": "https://images.example/u.qcow2"})), None, Some(DIGEST_WITH_URL)),
         ("surge 0, unavailable 1", strategy(json!({"maxSurge": 0, "maxUnavailable": 1})), None, None),
         ("surge 0 alone (unavailable defaults to 0)", strategy(json!({"maxSurge": 0})), None, Some("must not both be 0")),
         ("both 0", strategy(json!({"maxSurge": 0, "maxUnavailable": 0})), None, Some("must not both be 0")),
