@@ -432,7 +432,10 @@ fn write_upgrade_flavors(assets: &Path) {
 
 /// Where the shipped class's image patches write: a KaironMachineTemplate's image, and a
 /// KaironMachinePoolTemplate's (one level down).
-const IMAGE_PATHS: [&str; 2] = ["/spec/template/spec/image", "/spec/template/spec/template/image"];
+const IMAGE_PATHS: [&str; 2] = [
+    "/spec/template/spec/image/imageRef",
+    "/spec/template/spec/template/image/imageRef",
+];
 
 /// The image patch operations of the shipped ClusterClass (`op: replace` of an
 /// [`IMAGE_PATHS`] path, with the comment lines above them) taken out of `class`.
