@@ -418,10 +418,10 @@ impl Engine {
                 }
                 let status = match placement.choose(node_selector(&m.spec), &avoid) {
                     Ok(host) => {
-                        tracing::info!(machine = %key, host = %host, "{from} -> Provisioning");
+                        tracing::info!(machine = %key, host = %host, "{from} -> Starting");
                         self.allocations.placement.assign(key, &host);
                         let labels = self.allocations.placement.labels_of(&host).cloned();
-                        sim::provisioning_status(&m, &host, labels, sim::new_runtime_id(), now)
+                        sim::starting_status(&m, &host, labels, sim::new_runtime_id(), now)
                     }
                     Err(unschedulable) => {
                         tracing::info!(machine = %key, why = %unschedulable.0, "{from}: not scheduled (Unschedulable), tried again later");
@@ -459,11 +459,6 @@ impl Engine {
             Step::Fail { reason, message } => {
                 tracing::info!(machine = %key, reason = %reason, "{from} -> Failed");
                 let status = sim::failed_status(&m, &reason, &message, now);
-                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
-            }
-            Step::BeginTermination => {
-                tracing::info!(machine = %key, "{from} -> Terminating");
-                let status = sim::terminating_status(&m);
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });
             }
             Step::ReleaseFinalizer => {

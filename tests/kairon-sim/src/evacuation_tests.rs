@@ -123,7 +123,7 @@ fn each_vm_is_evacuated_as_its_strategy_says() {
         ("asked, before the deadline", deadline(21), None, Box::new(|p| matches!(p, VmPlan::AwaitOwner { .. }))),
         ("asked, at the deadline: stopped", deadline(20), None, Box::new(stop_deadline)),
         ("asked, past the deadline: stopped", deadline(5), None, Box::new(stop_deadline)),
-        ("booting: later", Vm { phase: phase::PROVISIONING, ..vm_("m", Some(NONE), true) }, None, Box::new(|p| *p == VmPlan::Wait)),
+        ("booting: later", Vm { phase: phase::STARTING, ..vm_("m", Some(NONE), true) }, None, Box::new(|p| *p == VmPlan::Wait)),
         ("migration under way", vm_("m", None, true), Some(migration("m", Some(migration_phase::RUNNING), 0, None)), Box::new(|p| *p == VmPlan::Migrating)),
         ("migration not started yet", vm_("m", None, true), Some(migration("m", None, 0, None)), Box::new(|p| *p == VmPlan::Migrating)),
         ("LiveMigrateIfPossible, migration failed: as External", vm_("m", None, true), Some(migration("m", Some(migration_phase::FAILED), 0, Some(1))), Box::new(|p| *p == VmPlan::RequestEvacuation)),

@@ -104,7 +104,7 @@ pub struct Allocations {
 
 impl Allocations {
     /// Makes the bookkeeping for `key` say what the Machine's status says: a host is held
-    /// while the VM runs there (Provisioning, Running, Terminating; a Stopped VM is powered off
+    /// while the VM runs there (Starting, Running, Terminating; a Stopped VM is powered off
     /// and holds nothing), an address while the Machine reports one (a Failed or Stopped
     /// Machine keeps its address until it is deleted, so the address never shows on two
     /// Machines).
@@ -138,7 +138,7 @@ impl Allocations {
 
 /// Whether a VM in this phase occupies its host.
 pub fn holds_host(phase: Option<&str>) -> bool {
-    matches!(phase, Some(phase::PROVISIONING | phase::RUNNING | phase::TERMINATING))
+    matches!(phase, Some(phase::STARTING | phase::RUNNING | phase::TERMINATING))
 }
 
 #[cfg(test)]
@@ -197,7 +197,7 @@ mod tests {
         let cases = [
             (None, false),
             (Some(phase::PENDING), false),
-            (Some(phase::PROVISIONING), true),
+            (Some(phase::STARTING), true),
             (Some(phase::RUNNING), true),
             (Some(phase::TERMINATING), true),
             (Some(phase::STOPPED), false),

@@ -242,7 +242,7 @@ mod tests {
             ),
             (
                 "not booted yet",
-                machine(phase::PROVISIONING, false, false),
+                machine(phase::STARTING, false, false),
                 fresh.clone(),
                 KubeletStep::Idle,
             ),
@@ -278,7 +278,7 @@ mod tests {
             ),
             (
                 "deleting is the finalizer's job",
-                machine(phase::TERMINATING, true, false),
+                machine(phase::RUNNING, true, false),
                 running,
                 KubeletStep::Idle,
             ),

@@ -80,10 +80,10 @@ struct Args {
     /// Watch Machines in this namespace only (default: all namespaces).
     #[arg(long)]
     namespace: Option<String>,
-    /// Pending -> Provisioning.
+    /// Pending -> Starting (kairon-controller places it, FluxVM creates it).
     #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
     provision_delay: Duration,
-    /// Provisioning -> Running.
+    /// Starting -> Running.
     #[arg(long, default_value = "2s", value_parser = flags::parse_duration)]
     boot_delay: Duration,
     /// deletionTimestamp -> finalizer removed.

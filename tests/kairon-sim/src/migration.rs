@@ -345,7 +345,7 @@ mod tests {
             ("named target full", mig(Some("h3"), None), Some(running.clone()), false, 0, Box::new(fail(REASON_NO_TARGET_HOST))),
             ("named target unknown", mig(Some("hx"), None), Some(running.clone()), false, 0, Box::new(fail(REASON_NO_TARGET_HOST))),
             ("no machine", mig(None, None), None, false, 0, Box::new(fail(REASON_MACHINE_NOT_RUNNING))),
-            ("machine provisioning", mig(None, None), Some(vm(phase::PROVISIONING, Some("h1"), false, false)), false, 0, Box::new(fail(REASON_MACHINE_NOT_RUNNING))),
+            ("machine provisioning", mig(None, None), Some(vm(phase::STARTING, Some("h1"), false, false)), false, 0, Box::new(fail(REASON_MACHINE_NOT_RUNNING))),
             ("machine deleting", mig(None, None), Some(vm(phase::RUNNING, Some("h1"), false, true)), false, 0, Box::new(fail(REASON_MACHINE_NOT_RUNNING))),
             ("not migratable", mig(None, None), Some(vm(phase::RUNNING, Some("h1"), true, false)), false, 0, Box::new(fail(REASON_NOT_MIGRATABLE))),
             ("another one runs: queued", mig(None, None), Some(running.clone()), true, 0, Box::new(|s| *s == MigrationStep::Queue)),

@@ -53,9 +53,9 @@ impl fmt::Display for Key {
 /// The phases that end after a (jittered) delay, and the delay that applies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Clock {
-    /// Pending → Provisioning.
+    /// Pending → Starting.
     Provision,
-    /// Provisioning → Running.
+    /// Starting → Running.
     Boot,
     /// Terminating → finalizer removed.
     Delete,
@@ -98,7 +98,7 @@ pub fn clock_of(m: &Machine) -> Option<Clock> {
     }
     match phase_of(m) {
         Some(phase::PENDING) => Some(Clock::Provision),
-        Some(phase::PROVISIONING) => Some(Clock::Boot),
+        Some(phase::STARTING) => Some(Clock::Boot),
         _ => None,
     }
 }
@@ -112,15 +112,13 @@ pub enum Step {
     AddFinalizer,
     /// Accept the Machine: `Pending`.
     Accept,
-    /// Choose a host: `Provisioning` with a new runtime there, or, as kairon-controller,
+    /// Choose a host: `Starting` with a new runtime there, or, as kairon-controller,
     /// stay `Pending` with `Scheduled=False` (`Unschedulable`) and try again later.
     Place,
     /// Finish booting: `Running` with the guest's address, or `Failed` (forced or random).
     Boot,
     /// A running Machine was told to fail by annotation.
     Fail { reason: String, message: String },
-    /// The Machine was deleted: `Terminating`.
-    BeginTermination,
     /// The VM is gone: remove the Node (if any) and then the finalizer.
     ReleaseFinalizer,
 }
@@ -132,9 +130,7 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
         if !has_finalizer(m) {
             return Step::Wait;
         }
-        if phase_of(m) != Some(phase::TERMINATING) {
-            return Step::BeginTermination;
-        }
+        // As kairon-node: the Machine keeps its last phase while the VM is torn down.
         return if due { Step::ReleaseFinalizer } else { Step::Wait };
     }
     if !has_finalizer(m) {
@@ -143,7 +139,7 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
     match phase_of(m) {
         None => Step::Accept,
         Some(phase::PENDING) if due => Step::Place,
-        Some(phase::PROVISIONING) if due => Step::Boot,
+        Some(phase::STARTING) if due => Step::Boot,
         Some(phase::RUNNING) => match forced_failure(m) {
             Some(reason) => Step::Fail {
                 reason,
@@ -234,7 +230,7 @@ pub fn new_runtime_id() -> String {
 }
 
 /// Placed on `host`: the VM's runtime is created there (`runtime_id`, new for every runtime).
-pub fn provisioning_status(
+pub fn starting_status(
     m: &Machine,
     host: &str,
     host_labels: Option<BTreeMap<String, String>>,
@@ -242,7 +238,7 @@ pub fn provisioning_status(
     now: Timestamp,
 ) -> MachineStatus {
     let mut status = base_status(m);
-    status.phase = Some(phase::PROVISIONING.to_string());
+    status.phase = Some(phase::STARTING.to_string());
     status.node_name = Some(host.to_string());
     status.runtime_id = Some(runtime_id);
     status.host_labels = host_labels;
@@ -289,13 +285,6 @@ pub fn failed_status(m: &Machine, reason: &str, message: &str, now: Timestamp) -
     status.message = Some(message.to_string());
     set_condition(&mut status, condition, false, reason, message, now);
     status
-}
-
-pub fn terminating_status(m: &Machine) -> MachineStatus {
-    MachineStatus {
-        phase: Some(phase::TERMINATING.to_string()),
-        ..base_status(m)
-    }
 }
 
 /// Sets a metav1 condition; `lastTransitionTime` moves only when the status changes.
@@ -371,18 +360,18 @@ mod tests {
             ("empty phase counts as none", machine(Some(""), true, false, &[]), false, Step::Accept),
             ("pending waits for its timer", machine(Some(phase::PENDING), true, false, &[]), false, Step::Wait),
             ("pending is placed when due", machine(Some(phase::PENDING), true, false, &[]), true, Step::Place),
-            ("provisioning waits", machine(Some(phase::PROVISIONING), true, false, &[]), false, Step::Wait),
-            ("provisioning boots when due", machine(Some(phase::PROVISIONING), true, false, &[]), true, Step::Boot),
-            ("forced failure waits for boot", machine(Some(phase::PROVISIONING), true, false, &fail), false, Step::Wait),
+            ("provisioning waits", machine(Some(phase::STARTING), true, false, &[]), false, Step::Wait),
+            ("provisioning boots when due", machine(Some(phase::STARTING), true, false, &[]), true, Step::Boot),
+            ("forced failure waits for boot", machine(Some(phase::STARTING), true, false, &fail), false, Step::Wait),
             ("running is steady", machine(Some(phase::RUNNING), true, false, &[]), true, Step::Wait),
             ("running with fail annotation fails now", machine(Some(phase::RUNNING), true, false, &fail), false, forced.clone()),
             ("failed is terminal", machine(Some(phase::FAILED), true, false, &fail), true, Step::Wait),
             ("stopped stays", machine(Some(phase::STOPPED), true, false, &[]), true, Step::Wait),
-            ("deleted starts terminating", machine(Some(phase::RUNNING), true, true, &[]), false, Step::BeginTermination),
-            ("deleted while pending too", machine(Some(phase::PENDING), true, true, &[]), true, Step::BeginTermination),
-            ("deleted before acceptance", machine(None, true, true, &[]), false, Step::BeginTermination),
-            ("terminating waits", machine(Some(phase::TERMINATING), true, true, &[]), false, Step::Wait),
-            ("terminating releases when due", machine(Some(phase::TERMINATING), true, true, &[]), true, Step::ReleaseFinalizer),
+            ("deleted keeps its phase and waits", machine(Some(phase::RUNNING), true, true, &[]), false, Step::Wait),
+            ("deleted releases when due", machine(Some(phase::RUNNING), true, true, &[]), true, Step::ReleaseFinalizer),
+            ("deleted while pending too", machine(Some(phase::PENDING), true, true, &[]), true, Step::ReleaseFinalizer),
+            ("deleted before acceptance", machine(None, true, true, &[]), false, Step::Wait),
+            ("deleted before acceptance, when due", machine(None, true, true, &[]), true, Step::ReleaseFinalizer),
             ("deleted without our finalizer is left alone", machine(Some(phase::RUNNING), false, true, &[]), true, Step::Wait),
         ];
         for (name, m, due, want) in cases {
@@ -397,7 +386,7 @@ mod tests {
             Some(Clock::Provision)
         );
         assert_eq!(
-            clock_of(&machine(Some(phase::PROVISIONING), true, false, &[])),
+            clock_of(&machine(Some(phase::STARTING), true, false, &[])),
             Some(Clock::Boot)
         );
         assert_eq!(clock_of(&machine(Some(phase::RUNNING), true, false, &[])), None);
@@ -405,7 +394,7 @@ mod tests {
             clock_of(&machine(Some(phase::RUNNING), true, true, &[])),
             Some(Clock::Delete)
         );
-        assert_eq!(clock_of(&machine(Some(phase::TERMINATING), false, true, &[])), None);
+        assert_eq!(clock_of(&machine(Some(phase::RUNNING), false, true, &[])), None);
     }
 
     #[test]
@@ -437,8 +426,8 @@ mod tests {
 
     #[test]
     fn boot_outcomes() {
-        let plain = machine(Some(phase::PROVISIONING), true, false, &[]);
-        let forced = machine(Some(phase::PROVISIONING), true, false, &[(FAIL_ANNOTATION, "DiskFull")]);
+        let plain = machine(Some(phase::STARTING), true, false, &[]);
+        let forced = machine(Some(phase::STARTING), true, false, &[(FAIL_ANNOTATION, "DiskFull")]);
         assert_eq!(boot_outcome(&plain, 0.0, 0.0), BootOutcome::Running);
         assert_eq!(boot_outcome(&plain, 0.5, 0.7), BootOutcome::Running);
         assert!(
@@ -483,7 +472,7 @@ mod tests {
             ..m
         };
         let labels: BTreeMap<String, String> = [("zone".to_string(), "b".to_string())].into();
-        let provisioning = provisioning_status(&m, "kairon-node-2", Some(labels.clone()), "rt-1".into(), now);
+        let provisioning = starting_status(&m, "kairon-node-2", Some(labels.clone()), "rt-1".into(), now);
         assert_eq!(provisioning.node_name.as_deref(), Some("kairon-node-2"));
         assert_eq!(provisioning.host_labels, Some(labels));
         assert_eq!(provisioning.runtime_id.as_deref(), Some("rt-1"));
@@ -560,7 +549,7 @@ mod tests {
             ),
             Step::Place
         );
-        let placed = provisioning_status(
+        let placed = starting_status(
             &Machine {
                 status: Some(waiting),
                 ..m

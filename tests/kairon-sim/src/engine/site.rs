@@ -362,7 +362,7 @@ impl Engine {
             .filter(|(k, m)| {
                 !self.busy.contains(*k)
                     && m.metadata.deletion_timestamp.is_none()
-                    && matches!(crate::sim::phase_of(m), Some(phase::PROVISIONING | phase::RUNNING))
+                    && matches!(crate::sim::phase_of(m), Some(phase::STARTING | phase::RUNNING))
             })
             .filter_map(|(k, m)| {
                 let status = m.status.as_ref()?;
