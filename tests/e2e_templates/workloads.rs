@@ -29,6 +29,7 @@ async fn scale_down_drains_within_the_disruption_budget_and_a_blocked_drain_time
     rig.kubectl_apply(&rig.generate("", 1, 3));
     rig.wait_shape(1, 3, UP).await;
     let wc = rig.workload_client().await;
+    wait_workers_schedulable(&rig, &wc, 3).await;
 
     create_workload(&wc, "web", 6, json!({"maxUnavailable": 1})).await;
     wait_running(&rig, &wc, "web", 6, &BTreeSet::new()).await;
@@ -195,6 +196,7 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
     rig.kubectl_apply(&rig.generate("", 1, 2));
     rig.wait_shape(1, 2, UP).await;
     let wc = rig.workload_client().await;
+    wait_workers_schedulable(&rig, &wc, 2).await;
     create_workload(&wc, "web", 4, json!({"maxUnavailable": 1})).await;
     wait_running(&rig, &wc, "web", 4, &BTreeSet::new()).await;
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher::{self, Event};
@@ -89,6 +89,42 @@ pub async fn create_workload(wc: &Client, name: &str, replicas: i32, budget: ser
         .create(&PostParams::default(), &pdb(name, budget))
         .await
         .unwrap_or_else(|e| panic!("creating PodDisruptionBudget {name}: {e}"));
+}
+
+/// Waits until `workers` worker Nodes (no control-plane role) are Ready and carry no taint
+/// that keeps new Pods off (KWOK may post a Node's first Ready status a moment after CAPI
+/// sets the Machine's nodeRef): a workload created before then lands on the Nodes ready so
+/// far, and a test of how it spreads or drains would start from the wrong place.
+pub async fn wait_workers_schedulable(rig: &GuestRig, wc: &Client, workers: usize) {
+    rig.wait(&format!("{workers} worker Nodes Ready and untainted"), UP, || async {
+        let nodes = Api::<Node>::all(wc.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let schedulable = nodes
+            .iter()
+            .filter(|n| !n.labels().contains_key("node-role.kubernetes.io/control-plane"))
+            .filter(|n| {
+                let spec = n.spec.as_ref();
+                let ready = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                ready
+                    && !spec.and_then(|s| s.unschedulable).unwrap_or(false)
+                    && spec
+                        .and_then(|s| s.taints.as_ref())
+                        .is_none_or(|t| t.iter().all(|t| t.effect == "PreferNoSchedule"))
+            })
+            .count();
+        match schedulable == workers {
+            true => Ok(()),
+            false => Err(format!("{schedulable} of {} Nodes schedulable workers", nodes.len())),
+        }
+    })
+    .await;
 }
 
 pub async fn wait_running(rig: &GuestRig, wc: &Client, app: &str, replicas: usize, avoid: &BTreeSet<String>) {
