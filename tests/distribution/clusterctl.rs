@@ -430,7 +430,7 @@ fn templates_set_the_kubelet_provider_id_and_the_kube_vip_endpoint() {
         .flat_map(|p| p["definitions"].as_array().unwrap())
         .filter(|d| d["selector"]["matchResources"]["machinePoolClass"]["names"][0] == "default-worker-pool")
         .flat_map(|d| d["jsonPatches"].as_array().unwrap())
-        .find(|j| j["path"] == "/spec/template/spec/template/image")
+        .find(|j| j["path"] == "/spec/template/spec/template/image/imageRef")
         .expect("the pool class's image patch");
     assert!(
         pool_image["valueFrom"]["template"]
