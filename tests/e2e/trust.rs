@@ -281,6 +281,90 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
     assert!(rig.manager.is_running());
 }
 
+/// The same restore after the KaironMachine saw its VM gone (not paused: `InstanceNotFound`
+/// first, the newcomer after). The status then forgot which VM was ours (`status.instance`
+/// cleared), and the newcomer, named by our providerID and labelled as ours, was taken for it:
+/// Ready again with its addresses.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_vm_restored_after_ours_was_seen_gone_is_not_taken_for_it() {
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        ..RigOptions::new("trust_restored")
+    })
+    .await;
+    rig.wait_running(2, UP).await;
+    let km = rig
+        .kms()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|k| k.name_any().contains("md-0"))
+        .expect("the worker's KaironMachine");
+    let name = km.name_any();
+    let old = rig.vms().get(&name).await.unwrap();
+    rig.vms().delete(&name, &Default::default()).await.unwrap();
+    rig.wait("the KaironMachine reports its VM gone", UP, || async {
+        let km = rig.kms().get(&name).await?;
+        Ok::<_, kube::Error>(km_instance(&km).is_some_and(|c| c.0 == reason::INSTANCE_NOT_FOUND))
+    })
+    .await;
+    let mut restored = old.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: old.metadata.name.clone(),
+        namespace: old.metadata.namespace.clone(),
+        labels: old.metadata.labels.clone(),
+        annotations: old.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    restored.status = None;
+    let new_uid = rig
+        .vms()
+        .create(&PostParams::default(), &restored)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    rig.wait("the restored Kairon Machine running", UP, || async {
+        let vm = rig.vms().get(&name).await?;
+        Ok::<_, kube::Error>(vm.status.and_then(|s| s.phase).as_deref() == Some("Running"))
+    })
+    .await;
+    // Reconciled now (and then again at the manager's own pace): it must stay not found.
+    rig.kms()
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test.kairon/poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::time::Instant::now() < deadline {
+        let km = rig.kms().get(&name).await.unwrap();
+        let status = km.status.clone().unwrap_or_default();
+        let instance = status.instance.as_ref();
+        assert_ne!(
+            instance.and_then(|i| i.uid.clone()),
+            Some(new_uid.clone()),
+            "the newcomer is reported as ours: {status:?}"
+        );
+        assert_eq!(
+            instance.and_then(|i| i.uid.clone()),
+            old.uid(),
+            "the gone VM stays recorded by its uid: {status:?}"
+        );
+        assert_eq!(
+            km_instance(&km).map(|c| c.0).as_deref(),
+            Some(reason::INSTANCE_NOT_FOUND),
+            "{status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(rig.manager.is_running());
+}
+
 /// Adoption by providerID: `spec.providerID` is settable by whoever creates a KaironMachine, so
 /// it names a VM to adopt only when that VM was made by this management cluster (or one it
 /// adopts from) and the KaironMachine the VM's labels name is gone. Without these checks the

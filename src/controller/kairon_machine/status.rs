@@ -63,7 +63,13 @@ pub fn next_status(
                 condition.clone()
             }
             Observed::Gone => {
-                status.instance = None;
+                // What the instance was stays recorded (its uid above all): a Kairon Machine
+                // made later under the same name (a restore, a re-create by hand) is another
+                // instance, and with no uid recorded it would be taken for ours by its name.
+                if let Some(gone) = status.instance.as_mut() {
+                    gone.phase = None;
+                    gone.host = None;
+                }
                 Decided::new(
                     INSTANCE_PROVISIONED,
                     Status::False,
@@ -323,6 +329,29 @@ mod tests {
             (i.name.as_str(), i.phase.as_deref(), i.host.as_deref()),
             ("m1", Some("Running"), Some("kairon-node-7"))
         );
+    }
+
+    /// Gone keeps who the instance was: the uid is what tells a Kairon Machine made later
+    /// under the same name (a restore) from the VM this KaironMachine provisioned.
+    #[test]
+    fn a_gone_instance_stays_recorded_by_uid_without_phase_or_host() {
+        let running = next_status(
+            None,
+            StatusInput::Live(&Observed::Instance(vm("Running"))),
+            None,
+            &at(1),
+        );
+        let recorded = running.instance.clone().expect("recorded");
+        assert!(recorded.uid.is_some(), "the fixture VM has a uid");
+        let gone = next_status(Some(&running), StatusInput::Live(&Observed::Gone), None, &at(2));
+        let i = gone.instance.expect("still recorded");
+        assert_eq!((i.name, i.uid), (recorded.name, recorded.uid));
+        assert_eq!((i.phase, i.host), (None, None), "no phase or host of a VM that is not there");
+        assert_eq!(cond(&gone_status(), INSTANCE_PROVISIONED).reason, reason::INSTANCE_NOT_FOUND);
+    }
+
+    fn gone_status() -> KaironMachineStatus {
+        next_status(None, StatusInput::Live(&Observed::Gone), None, &at(1))
     }
 
     #[test]
