@@ -346,8 +346,15 @@ mod tests {
         let gone = next_status(Some(&running), StatusInput::Live(&Observed::Gone), None, &at(2));
         let i = gone.instance.expect("still recorded");
         assert_eq!((i.name, i.uid), (recorded.name, recorded.uid));
-        assert_eq!((i.phase, i.host), (None, None), "no phase or host of a VM that is not there");
-        assert_eq!(cond(&gone_status(), INSTANCE_PROVISIONED).reason, reason::INSTANCE_NOT_FOUND);
+        assert_eq!(
+            (i.phase, i.host),
+            (None, None),
+            "no phase or host of a VM that is not there"
+        );
+        assert_eq!(
+            cond(&gone_status(), INSTANCE_PROVISIONED).reason,
+            reason::INSTANCE_NOT_FOUND
+        );
     }
 
     fn gone_status() -> KaironMachineStatus {
