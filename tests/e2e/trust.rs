@@ -163,6 +163,47 @@ async fn secrets_and_owners_that_do_not_belong_to_the_machine_get_no_vm() {
     assert!(rig.manager.is_running());
 }
 
+/// The worker's KaironMachine of a rig of one control plane and one worker, both running.
+async fn worker_kaironmachine(rig: &Rig) -> KaironMachine {
+    rig.wait_running(2, UP).await;
+    rig.kms()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|k| k.name_any().contains("md-0"))
+        .expect("the worker's KaironMachine")
+}
+
+/// `old` created again as a restore from a backup makes it: same name, labels and
+/// annotations, a new UID (returned), no status.
+async fn restore(rig: &Rig, old: &kairon::Machine) -> String {
+    let mut restored = old.clone();
+    restored.metadata = kube::api::ObjectMeta {
+        name: old.metadata.name.clone(),
+        namespace: old.metadata.namespace.clone(),
+        labels: old.metadata.labels.clone(),
+        annotations: old.metadata.annotations.clone(),
+        ..Default::default()
+    };
+    restored.status = None;
+    let created = rig.vms().create(&PostParams::default(), &restored).await.unwrap();
+    created.uid().unwrap()
+}
+
+/// An annotation change, so that the KaironMachine is reconciled now.
+async fn poke(rig: &Rig, name: &str) {
+    rig.kms()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"test.kairon/poke": "1"}}})),
+        )
+        .await
+        .unwrap();
+}
+
 /// A Kairon Machine replaced under our name (a restore: same name and labels, new UID) is not
 /// the VM our providerID names. Without the check the KaironMachine reported the newcomer's
 /// UID and addresses as its own.
@@ -173,16 +214,7 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
         ..RigOptions::new("trust_replaced")
     })
     .await;
-    rig.wait_running(2, UP).await;
-    let km = rig
-        .kms()
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|k| k.name_any().contains("md-0"))
-        .expect("the worker's KaironMachine");
+    let km = worker_kaironmachine(&rig).await;
     let name = km.name_any();
     let old = rig.vms().get(&name).await.unwrap();
     let old_uid = old.uid().unwrap();
@@ -208,17 +240,7 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
         Ok::<_, kube::Error>(rig.vms().get_opt(&name).await?.is_none())
     })
     .await;
-    let mut restored = old.clone();
-    restored.metadata = kube::api::ObjectMeta {
-        name: old.metadata.name.clone(),
-        namespace: old.metadata.namespace.clone(),
-        labels: old.metadata.labels.clone(),
-        annotations: old.metadata.annotations.clone(),
-        ..Default::default()
-    };
-    restored.status = None;
-    let restored = rig.vms().create(&PostParams::default(), &restored).await.unwrap();
-    let new_uid = restored.uid().unwrap();
+    let new_uid = restore(&rig, &old).await;
     let new_addresses = rig
         .wait("the restored Kairon Machine running", UP, || async {
             let vm = rig.vms().get(&name).await?;
@@ -231,15 +253,8 @@ async fn a_vm_replaced_under_the_same_name_is_not_reported_as_ours() {
         })
         .await;
     rig.set_paused(false).await;
-    // Poke the KaironMachine so it is reconciled now rather than at the next resync.
-    rig.kms()
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"test.kairon/poke": "1"}}})),
-        )
-        .await
-        .unwrap();
+    // Reconciled now rather than at the next resync.
+    poke(&rig, &name).await;
 
     let km = rig
         .wait("the KaironMachine reports its instance gone", UP, || async {
@@ -292,16 +307,7 @@ async fn a_vm_restored_after_ours_was_seen_gone_is_not_taken_for_it() {
         ..RigOptions::new("trust_restored")
     })
     .await;
-    rig.wait_running(2, UP).await;
-    let km = rig
-        .kms()
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .find(|k| k.name_any().contains("md-0"))
-        .expect("the worker's KaironMachine");
+    let km = worker_kaironmachine(&rig).await;
     let name = km.name_any();
     let old = rig.vms().get(&name).await.unwrap();
     rig.vms().delete(&name, &Default::default()).await.unwrap();
@@ -310,36 +316,14 @@ async fn a_vm_restored_after_ours_was_seen_gone_is_not_taken_for_it() {
         Ok::<_, kube::Error>(km_instance(&km).is_some_and(|c| c.0 == reason::INSTANCE_NOT_FOUND))
     })
     .await;
-    let mut restored = old.clone();
-    restored.metadata = kube::api::ObjectMeta {
-        name: old.metadata.name.clone(),
-        namespace: old.metadata.namespace.clone(),
-        labels: old.metadata.labels.clone(),
-        annotations: old.metadata.annotations.clone(),
-        ..Default::default()
-    };
-    restored.status = None;
-    let new_uid = rig
-        .vms()
-        .create(&PostParams::default(), &restored)
-        .await
-        .unwrap()
-        .uid()
-        .unwrap();
+    let new_uid = restore(&rig, &old).await;
     rig.wait("the restored Kairon Machine running", UP, || async {
         let vm = rig.vms().get(&name).await?;
         Ok::<_, kube::Error>(vm.status.and_then(|s| s.phase).as_deref() == Some("Running"))
     })
     .await;
     // Reconciled now (and then again at the manager's own pace): it must stay not found.
-    rig.kms()
-        .patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {"test.kairon/poke": "1"}}})),
-        )
-        .await
-        .unwrap();
+    poke(&rig, &name).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while std::time::Instant::now() < deadline {
         let km = rig.kms().get(&name).await.unwrap();
