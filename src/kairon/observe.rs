@@ -134,6 +134,7 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             format!("Kairon Machine {name} could not be read: {why}"),
         );
     }
+    let not_scheduled = not_scheduled(vm);
     let (status, r, message) = match effective_phase(vm) {
         phase::RUNNING => (
             Status::True,
@@ -146,13 +147,10 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         // the same bringing-up.
         // Kairon says why it cannot place a Pending Machine (a False it leaves behind on a
         // Machine scheduled later is not read once the phase moves on).
-        phase::PENDING if not_scheduled(vm).is_some() => (
+        phase::PENDING if let Some(why) = &not_scheduled => (
             Status::False,
             reason::INSTANCE_NOT_SCHEDULED,
-            format!(
-                "Kairon Machine {name} is not scheduled yet: {}",
-                not_scheduled(vm).unwrap_or_default()
-            ),
+            format!("Kairon Machine {name} is not scheduled yet: {why}"),
         ),
         phase::PENDING | phase::PROVISIONING | phase::STARTING | phase::BLOCKED => (
             Status::False,

@@ -421,7 +421,7 @@ impl Engine {
                         tracing::info!(machine = %key, host = %host, "{from} -> Starting");
                         self.allocations.placement.assign(key, &host);
                         let labels = self.allocations.placement.labels_of(&host).cloned();
-                        sim::starting_status(&m, &host, labels, sim::new_runtime_id(), now)
+                        sim::starting_status(&m, &host, labels, sim::new_runtime_id())
                     }
                     Err(unschedulable) => {
                         tracing::info!(machine = %key, why = %unschedulable.0, "{from}: not scheduled (Unschedulable), tried again later");

@@ -235,7 +235,6 @@ pub fn starting_status(
     host: &str,
     host_labels: Option<BTreeMap<String, String>>,
     runtime_id: String,
-    now: Timestamp,
 ) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::STARTING.to_string());
@@ -243,7 +242,6 @@ pub fn starting_status(
     status.runtime_id = Some(runtime_id);
     status.host_labels = host_labels;
     // kairon-controller only ever writes Scheduled=False: one from an earlier attempt stays.
-    let _ = now;
     status
 }
 
@@ -472,7 +470,7 @@ mod tests {
             ..m
         };
         let labels: BTreeMap<String, String> = [("zone".to_string(), "b".to_string())].into();
-        let provisioning = starting_status(&m, "kairon-node-2", Some(labels.clone()), "rt-1".into(), now);
+        let provisioning = starting_status(&m, "kairon-node-2", Some(labels.clone()), "rt-1".into());
         assert_eq!(provisioning.node_name.as_deref(), Some("kairon-node-2"));
         assert_eq!(provisioning.host_labels, Some(labels));
         assert_eq!(provisioning.runtime_id.as_deref(), Some("rt-1"));
@@ -557,7 +555,6 @@ mod tests {
             "h1",
             None,
             "rt".into(),
-            now,
         );
         assert_eq!(placed.conditions.unwrap()[0].status, "False", "as Kairon leaves it");
     }

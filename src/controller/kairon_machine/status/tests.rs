@@ -1,0 +1,389 @@
+use super::*;
+use crate::api::conditions::PAUSED;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
+fn at(s: i64) -> Time {
+    Time(Timestamp::from_second(s).unwrap())
+}
+
+fn vm(phase: &str) -> Box<kairon::Machine> {
+    Box::new(kairon::fixtures::vm(Some(phase)))
+}
+
+fn cond<'a>(s: &'a KaironMachineStatus, t: &str) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    conditions::get(s.conditions.as_deref().unwrap(), t).unwrap_or_else(|| panic!("no {t} condition"))
+}
+
+fn waiting(r: &'static str) -> Observed {
+    Observed::Waiting(Decided::new(INSTANCE_PROVISIONED, Status::False, r, "waiting"))
+}
+
+struct Case {
+    name: &'static str,
+    observed: Observed,
+    ready: (&'static str, &'static str),
+    instance: (&'static str, &'static str),
+    provisioned: bool,
+    failure_reason: Option<&'static str>,
+}
+
+#[test]
+fn status_from_every_observation() {
+    let cases = vec![
+        Case {
+            name: "waiting for infra",
+            observed: waiting(reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE),
+            ready: ("False", reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE),
+            instance: ("False", reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "waiting for cp",
+            observed: waiting(reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED),
+            ready: ("False", reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED),
+            instance: ("False", reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "pending",
+            observed: Observed::Instance(vm("Pending")),
+            ready: ("False", reason::INSTANCE_PROVISIONING),
+            instance: ("False", reason::INSTANCE_PROVISIONING),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "provisioning",
+            observed: Observed::Instance(vm("Provisioning")),
+            ready: ("False", reason::INSTANCE_PROVISIONING),
+            instance: ("False", reason::INSTANCE_PROVISIONING),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "running",
+            observed: Observed::Instance(vm("Running")),
+            ready: ("True", reason::READY),
+            instance: ("True", reason::PROVISIONED),
+            provisioned: true,
+            failure_reason: None,
+        },
+        Case {
+            name: "stopped",
+            observed: Observed::Instance(vm("Stopped")),
+            ready: ("False", reason::INSTANCE_STOPPED),
+            instance: ("False", reason::INSTANCE_STOPPED),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "failed",
+            observed: Observed::Instance(vm("Failed")),
+            ready: ("False", reason::INSTANCE_FAILED),
+            instance: ("False", reason::INSTANCE_FAILED),
+            provisioned: false,
+            failure_reason: Some("InsufficientResources"),
+        },
+        // Kairon's Error is retried by Kairon: no failure reason, the Machine is not failed.
+        Case {
+            name: "kairon error",
+            observed: Observed::Instance(vm("Error")),
+            ready: ("False", reason::INSTANCE_ERROR),
+            instance: ("False", reason::INSTANCE_ERROR),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "kairon halted",
+            observed: Observed::Instance(vm("Halted")),
+            ready: ("False", reason::INSTANCE_STOPPED),
+            instance: ("False", reason::INSTANCE_STOPPED),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "terminating",
+            observed: Observed::Instance(vm("Terminating")),
+            ready: ("False", reason::INSTANCE_TERMINATING),
+            instance: ("False", reason::INSTANCE_TERMINATING),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "gone",
+            observed: Observed::Gone,
+            ready: ("False", reason::INSTANCE_NOT_FOUND),
+            instance: ("False", reason::INSTANCE_NOT_FOUND),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "conflict",
+            observed: Observed::Conflict {
+                name: "m1".into(),
+                why: "its labels name another KaironMachine".into(),
+            },
+            ready: ("False", reason::INSTANCE_CONFLICT),
+            instance: ("False", reason::INSTANCE_CONFLICT),
+            provisioned: false,
+            failure_reason: None,
+        },
+        Case {
+            name: "ignition",
+            observed: Observed::Terminal {
+                condition: Decided::new(
+                    INSTANCE_PROVISIONED,
+                    Status::False,
+                    reason::UNSUPPORTED_BOOTSTRAP_FORMAT,
+                    "format ignition",
+                ),
+                failure_reason: "InvalidConfiguration",
+            },
+            ready: ("False", reason::UNSUPPORTED_BOOTSTRAP_FORMAT),
+            instance: ("False", reason::UNSUPPORTED_BOOTSTRAP_FORMAT),
+            provisioned: false,
+            failure_reason: Some("InvalidConfiguration"),
+        },
+    ];
+    for c in cases {
+        let s = next_status(None, StatusInput::Live(&c.observed), Some(3), &at(100));
+        let ready = cond(&s, READY);
+        let inst = cond(&s, INSTANCE_PROVISIONED);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            c.ready,
+            "{}: Ready",
+            c.name
+        );
+        assert_eq!(
+            (inst.status.as_str(), inst.reason.as_str()),
+            c.instance,
+            "{}: InstanceProvisioned",
+            c.name
+        );
+        assert_eq!(s.is_provisioned(), c.provisioned, "{}: provisioned", c.name);
+        assert_eq!(s.failure_reason(), c.failure_reason, "{}: failureReason", c.name);
+        assert_eq!(cond(&s, PAUSED).status, "False", "{}", c.name);
+        assert_eq!(ready.observed_generation, Some(3));
+        if ready.status == "True" {
+            // CAPI shows a True InfrastructureReady's message in the Machine's Ready.
+            assert_eq!(ready.message, "", "{}: a True Ready has no message", c.name);
+        } else {
+            assert_eq!(
+                ready.message, inst.message,
+                "{}: a False Ready carries the instance message",
+                c.name
+            );
+        }
+    }
+}
+
+#[test]
+fn running_instance_fills_contract_fields() {
+    let s = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(1),
+    );
+    assert_eq!(
+        s.initialization,
+        Some(Initialization {
+            provisioned: Some(true)
+        })
+    );
+    assert_eq!(s.addresses.as_ref().unwrap()[0].address, "10.42.0.17");
+    assert_eq!(s.failure_domain.as_deref(), Some("zone-a"));
+    let i = s.instance.as_ref().unwrap();
+    assert_eq!(
+        (i.name.as_str(), i.phase.as_deref(), i.host.as_deref()),
+        ("m1", Some("Running"), Some("kairon-node-7"))
+    );
+}
+
+/// Gone keeps who the instance was: the uid is what tells a Kairon Machine made later
+/// under the same name (a restore) from the VM this KaironMachine provisioned.
+#[test]
+fn a_gone_instance_stays_recorded_by_uid_without_phase_or_host() {
+    let running = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(1),
+    );
+    let recorded = running.instance.clone().expect("recorded");
+    assert!(recorded.uid.is_some(), "the fixture VM has a uid");
+    let gone = next_status(Some(&running), StatusInput::Live(&Observed::Gone), None, &at(2));
+    assert_eq!(cond(&gone, INSTANCE_PROVISIONED).reason, reason::INSTANCE_NOT_FOUND);
+    let i = gone.instance.expect("still recorded");
+    assert_eq!((i.name, i.uid), (recorded.name, recorded.uid));
+    assert_eq!(
+        (i.phase, i.host),
+        (None, None),
+        "no phase or host of a VM that is not there"
+    );
+}
+
+#[test]
+fn same_observation_twice_gives_the_same_status() {
+    // Steady state writes nothing: recomputing from an unchanged world must be equal.
+    for observed in [
+        Observed::Instance(vm("Running")),
+        waiting(reason::WAITING_FOR_BOOTSTRAP_DATA),
+        Observed::Gone,
+    ] {
+        let first = next_status(None, StatusInput::Live(&observed), Some(1), &at(10));
+        let second = next_status(Some(&first), StatusInput::Live(&observed), Some(1), &at(20));
+        assert_eq!(first, second, "{observed:?}");
+    }
+}
+
+#[test]
+fn pending_and_provisioning_are_one_status() {
+    // Whether a reconcile sees Kairon's Pending, its Provisioning (with the host chosen),
+    // or both, depends on how fast reconciles follow the watch: the status must not, or
+    // the writes per machine grow when the client limit is lifted.
+    let just_created = {
+        let mut v = vm("Pending");
+        v.status = None;
+        Box::new(*v)
+    };
+    let mut provisioning = vm("Provisioning");
+    provisioning.status.as_mut().unwrap().node_name = Some("kairon-node-7".into());
+    let first = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(just_created)),
+        Some(1),
+        &at(10),
+    );
+    for later in [vm("Pending"), provisioning] {
+        let next = next_status(
+            Some(&first),
+            StatusInput::Live(&Observed::Instance(later)),
+            Some(1),
+            &at(20),
+        );
+        assert_eq!(next, first);
+    }
+    let i = first.instance.as_ref().unwrap();
+    assert_eq!((i.phase.as_deref(), i.host.as_deref()), (Some("Provisioning"), None));
+    assert_eq!(cond(&first, READY).reason, reason::INSTANCE_PROVISIONING);
+}
+
+#[test]
+fn transition_time_moves_only_with_status() {
+    let pending = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Pending"))),
+        None,
+        &at(10),
+    );
+    let provisioning = next_status(
+        Some(&pending),
+        StatusInput::Live(&Observed::Instance(vm("Provisioning"))),
+        None,
+        &at(20),
+    );
+    assert_eq!(
+        cond(&provisioning, READY).last_transition_time,
+        at(10),
+        "False -> False keeps the time"
+    );
+    assert_eq!(cond(&provisioning, READY).reason, reason::INSTANCE_PROVISIONING);
+    let running = next_status(
+        Some(&provisioning),
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(30),
+    );
+    assert_eq!(
+        cond(&running, READY).last_transition_time,
+        at(30),
+        "False -> True moves it"
+    );
+}
+
+#[test]
+fn provisioned_never_flips_back() {
+    let running = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(10),
+    );
+    for later in [
+        Observed::Instance(vm("Stopped")),
+        Observed::Instance(vm("Failed")),
+        Observed::Gone,
+    ] {
+        let s = next_status(Some(&running), StatusInput::Live(&later), None, &at(20));
+        assert!(s.is_provisioned(), "{later:?}");
+        assert_eq!(cond(&s, READY).status, "False", "{later:?}");
+    }
+}
+
+#[test]
+fn paused_only_touches_the_paused_condition() {
+    let running = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(10),
+    );
+    let paused = next_status(
+        Some(&running),
+        StatusInput::Paused("Cluster spec.paused is set to true"),
+        None,
+        &at(20),
+    );
+    assert_eq!(cond(&paused, PAUSED).status, "True");
+    assert_eq!(cond(&paused, PAUSED).reason, reason::PAUSED);
+    assert_eq!(cond(&paused, READY), cond(&running, READY));
+    assert_eq!(paused.instance, running.instance);
+    let resumed = next_status(
+        Some(&paused),
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(30),
+    );
+    assert_eq!(cond(&resumed, PAUSED).status, "False");
+    assert_eq!(cond(&resumed, PAUSED).last_transition_time, at(30));
+}
+
+#[test]
+fn deleting_sets_ready_false_deleting() {
+    let s = next_status(
+        None,
+        StatusInput::Deleting(&Observed::Instance(vm("Terminating"))),
+        None,
+        &at(10),
+    );
+    assert_eq!(cond(&s, READY).reason, reason::DELETING);
+    assert_eq!(cond(&s, INSTANCE_PROVISIONED).reason, reason::INSTANCE_TERMINATING);
+}
+
+#[test]
+fn first_failure_sticks() {
+    let failed = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Failed"))),
+        None,
+        &at(10),
+    );
+    let msg = failed
+        .deprecated
+        .as_ref()
+        .unwrap()
+        .v1beta1
+        .as_ref()
+        .unwrap()
+        .failure_message
+        .clone()
+        .unwrap();
+    assert!(msg.contains("Unschedulable: no host has 64 CPUs"), "{msg}");
+    let gone = next_status(Some(&failed), StatusInput::Live(&Observed::Gone), None, &at(20));
+    assert_eq!(gone.failure_reason(), Some("InsufficientResources"));
+}
