@@ -46,6 +46,9 @@ pub(crate) mod reason {
     pub(crate) const INSTANCE_CREATED: &str = "InstanceCreated";
     pub(crate) const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
     pub(crate) const INSTANCE_FAILED: &str = "InstanceFailed";
+    /// Warning: the instance ran and no longer does (paused, halted or stopped by Kairon, a
+    /// failed runtime, an error).
+    pub(crate) const INSTANCE_NOT_RUNNING: &str = "InstanceNotRunning";
     pub(crate) const INSTANCE_DELETED: &str = "InstanceDeleted";
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
     pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";

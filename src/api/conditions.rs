@@ -71,7 +71,10 @@ pub mod reason {
     /// pinning); Kairon keeps trying, and its reason and message say why.
     pub const INSTANCE_NOT_SCHEDULED: &str = "InstanceNotScheduled";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
-    pub const INSTANCE_FAILED: &str = "InstanceFailed";
+    /// Kairon reports phase Unknown: FluxVM says the runtime is in a state Kairon does not know
+    /// (it failed, among others) and Kairon does not restart it. The VM does not run; not
+    /// terminal.
+    pub const INSTANCE_STATE_UNKNOWN: &str = "InstanceStateUnknown";
     /// Kairon reports phase Error (a reconcile of the VM failed; Kairon retries it): not
     /// terminal, Kairon's message says why.
     pub const INSTANCE_ERROR: &str = "InstanceError";

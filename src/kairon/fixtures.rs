@@ -4,7 +4,7 @@
 use super::{FAILURE_DOMAIN_ANNOTATION, Machine, MachineStatus};
 
 /// A Kairon Machine in `phase` (`None`: Kairon has not reported one yet). Running machines
-/// report a guest IP; Failed ones the simulator's reason and message.
+/// report a guest IP; those in Error Kairon's message.
 pub(crate) fn vm(phase: Option<&str>) -> Machine {
     let mut m = Machine::new("m1", Default::default());
     m.metadata.namespace = Some("ns".into());
@@ -15,8 +15,7 @@ pub(crate) fn vm(phase: Option<&str>) -> Machine {
         node_name: Some("kairon-node-7".into()),
         guest_ip: (phase == Some("Running")).then(|| "10.42.0.17".into()),
         guest_ips: (phase == Some("Running")).then(|| vec!["10.42.0.17".into()]),
-        reason: (phase == Some("Failed")).then(|| "Unschedulable".into()),
-        message: (phase == Some("Failed")).then(|| "no host has 64 CPUs".into()),
+        message: (phase == Some("Error")).then(|| "image \"ubuntu\": download failed".into()),
         ..Default::default()
     });
     m

@@ -96,28 +96,6 @@ pub(crate) fn is_running(vm: &Machine) -> bool {
     effective_phase(vm) == phase::RUNNING
 }
 
-/// Kairon's reason and message when the VM failed (terminal for that Kairon Machine).
-pub(crate) fn failure(vm: &Machine) -> Option<(String, String)> {
-    if effective_phase(vm) != phase::FAILED {
-        return None;
-    }
-    let status = vm.status.as_ref();
-    let reason = status
-        .and_then(|s| s.reason.as_deref())
-        .filter(|r| !r.is_empty())
-        .map_or_else(|| "Unknown".into(), |r| bounded(r, MAX_KAIRON_REASON));
-    Some((reason, kairon_message(vm).unwrap_or_default()))
-}
-
-/// CAPI's v1beta1 MachineStatusError for a Kairon failure reason.
-pub(crate) fn failure_reason_v1beta1(kairon_reason: &str) -> &'static str {
-    match kairon_reason {
-        "Unschedulable" | "InsufficientCapacity" => "InsufficientResources",
-        "ImageNotFound" | "InvalidSpec" | "NetworkNotFound" => "InvalidConfiguration",
-        _ => "CreateError",
-    }
-}
-
 /// The `InstanceProvisioned` condition for the VM's current phase.
 pub(crate) fn instance_condition(vm: &Machine) -> Decided {
     let name = bounded(&vm.name_any(), MAX_NAME);
@@ -152,7 +130,7 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             reason::INSTANCE_NOT_SCHEDULED,
             format!("Kairon Machine {name} is not scheduled yet: {why}"),
         ),
-        phase::PENDING | phase::PROVISIONING | phase::STARTING | phase::BLOCKED => (
+        phase::PENDING | phase::STARTING | phase::BLOCKED => (
             Status::False,
             reason::INSTANCE_PROVISIONING,
             format!("Kairon Machine {name} is being provisioned"),
@@ -199,15 +177,21 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             reason::INSTANCE_TERMINATING,
             format!("Kairon Machine {name} is being deleted"),
         ),
-        phase::FAILED => {
-            let (kr, km) = failure(vm).unwrap_or_default();
-            let detail = if km.is_empty() { kr } else { format!("{kr}: {km}") };
-            (
-                Status::False,
-                reason::INSTANCE_FAILED,
-                format!("Kairon Machine {name} failed: {detail}"),
-            )
-        }
+        // The runtime is in a state Kairon does not know (FluxVM's `failed` among them): the VM
+        // does not run and Kairon leaves it so. Not terminal for the KaironMachine either: a
+        // MachineHealthCheck decides, from this condition or the Node.
+        phase::UNKNOWN => (
+            Status::False,
+            reason::INSTANCE_STATE_UNKNOWN,
+            match kairon_message(vm) {
+                Some(m) => format!(
+                    "Kairon Machine {name} is in phase Unknown (its runtime is in a state Kairon does not know, a failed one among them): {m}"
+                ),
+                None => format!(
+                    "Kairon Machine {name} is in phase Unknown (its runtime is in a state Kairon does not know, a failed one among them)"
+                ),
+            },
+        ),
         other => (
             Status::Unknown,
             reason::INSTANCE_PENDING,

@@ -260,8 +260,9 @@ pub struct Evacuation {
 ///
 /// Kairon's own (kairon-node and kairon-controller set them as plain strings; none is terminal,
 /// Kairon keeps reconciling): Pending, Starting, Running, Paused, Halted, Stopped, Error,
-/// Unknown, Blocked. Provisioning, Failed and Terminating are the simulator's until it plays
-/// Kairon's phases.
+/// Unknown, Blocked. Provisioning and Terminating are ours, never Kairon's: how a KaironMachine
+/// records Kairon's bringing-up steps, and how we read a Machine being deleted (Kairon keeps
+/// its last phase).
 pub mod phase {
     pub const PENDING: &str = "Pending";
     /// Kairon: FluxVM is creating or starting the VM.
@@ -272,14 +273,18 @@ pub mod phase {
     pub const HALTED: &str = "Halted";
     /// Kairon: a reconcile of the Machine failed (`status.message` says why); Kairon retries.
     pub const ERROR: &str = "Error";
-    /// Kairon: FluxVM reported a status Kairon does not know.
+    /// Kairon: FluxVM reported a status Kairon does not know, its `failed` among them; Kairon
+    /// does not restart such a runtime.
     pub const UNKNOWN: &str = "Unknown";
     /// Kairon: adopt-only (an incoming migration) and no runtime yet.
     pub const BLOCKED: &str = "Blocked";
+    /// Ours: what a KaironMachine records for Pending, Starting and Blocked.
     pub const PROVISIONING: &str = "Provisioning";
     pub const RUNNING: &str = "Running";
+    /// Kairon: `spec.powerState: Stopped` deleted the runtime and its disk, or FluxVM reports
+    /// it stopped (Kairon starts it again while Running is wanted).
     pub const STOPPED: &str = "Stopped";
-    pub const FAILED: &str = "Failed";
+    /// Ours: a Kairon Machine with a deletion timestamp, whatever phase it still shows.
     pub const TERMINATING: &str = "Terminating";
     /// `status.reason` of a VM Kairon stopped because its owner did not replace it before the
     /// evacuation deadline.

@@ -113,7 +113,7 @@ async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
         );
     }
 
-    // The worker's VM fails: a Warning on its KaironMachine.
+    // The worker's runtime fails (Kairon's Unknown): a Warning on its KaironMachine.
     rig.vms()
         .patch(
             &worker,
@@ -122,10 +122,10 @@ async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
         )
         .await
         .unwrap();
-    rig.wait("InstanceFailed event on the worker", UP, || async {
+    rig.wait("InstanceNotRunning event on the worker", UP, || async {
         events_by_object(&rig)
             .await
-            .contains_key(&(worker.clone(), "InstanceFailed".to_string()))
+            .contains_key(&(worker.clone(), "InstanceNotRunning".to_string()))
     })
     .await;
 
@@ -160,7 +160,7 @@ async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
             expected.insert((n.clone(), reason.to_string()));
         }
     }
-    expected.insert((worker.clone(), "InstanceFailed".to_string()));
+    expected.insert((worker.clone(), "InstanceNotRunning".to_string()));
     expected.insert((rig.cluster.clone(), "Provisioned".to_string()));
     let got: BTreeSet<(String, String)> = events.keys().cloned().collect();
     assert_eq!(got, expected, "the events of the lifecycle");
@@ -175,7 +175,7 @@ async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
         };
         assert_eq!(regarding.kind.as_deref(), Some(kind), "{name}/{reason}");
         assert_eq!(e.reporting_controller.as_deref(), Some(controller), "{name}/{reason}");
-        let want_type = if reason == "InstanceFailed" {
+        let want_type = if reason == "InstanceNotRunning" {
             "Warning"
         } else {
             "Normal"
@@ -186,10 +186,12 @@ async fn lifecycle_events_and_logs_never_carry_bootstrap_data() {
             "{name}/{reason}: a note"
         );
     }
-    let failed = &events[&(worker.clone(), "InstanceFailed".to_string())][0];
+    let failed = &events[&(worker.clone(), "InstanceNotRunning".to_string())][0];
     assert!(
-        failed.note.as_deref().unwrap_or_default().contains("DiskError"),
-        "the failure's note names Kairon's reason: {:?}",
+        failed.note.as_deref().unwrap_or_default().starts_with(&format!(
+            "InstanceStateUnknown: Kairon Machine {worker} is in phase Unknown"
+        )),
+        "the note says what Kairon reports: {:?}",
         failed.note
     );
 

@@ -50,10 +50,12 @@ async fn full_update_mode_keeps_cleanup_working() {
     .await;
 }
 
-/// Failed and vanished VMs: a Kairon Machine that goes `Failed` makes its KaironMachine report a
-/// terminal failure with Kairon's reason; one deleted out of band makes it `Ready=False,
-/// InstanceNotFound` and is not re-created. A MachineHealthCheck remediates both and the
-/// MachineDeployment replaces them.
+/// Failed and vanished VMs: a Kairon Machine whose runtime fails (FluxVM reports it failed,
+/// which Kairon shows as phase `Unknown` and does not repair) makes its KaironMachine
+/// `Ready=False, InstanceStateUnknown`, not a terminal failure: whether to replace it is the
+/// MachineHealthCheck's call. One deleted out of band makes it `Ready=False, InstanceNotFound`
+/// and is not re-created. A MachineHealthCheck remediates both and the MachineDeployment
+/// replaces them.
 #[tokio::test(flavor = "multi_thread")]
 async fn failed_and_vanished_vms_are_reported_and_remediated() {
     let rig = Rig::start(RigOptions {
@@ -96,32 +98,40 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
     rig.vms().delete(vanishing, &DeleteParams::default()).await.unwrap();
 
     let failed = rig
-        .wait("the failed VM reported as a terminal failure", UP, || async {
+        .wait("the failed VM reported as not running", UP, || async {
             let km = rig.kms().get(failing).await?;
-            Ok::<_, kube::Error>((instance_reason(&km).as_deref() == Some(reason::INSTANCE_FAILED)).then_some(km))
+            Ok::<_, kube::Error>(
+                (instance_reason(&km).as_deref() == Some(reason::INSTANCE_STATE_UNKNOWN)).then_some(km),
+            )
         })
         .await;
     let status = failed.status.clone().unwrap();
-    let v1beta1 = status
-        .deprecated
-        .as_ref()
-        .and_then(|d| d.v1beta1.as_ref())
-        .expect("deprecated failure fields");
-    assert_eq!(v1beta1.failure_reason.as_deref(), Some("CreateError"));
-    assert!(
-        v1beta1
-            .failure_message
-            .as_deref()
-            .unwrap_or_default()
-            .contains("DiskError"),
-        "{v1beta1:?}"
+    assert_eq!(
+        status.failure_reason(),
+        None,
+        "not terminal: Kairon's Unknown is no failure"
     );
+    assert!(status.is_provisioned(), "it was provisioned, and that stays");
     let ready = conditions::get(status.conditions.as_deref().unwrap(), "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", reason::INSTANCE_STATE_UNKNOWN)
+    );
     assert!(
-        ready.message.contains("DiskError"),
-        "Kairon's reason is in Ready: {}",
+        ready.message.contains("phase Unknown"),
+        "Kairon's phase is in Ready: {}",
         ready.message
     );
+    // CAPI mirrors it into the Machine, where the MachineHealthCheck's InfrastructureReady
+    // check sees it.
+    rig.wait("CAPI mirrors it into the Machine", UP, || async {
+        let m = rig.machines().get(failing).await?;
+        Ok::<_, kube::Error>(
+            crate::common::condition(&m, "InfrastructureReady").map(|c| c["reason"].clone())
+                == Some(reason::INSTANCE_STATE_UNKNOWN.into()),
+        )
+    })
+    .await;
 
     rig.wait("the vanished VM reported as InstanceNotFound", UP, || async {
         let km = rig.kms().get(vanishing).await?;

@@ -20,6 +20,7 @@ mod lifecycle;
 mod machine_pools;
 mod machine_pools_acceptance;
 mod maintenance;
+mod power;
 mod resilience;
 mod smoke;
 mod trust;

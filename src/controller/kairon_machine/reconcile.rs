@@ -15,7 +15,7 @@ use super::delete::reconcile_delete;
 use super::evacuate;
 use super::ownership::{Verdict, whose};
 use super::status::{Observed, StatusInput};
-use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
+use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use crate::capi;
 use crate::controller::error::Error;
@@ -153,6 +153,11 @@ async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx:
             )
             .await;
     }
+    if let Some(why) = stopped_running(before, next) {
+        ctx.events
+            .warning(km, event::INSTANCE_NOT_RUNNING, "Observe", why)
+            .await;
+    }
     if let Some(r) = next.failure_reason()
         && before.and_then(KaironMachineStatus::failure_reason).is_none()
     {
@@ -166,6 +171,26 @@ async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx:
             .warning(km, event::INSTANCE_FAILED, "Provision", format!("{r}: {message}"))
             .await;
     }
+}
+
+/// The new `InstanceProvisioned` message when a status write turns a running instance into one
+/// that does not run (Kairon paused, halted or stopped it, its runtime failed, an error): the
+/// Warning a user looks for when a Node goes away. Not when it is deleted or found gone, which
+/// have events of their own.
+fn stopped_running(before: Option<&KaironMachineStatus>, next: &KaironMachineStatus) -> Option<String> {
+    let instance = |s: &KaironMachineStatus| {
+        conditions::get(s.conditions.as_deref().unwrap_or_default(), INSTANCE_PROVISIONED)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let (was, _, _) = instance(before?)?;
+    let (now, reason, message) = instance(next)?;
+    let elsewhere = [
+        reason::INSTANCE_TERMINATING,
+        reason::INSTANCE_NOT_FOUND,
+        reason::INSTANCE_ENDPOINT_CHANGED,
+        reason::INSTANCE_UNREADABLE,
+    ];
+    (was == "True" && now != "True" && !elsewhere.contains(&reason.as_str())).then(|| format!("{reason}: {message}"))
 }
 
 /// Ensures the Kairon Machine exists (when it may), is ours, and is named by our providerID.
@@ -243,4 +268,51 @@ async fn reconcile_instance(
         ctx.writer(ns).merge_patch(km, "spec.providerID", body).await?;
     }
     Ok(Step::Continue(vm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::kairon_machine::status::next_status;
+    use crate::kairon::fixtures::vm;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn inst(phase: &str) -> Observed {
+        Observed::Instance(Box::new(vm(Some(phase))))
+    }
+
+    fn status_of(before: Option<&KaironMachineStatus>, observed: Observed) -> KaironMachineStatus {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        next_status(before, StatusInput::Live(&observed), None, &now)
+    }
+
+    #[test]
+    fn a_warning_when_a_running_instance_stops_running_and_only_then() {
+        let running = status_of(None, inst("Running"));
+        for phase in ["Paused", "Halted", "Stopped", "Unknown", "Error"] {
+            let next = status_of(Some(&running), inst(phase));
+            let why = stopped_running(Some(&running), &next).unwrap_or_else(|| panic!("{phase}: a warning"));
+            assert!(why.contains("Kairon Machine m1"), "{phase}: {why}");
+        }
+        let starting = status_of(None, inst("Starting"));
+        assert_eq!(stopped_running(None, &starting), None, "nothing before");
+        assert_eq!(
+            stopped_running(Some(&starting), &running),
+            None,
+            "starting to run is no warning"
+        );
+        assert_eq!(stopped_running(Some(&running), &running), None, "still running");
+        let paused = status_of(Some(&running), inst("Paused"));
+        assert_eq!(
+            stopped_running(Some(&paused), &status_of(Some(&paused), inst("Halted"))),
+            None,
+            "once, when it stops running"
+        );
+        let gone = status_of(Some(&running), Observed::Gone);
+        assert_eq!(
+            stopped_running(Some(&running), &gone),
+            None,
+            "gone has an event of its own"
+        );
+    }
 }

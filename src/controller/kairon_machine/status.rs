@@ -99,11 +99,7 @@ pub fn next_status(
                         provisioned: Some(true),
                     });
                 }
-                let decided = observe::instance_condition(vm);
-                if let Some((kairon_reason, _)) = observe::failure(vm) {
-                    status.set_failure(observe::failure_reason_v1beta1(&kairon_reason), &decided.message);
-                }
-                decided
+                observe::instance_condition(vm)
             }
         };
         let ready = if deleting {

@@ -27,7 +27,9 @@ pub fn instances(
         let phase = observe::effective_phase(vm);
         upsert(&mut by_name, vm.name_any()).vm = Some(Vm {
             deleting: vm.metadata.deletion_timestamp.is_some(),
-            broken: phase == phase::FAILED || phase == phase::STOPPED,
+            // Unknown: a failed runtime Kairon leaves as it is. Stopped: powered off (by the
+            // old model's maintenance at its deadline, among others) and not coming back.
+            broken: phase == phase::UNKNOWN || phase == phase::STOPPED,
             outdated: is_outdated(vm, set),
         });
     }
@@ -147,7 +149,7 @@ mod tests {
     fn members_kaironmachines_and_machines_are_joined_by_name() {
         let vms = [
             vm("a", "pool", "h2", "Running", false),
-            vm("b", "pool", "h1", "Failed", false),
+            vm("b", "pool", "h1", "Unknown", false),
             vm("c", "pool", "h2", "Running", true),
             vm("x", "other", "h2", "Running", false),
         ];

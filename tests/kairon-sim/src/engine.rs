@@ -445,20 +445,42 @@ impl Engine {
                             sim::running_status(&m, &ip.to_string(), now)
                         }
                         None => {
-                            tracing::warn!(machine = %key, "address pool exhausted: {from} -> Failed");
-                            sim::failed_status(&m, "AddressPoolExhausted", "no free address in the pool", now)
+                            tracing::warn!(machine = %key, "address pool exhausted: {from} -> Error, retried");
+                            sim::error_status(&m, "no free address in the pool", now)
                         }
                     },
-                    BootOutcome::Failed { reason, message } => {
-                        tracing::info!(machine = %key, reason = %reason, "{from} -> Failed");
-                        sim::failed_status(&m, &reason, &message, now)
+                    BootOutcome::Error(error) => {
+                        tracing::info!(machine = %key, "{from} -> Error, retried");
+                        sim::error_status(&m, &error, now)
                     }
                 };
+                if status.phase.as_deref() == Some(capkr::kairon::phase::ERROR) {
+                    // Tried again after another boot delay (Starting and Error share the
+                    // clock, so its timer is re-armed here).
+                    let again = Instant::now() + self.opts.delays.jittered(sim::Clock::Boot, fastrand::f64());
+                    if let Some(timer) = self.timers.get_mut(key) {
+                        timer.at = again;
+                    }
+                }
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });
             }
-            Step::Fail { reason, message } => {
-                tracing::info!(machine = %key, reason = %reason, "{from} -> Failed");
-                let status = sim::failed_status(&m, &reason, &message, now);
+            Step::Fail => {
+                tracing::info!(machine = %key, "{from} -> Unknown: the runtime failed");
+                let status = sim::runtime_failed_status(&m, now);
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::PowerOff(wanted) => {
+                tracing::info!(machine = %key, "{from} -> {wanted} (spec.powerState)");
+                let status = sim::powered_off_status(&m, wanted, now);
+                self.spawn_write(key, async move { writer.write_status(&m, &status).await });
+            }
+            Step::PowerOn => {
+                let status = sim::powered_on_status(&m, now);
+                tracing::info!(
+                    machine = %key,
+                    "{from} -> {} (spec.powerState Running)",
+                    status.phase.as_deref().unwrap_or_default()
+                );
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });
             }
             Step::ReleaseFinalizer => {
@@ -490,6 +512,12 @@ impl Engine {
         let (workloads, fleet, scripts) = (self.workloads.clone(), self.fleet.clone(), self.scripts.clone());
         match step {
             KubeletStep::Idle => {}
+            KubeletStep::PowerOn => {
+                tracing::info!(machine = %key, "the VM runs again: its kubelet starts");
+                *guest = Guest::new(uid.clone());
+                let ready = sim::node_should_be_ready(&m);
+                self.spawn_guest(key.clone(), uid, register(workloads, fleet, scripts, m, ready));
+            }
             KubeletStep::Register => {
                 let ready = sim::node_should_be_ready(&m);
                 self.spawn_guest(key.clone(), uid, register(workloads, fleet, scripts, m, ready));

@@ -18,7 +18,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::migration::{after, is_finished, is_migratable, migration_phase_of, parse_time, rfc3339};
-use crate::sim::{CONDITION_BOOTED, Key, phase_of, set_condition};
+use crate::sim::{CONDITION_READY, Key, phase_of, set_condition};
 
 /// `spec.maintenance.evacuationGracePeriodSeconds` when absent.
 pub const DEFAULT_GRACE_SECONDS: i64 = 3600;
@@ -336,7 +336,7 @@ pub fn stopped_status(vm: &Machine, reason: &str, message: &str, now: Timestamp)
         evacuation: None,
         ..vm.status.clone().unwrap_or_default()
     };
-    set_condition(&mut status, CONDITION_BOOTED, false, reason, message, now);
+    set_condition(&mut status, CONDITION_READY, false, reason, message, now);
     status
 }
 

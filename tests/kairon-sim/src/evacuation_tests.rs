@@ -319,7 +319,7 @@ fn a_stopped_vm_leaves_its_host_but_keeps_its_address() {
         .conditions
         .iter()
         .flatten()
-        .find(|c| c.type_ == crate::sim::CONDITION_BOOTED);
+        .find(|c| c.type_ == crate::sim::CONDITION_READY);
     assert_eq!(booted.map(|c| c.status.as_str()), Some("False"));
     assert_eq!((s.node_name, s.host_labels, s.evacuation), (None, None, None));
     assert_eq!(s.runtime_id, None, "the runtime is gone");

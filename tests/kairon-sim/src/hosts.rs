@@ -104,10 +104,9 @@ pub struct Allocations {
 
 impl Allocations {
     /// Makes the bookkeeping for `key` say what the Machine's status says: a host is held
-    /// while the VM runs there (Starting, Running, Terminating; a Stopped VM is powered off
-    /// and holds nothing), an address while the Machine reports one (a Failed or Stopped
-    /// Machine keeps its address until it is deleted, so the address never shows on two
-    /// Machines).
+    /// while the VM runs there ([`holds_host`]), an address while the Machine reports one
+    /// (Kairon clears it when the VM is halted or stopped; a VM the old model's maintenance
+    /// stopped keeps it until it is deleted), so an address never shows on two Machines.
     pub fn observe(&mut self, key: &Key, machine: &Machine) -> Option<Key> {
         let status = machine.status.as_ref();
         let holds_host = holds_host(status.and_then(|s| s.phase.as_deref()));
@@ -136,9 +135,13 @@ impl Allocations {
     }
 }
 
-/// Whether a VM in this phase occupies its host.
+/// Whether a VM in this phase occupies its host: a paused VM keeps its VMM process (and so its
+/// share of the host), as kairon-controller counts it; a halted or stopped one does not.
 pub fn holds_host(phase: Option<&str>) -> bool {
-    matches!(phase, Some(phase::STARTING | phase::RUNNING | phase::TERMINATING))
+    matches!(
+        phase,
+        Some(phase::STARTING | phase::RUNNING | phase::PAUSED | phase::TERMINATING)
+    )
 }
 
 #[cfg(test)]
@@ -201,7 +204,9 @@ mod tests {
             (Some(phase::RUNNING), true),
             (Some(phase::TERMINATING), true),
             (Some(phase::STOPPED), false),
-            (Some(phase::FAILED), false),
+            (Some(phase::PAUSED), true),
+            (Some(phase::HALTED), false),
+            (Some(phase::UNKNOWN), false),
         ];
         for (p, want) in cases {
             assert_eq!(holds_host(p), want, "{p:?}");

@@ -105,6 +105,10 @@ pub enum KubeletStep {
     /// its Node's heartbeat stops and the workload cluster's node lifecycle controller takes
     /// over.
     Stop,
+    /// The VM runs again after a power state short of Running: its kubelet starts again and
+    /// registers (the Node it had is still there; cloud-init does not run again on a kept
+    /// disk).
+    PowerOn,
 }
 
 /// Node removal on delete belongs to the finalizer step (before the finalizer goes), so a
@@ -118,7 +122,9 @@ pub fn next_kubelet_step(m: &Machine, guest: &Guest, now: Instant) -> KubeletSte
     }
     match phase_of(m) {
         Some(phase::RUNNING) => {
-            if guest.unbootable {
+            if guest.stopped {
+                KubeletStep::PowerOn
+            } else if guest.unbootable {
                 KubeletStep::Idle
             } else if guest.node.is_none() {
                 KubeletStep::Register
@@ -128,8 +134,9 @@ pub fn next_kubelet_step(m: &Machine, guest: &Guest, now: Instant) -> KubeletSte
                 KubeletStep::Idle
             }
         }
-        // Failed, or powered off by Kairon: what ran in the VM is gone.
-        Some(phase::FAILED | phase::STOPPED) if !guest.stopped => KubeletStep::Stop,
+        // The runtime failed (Kairon's Unknown), or it was paused, halted or stopped: what ran
+        // in the VM no longer runs.
+        Some(phase::UNKNOWN | phase::PAUSED | phase::HALTED | phase::STOPPED) if !guest.stopped => KubeletStep::Stop,
         _ => KubeletStep::Idle,
     }
 }
@@ -247,14 +254,41 @@ mod tests {
                 KubeletStep::Idle,
             ),
             (
-                "failed stops the kubelet",
-                machine(phase::FAILED, false, false),
+                "a failed runtime (Unknown) stops the kubelet",
+                machine(phase::UNKNOWN, false, false),
                 running.clone(),
                 KubeletStep::Stop,
             ),
             (
+                "paused stops the kubelet",
+                machine(phase::PAUSED, false, false),
+                running.clone(),
+                KubeletStep::Stop,
+            ),
+            (
+                "halted stops the kubelet",
+                machine(phase::HALTED, false, false),
+                running.clone(),
+                KubeletStep::Stop,
+            ),
+            (
+                "running again after a power state: the kubelet starts again",
+                machine(phase::RUNNING, false, false),
+                Guest {
+                    stopped: true,
+                    ..running.clone()
+                },
+                KubeletStep::PowerOn,
+            ),
+            (
+                "an error while booting leaves the guest alone",
+                machine(phase::ERROR, false, false),
+                fresh.clone(),
+                KubeletStep::Idle,
+            ),
+            (
                 "failed, stopped",
-                machine(phase::FAILED, false, false),
+                machine(phase::UNKNOWN, false, false),
                 Guest {
                     stopped: true,
                     ..running.clone()

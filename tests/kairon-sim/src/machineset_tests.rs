@@ -157,7 +157,7 @@ fn scale_down_removes_not_running_then_outdated_then_newest() {
         made(&s, 0, phase::RUNNING),
         old,
         made(&s, 2, phase::RUNNING),
-        made(&s, 3, phase::FAILED),
+        made(&s, 3, phase::UNKNOWN),
         made(&s, 4, phase::RUNNING),
     ];
     // OnDelete, so the outdated member is no rollout.
@@ -377,7 +377,7 @@ fn the_template_hash_covers_labels_and_spec_but_not_user_data() {
 fn a_failed_member_is_kept_and_counted_but_not_ready() {
     let s = set(3);
     let mut members = running(&s, 0..2);
-    members.push(made(&s, 2, phase::FAILED));
+    members.push(made(&s, 2, phase::UNKNOWN));
     let step = plan(&s, &refs(&members));
     let SetStep::Status(status) = step else {
         panic!("{step:?}")

@@ -14,7 +14,10 @@ use kube::ResourceExt;
 /// kairon-node's finalizer (`internal/agent/agent.go`): the VM is torn down before the
 /// Machine goes away.
 pub const FINALIZER: &str = "kairon.zyvor.dev/runtime-cleanup";
-/// Forces the Machine to `Failed` with the annotation's value as `reason`.
+/// Makes the VM fail as FluxVM reports a failed runtime: a running Machine goes to Kairon's
+/// `Unknown` (its guest dies, and Kairon does not restart it); a booting one goes to `Error`
+/// with the annotation's value in `status.message`, retried as Kairon retries a failed
+/// reconcile, for as long as the annotation is there.
 pub const FAIL_ANNOTATION: &str = "sim.kairon.zyvor.dev/fail";
 /// `"false"` makes the guest's Node NotReady; absent or `"true"` keeps it Ready.
 pub const NODE_READY_ANNOTATION: &str = "sim.kairon.zyvor.dev/node-ready";
@@ -22,11 +25,23 @@ pub const NODE_READY_ANNOTATION: &str = "sim.kairon.zyvor.dev/node-ready";
 pub const FIELD_MANAGER: &str = "kairon-sim";
 
 pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
-pub const REASON_PROVISIONING_FAILED: &str = "ProvisioningFailed";
-pub const FORCED_FAILURE_MESSAGE: &str = "forced failure";
 
 pub const CONDITION_SCHEDULED: &str = "Scheduled";
-pub const CONDITION_BOOTED: &str = "Booted";
+/// kairon-node's condition on every Machine it reconciles (`internal/agent/agent.go`): True
+/// only while the phase is Running; reason `FluxVMReconciled` after a clean reconcile,
+/// `ReconcileFailed` (with the error as message) after a failed one, `PoweredOff`, `Paused` or
+/// `Halted` for the power states short of Running.
+pub const CONDITION_READY: &str = "Ready";
+pub const REASON_RECONCILED: &str = "FluxVMReconciled";
+pub const REASON_RECONCILE_FAILED: &str = "ReconcileFailed";
+
+/// `spec.powerState` as the simulator reads it: absent is the schema's default, Running.
+pub mod power {
+    pub const RUNNING: &str = "Running";
+    pub const PAUSED: &str = "Paused";
+    pub const HALTED: &str = "Halted";
+    pub const STOPPED: &str = "Stopped";
+}
 
 /// A Machine's identity in the simulator's books.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -55,7 +70,7 @@ impl fmt::Display for Key {
 pub enum Clock {
     /// Pending → Starting.
     Provision,
-    /// Starting → Running.
+    /// Starting → Running, and Error → another try.
     Boot,
     /// Terminating → finalizer removed.
     Delete,
@@ -98,7 +113,7 @@ pub fn clock_of(m: &Machine) -> Option<Clock> {
     }
     match phase_of(m) {
         Some(phase::PENDING) => Some(Clock::Provision),
-        Some(phase::STARTING) => Some(Clock::Boot),
+        Some(phase::STARTING | phase::ERROR) => Some(Clock::Boot),
         _ => None,
     }
 }
@@ -115,10 +130,19 @@ pub enum Step {
     /// Choose a host: `Starting` with a new runtime there, or, as kairon-controller,
     /// stay `Pending` with `Scheduled=False` (`Unschedulable`) and try again later.
     Place,
-    /// Finish booting: `Running` with the guest's address, or `Failed` (forced or random).
+    /// Finish booting: `Running` with the guest's address, or `Error` (forced or random), which
+    /// is tried again after another boot delay, as kairon-node retries a failed reconcile.
     Boot,
-    /// A running Machine was told to fail by annotation.
-    Fail { reason: String, message: String },
+    /// A running Machine was told to fail by annotation: FluxVM reports the runtime failed,
+    /// which Kairon shows as phase `Unknown` and does not repair.
+    Fail,
+    /// `spec.powerState` asks for this state (Paused, Halted or Stopped) and the VM is not in
+    /// it.
+    PowerOff(&'static str),
+    /// `spec.powerState` is Running again and the VM is Paused (resumed in place), Halted
+    /// (started again on its kept disk) or Stopped (created again: a new runtime on a fresh
+    /// disk).
+    PowerOn,
     /// The VM is gone: remove the Node (if any) and then the finalizer.
     ReleaseFinalizer,
 }
@@ -136,18 +160,39 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
     if !has_finalizer(m) {
         return Step::AddFinalizer;
     }
+    let wanted = desired_power(m);
     match phase_of(m) {
         None => Step::Accept,
         Some(phase::PENDING) if due => Step::Place,
-        Some(phase::STARTING) if due => Step::Boot,
-        Some(phase::RUNNING) => match forced_failure(m) {
-            Some(reason) => Step::Fail {
-                reason,
-                message: FORCED_FAILURE_MESSAGE.to_string(),
-            },
-            None => Step::Wait,
-        },
+        Some(phase::STARTING | phase::ERROR) if due => Step::Boot,
+        Some(phase::RUNNING) if forced_failure(m).is_some() => Step::Fail,
+        // The old model's host maintenance stops a VM at its evacuation deadline for good
+        // (`crate::evacuation`); it is not powered on again.
+        Some(phase::STOPPED) if stopped_at_deadline(m) => Step::Wait,
+        Some(p @ (phase::RUNNING | phase::PAUSED | phase::HALTED | phase::STOPPED)) => {
+            if wanted == power::RUNNING {
+                if p == phase::RUNNING { Step::Wait } else { Step::PowerOn }
+            } else if p == wanted {
+                Step::Wait
+            } else {
+                Step::PowerOff(wanted)
+            }
+        }
         _ => Step::Wait,
+    }
+}
+
+fn stopped_at_deadline(m: &Machine) -> bool {
+    m.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(phase::EVACUATION_DEADLINE_EXCEEDED)
+}
+
+/// `spec.powerState`, with anything but Paused, Halted and Stopped read as Running.
+pub fn desired_power(m: &Machine) -> &'static str {
+    match m.spec.power_state.as_deref() {
+        Some(power::PAUSED) => power::PAUSED,
+        Some(power::HALTED) => power::HALTED,
+        Some(power::STOPPED) => power::STOPPED,
+        _ => power::RUNNING,
     }
 }
 
@@ -155,23 +200,18 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BootOutcome {
     Running,
-    Failed { reason: String, message: String },
+    /// kairon-node's reconcile failed with this error: phase `Error`, retried.
+    Error(String),
 }
 
-/// A forced failure wins; otherwise the Machine fails with probability `failure_rate`
-/// (`roll` uniform in `[0, 1)`).
+/// A forced failure wins; otherwise the boot fails with probability `failure_rate` (`roll`
+/// uniform in `[0, 1)`), and each retry rolls again.
 pub fn boot_outcome(m: &Machine, failure_rate: f64, roll: f64) -> BootOutcome {
     if let Some(reason) = forced_failure(m) {
-        return BootOutcome::Failed {
-            reason,
-            message: FORCED_FAILURE_MESSAGE.to_string(),
-        };
+        return BootOutcome::Error(format!("create runtime: {reason} (forced by {FAIL_ANNOTATION})"));
     }
     if roll < failure_rate {
-        return BootOutcome::Failed {
-            reason: REASON_PROVISIONING_FAILED.to_string(),
-            message: "simulated provisioning failure (--failure-rate)".to_string(),
-        };
+        return BootOutcome::Error("create runtime: simulated failure (--failure-rate)".to_string());
     }
     BootOutcome::Running
 }
@@ -266,22 +306,70 @@ pub fn running_status(m: &Machine, internal_ip: &str, now: Timestamp) -> Machine
     status.phase = Some(phase::RUNNING.to_string());
     status.guest_ip = Some(internal_ip.to_string());
     status.guest_ips = Some(vec![internal_ip.to_string()]);
-    set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "guest is up", now);
+    status.message = None;
+    set_condition(&mut status, CONDITION_READY, true, REASON_RECONCILED, "", now);
     status
 }
 
-/// `Failed` at scheduling (`Scheduled=False`) or later (`Booted=False`).
-pub fn failed_status(m: &Machine, reason: &str, message: &str, now: Timestamp) -> MachineStatus {
+/// kairon-node's reconcile of the Machine failed: phase `Error`, the error in `message` and in
+/// `Ready=False ReconcileFailed`. Kairon tries again.
+pub fn error_status(m: &Machine, error: &str, now: Timestamp) -> MachineStatus {
     let mut status = base_status(m);
-    let condition = if phase_of(m) == Some(phase::PENDING) {
-        CONDITION_SCHEDULED
-    } else {
-        CONDITION_BOOTED
+    status.phase = Some(phase::ERROR.to_string());
+    status.message = Some(error.to_string());
+    set_condition(&mut status, CONDITION_READY, false, REASON_RECONCILE_FAILED, error, now);
+    status
+}
+
+/// FluxVM reports the runtime in a state Kairon does not know (its `failed` among them): phase
+/// `Unknown`; the reconcile itself was clean, so no message.
+pub fn runtime_failed_status(m: &Machine, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    status.phase = Some(phase::UNKNOWN.to_string());
+    status.message = None;
+    set_condition(&mut status, CONDITION_READY, false, REASON_RECONCILED, "", now);
+    status
+}
+
+/// The power state `wanted` (Paused, Halted or Stopped) took effect, as kairon-node writes
+/// it: Paused keeps the runtime and its address; Halted keeps the runtime but not the address;
+/// Stopped deletes the runtime (and its disk), so neither is left.
+pub fn powered_off_status(m: &Machine, wanted: &str, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    status.message = None;
+    let reason = match wanted {
+        power::PAUSED => "Paused",
+        power::HALTED => {
+            status.guest_ip = None;
+            status.guest_ips = None;
+            "Halted"
+        }
+        _ => {
+            status.runtime_id = None;
+            status.guest_ip = None;
+            status.guest_ips = None;
+            "PoweredOff"
+        }
     };
-    status.phase = Some(phase::FAILED.to_string());
-    status.reason = Some(reason.to_string());
-    status.message = Some(message.to_string());
-    set_condition(&mut status, condition, false, reason, message, now);
+    status.phase = Some(wanted.to_string());
+    set_condition(&mut status, CONDITION_READY, false, reason, "", now);
+    status
+}
+
+/// Back to Running: a Paused VM resumes in place (`Running` at once); a Halted one starts
+/// again on its kept runtime, a Stopped one gets a new runtime on the node it is assigned to
+/// (`Starting` either way, then booted as any VM).
+pub fn powered_on_status(m: &Machine, now: Timestamp) -> MachineStatus {
+    let mut status = base_status(m);
+    if phase_of(m) == Some(phase::PAUSED) {
+        status.phase = Some(phase::RUNNING.to_string());
+        set_condition(&mut status, CONDITION_READY, true, REASON_RECONCILED, "", now);
+        return status;
+    }
+    status.phase = Some(phase::STARTING.to_string());
+    if status.runtime_id.is_none() {
+        status.runtime_id = Some(new_runtime_id());
+    }
     status
 }
 
@@ -346,9 +434,10 @@ mod tests {
     #[test]
     fn phase_transitions() {
         let fail = [(FAIL_ANNOTATION, "ImageNotFound")];
-        let forced = Step::Fail {
-            reason: "ImageNotFound".into(),
-            message: FORCED_FAILURE_MESSAGE.into(),
+        let with_power = |p: Option<&str>, power: &str| {
+            let mut m = machine(p, true, false, &[]);
+            m.spec.power_state = Some(power.to_string());
+            m
         };
         #[rustfmt::skip]
         let cases: Vec<(&str, Machine, bool, Step)> = vec![
@@ -358,13 +447,24 @@ mod tests {
             ("empty phase counts as none", machine(Some(""), true, false, &[]), false, Step::Accept),
             ("pending waits for its timer", machine(Some(phase::PENDING), true, false, &[]), false, Step::Wait),
             ("pending is placed when due", machine(Some(phase::PENDING), true, false, &[]), true, Step::Place),
-            ("provisioning waits", machine(Some(phase::STARTING), true, false, &[]), false, Step::Wait),
-            ("provisioning boots when due", machine(Some(phase::STARTING), true, false, &[]), true, Step::Boot),
+            ("starting waits", machine(Some(phase::STARTING), true, false, &[]), false, Step::Wait),
+            ("starting boots when due", machine(Some(phase::STARTING), true, false, &[]), true, Step::Boot),
             ("forced failure waits for boot", machine(Some(phase::STARTING), true, false, &fail), false, Step::Wait),
+            ("an error waits for its timer", machine(Some(phase::ERROR), true, false, &fail), false, Step::Wait),
+            ("an error is retried when due", machine(Some(phase::ERROR), true, false, &fail), true, Step::Boot),
             ("running is steady", machine(Some(phase::RUNNING), true, false, &[]), true, Step::Wait),
-            ("running with fail annotation fails now", machine(Some(phase::RUNNING), true, false, &fail), false, forced.clone()),
-            ("failed is terminal", machine(Some(phase::FAILED), true, false, &fail), true, Step::Wait),
-            ("stopped stays", machine(Some(phase::STOPPED), true, false, &[]), true, Step::Wait),
+            ("running with fail annotation: the runtime fails now", machine(Some(phase::RUNNING), true, false, &fail), false, Step::Fail),
+            ("a failed runtime (Unknown) is not repaired", machine(Some(phase::UNKNOWN), true, false, &fail), true, Step::Wait),
+            ("stopped with Running wanted is created again", machine(Some(phase::STOPPED), true, false, &[]), true, Step::PowerOn),
+            ("running, Paused wanted", with_power(Some(phase::RUNNING), "Paused"), false, Step::PowerOff(power::PAUSED)),
+            ("running, Halted wanted", with_power(Some(phase::RUNNING), "Halted"), false, Step::PowerOff(power::HALTED)),
+            ("running, Stopped wanted", with_power(Some(phase::RUNNING), "Stopped"), false, Step::PowerOff(power::STOPPED)),
+            ("paused, Halted wanted", with_power(Some(phase::PAUSED), "Halted"), false, Step::PowerOff(power::HALTED)),
+            ("paused stays paused", with_power(Some(phase::PAUSED), "Paused"), true, Step::Wait),
+            ("halted stays halted", with_power(Some(phase::HALTED), "Halted"), true, Step::Wait),
+            ("paused, Running wanted: resumed", with_power(Some(phase::PAUSED), "Running"), false, Step::PowerOn),
+            ("halted, Running wanted: started", with_power(Some(phase::HALTED), "Running"), false, Step::PowerOn),
+            ("an unknown power state reads as Running", with_power(Some(phase::RUNNING), "Hibernate"), true, Step::Wait),
             ("deleted keeps its phase and waits", machine(Some(phase::RUNNING), true, true, &[]), false, Step::Wait),
             ("deleted releases when due", machine(Some(phase::RUNNING), true, true, &[]), true, Step::ReleaseFinalizer),
             ("deleted while pending too", machine(Some(phase::PENDING), true, true, &[]), true, Step::ReleaseFinalizer),
@@ -375,6 +475,107 @@ mod tests {
         for (name, m, due, want) in cases {
             assert_eq!(next_step(&m, due), want, "{name}");
         }
+        let mut evacuated = machine(Some(phase::STOPPED), true, false, &[]);
+        evacuated.status.as_mut().unwrap().reason = Some(phase::EVACUATION_DEADLINE_EXCEEDED.into());
+        assert_eq!(
+            next_step(&evacuated, true),
+            Step::Wait,
+            "stopped at the deadline stays stopped"
+        );
+    }
+
+    #[test]
+    fn power_states_write_what_kairon_node_writes() {
+        let now = Timestamp::UNIX_EPOCH;
+        let mut m = machine(Some(phase::RUNNING), true, false, &[]);
+        let running = running_status(&m, "10.0.0.5", now);
+        let runtime = Some("rt-1".to_string());
+        m.status = Some(MachineStatus {
+            runtime_id: runtime.clone(),
+            ..running
+        });
+        let ready = |s: &MachineStatus| {
+            let c = s
+                .conditions
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == CONDITION_READY)
+                .unwrap();
+            (c.status.clone(), c.reason.clone())
+        };
+
+        let paused = powered_off_status(&m, power::PAUSED, now);
+        assert_eq!(paused.phase.as_deref(), Some(phase::PAUSED));
+        assert_eq!(
+            (paused.runtime_id.clone(), paused.guest_ip.as_deref()),
+            (runtime.clone(), Some("10.0.0.5"))
+        );
+        assert_eq!(ready(&paused), ("False".into(), "Paused".into()));
+        let resumed = powered_on_status(
+            &Machine {
+                status: Some(paused),
+                ..m.clone()
+            },
+            now,
+        );
+        assert_eq!(resumed.phase.as_deref(), Some(phase::RUNNING), "resumed in place");
+        assert_eq!(ready(&resumed), ("True".into(), REASON_RECONCILED.into()));
+
+        let halted = powered_off_status(&m, power::HALTED, now);
+        assert_eq!(
+            (halted.runtime_id.clone(), halted.guest_ip.clone()),
+            (runtime.clone(), None)
+        );
+        assert_eq!(ready(&halted), ("False".into(), "Halted".into()));
+        let started = powered_on_status(
+            &Machine {
+                status: Some(halted),
+                ..m.clone()
+            },
+            now,
+        );
+        assert_eq!(started.phase.as_deref(), Some(phase::STARTING));
+        assert_eq!(started.runtime_id, runtime, "started again on its kept runtime");
+
+        let stopped = powered_off_status(&m, power::STOPPED, now);
+        assert_eq!(
+            (
+                stopped.runtime_id.clone(),
+                stopped.guest_ip.clone(),
+                stopped.guest_ips.clone()
+            ),
+            (None, None, None)
+        );
+        assert_eq!(ready(&stopped), ("False".into(), "PoweredOff".into()));
+        let created = powered_on_status(
+            &Machine {
+                status: Some(stopped),
+                ..m.clone()
+            },
+            now,
+        );
+        assert_eq!(created.phase.as_deref(), Some(phase::STARTING));
+        assert!(
+            created.runtime_id.is_some() && created.runtime_id != runtime,
+            "a new runtime"
+        );
+
+        let failed = runtime_failed_status(&m, now);
+        assert_eq!(failed.phase.as_deref(), Some(phase::UNKNOWN));
+        assert_eq!(failed.message, None, "the reconcile itself was clean");
+        let error = error_status(&m, "create runtime: disk full", now);
+        assert_eq!(error.phase.as_deref(), Some(phase::ERROR));
+        assert_eq!(error.message.as_deref(), Some("create runtime: disk full"));
+        assert_eq!(ready(&error), ("False".into(), REASON_RECONCILE_FAILED.into()));
+        let recovered = running_status(
+            &Machine {
+                status: Some(error),
+                ..m.clone()
+            },
+            "10.0.0.5",
+            now,
+        );
+        assert_eq!(recovered.message, None, "a clean reconcile clears the message");
     }
 
     #[test]
@@ -428,16 +629,8 @@ mod tests {
         let forced = machine(Some(phase::STARTING), true, false, &[(FAIL_ANNOTATION, "DiskFull")]);
         assert_eq!(boot_outcome(&plain, 0.0, 0.0), BootOutcome::Running);
         assert_eq!(boot_outcome(&plain, 0.5, 0.7), BootOutcome::Running);
-        assert!(
-            matches!(boot_outcome(&plain, 0.5, 0.3), BootOutcome::Failed { reason, .. } if reason == REASON_PROVISIONING_FAILED)
-        );
-        assert_eq!(
-            boot_outcome(&forced, 0.0, 0.9),
-            BootOutcome::Failed {
-                reason: "DiskFull".into(),
-                message: FORCED_FAILURE_MESSAGE.into()
-            }
-        );
+        assert!(matches!(boot_outcome(&plain, 0.5, 0.3), BootOutcome::Error(e) if e.contains("--failure-rate")));
+        assert!(matches!(boot_outcome(&forced, 0.0, 0.9), BootOutcome::Error(e) if e.contains("DiskFull")));
     }
 
     #[test]
@@ -495,7 +688,7 @@ mod tests {
             None,
             "Kairon never writes Scheduled=True"
         );
-        assert_eq!(types.get(CONDITION_BOOTED).map(String::as_str), Some("True"));
+        assert_eq!(types.get(CONDITION_READY).map(String::as_str), Some("True"));
     }
 
     #[test]
@@ -514,11 +707,11 @@ mod tests {
         let t0 = Timestamp::UNIX_EPOCH;
         let t1 = Timestamp::from_second(100).unwrap();
         let mut status = MachineStatus::default();
-        set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "", t0);
-        set_condition(&mut status, CONDITION_BOOTED, true, "Booted", "again", t1);
+        set_condition(&mut status, CONDITION_READY, true, REASON_RECONCILED, "", t0);
+        set_condition(&mut status, CONDITION_READY, true, REASON_RECONCILED, "again", t1);
         let c = &status.conditions.as_ref().unwrap()[0];
         assert_eq!((c.last_transition_time.0, c.message.as_str()), (t0, "again"));
-        set_condition(&mut status, CONDITION_BOOTED, false, "Crashed", "", t1);
+        set_condition(&mut status, CONDITION_READY, false, REASON_RECONCILE_FAILED, "", t1);
         let c = &status.conditions.as_ref().unwrap()[0];
         assert_eq!(c.last_transition_time.0, t1);
         assert_eq!(status.conditions.as_ref().unwrap().len(), 1);

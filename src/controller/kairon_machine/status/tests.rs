@@ -57,7 +57,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "provisioning",
-            observed: Observed::Instance(vm("Provisioning")),
+            observed: Observed::Instance(vm("Starting")),
             ready: ("False", reason::INSTANCE_PROVISIONING),
             instance: ("False", reason::INSTANCE_PROVISIONING),
             provisioned: false,
@@ -79,13 +79,24 @@ fn status_from_every_observation() {
             provisioned: false,
             failure_reason: None,
         },
+        // Kairon's Unknown (a failed runtime among others): the VM does not run, and that is
+        // all; a MachineHealthCheck decides.
         Case {
-            name: "failed",
-            observed: Observed::Instance(vm("Failed")),
-            ready: ("False", reason::INSTANCE_FAILED),
-            instance: ("False", reason::INSTANCE_FAILED),
+            name: "kairon unknown",
+            observed: Observed::Instance(vm("Unknown")),
+            ready: ("False", reason::INSTANCE_STATE_UNKNOWN),
+            instance: ("False", reason::INSTANCE_STATE_UNKNOWN),
             provisioned: false,
-            failure_reason: Some("InsufficientResources"),
+            failure_reason: None,
+        },
+        // Not a phase of Kairon's (earlier simulators wrote it): named, never a failure.
+        Case {
+            name: "failed is no phase of Kairon's",
+            observed: Observed::Instance(vm("Failed")),
+            ready: ("Unknown", reason::INSTANCE_PENDING),
+            instance: ("Unknown", reason::INSTANCE_PENDING),
+            provisioned: false,
+            failure_reason: None,
         },
         // Kairon's Error is retried by Kairon: no failure reason, the Machine is not failed.
         Case {
@@ -251,7 +262,7 @@ fn pending_and_provisioning_are_one_status() {
         v.status = None;
         Box::new(*v)
     };
-    let mut provisioning = vm("Provisioning");
+    let mut provisioning = vm("Starting");
     provisioning.status.as_mut().unwrap().node_name = Some("kairon-node-7".into());
     let first = next_status(
         None,
@@ -283,7 +294,7 @@ fn transition_time_moves_only_with_status() {
     );
     let provisioning = next_status(
         Some(&pending),
-        StatusInput::Live(&Observed::Instance(vm("Provisioning"))),
+        StatusInput::Live(&Observed::Instance(vm("Starting"))),
         None,
         &at(20),
     );
@@ -316,7 +327,7 @@ fn provisioned_never_flips_back() {
     );
     for later in [
         Observed::Instance(vm("Stopped")),
-        Observed::Instance(vm("Failed")),
+        Observed::Instance(vm("Unknown")),
         Observed::Gone,
     ] {
         let s = next_status(Some(&running), StatusInput::Live(&later), None, &at(20));
@@ -367,12 +378,16 @@ fn deleting_sets_ready_false_deleting() {
 
 #[test]
 fn first_failure_sticks() {
-    let failed = next_status(
-        None,
-        StatusInput::Live(&Observed::Instance(vm("Failed"))),
-        None,
-        &at(10),
-    );
+    let terminal = Observed::Terminal {
+        condition: Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::UNSUPPORTED_BOOTSTRAP_DATA,
+            "cloud-config key disk_setup",
+        ),
+        failure_reason: "InvalidConfiguration",
+    };
+    let failed = next_status(None, StatusInput::Live(&terminal), None, &at(10));
     let msg = failed
         .deprecated
         .as_ref()
@@ -383,7 +398,7 @@ fn first_failure_sticks() {
         .failure_message
         .clone()
         .unwrap();
-    assert!(msg.contains("Unschedulable: no host has 64 CPUs"), "{msg}");
+    assert!(msg.contains("disk_setup"), "{msg}");
     let gone = next_status(Some(&failed), StatusInput::Live(&Observed::Gone), None, &at(20));
-    assert_eq!(gone.failure_reason(), Some("InsufficientResources"));
+    assert_eq!(gone.failure_reason(), Some("InvalidConfiguration"));
 }
