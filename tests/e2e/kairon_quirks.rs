@@ -293,3 +293,113 @@ async fn a_vm_no_kairon_node_fits_waits_and_says_why() {
         "CAPI's Machine is not failed either"
     );
 }
+
+/// `controlPlaneAntiAffinity: Required` is Kairon's hard `antiAffinity`: a cluster's control
+/// planes never share a Kairon node. With three Kairon nodes and four control-plane VMs (the
+/// rig's own and three made Required here), the one no node may take waits `Pending` with
+/// Kairon's `Scheduled=False` (the KaironMachine says `InstanceNotScheduled` with Kairon's
+/// message), never on a node another control plane holds; when a node frees up, Kairon places
+/// it there.
+#[tokio::test(flavor = "multi_thread")]
+async fn required_control_plane_anti_affinity_never_shares_a_kairon_node() {
+    use capkr::api::{MachinePlacement, anti_affinity};
+    use k8s_openapi::api::core::v1::Secret;
+    use std::collections::BTreeMap;
+
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        ..RigOptions::new("kairon_hard_anti_affinity")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    let names: Vec<String> = (0..3).map(|i| format!("cp-hard-{i}")).collect();
+    for name in &names {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(format!("{name}-bootstrap"));
+        secret.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
+        secret.string_data = Some([("value".to_string(), "#cloud-config\nruncmd:\n- echo up\n".to_string())].into());
+        Api::<Secret>::namespaced(rig.env.client(), &rig.ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let km = KaironMachine::new(
+            name,
+            capkr::api::KaironMachineSpec {
+                placement: Some(MachinePlacement {
+                    control_plane_anti_affinity: Some(anti_affinity::REQUIRED.into()),
+                    ..Default::default()
+                }),
+                ..crate::common::km_spec()
+            },
+        );
+        rig.kms().create(&PostParams::default(), &km).await.unwrap();
+        let machine: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": name, "namespace": rig.ns, "labels": {
+                "cluster.x-k8s.io/cluster-name": rig.cluster,
+                "cluster.x-k8s.io/control-plane": "",
+            }},
+            "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
+                     "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
+                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": name}}
+        }))
+        .unwrap();
+        rig.machines().create(&PostParams::default(), &machine).await.unwrap();
+    }
+
+    // Two of the three run, each on a node of its own; the third waits and says why.
+    let placed = || async {
+        let vms = rig.vm_map().await;
+        let hosts: BTreeMap<String, String> = vms
+            .iter()
+            .filter(|(_, vm)| {
+                vm.labels().contains_key("cluster.x-k8s.io/control-plane")
+                    && vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+            })
+            .filter_map(|(n, vm)| Some((n.clone(), vm.status.as_ref()?.node_name.clone()?)))
+            .collect();
+        hosts
+    };
+    let waiting = rig
+        .wait("two placed, the third not scheduled", UP, || async {
+            let hosts = placed().await;
+            let mut waiting = None;
+            for name in &names {
+                let km = rig.kms().get(name).await?;
+                if crate::common::km_instance(&km).is_some_and(|(r, _)| r == reason::INSTANCE_NOT_SCHEDULED) {
+                    waiting = Some((name.clone(), crate::common::km_instance(&km).unwrap().1));
+                }
+            }
+            Ok::<_, kube::Error>(waiting.filter(|_| hosts.len() == 3))
+        })
+        .await;
+    let (pending, message) = waiting;
+    assert!(message.contains("antiAffinity"), "Kairon's message: {message}");
+    let hosts = placed().await;
+    let distinct: std::collections::BTreeSet<&String> = hosts.values().collect();
+    assert_eq!(distinct.len(), 3, "one control plane per Kairon node: {hosts:?}");
+    assert!(!hosts.contains_key(&pending));
+    // It stays so: Kairon keeps trying, nothing shares a node, nothing fails.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let vm = rig.vms().get(&pending).await.unwrap();
+    assert_eq!(vm.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Pending"));
+    assert_eq!(placed().await, hosts);
+
+    // A node frees up: the waiting one is placed there.
+    let (gone, freed) = hosts
+        .iter()
+        .find(|(n, _)| names.contains(n))
+        .map(|(n, h)| (n.clone(), h.clone()))
+        .unwrap();
+    rig.machines().delete(&gone, &Default::default()).await.unwrap();
+    let now = rig
+        .wait(&format!("{pending} placed on the node {gone} left"), UP, || async {
+            let hosts = placed().await;
+            Ok::<_, kube::Error>(hosts.get(&pending).cloned().filter(|_| !hosts.contains_key(&gone)))
+        })
+        .await;
+    assert_eq!(now, freed);
+    let hosts = placed().await;
+    let distinct: std::collections::BTreeSet<&String> = hosts.values().collect();
+    assert_eq!(distinct.len(), hosts.len(), "still one per node: {hosts:?}");
+}

@@ -2,8 +2,9 @@
 //! and kube-scheduler, KWOK plays the kubelets, so Pods are scheduled and run, and what a
 //! workload owner cares about on day 2 is real: a scale-down drains each Node through the
 //! eviction API within the PodDisruptionBudget, a drain a PDB blocks waits for the Machine's
-//! `nodeDrainTimeout`, and a VM that dies has its Pods evicted by the workload cluster's own
-//! node lifecycle controller before the MachineHealthCheck replaces it.
+//! `nodeDrainTimeout`, a VM Kairon halts and runs again comes back as the same Node, and a VM
+//! that dies has its Pods evicted by the workload cluster's own node lifecycle controller
+//! before the MachineHealthCheck replaces it.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -186,9 +187,68 @@ async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Cli
     );
 }
 
-/// 1 control plane + 2 workers. A worker's VM fails (the simulator's `fail` annotation): its
-/// kubelet stops, the workload cluster's node lifecycle controller marks its Node Ready
-/// Unknown and evicts its Pods, which run again on the other worker; then the
+fn node_ready(node: &Node) -> String {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| c.status.clone())
+        .unwrap_or_default()
+}
+
+/// A worker's Kairon Machine halted and then Running again: its Node NotReady, then Ready, on
+/// the same Machine and the same Kairon Machine.
+async fn halt_and_run_again(rig: &GuestRig, wc: &Client) {
+    let worker = worker_machines(rig).await.into_iter().next().expect("a worker");
+    let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
+    let uid = vms.get(&worker).await.expect("the worker's Kairon Machine").uid();
+    let power = |state: &'static str| {
+        let (vms, worker) = (vms.clone(), worker.clone());
+        async move {
+            vms.patch(
+                &worker,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"powerState": state}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("powerState {state} on {worker}: {e}"));
+        }
+    };
+    let nodes: Api<Node> = Api::all(wc.clone());
+    let started = Instant::now();
+    power("Halted").await;
+    rig.wait(&format!("halted {worker}: its Node no longer Ready"), UP, || async {
+        let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
+        match node_ready(&node).as_str() {
+            "True" => Err("Ready=True".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    let not_ready = started.elapsed();
+    power("Running").await;
+    rig.wait(&format!("{worker} running again: its Node Ready"), UP, || async {
+        let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
+        match node_ready(&node).as_str() {
+            "True" => Ok(()),
+            other => Err(format!("Ready={other}")),
+        }
+    })
+    .await;
+    eprintln!(
+        "halted {worker}: Node not Ready after {:.1}s, Ready again {:.1}s after",
+        not_ready.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(worker_machines(rig).await.contains(&worker), "the same Machine");
+    assert_eq!(vms.get(&worker).await.unwrap().uid(), uid, "the same Kairon Machine");
+}
+
+/// 1 control plane + 2 workers. First Kairon halts a worker's VM (`spec.powerState: Halted`, as
+/// its preemption does) and runs it again: the Node goes NotReady and comes back Ready, the
+/// same Machine. Then a worker's runtime fails (the simulator's `fail` annotation; Kairon's
+/// phase Unknown): its kubelet stops, the workload cluster's node lifecycle controller marks
+/// its Node Ready Unknown and evicts its Pods, which run again on the other worker; then the
 /// MachineHealthCheck replaces the Machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
@@ -198,6 +258,8 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
     let wc = rig.workload_client().await;
     wait_workers_schedulable(&rig, &wc, 2).await;
     create_workload(&wc, "web", 4, json!({"maxUnavailable": 1})).await;
+    wait_running(&rig, &wc, "web", 4, &BTreeSet::new()).await;
+    halt_and_run_again(&rig, &wc).await;
     wait_running(&rig, &wc, "web", 4, &BTreeSet::new()).await;
 
     // The MHC stays paused until the workload cluster has acted on its own.

@@ -91,10 +91,12 @@ pub fn stages_path(bin_dir: &Path) -> PathBuf {
 
 /// The simulator's Stages for deleted Pods: terminate a running one, then delete it.
 const POD_DELETE_STAGES: &str = include_str!("kwok_pod_delete.yaml");
+/// The simulator's Stage for the Pods of a kubelet that runs again: Ready again.
+const POD_READY_AGAIN_STAGE: &str = include_str!("kwok_pod_ready_again.yaml");
 
 /// KWOK's Stages (YAML documents separated by `---` lines) with its fast `pod-delete`
-/// replaced by [`POD_DELETE_STAGES`]; an error if it has no such Stage or a document does not
-/// parse.
+/// replaced by [`POD_DELETE_STAGES`], and [`POD_READY_AGAIN_STAGE`] added; an error if it has
+/// no such Stage or a document does not parse.
 pub fn with_pod_termination(kwok_stages: &str) -> Result<String, String> {
     let mut docs = Vec::new();
     let mut replaced = false;
@@ -118,6 +120,7 @@ pub fn with_pod_termination(kwok_stages: &str) -> Result<String, String> {
         return Err("no Stage named pod-delete to replace".into());
     }
     docs.push(POD_DELETE_STAGES.trim_end());
+    docs.push(POD_READY_AGAIN_STAGE.trim_end());
     Ok(docs.join("\n---\n") + "\n")
 }
 
@@ -205,7 +208,10 @@ mod tests {
     #[test]
     fn deleted_pods_terminate_before_they_go() {
         let stages = with_pod_termination(KWOK_FAST).unwrap();
-        assert_eq!(stage_names(&stages), ["pod-ready", "pod-terminate", "pod-delete"]);
+        assert_eq!(
+            stage_names(&stages),
+            ["pod-ready", "pod-terminate", "pod-delete", "pod-ready-again"]
+        );
         let docs: Vec<serde_json::Value> = stages
             .split("\n---\n")
             .map(|d| serde_saphyr::from_str(d).unwrap())
@@ -226,6 +232,12 @@ mod tests {
         let delete = &docs[2]["spec"];
         assert_eq!(delete["selector"]["matchExpressions"][1]["operator"], "NotIn");
         assert_eq!(delete["next"]["delete"], true);
+        // A Running Pod marked not Ready while its kubelet was gone is Ready again once the
+        // kubelet is back; one being deleted is left to the Stages above.
+        let again = &docs[3]["spec"]["selector"]["matchExpressions"];
+        assert_eq!(again[0]["operator"], "DoesNotExist");
+        assert_eq!(again[1]["values"], json!(["Running"]));
+        assert_eq!(again[2]["values"], json!(["False"]));
     }
 
     #[test]
