@@ -237,3 +237,138 @@ async fn initial_lists_are_streamed_where_the_api_server_can_and_paged_where_not
         }
     }
 }
+
+/// A Kairon API that does not serve MachineSets to the manager, because it may not list them or
+/// because the kind is not installed, leaves KaironMachinePools out and nothing else: the
+/// manager turns ready, the other controllers work (a KaironMachineTemplate gets its
+/// capacity), and a pool says why in its conditions. (The pool controller's MachineSet watch
+/// used to keep `/readyz` at 503 for good.)
+#[tokio::test(flavor = "multi_thread")]
+async fn without_machine_sets_only_pools_are_left_out_and_the_manager_is_ready() {
+    use capkr::api::conditions::reason;
+    use capkr::api::{KaironMachinePool, KaironMachineTemplate};
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    let env = Env::start(EnvOptions::new("operability-no-machinesets").capi_managers(CapiManagers::NONE))
+        .await
+        .expect("test environment");
+    env.create_namespace("capkr-system").await.unwrap();
+    env.create_namespace("pools").await.unwrap();
+    let root = capkr_testenv::workspace_root();
+    let rbac = |file: &str| std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap();
+    // The shipped RBAC without the rule for Kairon MachineSets.
+    let role = rbac("role.yaml");
+    let (head, tail) = role
+        .split_once("  # Kairon MachineSets backing")
+        .expect("config/rbac/role.yaml has a MachineSet rule");
+    let (_, after) = tail
+        .split_once("  # Secure /metrics")
+        .expect("the rule after it is about /metrics");
+    let without_sets = format!("{head}  # Secure /metrics{after}");
+    for yaml in [
+        rbac("service_account.yaml"),
+        without_sets,
+        rbac("role_binding.yaml"),
+    ] {
+        env.apply(&yaml, None).await.unwrap();
+    }
+    let pools: Api<KaironMachinePool> = Api::namespaced(env.client(), "pools");
+    let pool: KaironMachinePool = serde_json::from_value(serde_json::json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachinePool",
+        "metadata": {"name": "p", "namespace": "pools"},
+        "spec": {"template": {"image": {"imageRef": "ubuntu-2404-kube-v1.36.3"},
+                              "resources": {"cpu": "2", "memory": "4Gi"}}}
+    }))
+    .unwrap();
+    pools.create(&PostParams::default(), &pool).await.unwrap();
+    let templates: Api<KaironMachineTemplate> = Api::namespaced(env.client(), "pools");
+
+    let pool_says = |fragment: &'static str| {
+        let pools = pools.clone();
+        async move {
+            capkr_testenv::wait_for(
+                &format!("the pool says MachineSetsUnavailable ({fragment})"),
+                Duration::from_secs(30),
+                || async {
+                    let p = pools.get("p").await?;
+                    let ready = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned());
+                    Ok::<_, kube::Error>(ready.filter(|c| {
+                        c.status == "False" && c.reason == reason::MACHINE_SETS_UNAVAILABLE && c.message.contains(fragment)
+                    }))
+                },
+            )
+            .await
+        }
+    };
+    let ready_and_serving = |manager: &capkr_testenv::Process, template: &'static str| {
+        let templates = templates.clone();
+        let health = manager.spec().loopback_port("--health-addr").unwrap();
+        let tail = manager.log_tail(40);
+        async move {
+            let ready = capkr_testenv::wait_for("/readyz 200", Duration::from_secs(60), || async {
+                Ok::<_, std::io::Error>(
+                    (http_get(health, "/readyz").await.is_ok_and(|r| r.status == 200)).then_some(()),
+                )
+            })
+            .await;
+            if let Err(e) = ready {
+                panic!("{e:#}\n{tail}");
+            }
+            let t: KaironMachineTemplate = serde_json::from_value(serde_json::json!({
+                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachineTemplate",
+                "metadata": {"name": template, "namespace": "pools"},
+                "spec": {"template": {"spec": {"image": {"imageRef": "ubuntu-2404-kube-v1.36.3"},
+                                               "resources": {"cpu": "2", "memory": "4Gi"}}}}
+            }))
+            .unwrap();
+            templates.create(&PostParams::default(), &t).await.unwrap();
+            let capacity = capkr_testenv::wait_for("the template's capacity", Duration::from_secs(30), || async {
+                let t = templates.get(template).await?;
+                Ok::<_, kube::Error>(t.status.and_then(|s| s.capacity).filter(|c| !c.is_empty()))
+            })
+            .await;
+            assert!(capacity.is_ok(), "the template controller runs: {capacity:?}");
+        }
+    };
+
+    // Not permitted.
+    let kubeconfig = env
+        .impersonating_kubeconfig(
+            "system:serviceaccount:capkr-system:capkr-manager",
+            "capkr-manager-sa.kubeconfig",
+        )
+        .unwrap();
+    let manager = env
+        .start_manager([format!("--kubeconfig={}", kubeconfig.display())])
+        .unwrap();
+    ready_and_serving(&manager, "t-forbidden").await;
+    let said = pool_says("may not list MachineSets").await;
+    assert!(said.is_ok(), "{said:?}\n{}", manager.log_tail(40));
+    let log = std::fs::read_to_string(manager.log_path()).unwrap();
+    assert!(log.contains("KaironMachinePools are not reconciled"), "a log line says so");
+    manager.stop(Duration::from_secs(10));
+
+    // Not installed.
+    env.apply(&rbac("role.yaml"), None).await.unwrap();
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(env.client());
+    crds.delete("machinesets.kairon.zyvor.dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    capkr_testenv::wait_for("the MachineSet CRD gone", Duration::from_secs(30), || async {
+        Ok::<_, kube::Error>(crds.get_opt("machinesets.kairon.zyvor.dev").await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap();
+    let manager = env
+        .start_manager([format!("--kubeconfig={}", kubeconfig.display())])
+        .unwrap();
+    ready_and_serving(&manager, "t-missing").await;
+    let said = pool_says("CRD is not installed").await;
+    assert!(said.is_ok(), "{said:?}\n{}", manager.log_tail(40));
+    assert!(manager.is_running());
+}

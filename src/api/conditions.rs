@@ -47,6 +47,10 @@ pub mod reason {
     /// The pool's KaironCluster names a Kairon API by `spec.identityRef`: pools are made on the
     /// manager's own Kairon API only, for now.
     pub const IDENTITY_NOT_SUPPORTED: &str = "IdentityNotSupported";
+    /// The Kairon API does not serve MachineSets to the manager (the kind is not installed, or
+    /// the manager may not list it): pools are not reconciled until the manager restarts with
+    /// them served.
+    pub const MACHINE_SETS_UNAVAILABLE: &str = "MachineSetsUnavailable";
 
     // KaironMachine: bootstrap data problems
     pub const BOOTSTRAP_SECRET_NOT_FOUND: &str = "BootstrapDataSecretNotFound";

@@ -391,3 +391,60 @@ async fn an_autoscaled_pool_follows_the_kairon_machine_sets_size_and_never_write
     assert_eq!(pool_machines(&rig, &pool).await.len(), 1);
     eprintln!("machine pool autoscaled: 1 -> 3 followed in {up_secs:.1} s, 3 -> 1 in {down_secs:.1} s");
 }
+
+/// A pool's deletion removes its own instances and nothing else: a KaironMachine labelled for
+/// the pool but owned by a Machine that is not the pool's (here the cluster's control plane: a
+/// label, like an ownerReference, can be copied onto anything) is left alone, and that Machine
+/// above all. (The deletion used to delete whatever Machine such a KaironMachine's
+/// ownerReference named.)
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_pool_deletes_no_machine_but_its_own() {
+    use capkr::api::KaironMachine;
+    use kube::api::PostParams;
+
+    let (rig, pool) = rig_with_pool("pool_delete_own", 1, false).await;
+    wait_pool_running(&rig, &pool, 1).await;
+    let cp = rig
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|m| m.labels().contains_key("cluster.x-k8s.io/control-plane"))
+        .expect("the control-plane Machine");
+    let (cp_name, cp_uid) = (cp.name_any(), cp.uid().unwrap());
+    let mut rogue = KaironMachine::new("rogue", crate::common::km_spec());
+    rogue.metadata.labels = Some(
+        [
+            (
+                "infrastructure.cluster.x-k8s.io/kaironmachinepool-name".to_string(),
+                pool.clone(),
+            ),
+            ("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone()),
+        ]
+        .into(),
+    );
+    rogue.metadata.owner_references = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "Machine".into(),
+        name: cp_name.clone(),
+        uid: cp_uid.clone(),
+        ..Default::default()
+    }]);
+    rig.kms().create(&PostParams::default(), &rogue).await.unwrap();
+
+    pools(&rig).delete(&pool, &DeleteParams::default()).await.unwrap();
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+    rig.wait("the pool and its set gone", UP, || async {
+        let kmp = kmps(&rig).get_opt(&pool).await?;
+        let set = sets.get_opt(&pool).await?;
+        Ok::<_, kube::Error>((kmp.is_none() && set.is_none()).then_some(()))
+    })
+    .await;
+    let cp = rig.machines().get(&cp_name).await.expect("the control-plane Machine is still there");
+    assert_eq!(cp.uid().as_deref(), Some(cp_uid.as_str()), "the very same Machine");
+    assert!(cp.metadata.deletion_timestamp.is_none(), "and not being deleted");
+    let rogue = rig.kms().get("rogue").await.expect("the copied KaironMachine is left alone");
+    assert!(rogue.metadata.deletion_timestamp.is_none());
+}

@@ -15,7 +15,7 @@ use tracing::info;
 
 use super::context::{Context, Scope};
 use super::publish::write_status;
-use crate::api::MACHINE_POOL_FINALIZER;
+use crate::api::{KaironMachine, MACHINE_POOL_FINALIZER};
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::capi;
 use crate::client::delete_exactly;
@@ -55,12 +55,18 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         return release().await;
     }
     // The instances first, through their Machines (drained), or their KaironMachines when
-    // CAPI has made no Machine for them.
+    // CAPI has made no Machine for them. A KaironMachine labelled for the pool whose owner is
+    // a Machine not of this pool (another MachinePool's, another cluster's: a label or an
+    // ownerReference can be copied) is left alone, its Machine above all.
     let kms = ctx.kaironmachines_of(s);
-    if !kms.is_empty() {
+    let (ours, foreign): (Vec<_>, Vec<_>) = kms.iter().partition(|km| owned_by_the_pool(km, s, ctx));
+    for km in &foreign {
+        info!(kaironmachine = %km.name_any(), "labelled for the pool but owned by a Machine of another; left alone");
+    }
+    if !ours.is_empty() {
         let machines: Api<capi::Machine> = Api::namespaced(ctx.client.clone(), &s.ns);
         let kaironmachines: Api<crate::api::KaironMachine> = Api::namespaced(ctx.client.clone(), &s.ns);
-        for km in kms.iter().filter(|km| km.metadata.deletion_timestamp.is_none()) {
+        for km in ours.iter().filter(|km| km.metadata.deletion_timestamp.is_none()) {
             let name = km.name_any();
             // Exactly the object the cache names (UID precondition): never another made since
             // under the same name.
@@ -85,7 +91,7 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
             READY,
             Status::False,
             reason::DELETING,
-            format!("waiting for {} instances to be deleted", kms.len()),
+            format!("waiting for {} instances to be deleted", ours.len()),
         );
         write_status(ctx, s, None, Some(d), None).await?;
         return Ok(Action::requeue(DELETE_RETRY));
@@ -112,6 +118,23 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         )
         .await;
     Ok(Action::requeue(DELETE_RETRY))
+}
+
+/// Whether `km` is an instance of this pool that its deletion may remove: without an owner
+/// Machine (CAPI made none yet), or owned by one of the pool's own Machines, by UID: one CAPI
+/// made for the pool's MachinePool (its pool-name label) in the pool's Cluster.
+fn owned_by_the_pool(km: &KaironMachine, s: &Scope, ctx: &Context) -> bool {
+    let Some(owner) = capi::owner(&km.metadata, "Machine") else {
+        return true;
+    };
+    let Some(machine_pool) = capi::owner(&s.pool.metadata, "MachinePool") else {
+        return false;
+    };
+    ctx.machines_of(s, &machine_pool.name).iter().any(|m| {
+        m.name_any() == owner.name
+            && m.metadata.uid.as_deref() == Some(owner.uid.as_str())
+            && capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(s.cluster_name.as_str())
+    })
 }
 
 /// Whether the pool's Cluster no longer exists, asked of the API server when the cache does

@@ -11,8 +11,10 @@ pub mod plan;
 mod publish;
 mod reconcile;
 pub mod status;
+mod unavailable;
 mod watches;
 
 pub use context::Context;
 pub use reconcile::reconcile;
+pub(crate) use unavailable::{controller as unavailable, machine_sets_refused};
 pub(crate) use watches::controller;

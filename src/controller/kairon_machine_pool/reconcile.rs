@@ -421,11 +421,16 @@ async fn carry_out_plan(
     }
     let capi_machines: Api<capi::Machine> = Api::namespaced(ctx.client.clone(), &s.ns);
     for (name, why) in &plan.delete_machines {
-        let uid = machines
+        // Only a Machine of the pool as cached, and exactly it (UID precondition): a name
+        // alone could stand for any Machine of the namespace.
+        let Some(uid) = machines
             .iter()
             .find(|m| m.name_any() == *name)
-            .and_then(|m| m.metadata.uid.clone());
-        let dp = crate::client::delete_exactly(uid);
+            .and_then(|m| m.metadata.uid.clone())
+        else {
+            continue;
+        };
+        let dp = crate::client::delete_exactly(Some(uid));
         match capi_machines.delete(name, &dp).await {
             Ok(_) => {
                 info!(machine = %name, ?why, "deleted the Machine of a pool instance");
