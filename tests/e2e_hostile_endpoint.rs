@@ -1,7 +1,8 @@
 //! Hostile Kairon APIs: a tenant points its clusters' identities (`KaironCluster.spec.identityRef`)
-//! at servers that hang every write, never answer, answer 500 with 50 MiB of text, or stream a
-//! watch line without end (`capkr_testenv::hostile`). The manager serves every tenant from one
-//! process: the others must not notice.
+//! at servers that hang every write, never answer, answer 500 with 50 MiB of text, stream a
+//! watch line without end, list page after page without end, or send watch events of new
+//! Kairon Machines without end (`capkr_testenv::hostile`). The manager serves every tenant from
+//! one process: the others must not notice.
 
 mod common;
 
@@ -178,13 +179,14 @@ fn unclean(message: &str) -> Option<String> {
         .map(|c| format!("control character {c:?}"))
 }
 
-/// A cluster on the default Kairon API scales 0 → 3 workers once alone and once while four
-/// hostile tenant clusters (one per kind of misbehaviour, on four servers) run: it takes at
+/// A cluster on the default Kairon API scales 0 → 3 workers once alone and once while six
+/// hostile tenant clusters (one per kind of misbehaviour, on six servers) run: it takes at
 /// most 30 s longer. The hostile tenants' KaironMachines say why they get nothing, with
-/// messages cleaned and bounded; deleting them is not held up (those whose server answers
-/// reads are gone at once, the others wait, saying why, until their server answers, and are
-/// gone then); the manager's peak memory stays under 64 MiB and no log line repeats what a
-/// server flooded it with.
+/// messages cleaned and bounded; those whose server sends Kairon Machines without end say it
+/// was cut off. Deleting them is not held up (those whose server answers reads are gone at
+/// once, the others wait, saying why, until their server answers — a cut-off one until its
+/// identity's Secret changes — and are gone then); the manager's peak memory stays under
+/// 64 MiB and no log line repeats what a server flooded it with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_the_manager() {
     let rig = Rig::start(RigOptions {
@@ -223,6 +225,8 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
             3,
             &["KaironAPIUnavailable", "InstanceCreateFailed"],
         ),
+        ("pages", Hostility::EndlessPages, 3, &["KaironAPIUnavailable"]),
+        ("events", Hostility::EndlessEvents, 3, &["KaironAPIUnavailable"]),
     ] {
         let server = HostileServer::start(hostility).await.expect("hostile server");
         tenants.push(Tenant {
@@ -248,6 +252,7 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
                 Hostility::HangWrites => s.writes > 0,
                 Hostility::NeverAnswers => s.lists > 0,
                 Hostility::ErrorFlood => s.flood_bodies > 0,
+                Hostility::EndlessPages => s.lists > 1,
                 _ => s.watches > 0,
             }
         })
@@ -288,6 +293,7 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
 
     // Every hostile KaironMachine says why it gets nothing, in a bounded, clean message; so
     // do the KaironClusters that are not ready.
+    let cut_off = |h: Hostility| matches!(h, Hostility::EndlessPages | Hostility::EndlessEvents);
     let reported = wait_for(
         "every hostile KaironMachine reports why",
         Duration::from_secs(120),
@@ -296,7 +302,8 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
             for t in &tenants {
                 for km in kms_of(&kms, t.name).await {
                     match km_instance(&km) {
-                        Some((r, _)) if t.reasons.contains(&r.as_str()) => {}
+                        Some((r, m))
+                            if t.reasons.contains(&r.as_str()) && (!cut_off(t.hostility) || m.contains("cut off")) => {}
                         got => missing.push(format!("{}: {got:?}", km.name_any())),
                     }
                 }
@@ -376,9 +383,23 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
     if let Err(e) = deleted {
         failures.push(format!("{e:#}"));
     }
-    // The servers that answered nothing come back (empty): the waiting deletions finish.
+    // The servers that answered nothing come back (empty), and the identities of those cut
+    // off are given again: the waiting deletions finish.
     for t in &tenants {
         t.server.set(Hostility::Empty);
+    }
+    let secrets: Api<Secret> = Api::namespaced(rig.env.client(), TENANT_NS);
+    for t in tenants.iter().filter(|t| cut_off(t.hostility)) {
+        let rotated = format!("{}\n# given again\n", t.server.kubeconfig());
+        let patch = json!({"data": {"kubeconfig": ByteString(rotated.into_bytes())}});
+        secrets
+            .patch(
+                &format!("{}-identity", t.name),
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .expect("the identity Secret given again");
     }
     let gone = wait_for("every hostile KaironMachine gone", Duration::from_secs(150), || async {
         let mut left = 0;

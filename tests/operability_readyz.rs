@@ -265,11 +265,7 @@ async fn without_machine_sets_only_pools_are_left_out_and_the_manager_is_ready()
         .split_once("  # Secure /metrics")
         .expect("the rule after it is about /metrics");
     let without_sets = format!("{head}  # Secure /metrics{after}");
-    for yaml in [
-        rbac("service_account.yaml"),
-        without_sets,
-        rbac("role_binding.yaml"),
-    ] {
+    for yaml in [rbac("service_account.yaml"), without_sets, rbac("role_binding.yaml")] {
         env.apply(&yaml, None).await.unwrap();
     }
     let pools: Api<KaironMachinePool> = Api::namespaced(env.client(), "pools");
@@ -297,7 +293,9 @@ async fn without_machine_sets_only_pools_are_left_out_and_the_manager_is_ready()
                         .and_then(|s| s.conditions.as_ref())
                         .and_then(|c| c.iter().find(|c| c.type_ == "Ready").cloned());
                     Ok::<_, kube::Error>(ready.filter(|c| {
-                        c.status == "False" && c.reason == reason::MACHINE_SETS_UNAVAILABLE && c.message.contains(fragment)
+                        c.status == "False"
+                            && c.reason == reason::MACHINE_SETS_UNAVAILABLE
+                            && c.message.contains(fragment)
                     }))
                 },
             )
@@ -349,7 +347,10 @@ async fn without_machine_sets_only_pools_are_left_out_and_the_manager_is_ready()
     let said = pool_says("may not list MachineSets").await;
     assert!(said.is_ok(), "{said:?}\n{}", manager.log_tail(40));
     let log = std::fs::read_to_string(manager.log_path()).unwrap();
-    assert!(log.contains("KaironMachinePools are not reconciled"), "a log line says so");
+    assert!(
+        log.contains("KaironMachinePools are not reconciled"),
+        "a log line says so"
+    );
     manager.stop(Duration::from_secs(10));
 
     // Not installed.
@@ -360,7 +361,12 @@ async fn without_machine_sets_only_pools_are_left_out_and_the_manager_is_ready()
         .await
         .unwrap();
     capkr_testenv::wait_for("the MachineSet CRD gone", Duration::from_secs(30), || async {
-        Ok::<_, kube::Error>(crds.get_opt("machinesets.kairon.zyvor.dev").await?.is_none().then_some(()))
+        Ok::<_, kube::Error>(
+            crds.get_opt("machinesets.kairon.zyvor.dev")
+                .await?
+                .is_none()
+                .then_some(()),
+        )
     })
     .await
     .unwrap();

@@ -31,6 +31,9 @@ pub(crate) struct Endpoint {
     /// Which Kairon API this is ([`kairon::endpoint_fingerprint`]).
     fingerprint: String,
     problem: Arc<Mutex<Option<String>>>,
+    /// Why the endpoint was cut off for good (it sent more than its budget), if it was: unlike
+    /// a problem, never cleared by a probe that succeeds.
+    cut_off: Arc<Mutex<Option<String>>>,
     /// When a known problem was last checked with a request of our own.
     probed: Arc<Mutex<Option<Instant>>>,
     /// When the endpoint (its client and watch) started.
@@ -54,9 +57,16 @@ impl Endpoint {
             namespace,
             fingerprint,
             problem,
+            cut_off: Arc::default(),
             probed: Arc::default(),
             started: Instant::now(),
         }
+    }
+
+    /// With `cut_off` as where its watch records that it went over its budget.
+    pub(super) fn with_cut_off(mut self, cut_off: Arc<Mutex<Option<String>>>) -> Endpoint {
+        self.cut_off = cut_off;
+        self
     }
 
     /// Which Kairon API this is: server, TLS server name and CA, not the credentials.
@@ -66,7 +76,8 @@ impl Endpoint {
 
     /// What is wrong with the endpoint's watch, if anything.
     pub(crate) fn problem(&self) -> Option<String> {
-        self.problem.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let cut = self.cut_off.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        cut.or_else(|| self.problem.lock().unwrap_or_else(|e| e.into_inner()).clone())
     }
 
     /// Waits (a while) for the first list; then whether the endpoint can be used, or why not.
@@ -79,6 +90,9 @@ impl Endpoint {
     /// [`FIRST_LIST_WAIT`] after the endpoint started; an endpoint that has not listed by then
     /// has that problem, and is answered from it like any other.
     pub(crate) async fn ready(&self) -> Result<(), String> {
+        if let Some(why) = self.cut_off.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(why);
+        }
         let known = self.problem();
         if let Some(why) = &known {
             let mut probed = self.probed.lock().unwrap_or_else(|e| e.into_inner());

@@ -26,6 +26,8 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
+
+use super::endpoint_budget::{Budget, kept_bytes};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
@@ -322,6 +324,7 @@ impl Endpoints {
         let instances = Instances::new(client).with_owner(self.owner.clone()).with_write_gate();
         let (store, writer) = reflector::store();
         let problem: Arc<Mutex<Option<String>>> = Arc::default();
+        let cut_off: Arc<Mutex<Option<String>>> = Arc::default();
         // Pages small enough for the client's response limit; watches the server ends before
         // the client's read timeout would.
         let wc = watcher::Config::default()
@@ -365,6 +368,30 @@ impl Endpoints {
             // Never hold bootstrap payloads in memory, nor what is never read back.
             .modify(kairon::keep_what_is_read)
             .reflect(writer);
+        // Over its budget, the watch ends here: the stream, the reflector's buffer with it, is
+        // dropped, and the endpoint stays cut off.
+        let mut budget = Budget::default();
+        let (measured, cut, cut_identity) = (store.clone(), cut_off.clone(), key.to_string());
+        let (on_cut, cut_served, cut_known) = (self.trigger.clone(), key.namespace.clone(), store.clone());
+        let events = events.take_while(move |event| {
+            let Ok(event) = event else {
+                return futures::future::ready(true);
+            };
+            let admitted = budget.admit(event, || {
+                let vms = measured.state();
+                (vms.len(), vms.iter().map(|vm| kept_bytes(vm)).sum())
+            });
+            if let Err(why) = &admitted {
+                warn!(identity = %cut_identity, "{why}");
+                *cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
+                for vm in cut_known.state() {
+                    if let Some(km) = kaironmachine_in(&vm, &cut_served) {
+                        let _ = on_cut.unbounded_send(km);
+                    }
+                }
+            }
+            futures::future::ready(admitted.is_ok())
+        });
         let task = tokio::spawn(events.for_each(move |event| {
             if let Ok(event) = event {
                 *clear_problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
@@ -380,7 +407,8 @@ impl Endpoints {
             futures::future::ready(())
         }));
         let synced = Synced::of(&store);
-        let endpoint = Endpoint::new(instances, store, synced, key.namespace.clone(), fingerprint, problem);
+        let endpoint =
+            Endpoint::new(instances, store, synced, key.namespace.clone(), fingerprint, problem).with_cut_off(cut_off);
         (endpoint, task.abort_handle())
     }
 

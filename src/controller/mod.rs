@@ -18,6 +18,7 @@
 
 mod backoff;
 pub(crate) mod caches;
+mod endpoint_budget;
 mod endpoint_error;
 mod endpoint_health;
 pub(crate) mod endpoint_trust;

@@ -442,9 +442,17 @@ async fn deleting_a_pool_deletes_no_machine_but_its_own() {
         Ok::<_, kube::Error>((kmp.is_none() && set.is_none()).then_some(()))
     })
     .await;
-    let cp = rig.machines().get(&cp_name).await.expect("the control-plane Machine is still there");
+    let cp = rig
+        .machines()
+        .get(&cp_name)
+        .await
+        .expect("the control-plane Machine is still there");
     assert_eq!(cp.uid().as_deref(), Some(cp_uid.as_str()), "the very same Machine");
     assert!(cp.metadata.deletion_timestamp.is_none(), "and not being deleted");
-    let rogue = rig.kms().get("rogue").await.expect("the copied KaironMachine is left alone");
+    let rogue = rig
+        .kms()
+        .get("rogue")
+        .await
+        .expect("the copied KaironMachine is left alone");
     assert!(rogue.metadata.deletion_timestamp.is_none());
 }

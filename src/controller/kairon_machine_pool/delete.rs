@@ -15,8 +15,8 @@ use tracing::info;
 
 use super::context::{Context, Scope};
 use super::publish::write_status;
-use crate::api::{KaironMachine, MACHINE_POOL_FINALIZER};
 use crate::api::conditions::{Decided, READY, Status, reason};
+use crate::api::{KaironMachine, MACHINE_POOL_FINALIZER};
 use crate::capi;
 use crate::client::delete_exactly;
 use crate::controller::error::Error;

@@ -30,11 +30,12 @@ use crate::kairon::Instances;
 pub(crate) async fn machine_sets_refused(kairon: &Instances, namespace: Option<&str>) -> Option<String> {
     let api = kairon.machine_sets().api(namespace);
     match api.list_metadata(&ListParams::default().limit(1)).await {
-        Err(kube::Error::Api(s)) if s.code == 404 => Some(
-            "the Kairon API does not serve MachineSets (kairon.zyvor.dev): its CRD is not installed".to_string(),
-        ),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            Some("the Kairon API does not serve MachineSets (kairon.zyvor.dev): its CRD is not installed".to_string())
+        }
         Err(kube::Error::Api(s)) if s.code == 403 => Some(
-            "the manager may not list MachineSets (kairon.zyvor.dev) on the Kairon API: its RBAC lacks them".to_string(),
+            "the manager may not list MachineSets (kairon.zyvor.dev) on the Kairon API: its RBAC lacks them"
+                .to_string(),
         ),
         _ => None,
     }
@@ -105,7 +106,11 @@ mod tests {
     fn both_conditions_say_why_and_what_to_do() {
         for d in refused("the manager may not list MachineSets") {
             assert_eq!((d.status, d.reason), (Status::False, reason::MACHINE_SETS_UNAVAILABLE));
-            assert!(d.message.starts_with("the manager may not list MachineSets; "), "{}", d.message);
+            assert!(
+                d.message.starts_with("the manager may not list MachineSets; "),
+                "{}",
+                d.message
+            );
             assert!(d.message.contains("restarts"), "{}", d.message);
         }
     }

@@ -4,10 +4,11 @@
 //! watches, reads and writes of Kairon Machines — and misbehaves in one of a few ways
 //! ([`Hostility`]), switchable while it runs.
 //!
-//! Two of the ways are capped so that a client without bounds cannot take the test machine
+//! Three of the ways are capped so that a client without bounds cannot take the test machine
 //! down with it: the 50 MiB error bodies are sent for the first [`FLOOD_BODIES`] requests (then
-//! the errors are short), and an endless watch line stops growing after [`ENDLESS_CAP`] bytes
-//! (the connection stays open, the line unfinished).
+//! the errors are short), an endless watch line stops growing after [`ENDLESS_CAP`] bytes
+//! (the connection stays open, the line unfinished), and endless watch events stop after
+//! [`ENDLESS_EVENTS_CAP`]. Endless list pages are not capped: each page is asked for.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ pub const FLOOD_BODY: usize = 50 * 1024 * 1024;
 pub const FLOOD_BODIES: u64 = 24;
 /// Where an endless watch line stops growing.
 pub const ENDLESS_CAP: usize = 128 * 1024 * 1024;
+/// Where an endless stream of watch events stops.
+pub const ENDLESS_EVENTS_CAP: u64 = 2_000_000;
 
 /// How the server misbehaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +57,14 @@ pub enum Hostility {
     /// A well-behaved empty Kairon API: lists are empty, watches quiet, reads find nothing, a
     /// create is refused (403), a delete finds nothing.
     Empty = 4,
+    /// Lists answer page after page of new Kairon Machines (as many as asked for, labelled as
+    /// the manager's), each with a `continue` token: a list that never ends. Otherwise as
+    /// [`Hostility::Empty`].
+    EndlessPages = 5,
+    /// Lists are empty; a watch sends ADDED events of new Kairon Machines without end (up to
+    /// [`ENDLESS_EVENTS_CAP`], then nothing more, the connection open). Otherwise as
+    /// [`Hostility::Empty`].
+    EndlessEvents = 6,
 }
 
 impl Hostility {
@@ -63,6 +74,8 @@ impl Hostility {
             1 => Hostility::NeverAnswers,
             2 => Hostility::ErrorFlood,
             3 => Hostility::EndlessWatchLine,
+            5 => Hostility::EndlessPages,
+            6 => Hostility::EndlessEvents,
             _ => Hostility::Empty,
         }
     }
@@ -77,6 +90,8 @@ struct Counters {
     reads: AtomicU64,
     writes: AtomicU64,
     flood_bodies: AtomicU64,
+    /// Kairon Machines sent in list pages and watch events.
+    objects: AtomicU64,
 }
 
 /// A snapshot of [`HostileServer::stats`].
@@ -89,6 +104,8 @@ pub struct HostileStats {
     pub writes: u64,
     /// Error answers sent with a [`FLOOD_BODY`]-sized body.
     pub flood_bodies: u64,
+    /// Kairon Machines sent in list pages and watch events.
+    pub objects: u64,
 }
 
 /// A running hostile Kairon API on a loopback port; stopped on drop.
@@ -154,6 +171,7 @@ impl HostileServer {
             reads: c.reads.load(Ordering::Relaxed),
             writes: c.writes.load(Ordering::Relaxed),
             flood_bodies: c.flood_bodies.load(Ordering::Relaxed),
+            objects: c.objects.load(Ordering::Relaxed),
         }
     }
 
@@ -229,6 +247,7 @@ async fn answer(
     counters: Arc<Counters>,
 ) -> Result<Response<Body>, Infallible> {
     let asked = asked(&req);
+    let page = Page::of(&req);
     let counter = match asked {
         Asked::List => &counters.lists,
         Asked::Watch { .. } => &counters.watches,
@@ -244,14 +263,94 @@ async fn answer(
             _ => false,
         };
         if !hold {
-            return Ok(respond(now, asked, &counters));
+            return Ok(respond(now, asked, &page, &counters));
         }
         // Held until the client gives up (then hyper drops this future) or the mode changes.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-fn respond(mode: Hostility, asked: Asked, counters: &Counters) -> Response<Body> {
+/// What a list or watch asks for: the namespace of the path and the page size.
+struct Page {
+    namespace: String,
+    limit: u64,
+}
+
+impl Page {
+    fn of<B>(req: &Request<B>) -> Page {
+        let path = req.uri().path();
+        let namespace = path
+            .split('/')
+            .skip_while(|p| *p != "namespaces")
+            .nth(1)
+            .unwrap_or("default")
+            .to_string();
+        let limit = req
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .find_map(|p| p.strip_prefix("limit="))
+            .and_then(|l| l.parse().ok())
+            .filter(|l| *l > 0)
+            .unwrap_or(500)
+            .min(500);
+        Page { namespace, limit }
+    }
+}
+
+/// A Kairon Machine as the manager's watch selects them, named by `n`.
+fn machine(namespace: &str, n: u64) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": format!("hostile-{n}"), "namespace": namespace, "uid": format!("uid-{n}"),
+                     "resourceVersion": n.to_string(),
+                     "labels": {"app.kubernetes.io/managed-by": "cluster-api-provider-kairon"}},
+        "spec": {},
+        "status": {"phase": "Running"}
+    })
+}
+
+/// A page of `page.limit` new Kairon Machines, with a `continue` token: there is always more.
+fn endless_page(page: &Page, counters: &Counters) -> Response<Body> {
+    let first = counters.objects.fetch_add(page.limit, Ordering::Relaxed);
+    let items: Vec<serde_json::Value> = (first..first + page.limit)
+        .map(|n| machine(&page.namespace, n))
+        .collect();
+    let text = serde_json::json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineList",
+        "metadata": {"resourceVersion": "1", "continue": format!("more-{}", first + page.limit)},
+        "items": items,
+    })
+    .to_string();
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "application/json")
+        .body(
+            Full::new(Bytes::from(text))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .unwrap()
+}
+
+/// ADDED events of new Kairon Machines without end (up to [`ENDLESS_EVENTS_CAP`], then nothing
+/// more, the connection open).
+fn endless_events(namespace: String, counters: Arc<Counters>) -> Body {
+    const BATCH: u64 = 100;
+    let events = futures::stream::iter(0..ENDLESS_EVENTS_CAP / BATCH).map(move |_| {
+        let first = counters.objects.fetch_add(BATCH, Ordering::Relaxed);
+        let mut text = String::new();
+        for n in first..first + BATCH {
+            text.push_str(&serde_json::json!({"type": "ADDED", "object": machine(&namespace, n)}).to_string());
+            text.push('\n');
+        }
+        Bytes::from(text)
+    });
+    stream_body(events.chain(futures::stream::pending::<Bytes>()))
+}
+
+fn respond(mode: Hostility, asked: Asked, page: &Page, counters: &Arc<Counters>) -> Response<Body> {
     match (mode, asked) {
         (Hostility::ErrorFlood, _) => {
             let huge = counters.flood_bodies.fetch_add(1, Ordering::Relaxed) < FLOOD_BODIES;
@@ -269,6 +368,12 @@ fn respond(mode: Hostility, asked: Asked, counters: &Counters) -> Response<Body>
                 .body(body)
                 .unwrap()
         }
+        (Hostility::EndlessPages, Asked::List) => endless_page(page, counters),
+        (Hostility::EndlessEvents, Asked::Watch { .. }) => Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(endless_events(page.namespace.clone(), counters.clone()))
+            .unwrap(),
         (_, Asked::List) => json(
             StatusCode::OK,
             r#"{"apiVersion":"kairon.zyvor.dev/v1alpha1","kind":"MachineList","metadata":{"resourceVersion":"1"},"items":[]}"#,

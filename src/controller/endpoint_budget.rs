@@ -1,0 +1,165 @@
+//! What one identity's Kairon API may make the manager hold. Each answer is bounded by the
+//! client, but not how many there are: a server that lists page after page without end, or
+//! sends watch events of ever new Kairon Machines, would grow the cache (during a list, the
+//! reflector's buffer) until the manager is killed — and, crash-looping, every tenant with it.
+//! An endpoint that goes over its budget is cut off: its watch stops, what it buffered is
+//! dropped, and its clusters say why until its identity changes.
+
+use kube::Resource;
+use kube::runtime::watcher::Event;
+
+use crate::kairon::Machine;
+
+/// At most this many Kairon Machines of one namespace from one identity's Kairon API.
+pub(crate) const MAX_MACHINES: usize = 5_000;
+/// At most this many bytes of them, as kept (what the provider reads of each, serialized).
+pub(crate) const MAX_BYTES: usize = 16 * 1024 * 1024;
+/// The cache is measured again after this many changes (a modification replaces an object: only
+/// new ones make it grow, and they cannot be told apart once applied).
+const MEASURE_EVERY: usize = 64;
+
+/// How much an endpoint's watch holds, as its events go by.
+#[derive(Debug, Default)]
+pub(crate) struct Budget {
+    /// Objects and bytes of the list under way (buffered until it is done).
+    listing: (usize, usize),
+    /// Changes since the cache was last measured.
+    changes: usize,
+}
+
+/// The bytes `vm` takes as kept, roughly: its serialized size.
+pub(crate) fn kept_bytes(vm: &Machine) -> usize {
+    serde_json::to_vec(vm).map_or(0, |b| b.len())
+}
+
+fn over(objects: usize, bytes: usize) -> Option<String> {
+    (objects > MAX_MACHINES || bytes > MAX_BYTES).then(|| {
+        format!(
+            "the Kairon API sent more than the manager holds for one identity ({MAX_MACHINES} Kairon \
+             Machines, {} MiB): it is cut off, and its clusters are not served until the identity \
+             changes",
+            MAX_BYTES / (1024 * 1024)
+        )
+    })
+}
+
+impl Budget {
+    /// Takes in `event` (already applied to the cache); `Err` with why once the endpoint is
+    /// over its budget. `cached` measures the cache: its objects and their bytes.
+    pub(crate) fn admit(
+        &mut self,
+        event: &Event<Machine>,
+        cached: impl FnOnce() -> (usize, usize),
+    ) -> Result<(), String> {
+        match event {
+            Event::Init => self.listing = (0, 0),
+            Event::InitApply(vm) => {
+                self.listing.0 += 1;
+                self.listing.1 += kept_bytes(vm);
+                if let Some(why) = over(self.listing.0, self.listing.1) {
+                    return Err(why);
+                }
+            }
+            Event::InitDone => {
+                self.listing = (0, 0);
+                self.changes = 0;
+                let (objects, bytes) = cached();
+                if let Some(why) = over(objects, bytes) {
+                    return Err(why);
+                }
+            }
+            Event::Apply(vm) if vm.meta().name.is_some() => {
+                self.changes += 1;
+                if self.changes >= MEASURE_EVERY {
+                    self.changes = 0;
+                    let (objects, bytes) = cached();
+                    if let Some(why) = over(objects, bytes) {
+                        return Err(why);
+                    }
+                }
+            }
+            Event::Apply(_) | Event::Delete(_) => {}
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vm(i: usize, message_bytes: usize) -> Machine {
+        let mut m = Machine::new(&format!("vm-{i}"), Default::default());
+        m.metadata.namespace = Some("t".into());
+        m.status = Some(crate::kairon::MachineStatus {
+            message: Some("x".repeat(message_bytes)),
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn a_list_without_end_is_cut_off_once_over_the_count() {
+        let mut b = Budget::default();
+        b.admit(&Event::Init, || (0, 0)).unwrap();
+        for i in 0..MAX_MACHINES {
+            b.admit(&Event::InitApply(vm(i, 0)), || unreachable!()).unwrap();
+        }
+        let why = b.admit(&Event::InitApply(vm(MAX_MACHINES, 0)), || unreachable!());
+        assert!(why.unwrap_err().contains("cut off"));
+    }
+
+    #[test]
+    fn a_list_of_big_objects_is_cut_off_once_over_the_bytes() {
+        let mut b = Budget::default();
+        b.admit(&Event::Init, || (0, 0)).unwrap();
+        let big = 1024 * 1024;
+        let mut admitted = 0;
+        while b.admit(&Event::InitApply(vm(admitted, big)), || unreachable!()).is_ok() {
+            admitted += 1;
+            assert!(admitted <= MAX_BYTES / big, "cut off by bytes");
+        }
+        assert_eq!(
+            admitted,
+            MAX_BYTES / big - 1,
+            "15 objects of just over 1 MiB pass, the 16th not"
+        );
+    }
+
+    #[test]
+    fn a_relist_starts_counting_again_and_a_finished_list_is_measured_in_the_cache() {
+        let mut b = Budget::default();
+        for round in 0..3 {
+            b.admit(&Event::Init, || (0, 0)).unwrap();
+            for i in 0..MAX_MACHINES {
+                b.admit(&Event::InitApply(vm(i, 0)), || unreachable!()).unwrap();
+            }
+            b.admit(&Event::InitDone, || (MAX_MACHINES, 1000))
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        assert!(b.admit(&Event::InitDone, || (MAX_MACHINES + 1, 0)).is_err());
+    }
+
+    #[test]
+    fn watch_events_are_measured_in_the_cache_every_so_often() {
+        let mut b = Budget::default();
+        let mut measured = 0;
+        for i in 0..(10 * MEASURE_EVERY) {
+            b.admit(&Event::Apply(vm(i, 0)), || {
+                measured += 1;
+                (10, 10)
+            })
+            .unwrap();
+        }
+        assert_eq!(measured, 10);
+        let mut result = Ok(());
+        for i in 0..MEASURE_EVERY {
+            result = b.admit(&Event::Apply(vm(i, 0)), || (MAX_MACHINES + 1, 0));
+        }
+        assert!(
+            result.is_err(),
+            "a cache grown past the count by watch events is cut off"
+        );
+        b.admit(&Event::Delete(vm(0, 0)), || unreachable!()).unwrap();
+    }
+}
