@@ -51,6 +51,9 @@ pub mod reason {
     /// the manager may not list it): pools are not reconciled until the manager restarts with
     /// them served.
     pub const MACHINE_SETS_UNAVAILABLE: &str = "MachineSetsUnavailable";
+    /// The MachinePool that owns the KaironMachinePool names another infrastructure object in
+    /// `spec.template.spec.infrastructureRef`: the pool acts for no MachinePool.
+    pub const MACHINE_POOL_NAMES_ANOTHER: &str = "MachinePoolNamesAnotherPool";
 
     // KaironMachine: bootstrap data problems
     pub const BOOTSTRAP_SECRET_NOT_FOUND: &str = "BootstrapDataSecretNotFound";

@@ -456,3 +456,54 @@ async fn deleting_a_pool_deletes_no_machine_but_its_own() {
         .expect("the copied KaironMachine is left alone");
     assert!(rogue.metadata.deletion_timestamp.is_none());
 }
+
+/// A KaironMachinePool acts only for a MachinePool that names it: a second KaironMachinePool
+/// owned by the same MachinePool (a copy that kept the ownerReference, or the one a MachinePool
+/// was repointed away from) says so in `Ready` and makes no Kairon MachineSet, and the pool the
+/// MachinePool names keeps its VMs. (Both used to act: each made a MachineSet with the
+/// bootstrap data, and each deleted the other's Machines as vanished.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_acts_only_for_a_machine_pool_that_names_it() {
+    let (rig, pool) = rig_with_pool("pool_named", 1, false).await;
+    let before = wait_pool_running(&rig, &pool, 1).await;
+    let before: BTreeSet<String> = before.iter().map(|m| m.uid().unwrap_or_default()).collect();
+    let mp = pools(&rig).get(&pool).await.unwrap();
+    let original = kmps(&rig).get(&pool).await.unwrap();
+    let copy: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1", "kind": "KaironMachinePool",
+        "metadata": {
+            "name": "copy", "namespace": rig.ns,
+            "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster},
+            "ownerReferences": [{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+                                 "name": pool, "uid": mp.uid().unwrap()}],
+        },
+        "spec": {"template": original.data["spec"]["template"].clone()},
+    }))
+    .unwrap();
+    kmps(&rig).create(&Default::default(), &copy).await.unwrap();
+    let message = rig
+        .wait("the copy says its MachinePool names another", UP, || async {
+            let copy = kmps(&rig).get("copy").await?;
+            let ready = copy.data["status"]["conditions"]
+                .as_array()
+                .and_then(|c| c.iter().find(|c| c["type"] == "Ready").cloned());
+            Ok::<_, kube::Error>(
+                ready
+                    .filter(|c| c["status"] == "False" && c["reason"] == "MachinePoolNamesAnotherPool")
+                    .map(|c| c["message"].as_str().unwrap_or_default().to_string()),
+            )
+        })
+        .await;
+    assert!(message.contains(&format!("KaironMachinePool {pool}")), "{message}");
+    // It touches nothing, for as long as it is there.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+    assert!(
+        sets.get_opt("copy").await.unwrap().is_none(),
+        "no Kairon MachineSet for the copy"
+    );
+    let after = wait_pool_running(&rig, &pool, 1).await;
+    let after: BTreeSet<String> = after.iter().map(|m| m.uid().unwrap_or_default()).collect();
+    assert_eq!(after, before, "the named pool's Machines are kept");
+    assert!(sets.get_opt(&pool).await.unwrap().is_some());
+}

@@ -70,6 +70,20 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
     let Some(mp) = scope.machine_pool.clone() else {
         return Ok(Action::await_change());
     };
+    // The MachinePool that owns the pool must also name it: after a repoint (or a copy that
+    // kept the ownerReference) two pools would otherwise serve one MachinePool, each deleting
+    // the other's Machines as vanished. Only the one it names acts; this one touches nothing.
+    if let Some(other) = names_another(&mp, pool) {
+        let d = waiting(
+            reason::MACHINE_POOL_NAMES_ANOTHER,
+            format!(
+                "MachinePool {} names {other} in spec.template.spec.infrastructureRef, not this KaironMachinePool: nothing is done for it here",
+                mp.name_any()
+            ),
+        );
+        write_status(&ctx, &scope, None, Some(d), None).await?;
+        return Ok(Action::await_change());
+    }
     if !has_finalizer(pool, MACHINE_POOL_FINALIZER) {
         ctx.writer(&scope.ns)
             .add_finalizer(pool, MACHINE_POOL_FINALIZER)
@@ -154,6 +168,17 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
     } else {
         Action::requeue(ctx.settings.sync_period)
     })
+}
+
+/// What `mp`'s infrastructure reference names instead of `pool`, if it does not name `pool`.
+fn names_another(mp: &MachinePool, pool: &KaironMachinePool) -> Option<String> {
+    let named = mp.spec.template.spec.infrastructure_ref.as_ref();
+    match named {
+        Some(r) if r.is(crate::api::GROUP, "KaironMachinePool") && r.name == pool.name_any() => None,
+        Some(r) if r.name.is_empty() => Some("nothing".to_string()),
+        Some(r) => Some(format!("{} {}", r.kind, r.name)),
+        None => Some("nothing".to_string()),
+    }
 }
 
 fn waiting(why: &'static str, message: impl Into<String>) -> Decided {
