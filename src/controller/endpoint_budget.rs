@@ -11,9 +11,10 @@ use kube::runtime::watcher::Event;
 use crate::kairon::Machine;
 
 /// At most this many Kairon Machines of one namespace from one identity's Kairon API.
-pub(crate) const MAX_MACHINES: usize = 5_000;
-/// At most this many bytes of them, as kept (what the provider reads of each, serialized).
-pub(crate) const MAX_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const MAX_MACHINES: usize = 2_000;
+/// At most this many bytes of them, as kept (roughly: the object's size in memory and what it
+/// holds beyond that, measured as its serialized size).
+pub(crate) const MAX_BYTES: usize = 8 * 1024 * 1024;
 /// The cache is measured again after this many changes (a modification replaces an object: only
 /// new ones make it grow, and they cannot be told apart once applied).
 const MEASURE_EVERY: usize = 64;
@@ -27,9 +28,10 @@ pub(crate) struct Budget {
     changes: usize,
 }
 
-/// The bytes `vm` takes as kept, roughly: its serialized size.
+/// The bytes `vm` takes as kept, roughly: the object itself and its serialized size for what
+/// it holds on the heap.
 pub(crate) fn kept_bytes(vm: &Machine) -> usize {
-    serde_json::to_vec(vm).map_or(0, |b| b.len())
+    std::mem::size_of::<Machine>() + serde_json::to_vec(vm).map_or(0, |b| b.len())
 }
 
 fn over(objects: usize, bytes: usize) -> Option<String> {
@@ -122,7 +124,7 @@ mod tests {
         assert_eq!(
             admitted,
             MAX_BYTES / big - 1,
-            "15 objects of just over 1 MiB pass, the 16th not"
+            "7 objects of just over 1 MiB pass, the 8th not"
         );
     }
 

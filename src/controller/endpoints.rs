@@ -366,31 +366,36 @@ impl Endpoints {
             .default_backoff()
             .map_ok(kairon::read_event)
             // Never hold bootstrap payloads in memory, nor what is never read back.
-            .modify(kairon::keep_what_is_read)
-            .reflect(writer);
-        // Over its budget, the watch ends here: the stream, the reflector's buffer with it, is
-        // dropped, and the endpoint stays cut off.
-        let mut budget = Budget::default();
-        let (measured, cut, cut_identity) = (store.clone(), cut_off.clone(), key.to_string());
-        let (on_cut, cut_served, cut_known) = (self.trigger.clone(), key.namespace.clone(), store.clone());
-        let events = events.take_while(move |event| {
-            let Ok(event) = event else {
-                return futures::future::ready(true);
+            .modify(kairon::keep_what_is_read);
+        // The cache is filled here, each event checked against the endpoint's budget first
+        // applied: over it, the watch ends, the cache is emptied and what the reflector
+        // buffered is dropped, and the endpoint stays cut off.
+        let measured = store.clone();
+        let (cut, cut_identity) = (cut_off.clone(), key.to_string());
+        let (on_cut, cut_served) = (self.trigger.clone(), key.namespace.clone());
+        let events = events.scan((writer, Budget::default()), move |(writer, budget), event| {
+            let Ok(ev) = &event else {
+                return futures::future::ready(Some(event));
             };
-            let admitted = budget.admit(event, || {
+            writer.apply_watcher_event(ev);
+            let admitted = budget.admit(ev, || {
                 let vms = measured.state();
                 (vms.len(), vms.iter().map(|vm| kept_bytes(vm)).sum())
             });
-            if let Err(why) = &admitted {
-                warn!(identity = %cut_identity, "{why}");
-                *cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(why.clone());
-                for vm in cut_known.state() {
-                    if let Some(km) = kaironmachine_in(&vm, &cut_served) {
-                        let _ = on_cut.unbounded_send(km);
-                    }
+            let Err(why) = admitted else {
+                return futures::future::ready(Some(event));
+            };
+            warn!(identity = %cut_identity, "{why}");
+            *cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+            let known = measured.state();
+            writer.apply_watcher_event(&watcher::Event::Init);
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+            for vm in known {
+                if let Some(km) = kaironmachine_in(&vm, &cut_served) {
+                    let _ = on_cut.unbounded_send(km);
                 }
             }
-            futures::future::ready(admitted.is_ok())
+            futures::future::ready(None)
         });
         let task = tokio::spawn(events.for_each(move |event| {
             if let Ok(event) = event {
