@@ -5,8 +5,13 @@
 //! An endpoint that goes over its budget is cut off: its watch stops, what it buffered is
 //! dropped, and its clusters say why until its identity changes.
 
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
 use kube::Resource;
-use kube::runtime::watcher::Event;
+use kube::runtime::reflector::{Store, store::Writer};
+use kube::runtime::watcher::{self, Event};
+use tracing::warn;
 
 use crate::kairon::Machine;
 
@@ -86,6 +91,43 @@ impl Budget {
     }
 }
 
+/// Fills the cache behind `store` through `writer` from `events`, each event checked against
+/// the endpoint's budget once applied. Over it, the stream ends: the cache is emptied (what
+/// the reflector buffered goes with the stream), `cut_off` says why (for good), and `on_cut`
+/// gets the Kairon Machines the cache held, so that their KaironMachines say so at once.
+pub(crate) fn within_budget<S>(
+    events: S,
+    writer: Writer<Machine>,
+    store: Store<Machine>,
+    cut_off: Arc<Mutex<Option<String>>>,
+    identity: String,
+    on_cut: impl Fn(Vec<Arc<Machine>>) + Send + 'static,
+) -> impl Stream<Item = watcher::Result<Event<Machine>>> + Send
+where
+    S: Stream<Item = watcher::Result<Event<Machine>>> + Send,
+{
+    events.scan((writer, Budget::default()), move |(writer, budget), event| {
+        let Ok(ev) = &event else {
+            return futures::future::ready(Some(event));
+        };
+        writer.apply_watcher_event(ev);
+        let admitted = budget.admit(ev, || {
+            let vms = store.state();
+            (vms.len(), vms.iter().map(|vm| kept_bytes(vm)).sum())
+        });
+        let Err(why) = admitted else {
+            return futures::future::ready(Some(event));
+        };
+        warn!(identity = %identity, "{why}");
+        *cut_off.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+        let held = store.state();
+        writer.apply_watcher_event(&Event::Init);
+        writer.apply_watcher_event(&Event::InitDone);
+        on_cut(held);
+        futures::future::ready(None)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +205,52 @@ mod tests {
             "a cache grown past the count by watch events is cut off"
         );
         b.admit(&Event::Delete(vm(0, 0)), || unreachable!()).unwrap();
+    }
+
+    #[tokio::test]
+    async fn over_budget_the_watch_ends_and_the_cache_is_emptied() {
+        let (store, writer) = kube::runtime::reflector::store::<Machine>();
+        let cut_off: Arc<Mutex<Option<String>>> = Arc::default();
+        let held = Arc::new(Mutex::new(0usize));
+        let first_list = std::iter::once(Event::Init)
+            .chain((0..10).map(|i| Event::InitApply(vm(i, 0))))
+            .chain(std::iter::once(Event::InitDone));
+        let endless = (10..).map(|i| Event::Apply(vm(i, 0)));
+        let events = futures::stream::iter(first_list.chain(endless).map(Ok));
+        let seen = held.clone();
+        let passed: Vec<_> = within_budget(
+            events,
+            writer,
+            store.clone(),
+            cut_off.clone(),
+            "t/id".into(),
+            move |vms| {
+                *seen.lock().unwrap() = vms.len();
+            },
+        )
+        .collect()
+        .await;
+        assert!(
+            passed.len() > MAX_MACHINES,
+            "the events up to the budget went by: {}",
+            passed.len()
+        );
+        assert!(
+            passed.len() < MAX_MACHINES + 2 * MEASURE_EVERY,
+            "and few after it: {}",
+            passed.len()
+        );
+        assert!(
+            cut_off
+                .lock()
+                .unwrap()
+                .as_deref()
+                .is_some_and(|w| w.contains("cut off"))
+        );
+        assert!(
+            *held.lock().unwrap() > MAX_MACHINES,
+            "the machines it held were handed on"
+        );
+        assert!(store.state().is_empty(), "the cache is emptied");
     }
 }

@@ -27,7 +27,7 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 
-use super::endpoint_budget::{Budget, kept_bytes};
+use super::endpoint_budget::within_budget;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
@@ -367,36 +367,23 @@ impl Endpoints {
             .map_ok(kairon::read_event)
             // Never hold bootstrap payloads in memory, nor what is never read back.
             .modify(kairon::keep_what_is_read);
-        // The cache is filled here, each event checked against the endpoint's budget first
-        // applied: over it, the watch ends, the cache is emptied and what the reflector
-        // buffered is dropped, and the endpoint stays cut off.
-        let measured = store.clone();
-        let (cut, cut_identity) = (cut_off.clone(), key.to_string());
-        let (on_cut, cut_served) = (self.trigger.clone(), key.namespace.clone());
-        let events = events.scan((writer, Budget::default()), move |(writer, budget), event| {
-            let Ok(ev) = &event else {
-                return futures::future::ready(Some(event));
-            };
-            writer.apply_watcher_event(ev);
-            let admitted = budget.admit(ev, || {
-                let vms = measured.state();
-                (vms.len(), vms.iter().map(|vm| kept_bytes(vm)).sum())
-            });
-            let Err(why) = admitted else {
-                return futures::future::ready(Some(event));
-            };
-            warn!(identity = %cut_identity, "{why}");
-            *cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
-            let known = measured.state();
-            writer.apply_watcher_event(&watcher::Event::Init);
-            writer.apply_watcher_event(&watcher::Event::InitDone);
-            for vm in known {
-                if let Some(km) = kaironmachine_in(&vm, &cut_served) {
-                    let _ = on_cut.unbounded_send(km);
+        let served_cut = key.namespace.clone();
+        let on_cut = self.trigger.clone();
+        let events = within_budget(
+            events,
+            writer,
+            store.clone(),
+            cut_off.clone(),
+            key.to_string(),
+            move |vms| {
+                // Its machines say so at once.
+                for vm in vms {
+                    if let Some(km) = kaironmachine_in(&vm, &served_cut) {
+                        let _ = on_cut.unbounded_send(km);
+                    }
                 }
-            }
-            futures::future::ready(None)
-        });
+            },
+        );
         let task = tokio::spawn(events.for_each(move |event| {
             if let Ok(event) = event {
                 *clear_problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
