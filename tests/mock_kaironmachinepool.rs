@@ -143,7 +143,14 @@ fn machine(name: &str, created: i64, marked: bool) -> capi::Machine {
     m.metadata.namespace = Some(NS.into());
     m.metadata.uid = Some(format!("{name}-machine-uid"));
     m.metadata.creation_timestamp = Some(at(created));
-    m.metadata.labels = Some([(capi::POOL_NAME_LABEL.to_string(), "pool".to_string())].into());
+    // As CAPI labels a pool's Machines: the pool's name and the Cluster's.
+    m.metadata.labels = Some(
+        [
+            (capi::POOL_NAME_LABEL.to_string(), "pool".to_string()),
+            (capi::CLUSTER_NAME_LABEL.to_string(), "demo".to_string()),
+        ]
+        .into(),
+    );
     if marked {
         m.metadata.annotations = Some([(capi::DELETE_MACHINE_ANNOTATION.to_string(), "yes".to_string())].into());
     }
