@@ -6,6 +6,24 @@ use std::time::Duration;
 
 use capkr_testenv::{CapiManagers, Env, EnvOptions, http_get};
 
+/// A file of the shipped RBAC (`config/rbac`).
+fn rbac(file: &str) -> String {
+    std::fs::read_to_string(capkr_testenv::workspace_root().join("config/rbac").join(file)).unwrap()
+}
+
+/// The shipped ClusterRole without what stands from the line starting `from` up to the line
+/// starting `to` (kept).
+fn role_without(from: &str, to: &str) -> String {
+    let role = rbac("role.yaml");
+    let (head, tail) = role
+        .split_once(from)
+        .unwrap_or_else(|| panic!("config/rbac/role.yaml has {from:?}"));
+    let (_, after) = tail
+        .split_once(to)
+        .unwrap_or_else(|| panic!("config/rbac/role.yaml has {to:?} after {from:?}"));
+    format!("{head}{to}{after}")
+}
+
 /// `/readyz` answers 503 "caches not synced" while a cache cannot do its first list (here: the
 /// manager's ServiceAccount may not list Kairon Machines yet), with `/healthz` 200 all along,
 /// and turns 200 once the permission is granted and the cache syncs.
@@ -19,17 +37,8 @@ async fn readyz_is_false_until_the_caches_sync() {
     .await
     .expect("test environment");
     env.create_namespace("capkr-system").await.unwrap();
-    let root = capkr_testenv::workspace_root();
-    let rbac = |file: &str| std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap();
     // The shipped RBAC without the rule for Kairon Machines.
-    let role = rbac("role.yaml");
-    let (head, tail) = role
-        .split_once("  - apiGroups: [kairon.zyvor.dev]")
-        .expect("config/rbac/role.yaml has a kairon.zyvor.dev rule");
-    let (_, after) = tail
-        .split_once("  # Events")
-        .expect("the rule after it is about events");
-    let without_kairon = format!("{head}  # Events{after}");
+    let without_kairon = role_without("  - apiGroups: [kairon.zyvor.dev]", "  # Events");
     for yaml in [
         rbac("service_account.yaml"),
         without_kairon,
@@ -254,17 +263,8 @@ async fn without_machine_sets_only_pools_are_left_out_and_the_manager_is_ready()
         .expect("test environment");
     env.create_namespace("capkr-system").await.unwrap();
     env.create_namespace("pools").await.unwrap();
-    let root = capkr_testenv::workspace_root();
-    let rbac = |file: &str| std::fs::read_to_string(root.join("config/rbac").join(file)).unwrap();
     // The shipped RBAC without the rule for Kairon MachineSets.
-    let role = rbac("role.yaml");
-    let (head, tail) = role
-        .split_once("  # Kairon MachineSets backing")
-        .expect("config/rbac/role.yaml has a MachineSet rule");
-    let (_, after) = tail
-        .split_once("  # Secure /metrics")
-        .expect("the rule after it is about /metrics");
-    let without_sets = format!("{head}  # Secure /metrics{after}");
+    let without_sets = role_without("  # Kairon MachineSets backing", "  # Secure /metrics");
     for yaml in [rbac("service_account.yaml"), without_sets, rbac("role_binding.yaml")] {
         env.apply(&yaml, None).await.unwrap();
     }

@@ -213,7 +213,6 @@ async fn a_kairon_machine_we_cannot_read_is_its_own_kaironmachines_problem_alone
 #[tokio::test(flavor = "multi_thread")]
 async fn a_vm_no_kairon_node_fits_waits_and_says_why() {
     use capkr::api::MachinePlacement;
-    use k8s_openapi::api::core::v1::Secret;
 
     let rig = Rig::start(RigOptions {
         workers: 0,
@@ -222,34 +221,11 @@ async fn a_vm_no_kairon_node_fits_waits_and_says_why() {
     .await;
     rig.wait_running(1, UP).await;
     let name = "nowhere";
-    let mut secret = Secret::default();
-    secret.metadata.name = Some(format!("{name}-bootstrap"));
-    secret.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
-    secret.string_data = Some([("value".to_string(), "#cloud-config\nruncmd:\n- echo up\n".to_string())].into());
-    Api::<Secret>::namespaced(rig.env.client(), &rig.ns)
-        .create(&PostParams::default(), &secret)
-        .await
-        .unwrap();
-    let km = KaironMachine::new(
-        name,
-        capkr::api::KaironMachineSpec {
-            placement: Some(MachinePlacement {
-                node_selector: Some([("topology.kairon.zyvor.dev/zone".to_string(), "zone-z".to_string())].into()),
-                ..Default::default()
-            }),
-            ..crate::common::km_spec()
-        },
-    );
-    rig.kms().create(&PostParams::default(), &km).await.unwrap();
-    let machine: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-        "metadata": {"name": name, "namespace": rig.ns, "labels": {"cluster.x-k8s.io/cluster-name": rig.cluster}},
-        "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
-                 "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
-                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": name}}
-    }))
-    .unwrap();
-    rig.machines().create(&PostParams::default(), &machine).await.unwrap();
+    let placement = MachinePlacement {
+        node_selector: Some([("topology.kairon.zyvor.dev/zone".to_string(), "zone-z".to_string())].into()),
+        ..Default::default()
+    };
+    machine_by_hand(&rig, name, placement, false).await;
 
     let message = rig
         .wait("the KaironMachine says Kairon cannot place its VM", UP, || async {
@@ -303,7 +279,6 @@ async fn a_vm_no_kairon_node_fits_waits_and_says_why() {
 #[tokio::test(flavor = "multi_thread")]
 async fn required_control_plane_anti_affinity_never_shares_a_kairon_node() {
     use capkr::api::{MachinePlacement, anti_affinity};
-    use k8s_openapi::api::core::v1::Secret;
     use std::collections::BTreeMap;
 
     let rig = Rig::start(RigOptions {
@@ -314,37 +289,11 @@ async fn required_control_plane_anti_affinity_never_shares_a_kairon_node() {
     rig.wait_running(1, UP).await;
     let names: Vec<String> = (0..3).map(|i| format!("cp-hard-{i}")).collect();
     for name in &names {
-        let mut secret = Secret::default();
-        secret.metadata.name = Some(format!("{name}-bootstrap"));
-        secret.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
-        secret.string_data = Some([("value".to_string(), "#cloud-config\nruncmd:\n- echo up\n".to_string())].into());
-        Api::<Secret>::namespaced(rig.env.client(), &rig.ns)
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
-        let km = KaironMachine::new(
-            name,
-            capkr::api::KaironMachineSpec {
-                placement: Some(MachinePlacement {
-                    control_plane_anti_affinity: Some(anti_affinity::REQUIRED.into()),
-                    ..Default::default()
-                }),
-                ..crate::common::km_spec()
-            },
-        );
-        rig.kms().create(&PostParams::default(), &km).await.unwrap();
-        let machine: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
-            "metadata": {"name": name, "namespace": rig.ns, "labels": {
-                "cluster.x-k8s.io/cluster-name": rig.cluster,
-                "cluster.x-k8s.io/control-plane": "",
-            }},
-            "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
-                     "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
-                     "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": name}}
-        }))
-        .unwrap();
-        rig.machines().create(&PostParams::default(), &machine).await.unwrap();
+        let placement = MachinePlacement {
+            control_plane_anti_affinity: Some(anti_affinity::REQUIRED.into()),
+            ..Default::default()
+        };
+        machine_by_hand(&rig, name, placement, true).await;
     }
 
     // Two of the three run, each on a node of its own; the third waits and says why.
@@ -402,4 +351,41 @@ async fn required_control_plane_anti_affinity_never_shares_a_kairon_node() {
     let hosts = placed().await;
     let distinct: std::collections::BTreeSet<&String> = hosts.values().collect();
     assert_eq!(distinct.len(), hosts.len(), "still one per node: {hosts:?}");
+}
+
+/// A Machine of the rig's cluster made by hand (no MachineDeployment or control plane owns
+/// it), with a bootstrap data Secret of its own and a KaironMachine with `placement`; labelled
+/// a control plane if `control_plane`.
+async fn machine_by_hand(rig: &Rig, name: &str, placement: capkr::api::MachinePlacement, control_plane: bool) {
+    use k8s_openapi::api::core::v1::Secret;
+
+    let mut secret = Secret::default();
+    secret.metadata.name = Some(format!("{name}-bootstrap"));
+    secret.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
+    secret.string_data = Some([("value".to_string(), "#cloud-config\nruncmd:\n- echo up\n".to_string())].into());
+    Api::<Secret>::namespaced(rig.env.client(), &rig.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let km = KaironMachine::new(
+        name,
+        capkr::api::KaironMachineSpec {
+            placement: Some(placement),
+            ..crate::common::km_spec()
+        },
+    );
+    rig.kms().create(&PostParams::default(), &km).await.unwrap();
+    let mut labels = json!({"cluster.x-k8s.io/cluster-name": rig.cluster});
+    if control_plane {
+        labels["cluster.x-k8s.io/control-plane"] = json!("");
+    }
+    let machine: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+        "metadata": {"name": name, "namespace": rig.ns, "labels": labels},
+        "spec": {"clusterName": rig.cluster, "version": capkr_testenv::KUBERNETES_VERSION,
+                 "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
+                 "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "KaironMachine", "name": name}}
+    }))
+    .unwrap();
+    rig.machines().create(&PostParams::default(), &machine).await.unwrap();
 }

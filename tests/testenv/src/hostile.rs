@@ -323,15 +323,7 @@ fn endless_page(page: &Page, counters: &Counters) -> Response<Body> {
         "items": items,
     })
     .to_string();
-    Response::builder()
-        .status(StatusCode::OK)
-        .header("content-type", "application/json")
-        .body(
-            Full::new(Bytes::from(text))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
-        .unwrap()
+    json_answer(StatusCode::OK, full(Bytes::from(text)))
 }
 
 /// ADDED events of new Kairon Machines without end (up to [`ENDLESS_EVENTS_CAP`], then nothing
@@ -360,7 +352,7 @@ fn respond(mode: Hostility, asked: Asked, page: &Page, counters: &Arc<Counters>)
             let body = if huge {
                 flood_body()
             } else {
-                full("<html>\n\u{1b}[31m500 hostile\n</html>")
+                full(Bytes::from_static("<html>\n\u{1b}[31m500 hostile\n</html>".as_bytes()))
             };
             Response::builder()
                 .status(StatusCode::INTERNAL_SERVER_ERROR)
@@ -369,57 +361,42 @@ fn respond(mode: Hostility, asked: Asked, page: &Page, counters: &Arc<Counters>)
                 .unwrap()
         }
         (Hostility::EndlessPages, Asked::List) => endless_page(page, counters),
-        (Hostility::EndlessEvents, Asked::Watch { .. }) => Response::builder()
-            .status(StatusCode::OK)
-            .header("content-type", "application/json")
-            .body(endless_events(page.namespace.clone(), counters.clone()))
-            .unwrap(),
+        (Hostility::EndlessEvents, Asked::Watch { .. }) => {
+            json_answer(StatusCode::OK, endless_events(page.namespace.clone(), counters.clone()))
+        }
         (_, Asked::List) => json(
             StatusCode::OK,
             r#"{"apiVersion":"kairon.zyvor.dev/v1alpha1","kind":"MachineList","metadata":{"resourceVersion":"1"},"items":[]}"#,
         ),
-        (Hostility::EndlessWatchLine, Asked::Watch { .. }) => Response::builder()
-            .status(StatusCode::OK)
-            .header("content-type", "application/json")
-            .body(endless_line())
-            .unwrap(),
-        (_, Asked::Watch { timeout }) => Response::builder()
-            .status(StatusCode::OK)
-            .header("content-type", "application/json")
-            .body(quiet_for(timeout))
-            .unwrap(),
+        (Hostility::EndlessWatchLine, Asked::Watch { .. }) => json_answer(StatusCode::OK, endless_line()),
+        (_, Asked::Watch { timeout }) => json_answer(StatusCode::OK, quiet_for(timeout)),
         (_, Asked::Read) => status(StatusCode::NOT_FOUND, "NotFound", "machines.kairon.zyvor.dev not found"),
         (_, Asked::Write) => status(StatusCode::FORBIDDEN, "Forbidden", "this Kairon API creates nothing"),
     }
 }
 
-fn full(text: &'static str) -> Body {
-    Full::new(Bytes::from_static(text.as_bytes()))
-        .map_err(|never| match never {})
-        .boxed_unsync()
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
 }
 
-fn json(code: StatusCode, text: &'static str) -> Response<Body> {
+/// An answer with a JSON `body` (whole or streamed).
+fn json_answer(code: StatusCode, body: Body) -> Response<Body> {
     Response::builder()
         .status(code)
         .header("content-type", "application/json")
-        .body(full(text))
+        .body(body)
         .unwrap()
+}
+
+fn json(code: StatusCode, text: &'static str) -> Response<Body> {
+    json_answer(code, full(Bytes::from_static(text.as_bytes())))
 }
 
 fn status(code: StatusCode, reason: &str, message: &str) -> Response<Body> {
     let text = serde_json::json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
         "message": message, "reason": reason, "code": code.as_u16()})
     .to_string();
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(
-            Full::new(Bytes::from(text))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
-        .unwrap()
+    json_answer(code, full(Bytes::from(text)))
 }
 
 fn stream_body(chunks: impl futures::Stream<Item = Bytes> + Send + 'static) -> Body {
