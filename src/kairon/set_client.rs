@@ -1,11 +1,11 @@
 //! How Kairon MachineSets are spoken to: an authoritative read, a create that falls back to
-//! reading what already has the name, `spec.replicas` and the template written only against
-//! the version the decision was made on, a relabel for adoption, and a delete that names the
-//! UID it means.
+//! reading what already has the name, `spec.replicas` written only against the version the
+//! decision was made on (a release together with its record), a relabel for adoption, and a
+//! delete that names the UID it means. A pool never rewrites a set's template.
 //!
-//! A set's template carries bootstrap data: errors of requests that send it (create, template
-//! writes) keep only the answer's code and reason, and what is read back never holds it
-//! ([`machine_set_from_value`] drops `template.spec.cloudInit` before parsing).
+//! A pool's sets carry no bootstrap data; a set made by someone else might: errors keep only
+//! the answer's code and reason, and what is read never holds a template's cloudInit
+//! ([`machine_set_from_value`] drops it before parsing).
 
 use std::sync::Arc;
 
@@ -15,8 +15,9 @@ use serde_json::{Value, json};
 
 use super::client::{MAX_API_REASON, redacted_error_kind, settle};
 use super::gate::{Permit, Refusal, WriteGate};
-use super::machineset::{MachineSet, MachineTemplate};
-use super::{BOOTSTRAP_DATA_HASH_ANNOTATION, Deletion, Owner, UserData, labels};
+use super::machineset::MachineSet;
+use super::set_desired::{POOL_ID_ANNOTATION, RELEASE_RECORD_PREFIX};
+use super::{Deletion, Owner, labels};
 use crate::api::FIELD_MANAGER;
 use crate::text::bounded;
 
@@ -179,42 +180,26 @@ impl MachineSets {
         self.merge(set, "scaling", &body).await
     }
 
-    /// Rewrites the template (a new hash: the pool rolls) and its user-data with it.
-    pub async fn patch_template(
-        &self,
-        set: &MachineSet,
-        template: MachineTemplate,
-        user_data: UserData,
-    ) -> Result<(), SetError> {
-        let hash = super::set_desired::bootstrap_data_hash(&user_data);
-        let mut template = template;
-        template.spec.legacy_user_data = Some(user_data);
-        let template = serde_json::to_value(&template).map_err(|_| SetError::Write {
-            action: "writing the template of",
-            name: set.name_any(),
-            detail: "the template could not be encoded".into(),
-        })?;
-        // A merge patch would keep labels the new template no longer has: the whole template
-        // is replaced.
-        let ops = json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": set.resource_version()},
-            {"op": "replace", "path": "/spec/template", "value": template},
-            annotation_op(set, &hash),
-        ]);
-        self.json_patch(set, "writing the template of", ops).await
+    /// Lowers `spec.replicas` by one for member `member_uid` (named `member_name`), which the
+    /// pool released, and records that in the same write (an annotation per member), only if
+    /// `set` is still as it was read: a release is counted exactly once.
+    pub async fn release(&self, set: &MachineSet, member_uid: &str, member_name: &str) -> Result<(), SetError> {
+        let body = json!({
+            "metadata": {
+                "resourceVersion": set.resource_version(),
+                "annotations": {release_record(member_uid): member_name},
+            },
+            "spec": {"replicas": (set.spec.replicas - 1).max(0)},
+        });
+        self.merge(set, "releasing a member of", &body).await
     }
 
-    /// Rewrites only the template's user-data (new content in the same bootstrap Secret, a
-    /// join-token rotation): Kairon's hash leaves `cloudInit` out, so nothing rolls; members
-    /// made from now on boot with it.
-    pub async fn patch_user_data(&self, set: &MachineSet, user_data: UserData) -> Result<(), SetError> {
-        let hash = super::set_desired::bootstrap_data_hash(&user_data);
-        let ops = json!([
-            {"op": "test", "path": "/metadata/resourceVersion", "value": set.resource_version()},
-            {"op": "add", "path": "/spec/template/spec/legacyUserData", "value": user_data},
-            annotation_op(set, &hash),
-        ]);
-        self.json_patch(set, "writing the user-data of", ops).await
+    /// Removes the release records of members that are gone.
+    pub async fn forget_releases(&self, set: &MachineSet, member_uids: &[String]) -> Result<(), SetError> {
+        let records: serde_json::Map<String, Value> =
+            member_uids.iter().map(|uid| (release_record(uid), Value::Null)).collect();
+        let body = json!({"metadata": {"resourceVersion": set.resource_version(), "annotations": records}});
+        self.merge(set, "forgetting released members of", &body).await
     }
 
     /// Moves the set's link-back labels (and its management-cluster label) to pool `uid`
@@ -252,15 +237,6 @@ impl MachineSets {
         self.send(set, action, Patch::Merge(body)).await
     }
 
-    async fn json_patch(&self, set: &MachineSet, action: &'static str, ops: Value) -> Result<(), SetError> {
-        let patch: json_patch::Patch = serde_json::from_value(ops).map_err(|_| SetError::Write {
-            action,
-            name: set.name_any(),
-            detail: "the patch could not be encoded".into(),
-        })?;
-        self.send(set, action, Patch::Json::<()>(patch)).await
-    }
-
     async fn send<P: serde::Serialize + std::fmt::Debug>(
         &self,
         set: &MachineSet,
@@ -287,16 +263,6 @@ impl MachineSets {
                 detail: redacted(&e),
             }),
         }
-    }
-}
-
-/// The JSON-patch operation that records the user-data digest on `set`.
-fn annotation_op(set: &MachineSet, hash: &str) -> Value {
-    match set.metadata.annotations {
-        Some(_) => {
-            json!({"op": "add", "path": format!("/metadata/annotations/{}", BOOTSTRAP_DATA_HASH_ANNOTATION.replace('/', "~1")), "value": hash})
-        }
-        None => json!({"op": "add", "path": "/metadata/annotations", "value": {BOOTSTRAP_DATA_HASH_ANNOTATION: hash}}),
     }
 }
 
@@ -349,9 +315,8 @@ pub fn machine_set_from_value(mut value: Value) -> MachineSet {
     }
 }
 
-/// What the caches keep of a set: its link-back and management labels, the user-data digest,
-/// spec without user-data, status. Kairon's own annotations (one per scaled-in member),
-/// managedFields and finalizers go.
+/// What the caches keep of a set: its labels, the pool's ID and the release records, spec
+/// without cloudInit, status. Other annotations, managedFields and finalizers go.
 pub fn keep_set_what_is_read(set: &mut MachineSet) {
     set.spec.template.spec.cloud_init = None;
     set.spec.template.spec.legacy_user_data = None;
@@ -359,7 +324,23 @@ pub fn keep_set_what_is_read(set: &mut MachineSet) {
     meta.managed_fields = None;
     meta.owner_references = None;
     meta.finalizers = None;
-    crate::capi::retain_keys(&mut meta.annotations, &[BOOTSTRAP_DATA_HASH_ANNOTATION]);
+    if let Some(a) = meta.annotations.as_mut() {
+        a.retain(|k, _| k == POOL_ID_ANNOTATION || k.starts_with(RELEASE_RECORD_PREFIX));
+    }
+}
+
+/// The annotation that records the release of member `uid` on its set.
+pub fn release_record(uid: &str) -> String {
+    format!("{RELEASE_RECORD_PREFIX}{uid}")
+}
+
+/// The members (uids) whose release `set` records.
+pub fn released_members(set: &MachineSet) -> Vec<String> {
+    set.annotations()
+        .keys()
+        .filter_map(|k| k.strip_prefix(RELEASE_RECORD_PREFIX))
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -373,7 +354,7 @@ mod tests {
             "spec": {"replicas": 3, "template": {"spec": {"resources": {"cpu": "2", "memory": "4Gi"},
                 "image": {"imageRef": "img"}, "legacyUserData": "#cloud-config SECRET",
                 "cloudInit": {"runCmd": ["kubeadm join SECRET"]}}}},
-            "status": {"replicas": 3, "templateHash": "h1"}});
+            "status": {"replicas": 3, "readyReplicas": 2}});
         let set = machine_set_from_value(base.clone());
         assert_eq!(set.spec.replicas, 3);
         assert!(set.spec.template.spec.cloud_init.is_none(), "user-data is never held");
@@ -389,7 +370,7 @@ mod tests {
         odd["spec"]["template"]["spec"].as_object_mut().unwrap().remove("image");
         let set = machine_set_from_value(odd);
         assert_eq!(set.spec.replicas, 3, "added and missing template fields are fine");
-        assert_eq!(set.status.and_then(|s| s.template_hash).as_deref(), Some("h1"));
+        assert_eq!(set.status.and_then(|s| s.ready_replicas), Some(2));
 
         let mut wrong = base;
         wrong["spec"]["replicas"] = json!("three");
@@ -402,26 +383,16 @@ mod tests {
     fn a_cached_set_keeps_what_the_pool_reads() {
         let mut set = machine_set_from_value(json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineSet",
             "metadata": {"name": "pool", "namespace": "ns", "labels": {labels::KAIRONMACHINEPOOL_UID: "p"},
-                "annotations": {BOOTSTRAP_DATA_HASH_ANNOTATION: "sha256:ab", "scaled-in.kairon.zyvor.dev/x": "1"},
+                "annotations": {POOL_ID_ANNOTATION: "kairon://machinesets/u", release_record("m1"): "pool-1", "other": "1"},
                 "finalizers": ["kairon.zyvor.dev/machineset-cleanup"]},
             "spec": {"replicas": 2, "template": {"spec": {"resources": {"cpu": "2"}, "image": {"imageRef": "img"}}}}}));
-        set.spec.template.spec.legacy_user_data = Some(UserData("SECRET".into()));
+        set.spec.template.spec.legacy_user_data = Some(super::super::UserData("SECRET".into()));
         keep_set_what_is_read(&mut set);
         assert!(set.spec.template.spec.legacy_user_data.is_none());
-        assert_eq!(set.annotations().len(), 1);
+        assert_eq!(set.annotations().len(), 2);
+        assert_eq!(released_members(&set), vec!["m1".to_string()]);
         assert_eq!(set.labels().len(), 1);
         assert!(set.metadata.finalizers.is_none());
         assert_eq!(set.spec.replicas, 2);
-    }
-
-    #[test]
-    fn the_user_data_digest_is_added_whether_or_not_the_set_has_annotations() {
-        let mut set = MachineSet::new("pool", Default::default());
-        assert_eq!(annotation_op(&set, "h")["path"], "/metadata/annotations");
-        set.metadata.annotations = Some(Default::default());
-        assert_eq!(
-            annotation_op(&set, "h")["path"],
-            "/metadata/annotations/infrastructure.cluster.x-k8s.io~1bootstrap-data-hash"
-        );
     }
 }

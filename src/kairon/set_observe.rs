@@ -4,7 +4,7 @@ use kube::ResourceExt;
 
 use super::machineset::{MACHINESET_LABEL, MachineSet, TEMPLATE_HASH_LABEL};
 use super::ownership::{Holder, Ownership};
-use super::set_desired::{PoolLink, machine_set_provider_id};
+use super::set_desired::{POOL_ID_ANNOTATION, PoolLink, machine_set_provider_id};
 use super::{Machine, Owner, labels};
 
 /// Whether `vm` is a member of `set` (Kairon labels each member with its set's name; members
@@ -18,26 +18,22 @@ pub fn set_of(vm: &Machine) -> Option<&str> {
     vm.labels().get(MACHINESET_LABEL).map(String::as_str)
 }
 
-/// Whether `vm` was made from an older template than the one `set` makes members from now.
-/// Unknown (Kairon has not reported a hash yet) is not outdated: a roll waits for Kairon.
-pub fn is_outdated(vm: &Machine, set: &MachineSet) -> bool {
-    let current = set.status.as_ref().and_then(|s| s.template_hash.as_deref());
-    match (current, vm.labels().get(TEMPLATE_HASH_LABEL)) {
-        (Some(cur), Some(h)) => h != cur,
-        (Some(_), None) => true,
-        (None, _) => false,
-    }
+/// The value a pool gives a member's template-hash label when it releases the member (its
+/// Machine was drained and deleted): no template has that hash, so Kairon counts the member as
+/// outdated and, whatever it does next, removes that one rather than a member of its choice.
+pub const RELEASED: &str = "released";
+
+/// Whether the pool released `vm` from its set ([`RELEASED`]).
+pub fn is_released(vm: &Machine) -> bool {
+    vm.labels().get(TEMPLATE_HASH_LABEL).map(String::as_str) == Some(RELEASED)
 }
 
-/// Whether Kairon has acted on the set's latest spec (`status.observedGeneration`).
-pub fn is_observed(set: &MachineSet) -> bool {
-    match (
-        set.metadata.generation,
-        set.status.as_ref().and_then(|s| s.observed_generation),
-    ) {
-        (Some(g), Some(o)) => o >= g,
-        _ => false,
-    }
+/// Whether `vm`, a member of a pool's set, has never been started by the pool: Stopped as the
+/// template makes it, without cloudInit.
+pub fn awaits_start(vm: &Machine) -> bool {
+    vm.spec.power_state.as_deref() == Some(super::types::power_state::STOPPED)
+        && vm.spec.cloud_init.is_none()
+        && vm.metadata.deletion_timestamp.is_none()
 }
 
 /// The pool a member's labels (copied from its set's template) name: (namespace, name).
@@ -54,7 +50,7 @@ pub fn pool_of_member(vm: &Machine) -> Option<(String, String)> {
 
 /// Whose set this is, from the pool's point of view: the one rule for adoption, scaling and
 /// deletion of a set, the same as [`super::ownership`] for a VM. The pool's `spec.providerID`
-/// (`kairon://machinesets/<uid>`) alone proves nothing: the set must also have been made by
+/// (`kairon://machinesets/<uid of its first set>`, also carried by each later set) alone proves nothing: the set must also have been made by
 /// this management cluster or one it adopts from.
 pub fn set_ownership(set: &MachineSet, pool: &PoolLink, pool_provider_id: Option<&str>, owner: &Owner) -> Ownership {
     let l = set.labels();
@@ -62,8 +58,10 @@ pub fn set_ownership(set: &MachineSet, pool: &PoolLink, pool_provider_id: Option
     if uid_label.is_some_and(|u| !u.is_empty() && *u == pool.uid) {
         return Ownership::Ours;
     }
+    // The pool's provider ID names its first set by UID; every later set carries it.
+    let annotated = set.annotations().get(POOL_ID_ANNOTATION).map(String::as_str);
     let named = match (pool_provider_id, set.metadata.uid.as_deref()) {
-        (Some(pid), Some(uid)) => pid == machine_set_provider_id(uid),
+        (Some(pid), Some(uid)) => pid == machine_set_provider_id(uid) || annotated == Some(pid),
         _ => false,
     };
     if !named {
@@ -109,20 +107,15 @@ pub(crate) fn member_rule(vm: &Machine, km_pool: Option<(&str, &str)>) -> Option
 mod tests {
     use super::*;
     use crate::kairon::fixtures::vm;
-    use crate::kairon::machineset::MachineSetStatus;
-
+    
     type Labels = Vec<(&'static str, &'static str)>;
     type PoolKey = (&'static str, &'static str);
 
-    fn set(labels: &[(&str, &str)], hash: Option<&str>) -> MachineSet {
+    fn set(labels: &[(&str, &str)]) -> MachineSet {
         let mut s = MachineSet::new("pool", Default::default());
         s.metadata.namespace = Some("ns".into());
         s.metadata.uid = Some("set-uid".into());
         s.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-        s.status = Some(MachineSetStatus {
-            template_hash: hash.map(Into::into),
-            ..Default::default()
-        });
         s
     }
 
@@ -133,36 +126,32 @@ mod tests {
     }
 
     #[test]
-    fn members_and_outdated_members() {
-        let s = set(&[], Some("h2"));
+    fn members_released_members_and_members_awaiting_their_start() {
+        let s = set(&[]);
         #[rustfmt::skip]
         let cases = [
-            ("current member", vec![(MACHINESET_LABEL, "pool"), (TEMPLATE_HASH_LABEL, "h2")], true, false),
-            ("outdated member", vec![(MACHINESET_LABEL, "pool"), (TEMPLATE_HASH_LABEL, "h1")], true, true),
-            ("member without a hash", vec![(MACHINESET_LABEL, "pool")], true, true),
+            ("a member", vec![(MACHINESET_LABEL, "pool"), (TEMPLATE_HASH_LABEL, "h2")], true, false),
+            ("a released member", vec![(MACHINESET_LABEL, "pool"), (TEMPLATE_HASH_LABEL, RELEASED)], true, true),
             ("another set's", vec![(MACHINESET_LABEL, "other"), (TEMPLATE_HASH_LABEL, "h2")], false, false),
-            ("a plain VM", vec![], false, true),
+            ("a plain VM", vec![], false, false),
         ];
-        for (name, l, is_member, outdated) in cases {
+        for (name, l, is_member, released) in cases {
             let m = member(&l);
             assert_eq!(is_member_of(&m, &s), is_member, "{name}");
-            assert_eq!(is_outdated(&m, &s), outdated, "{name}");
+            assert_eq!(is_released(&m), released, "{name}");
         }
-        let unknown = set(&[], None);
-        let m = member(&[(MACHINESET_LABEL, "pool"), (TEMPLATE_HASH_LABEL, "h1")]);
-        assert!(!is_outdated(&m, &unknown), "no hash reported yet: nothing is outdated");
-    }
-
-    #[test]
-    fn kairon_has_observed_a_set_once_its_generation_is_reported() {
-        let mut s = set(&[], Some("h"));
-        assert!(!is_observed(&s), "no generation");
-        s.metadata.generation = Some(2);
-        assert!(!is_observed(&s), "no observedGeneration");
-        s.status.as_mut().unwrap().observed_generation = Some(1);
-        assert!(!is_observed(&s), "an older generation");
-        s.status.as_mut().unwrap().observed_generation = Some(2);
-        assert!(is_observed(&s));
+        let mut fresh = member(&[(MACHINESET_LABEL, "pool")]);
+        fresh.spec.power_state = Some("Stopped".into());
+        assert!(awaits_start(&fresh));
+        let mut started = fresh.clone();
+        started.spec.cloud_init = Some(Default::default());
+        assert!(!awaits_start(&started), "stopped after its start: not the pool's to start again");
+        let mut running = fresh.clone();
+        running.spec.power_state = Some("Running".into());
+        assert!(!awaits_start(&running));
+        let mut deleting = fresh;
+        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+        assert!(!awaits_start(&deleting));
     }
 
     #[test]
@@ -193,7 +182,7 @@ mod tests {
                 Ownership::OursBeforeMove { holder: Some(Holder { namespace: String::new(), name: "pool".into(), uid: "old".into() }) }),
         ];
         for (name, l, pid, want) in cases {
-            let got = set_ownership(&set(&l, None), &pool, pid, &owner);
+            let got = set_ownership(&set(&l), &pool, pid, &owner);
             match (&got, &want) {
                 (Ownership::Foreign(why), Ownership::Foreign(part)) => {
                     assert!(why.contains(part.as_str()), "{name}: {why}")
@@ -201,6 +190,16 @@ mod tests {
                 _ => assert_eq!(got, want, "{name}"),
             }
         }
+        // A later set of a moved pool: its annotation carries the pool's provider ID.
+        let mut later = set(&[(uid, "old"), (mc, "mc-old")]);
+        later.metadata.uid = Some("later-uid".into());
+        let first = Some("kairon://machinesets/first-uid");
+        assert!(matches!(set_ownership(&later, &pool, first, &owner), Ownership::Foreign(_)));
+        later.metadata.annotations = Some([(POOL_ID_ANNOTATION.to_string(), first.unwrap().to_string())].into());
+        assert!(matches!(
+            set_ownership(&later, &pool, first, &owner),
+            Ownership::OursBeforeMove { .. }
+        ));
     }
 
     #[test]

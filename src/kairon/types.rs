@@ -293,3 +293,12 @@ pub mod phase {
     /// (`status.message` says why; see [`super::super::machine_from_value`]).
     pub(crate) const UNREADABLE: &str = "capkr.Unreadable";
 }
+
+/// `spec.powerState` values Kairon takes.
+pub mod power_state {
+    pub const RUNNING: &str = "Running";
+    pub const PAUSED: &str = "Paused";
+    pub const HALTED: &str = "Halted";
+    /// No runtime: a member of a pool's set is made so, and started by the pool.
+    pub const STOPPED: &str = "Stopped";
+}
