@@ -104,6 +104,13 @@ pub enum KaironError {
         #[source]
         source: kube::Error,
     },
+    /// Starting a member of a pool's set: the request carried bootstrap data, so only the
+    /// answer's code and reason are kept.
+    #[error("starting Kairon Machine {name}: {detail}")]
+    Start { name: String, detail: String },
+    /// The member changed since it was read: decide again on what is there now.
+    #[error("starting Kairon Machine {name}: it changed since it was read")]
+    StartStale { name: String },
     #[error("deleting Kairon Machine {name}: {source}")]
     Delete {
         name: String,
@@ -126,6 +133,7 @@ impl KaironError {
             KaironError::Read { .. } => "read",
             KaironError::Create { .. } => "create_instance",
             KaironError::Relabel { .. } => "write",
+            KaironError::Start { .. } | KaironError::StartStale { .. } => "start_instance",
             KaironError::Delete { .. } => "delete_instance",
             KaironError::Refused { .. } => "kairon_api",
         }
@@ -291,6 +299,70 @@ impl Instances {
         let body = json!({"metadata": {
             "uid": vm.metadata.uid,
             "labels": {labels::MANAGEMENT_CLUSTER: self.owner.id},
+        }});
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let permit = self.permit("relabelling", &name)?;
+        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
+        settle(permit, &answer);
+        answer
+            .map(|_| ())
+            .map_err(|source| KaironError::Relabel { ns, name, source })
+    }
+
+    /// Starts `vm`, a member of a pool's set that Kairon made Stopped and without cloudInit:
+    /// gives it `cloud_init` (its bootstrap data, translated for its name) and
+    /// `powerState: Running`, only if it is still as it was read (resourceVersion), so a member
+    /// is started once, with the data it was decided on. Kairon builds the guest's seed from
+    /// the spec when it creates the runtime, which it does now.
+    pub(crate) async fn start_member(
+        &self,
+        vm: &Machine,
+        cloud_init: super::cloud_init::CloudInit,
+        data_hash: &str,
+    ) -> Result<(), KaironError> {
+        let ns = vm.namespace().unwrap_or_default();
+        let name = vm.name_any();
+        let body = json!({
+            "metadata": {
+                "resourceVersion": vm.resource_version(),
+                "annotations": {super::BOOTSTRAP_DATA_HASH_ANNOTATION: data_hash},
+            },
+            "spec": {"cloudInit": cloud_init, "powerState": super::types::power_state::RUNNING},
+        });
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let permit = self.permit("starting", &name)?;
+        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
+        drop(body);
+        settle(permit, &answer);
+        match answer {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Err(KaironError::StartStale { name }),
+            // The request carried bootstrap data and an API error may quote it.
+            Err(kube::Error::Api(s)) => Err(KaironError::Start {
+                name,
+                detail: format!("the API answered {} {}", s.code, bounded(&s.reason, MAX_API_REASON)),
+            }),
+            Err(e) => Err(KaironError::Start {
+                name,
+                detail: redacted_error_kind(&e),
+            }),
+        }
+    }
+
+    /// Labels member `vm` released from its set (its template-hash label becomes
+    /// [`super::set_observe::RELEASED`]), on its uid: Kairon then counts it as outdated.
+    pub(crate) async fn mark_released(&self, vm: &Machine) -> Result<(), KaironError> {
+        let ns = vm.namespace().unwrap_or_default();
+        let name = vm.name_any();
+        let body = json!({"metadata": {
+            "uid": vm.metadata.uid,
+            "labels": {super::machineset::TEMPLATE_HASH_LABEL: super::set_observe::RELEASED},
         }});
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),

@@ -39,7 +39,10 @@ pub use desired::{desired_kairon_machine, provider_id, uid_provider_id};
 pub(crate) use desired::{is_the_instance, names_instance};
 pub(crate) use fingerprint::endpoint_fingerprint;
 pub(crate) use observe::{Holder, Ownership, ownership};
-pub use set_client::{MachineSets, SetCreated, SetError, keep_set_what_is_read, machine_set_from_value, read_set};
+pub use set_client::{
+    MachineSets, SetCreated, SetError, keep_set_what_is_read, machine_set_from_value, read_set, release_record,
+    released_members,
+};
 pub use types::{
     CloudInit, CloudInitFile, EVICTION_STRATEGY_ANNOTATION, Evacuation, Image, ImageSource, Machine, MachineSpec,
     MachineStatus, Network, Placement, Resources, Term, UserData, WeightedTerm, eviction, phase,
@@ -128,7 +131,11 @@ pub(crate) const KAIRON_SCHEDULED: &str = "Scheduled";
 /// labels and annotations, owner references and finalizers go before the object is stored; at
 /// thousands of machines the labels and spec alone are a third of what a cached VM weighs.
 pub(crate) fn keep_what_is_read(vm: &mut Machine) {
-    vm.spec = MachineSpec::default();
+    // Of the spec, the power state only: whether a pool's member still awaits its start.
+    vm.spec = MachineSpec {
+        power_state: vm.spec.power_state.take(),
+        ..MachineSpec::default()
+    };
     let meta = &mut vm.metadata;
     meta.managed_fields = None;
     meta.owner_references = None;
@@ -148,7 +155,10 @@ pub(crate) fn keep_what_is_read(vm: &mut Machine) {
             labels::KAIRONMACHINEPOOL_NAMESPACE,
         ],
     );
-    crate::capi::retain_keys(&mut meta.annotations, &[FAILURE_DOMAIN_ANNOTATION]);
+    crate::capi::retain_keys(
+        &mut meta.annotations,
+        &[FAILURE_DOMAIN_ANNOTATION, BOOTSTRAP_DATA_HASH_ANNOTATION],
+    );
 }
 
 #[cfg(test)]

@@ -29,10 +29,11 @@ pub fn is_released(vm: &Machine) -> bool {
 }
 
 /// Whether `vm`, a member of a pool's set, has never been started by the pool: Stopped as the
-/// template makes it, without cloudInit.
+/// template makes it, without the digest of the bootstrap data the pool starts a member with
+/// (cloudInit itself is never read back).
 pub fn awaits_start(vm: &Machine) -> bool {
     vm.spec.power_state.as_deref() == Some(super::types::power_state::STOPPED)
-        && vm.spec.cloud_init.is_none()
+        && !vm.annotations().contains_key(super::BOOTSTRAP_DATA_HASH_ANNOTATION)
         && vm.metadata.deletion_timestamp.is_none()
 }
 
@@ -144,7 +145,8 @@ mod tests {
         fresh.spec.power_state = Some("Stopped".into());
         assert!(awaits_start(&fresh));
         let mut started = fresh.clone();
-        started.spec.cloud_init = Some(Default::default());
+        started.metadata.annotations =
+            Some([(crate::kairon::BOOTSTRAP_DATA_HASH_ANNOTATION.to_string(), "sha256:ab".to_string())].into());
         assert!(!awaits_start(&started), "stopped after its start: not the pool's to start again");
         let mut running = fresh.clone();
         running.spec.power_state = Some("Running".into());

@@ -297,8 +297,6 @@ pub mod phase {
 /// `spec.powerState` values Kairon takes.
 pub mod power_state {
     pub const RUNNING: &str = "Running";
-    pub const PAUSED: &str = "Paused";
-    pub const HALTED: &str = "Halted";
     /// No runtime: a member of a pool's set is made so, and started by the pool.
     pub const STOPPED: &str = "Stopped";
 }

@@ -16,6 +16,7 @@ use crate::capi;
 use crate::controller::error::Error;
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
+use crate::kairon::set_observe::{is_released, set_of};
 use crate::kairon::{self, Deletion, provider_id};
 
 /// How often to look again while a Kairon Machine is being deleted, on top of its watch.
@@ -106,6 +107,10 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
         return release().await;
     }
     if vm.metadata.deletion_timestamp.is_none() {
+        // A member of a pool's set is released from it first, or Kairon would replace it.
+        if let Some(action) = release_member(&vm, &target.instances).await? {
+            return Ok(action);
+        }
         match target.instances.delete(&vm).await? {
             Deletion::Started => info!(instance = %name, "deleting Kairon Machine"),
             Deletion::Gone => return release().await,
@@ -119,6 +124,40 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
     )
     .await?;
     Ok(Action::requeue(DELETE_RETRY))
+}
+
+/// Releases `vm` from its Kairon MachineSet, if it is a member of one: Kairon replaces any
+/// member deleted by someone else, and deletes members of its own choice when `spec.replicas`
+/// drops below them. So the member is first labelled released (no template has that hash: it
+/// is outdated, and whatever Kairon does next removes it rather than another), then its set
+/// is lowered by one together with a record of it, on the set's resourceVersion: exactly once.
+/// `Some(action)`: not done yet, look again.
+async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> Result<Option<Action>, Error> {
+    let Some(set_name) = set_of(vm) else {
+        return Ok(None);
+    };
+    let Some(uid) = vm.metadata.uid.as_deref() else {
+        return Ok(None);
+    };
+    if !is_released(vm) {
+        instances.mark_released(vm).await?;
+    }
+    let ns = vm.namespace().unwrap_or_default();
+    let sets = instances.machine_sets();
+    let Some(set) = sets.get(&ns, set_name).await? else {
+        return Ok(None);
+    };
+    if kairon::released_members(&set).iter().any(|u| u == uid) {
+        return Ok(None);
+    }
+    match sets.release(&set, uid, &vm.name_any()).await {
+        Ok(()) => {
+            info!(instance = %vm.name_any(), set = %set_name, "released the Kairon Machine from its MachineSet");
+            Ok(None)
+        }
+        Err(kairon::SetError::Stale { .. }) => Ok(Some(Action::requeue(Duration::from_secs(1)))),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Whether the KaironMachine's Cluster no longer exists, asked of the API server when the cache

@@ -109,9 +109,19 @@ impl Context {
         Writer::new(Api::namespaced(self.client.clone(), ns), None)
     }
 
-    /// The pool's set as cached, if any.
-    pub(crate) fn cached_set(&self, s: &Scope) -> Option<Arc<MachineSet>> {
-        self.sets.get(&ObjectRef::new(&s.link.name).within(&s.ns))
+    /// The sets labelled for the pool, as cached, by name (whose they are is for the caller to
+    /// decide).
+    pub(crate) fn sets_of(&self, s: &Scope) -> Vec<Arc<MachineSet>> {
+        let value = label_value(&s.link.name);
+        let mut sets: Vec<_> = self
+            .sets
+            .state()
+            .into_iter()
+            .filter(|set| set.namespace().as_deref() == Some(s.ns.as_str()))
+            .filter(|set| set.labels().get(KAIRONMACHINEPOOL_NAME) == Some(&value))
+            .collect();
+        sets.sort_by_key(|set| set.name_any());
+        sets
     }
 
     /// The members of `set`, as cached.

@@ -1,7 +1,7 @@
 //! Deleting a KaironMachinePool: its instances go the way every pool instance goes (their
-//! Machines are deleted, CAPI drains each Node, the KaironMachine's finalizer deletes the VM),
-//! then the Kairon MachineSet (Kairon removes members no KaironMachine stands for, e.g. still
-//! Pending ones), and the finalizer only once the set is gone.
+//! Machines are deleted, CAPI drains each Node, the KaironMachine's finalizer releases the VM
+//! from its set and deletes it), then the pool's Kairon MachineSets (Kairon removes members no
+//! KaironMachine stands for, never started ones), and the finalizer only once they are gone.
 //!
 //! Kept instead: everything, when the pool was deleted by `clusterctl move` (the pool lives on
 //! elsewhere) or after its Cluster is gone (left behind; not ours to destroy).
@@ -96,27 +96,42 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         write_status(ctx, s, None, Some(d), None).await?;
         return Ok(Action::requeue(DELETE_RETRY));
     }
-    // Then the set, read from the API server: the finalizer must not go while it exists.
+    // Then the sets, read from the API server: the finalizer must not go while one exists.
     let sets = ctx.sets();
-    let Some(set) = sets.get(&s.ns, &s.link.name).await? else {
-        return release().await;
-    };
-    if let Ownership::Foreign(why) = set_ownership(&set, &s.link, pool.spec.provider_id.as_deref(), ctx.kairon.owner())
-    {
-        info!(%why, "the Kairon MachineSet with this name is not this pool's; it is kept");
+    let lp = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        crate::kairon::labels::KAIRONMACHINEPOOL_NAME,
+        crate::kairon::set_desired::label_value(&s.link.name)
+    ));
+    let listed = sets
+        .api(Some(&s.ns))
+        .list(&lp)
+        .await
+        .map_err(Error::read(format!("Kairon MachineSets of pool {}/{}", s.ns, s.link.name)))?;
+    let mut left = 0;
+    for set in listed.items.into_iter().map(crate::kairon::read_set) {
+        if let Ownership::Foreign(why) =
+            set_ownership(&set, &s.link, pool.spec.provider_id.as_deref(), ctx.kairon.owner())
+        {
+            info!(set = %set.name_any(), %why, "a Kairon MachineSet labelled for the pool is not its own; it is kept");
+            continue;
+        }
+        if set.metadata.deletion_timestamp.is_none() && sets.delete(&set).await? == Deletion::Gone {
+            continue;
+        }
+        left += 1;
+        ctx.events
+            .normal(
+                pool,
+                event::MACHINE_SET_DELETED,
+                "Delete",
+                format!("deleting Kairon MachineSet {}/{}", s.ns, set.name_any()),
+            )
+            .await;
+    }
+    if left == 0 {
         return release().await;
     }
-    if set.metadata.deletion_timestamp.is_none() && sets.delete(&set).await? == Deletion::Gone {
-        return release().await;
-    }
-    ctx.events
-        .normal(
-            pool,
-            event::MACHINE_SET_DELETED,
-            "Delete",
-            format!("deleting Kairon MachineSet {}/{}", s.ns, s.link.name),
-        )
-        .await;
     Ok(Action::requeue(DELETE_RETRY))
 }
 

@@ -1,4 +1,4 @@
-//! The plan's instances from what the caches hold: the set's members, the pool's
+//! The plan's instances from what the caches hold: the members of the pool's sets, the pool's
 //! KaironMachines and the pool's Machines, joined by name (all three share the VM's name).
 //! Pure: the reconciler passes what it read.
 
@@ -11,26 +11,29 @@ use crate::api::KaironMachine;
 use crate::api::conditions::{self, READY, reason};
 use crate::capi::{self, DELETE_MACHINE_ANNOTATION, OWNER_REMEDIATED};
 use crate::kairon::machineset::MachineSet;
-use crate::kairon::set_observe::{is_member_of, is_outdated};
+use crate::kairon::set_observe::{awaits_start, is_member_of, is_released, set_of};
 use crate::kairon::{Machine, observe, phase};
 
-/// Joins `vms` (any Kairon Machines; only `set`'s members count), `kms` and `machines` (the
-/// pool's, as selected by the caller) into instances, sorted by name.
+/// Joins `vms` (any Kairon Machines; only members of `sets`, the pool's, count), `kms` and
+/// `machines` (the pool's, as selected by the caller) into instances, sorted by name. Members
+/// of any set but the one named `current` are outdated.
 pub fn instances(
-    set: &MachineSet,
+    sets: &[&MachineSet],
+    current: &str,
     vms: &[&Machine],
     kms: &[&KaironMachine],
     machines: &[&capi::Machine],
 ) -> Vec<Instance> {
     let mut by_name: BTreeMap<String, Instance> = BTreeMap::new();
-    for vm in vms.iter().filter(|vm| is_member_of(vm, set)) {
+    for vm in vms.iter().filter(|vm| sets.iter().any(|set| is_member_of(vm, set))) {
         let phase = observe::effective_phase(vm);
         upsert(&mut by_name, vm.name_any()).vm = Some(Vm {
-            deleting: vm.metadata.deletion_timestamp.is_some(),
-            // Unknown: a failed runtime Kairon leaves as it is. Stopped: powered off (by the
-            // old model's maintenance at its deadline, among others) and not coming back.
-            broken: phase == phase::UNKNOWN || phase == phase::STOPPED,
-            outdated: is_outdated(vm, set),
+            deleting: vm.metadata.deletion_timestamp.is_some() || is_released(vm),
+            // Unknown: a failed runtime Kairon leaves as it is. A Stopped, Halted or Paused VM
+            // is someone's decision: a MachineHealthCheck decides from its Node.
+            broken: phase == phase::UNKNOWN,
+            outdated: set_of(vm) != Some(current),
+            awaits_start: awaits_start(vm),
         });
     }
     for km in kms {
@@ -72,17 +75,14 @@ fn vm_gone(km: &KaironMachine) -> bool {
 mod tests {
     use super::*;
     use crate::api::conditions::{Decided, Status};
-    use crate::kairon::machineset::{MACHINESET_LABEL, MachineSetStatus, TEMPLATE_HASH_LABEL};
+    use crate::kairon::machineset::{MACHINESET_LABEL, TEMPLATE_HASH_LABEL};
+    use crate::kairon::set_observe::RELEASED;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
-    fn set() -> MachineSet {
-        let mut s = MachineSet::new("pool", Default::default());
+    fn set(name: &str) -> MachineSet {
+        let mut s = MachineSet::new(name, Default::default());
         s.metadata.namespace = Some("ns".into());
-        s.status = Some(MachineSetStatus {
-            template_hash: Some("h2".into()),
-            ..Default::default()
-        });
         s
     }
 
@@ -147,10 +147,16 @@ mod tests {
 
     #[test]
     fn members_kaironmachines_and_machines_are_joined_by_name() {
+        let mut fresh = vm("f", "pool-new", "h9", "", false);
+        fresh.status = None;
+        fresh.spec.power_state = Some("Stopped".into());
         let vms = [
-            vm("a", "pool", "h2", "Running", false),
-            vm("b", "pool", "h1", "Unknown", false),
-            vm("c", "pool", "h2", "Running", true),
+            vm("a", "pool-new", "h2", "Running", false),
+            vm("b", "pool-old", "h1", "Unknown", false),
+            vm("c", "pool-new", "h2", "Running", true),
+            vm("d", "pool-new", RELEASED, "Running", false),
+            vm("e", "pool-new", "h2", "Stopped", false),
+            fresh,
             vm("x", "other", "h2", "Running", false),
         ];
         let kms = [km("a", false), km("b", false), km("g", true)];
@@ -159,21 +165,24 @@ mod tests {
             machine("b", 5, false, &[(AVAILABLE, "False"), (OWNER_REMEDIATED, "False")]),
             machine("g", 1, false, &[]),
         ];
+        let (new, old) = (set("pool-new"), set("pool-old"));
         let got = instances(
-            &set(),
+            &[&new, &old],
+            "pool-new",
             &vms.iter().collect::<Vec<_>>(),
             &kms.iter().collect::<Vec<_>>(),
             &machines.iter().collect::<Vec<_>>(),
         );
         let names: Vec<&str> = got.iter().map(|i| i.name.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c", "g"], "another set's VM is no instance");
+        assert_eq!(names, ["a", "b", "c", "d", "e", "f", "g"], "another set's VM is no instance");
         let a = &got[0];
         assert_eq!(
             a.vm,
             Some(Vm {
                 deleting: false,
                 broken: false,
-                outdated: false
+                outdated: false,
+                awaits_start: false,
             })
         );
         assert_eq!(a.km, Some(Km { vm_gone: false }));
@@ -186,8 +195,10 @@ mod tests {
             Some(Vm {
                 deleting: false,
                 broken: true,
-                outdated: true
-            })
+                outdated: true,
+                awaits_start: false,
+            }),
+            "a member of the older set is outdated"
         );
         let bm = b.machine.as_ref().expect("machine");
         assert!(bm.remediate && !bm.available);
@@ -197,7 +208,13 @@ mod tests {
             "deleting reads as Terminating, not broken"
         );
         assert!(c.km.is_none() && c.machine.is_none());
-        let g = &got[3];
+        assert!(got[3].vm.as_ref().is_some_and(|v| v.deleting), "released: on its way out");
+        assert!(
+            got[4].vm.as_ref().is_some_and(|v| !v.broken && !v.awaits_start),
+            "stopped after it ran: not broken, not the pool's to start"
+        );
+        assert!(got[5].vm.as_ref().is_some_and(|v| v.awaits_start && !v.broken));
+        let g = &got[6];
         assert!(g.vm.is_none());
         assert_eq!(g.km, Some(Km { vm_gone: true }));
     }

@@ -1,15 +1,17 @@
-//! What a KaironMachinePool does next with its Kairon MachineSet and its instances. Pure: no
+//! What a KaironMachinePool does next with its Kairon MachineSets and its instances. Pure: no
 //! I/O; the reconciler gathers the input from its caches and carries the plan out.
 //!
-//! The rules, from CAPI's MachinePool Machines contract and Kairon's MachineSet policy:
-//! - the pool never deletes a VM or a KaironMachine to scale in, replace or roll: it deletes
-//!   the instance's **Machine**, CAPI drains its Node, deletes the KaironMachine, whose
-//!   finalizer deletes the VM; Kairon then lowers the set's `spec.replicas` by one and
-//!   replaces nothing;
-//! - the pool raises `spec.replicas` back to its target whenever it is below it (so a VM gone
-//!   by any path is replaced if the pool still wants it), and lowers it only while Kairon has
-//!   not yet made the members that would be over, never below the members that exist: Kairon
-//!   never picks a victim of its own, which would go without a drain;
+//! The rules, from CAPI's MachinePool Machines contract and Kairon's MachineSet as it is (it
+//! replaces any member deleted by someone else, and deletes members of its own choice when
+//! `spec.replicas` drops below them):
+//! - the pool has one set per revision and only ever **raises** the current revision's
+//!   `spec.replicas`, by what the sum of all its sets' `spec.replicas` lacks of the target;
+//! - it never deletes a VM or a KaironMachine to scale in, replace or roll: it deletes the
+//!   instance's **Machine**, CAPI drains its Node and deletes the KaironMachine, whose
+//!   finalizer releases the VM from its set (the VM labelled released, then the set lowered by
+//!   one with a record of it) and deletes it;
+//! - a member Kairon made is Stopped without cloudInit: the pool starts it once its
+//!   KaironMachine exists, with its own bootstrap data;
 //! - an instance CAPI has not made a Machine for yet is never chosen (CAPI catches up).
 
 /// One VM of the pool, with the KaironMachine and the Machine that stand for it, by name (all
@@ -27,12 +29,14 @@ pub struct Instance {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Vm {
-    /// Being deleted (by anyone).
+    /// Being deleted (by anyone), or released from its set by the pool.
     pub deleting: bool,
-    /// Failed or stopped: Kairon does not heal it; it is replaced.
+    /// Its runtime failed (Kairon's `Unknown`): Kairon does not heal it; it is replaced.
     pub broken: bool,
-    /// Made from an older template than the set's current one.
+    /// A member of an older revision's set.
     pub outdated: bool,
+    /// Made by Kairon and not started yet.
+    pub awaits_start: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -63,14 +67,10 @@ pub struct PlanInput<'a> {
     pub max_unavailable: i32,
     /// `deletePolicy: Newest`.
     pub newest_first: bool,
-    /// The set's `spec.replicas`.
+    /// The current revision's set's `spec.replicas`.
     pub set_replicas: i32,
-    /// The set's `status.replicas` (members Kairon counts), when reported.
-    pub set_status_replicas: Option<i32>,
-    /// An external autoscaler owns the set's size (`cluster.x-k8s.io/replicas-managed-by` on
-    /// the MachinePool): `desired` is the set's own `spec.replicas`, which the pool never
-    /// writes, and the pool chooses no Machine to scale in (Kairon does, for the autoscaler).
-    pub replicas_managed_externally: bool,
+    /// The sum of `spec.replicas` over all the pool's sets, the current one included.
+    pub all_replicas: i32,
     pub instances: &'a [Instance],
 }
 
@@ -92,10 +92,13 @@ pub enum Why {
 /// What to do, all of it at once: the writes do not depend on one another.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PoolPlan {
-    /// Write the set's `spec.replicas` (against the version the input was read from).
+    /// Raise the current set's `spec.replicas` to this (against the version the input was read
+    /// from).
     pub set_replicas: Option<i32>,
     /// Create a KaironMachine for each of these members.
     pub create_kaironmachines: Vec<String>,
+    /// Start these members (they have their KaironMachine).
+    pub start: Vec<String>,
     /// Delete these Machines.
     pub delete_machines: Vec<(String, Why)>,
     /// Instances not yet at the current template and not being deleted: the pool is rolling.
@@ -108,14 +111,24 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
     let mut plan = PoolPlan::default();
 
     for i in input.instances {
-        let (Some(vm), None) = (&i.vm, &i.km) else { continue };
-        if !vm.deleting {
-            plan.create_kaironmachines.push(i.name.clone());
+        match (&i.vm, &i.km) {
+            (Some(vm), None) if !vm.deleting => plan.create_kaironmachines.push(i.name.clone()),
+            (Some(vm), Some(_)) if !vm.deleting && vm.awaits_start => plan.start.push(i.name.clone()),
+            _ => {}
         }
     }
 
     // Replace: broken VMs, remediation, vanished VMs. Only through a Machine not yet deleting.
+    // A VM still there is replaced at most `maxUnavailable` (at least one) at a time, Machines
+    // already being deleted included: a bad image or a mass failure is not all torn down at
+    // once. A vanished VM's Machine goes at once (there is nothing left to keep).
     let deletable = |i: &Instance| i.machine.as_ref().is_some_and(|m| !m.deleting);
+    let mut replacing = input
+        .instances
+        .iter()
+        .filter(|i| i.machine.as_ref().is_some_and(|m| m.deleting))
+        .count();
+    let replace_cap = usize::try_from(input.max_unavailable.max(1)).unwrap_or(1);
     for i in input.instances.iter().filter(|i| deletable(i)) {
         let m = i.machine.as_ref().expect("deletable");
         let why = match (&i.vm, &i.km) {
@@ -125,8 +138,13 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
             (Some(vm), _) if !vm.deleting && m.remediate => Some(Why::Remediation),
             _ => None,
         };
-        if let Some(why) = why {
-            plan.delete_machines.push((i.name.clone(), why));
+        match why {
+            Some(Why::Vanished) => plan.delete_machines.push((i.name.clone(), Why::Vanished)),
+            Some(why) if replacing < replace_cap => {
+                replacing += 1;
+                plan.delete_machines.push((i.name.clone(), why));
+            }
+            _ => {}
         }
     }
     let replaced = |i: &Instance, plan: &PoolPlan| plan.delete_machines.iter().any(|(n, _)| *n == i.name);
@@ -144,20 +162,13 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         .filter(|i| i.vm.as_ref().is_some_and(|v| v.outdated))
         .count();
     plan.outdated = outdated_live;
-    // Surge needs the set raised above its size: not the pool's to do when the size is not its.
-    let max_surge = if input.replicas_managed_externally {
-        0
-    } else {
-        input.max_surge
-    };
-    let surge = usize::try_from(max_surge.max(0)).unwrap_or(0).min(outdated_live);
+    let surge = usize::try_from(input.max_surge.max(0)).unwrap_or(0).min(outdated_live);
     let target = usize::try_from(desired).unwrap_or(0) + surge;
 
     // Scale-in: the Machines CAPI marked, then those not available, then outdated, then by age.
     // Not while CAPI has yet to make a Machine for one of them: that one may be the one to go.
     let mut chosen: Vec<&Instance> = vec![];
-    let scales_in = !input.replicas_managed_externally;
-    if scales_in && live.len() > target && live.iter().all(|i| i.machine.is_some()) {
+    if live.len() > target && live.iter().all(|i| i.machine.is_some()) {
         let mut candidates: Vec<&Instance> = live.iter().copied().filter(|i| deletable(i)).collect();
         candidates.sort_by_key(|i| victim_order(i, input.newest_first));
         chosen.extend(candidates.into_iter().take(live.len() - target));
@@ -189,25 +200,11 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         }
     }
 
-    // The set's replicas: up to the target; down only to what Kairon has not made yet.
+    // The current set is raised by what all sets lack of the target; never lowered (only a
+    // release lowers a set, by the member it releases).
     let target = i32::try_from(target).unwrap_or(i32::MAX);
-    let members = input
-        .instances
-        .iter()
-        .filter(|i| i.vm.as_ref().is_some_and(|v| !v.deleting))
-        .count();
-    let members = i32::try_from(members).unwrap_or(i32::MAX);
-    let r = input.set_replicas;
-    if input.replicas_managed_externally {
-        return plan;
-    }
-    if r < target {
-        plan.set_replicas = Some(target);
-    } else if r > target {
-        let floor = target.max(members).max(input.set_status_replicas.unwrap_or(0));
-        if floor < r {
-            plan.set_replicas = Some(floor);
-        }
+    if input.all_replicas < target {
+        plan.set_replicas = Some(input.set_replicas.saturating_add(target - input.all_replicas));
     }
     plan
 }

@@ -1,5 +1,5 @@
 //! What a KaironMachinePool publishes: `spec.providerIDList` and its status, from the
-//! pool's KaironMachines and its Kairon MachineSet, each written only when it differs.
+//! pool's KaironMachines and its current Kairon MachineSet, each written only when it differs.
 
 use kube::ResourceExt;
 use serde_json::json;
@@ -10,7 +10,7 @@ use crate::api::MachineSetRef;
 use crate::api::conditions::Decided;
 use crate::controller::error::Error;
 use crate::kairon::machineset::MachineSet;
-use crate::kairon::set_observe::is_observed;
+use crate::kairon::set_desired::revision_of;
 
 /// Writes `spec.providerIDList` and the status, each only when it differs; returns whether
 /// anything was written.
@@ -44,11 +44,12 @@ pub(crate) async fn write_status(
             MachineSetRef {
                 name: set.name_any(),
                 uid: set.metadata.uid.clone(),
-                template_hash: set.status.as_ref().and_then(|st| st.template_hash.clone()),
+                template_hash: revision_of(set).map(str::to_string),
                 identity_ref: None,
                 endpoint: None,
             },
-            is_observed(set),
+            // Kairon's sets report no observed generation: the set existing is what counts.
+            true,
         )
     });
     let next = pool_status(

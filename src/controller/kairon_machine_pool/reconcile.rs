@@ -5,11 +5,12 @@
 //! 4. no owner MachinePool yet: nothing, not even the finalizer;
 //! 5. finalizer; wait for cluster infrastructure and bootstrap data (read with one GET and
 //!    checked as a Machine's is);
-//! 6. the Kairon MachineSet: created once (`replicas: 0`, the plan raises it), adopted after a
-//!    move, its template rewritten when what rolls changed, its user-data when only the
-//!    content of the bootstrap Secret changed (a token rotation: nothing rolls);
-//! 7. the plan ([`super::plan`]) carried out: the set's replicas, a KaironMachine per member,
-//!    Machines deleted (CAPI drains them);
+//! 6. the current revision's Kairon MachineSet: created once (`replicas: 0`, the plan raises
+//!    it), adopted with the pool's other sets after a move; a set's template is never changed;
+//! 7. the plan ([`super::plan`]) carried out: the current set raised, a KaironMachine per
+//!    member, members started with their own bootstrap data (read once, only then), Machines
+//!    deleted (CAPI drains them), release records of gone members forgotten, and sets of older
+//!    revisions deleted once empty;
 //! 8. `spec.providerIDList` and the status, each written only when it differs.
 
 use std::sync::Arc;
@@ -25,21 +26,23 @@ use tracing::info;
 use super::context::{Context, Scope};
 use super::gather;
 use super::instances::{kaironmachine_for_member, stands_for};
-use super::plan::{PlanInput, PoolPlan, plan_pool, replicas_managed_externally};
+use super::plan::{PlanInput, PoolPlan, plan_pool};
 use super::publish::write_status;
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
 use crate::capi::{self, MachinePool, bootstrap};
 use crate::controller::error::Error;
 use crate::controller::runtime::{Synced, pause_step};
-use crate::controller::write::{Writer, has_finalizer};
+use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
+use crate::kairon::cloud_init::{GuestFacts, translate_cloud_config};
 use crate::kairon::machineset::MachineSet;
+use crate::kairon::released_members;
 use crate::kairon::set_desired::{
-    SetInputs, desired_machine_set, desired_template, machine_set_provider_id, template_drifted, user_data_drifted,
+    SetInputs, bootstrap_data_hash, desired_machine_set, desired_template, machine_set_provider_id, revision, set_name,
 };
 use crate::kairon::set_observe::set_ownership;
-use crate::kairon::{Ownership, SetCreated, SetError, UserData};
+use crate::kairon::{Deletion, Ownership, SetCreated, SetError, UserData};
 
 /// How soon a pool that changed something looks again (its watches usually come first).
 const BUSY_REQUEUE: Duration = Duration::from_secs(5);
@@ -127,8 +130,10 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         secret_name: &secret_name,
         ctx: &ctx,
     };
-    let set = match ensure_set(&scope, &ctx, &inputs, &data).await {
-        Ok(Ok(set)) => set,
+    let sets = match ensure_sets(&scope, &ctx, &inputs).await {
+        Ok(Ok(Some(sets))) => sets,
+        // A set was written (created, adopted): decide on what Kairon makes of it.
+        Ok(Ok(None)) => return Ok(Action::requeue(STALE_REQUEUE)),
         Ok(Err(d)) => {
             write_status(&ctx, &scope, None, Some(d), None).await?;
             return Ok(Action::requeue(SECRET_RETRY));
@@ -136,33 +141,15 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         Err(Error::MachineSet(SetError::Stale { .. })) => return Ok(Action::requeue(STALE_REQUEUE)),
         Err(e) => return Err(e),
     };
-    let Some(set) = set else {
-        // The set was written (created, adopted or given a new template): decide on what
-        // Kairon makes of it.
-        return Ok(Action::requeue(STALE_REQUEUE));
-    };
-    let plan = plan_for(&scope, &mp, &set, &ctx);
-    // New members boot with the template's user-data: before the set is raised, it is brought
-    // up to date with the Secret (CABPK rotates a pool's join token in place). Otherwise the
-    // Secret is not read: steady state makes no request.
-    if plan.set_replicas.is_some_and(|r| r > set.spec.replicas) {
-        let user_data = match data.read().await? {
-            Ok(d) => d,
-            Err(d) => {
-                write_status(&ctx, &scope, Some(&set), Some(d), None).await?;
-                return Ok(Action::requeue(SECRET_RETRY));
-            }
-        };
-        if user_data_drifted(&set, &user_data) {
-            return match ctx.sets().patch_user_data(&set, user_data).await {
-                Ok(()) | Err(SetError::Stale { .. }) => Ok(Action::requeue(STALE_REQUEUE)),
-                Err(e) => Err(e.into()),
-            };
+    let plan = plan_for(&scope, &mp, &sets, &ctx);
+    let busy = match carry_out_plan(&scope, &mp, &sets, &plan, &data, &ctx).await? {
+        Ok(busy) => busy,
+        Err(d) => {
+            write_status(&ctx, &scope, Some(&sets.current), Some(d), None).await?;
+            return Ok(Action::requeue(SECRET_RETRY));
         }
-    }
-    let busy = carry_out_plan(&scope, &mp, &set, &plan, &ctx).await?;
-    report_autoscaled_replicas(&scope, &mp, &set, &ctx).await?;
-    let changed = write_status(&ctx, &scope, Some(&set), None, None).await?;
+    };
+    let changed = write_status(&ctx, &scope, Some(&sets.current), None, None).await?;
     Ok(if busy || changed {
         Action::requeue(BUSY_REQUEUE)
     } else {
@@ -186,7 +173,7 @@ fn waiting(why: &'static str, message: impl Into<String>) -> Decided {
 }
 
 /// The pool's bootstrap data, read only when it is needed (one GET of the Secret, checked as a
-/// Machine's is): to create the set, to give it a new template, and before it is raised.
+/// Machine's is): when members are to be started.
 struct BootstrapData<'a> {
     scope: &'a Scope,
     mp: &'a MachinePool,
@@ -245,97 +232,109 @@ async fn read_config_metadata(
         )))
 }
 
-/// The pool's set, as Kairon has it: created, adopted, or with its template brought up to
-/// date. `Ok(None)`: it was just written, look again. `Err(condition)`: it cannot be used.
-async fn ensure_set(
-    s: &Scope,
-    ctx: &Context,
-    inputs: &SetInputs<'_>,
-    data: &BootstrapData<'_>,
-) -> Result<Result<Option<MachineSet>, Decided>, Error> {
+/// The pool's sets: the current revision's and those of older revisions still there.
+pub(crate) struct PoolSets {
+    pub current: MachineSet,
+    /// Older revisions' sets of this pool (not the current one).
+    pub older: Vec<MachineSet>,
+}
+
+impl PoolSets {
+    fn all(&self) -> impl Iterator<Item = &MachineSet> {
+        std::iter::once(&self.current).chain(self.older.iter())
+    }
+}
+
+/// The pool's sets, as Kairon has them: the current revision's created if missing, sets of a
+/// pool moved here adopted. `Ok(None)`: something was just written, look again.
+/// `Err(condition)`: the pool cannot go on.
+async fn ensure_sets(s: &Scope, ctx: &Context, inputs: &SetInputs<'_>) -> Result<Result<Option<PoolSets>, Decided>, Error> {
     let pool = s.pool.as_ref();
     let sets = ctx.sets();
-    let found = match ctx.cached_set(s) {
-        Some(set) => Some((*set).clone()),
-        None => sets.get(&s.ns, &s.link.name).await?,
-    };
-    let set = match found {
-        Some(set) => set,
-        None if pool.spec.provider_id.is_some() => {
-            return Ok(Err(waiting(
-                reason::MACHINE_SET_NOT_FOUND,
-                "the Kairon MachineSet spec.providerID names no longer exists",
-            )));
+    let pool_id = pool.spec.provider_id.as_deref();
+    let current_name = set_name(&s.link.name, &revision(&desired_template(inputs)));
+    let mut older = Vec::new();
+    let mut current = None;
+    let mut adopted = false;
+    for set in ctx.sets_of(s) {
+        match set_ownership(&set, &s.link, pool_id, ctx.kairon.owner()) {
+            Ownership::Ours => {}
+            Ownership::OursBeforeMove { .. } => {
+                sets.adopt(&set, &s.link.uid, &s.ns).await?;
+                ctx.events
+                    .normal(
+                        pool,
+                        event::MACHINE_SET_ADOPTED,
+                        "Adopt",
+                        format!("Kairon MachineSet {}/{} adopted", s.ns, set.name_any()),
+                    )
+                    .await;
+                adopted = true;
+                continue;
+            }
+            // Labelled with the pool's name but not provably its own: another pool's (of the
+            // same name elsewhere) or anyone's. Left alone.
+            Ownership::Foreign(_) if set.name_any() != current_name => continue,
+            Ownership::Foreign(why) => {
+                return Ok(Err(waiting(
+                    reason::INSTANCE_CONFLICT,
+                    format!("Kairon MachineSet {}/{current_name} is not this pool's: {why}", s.ns),
+                )));
+            }
         }
+        if set.name_any() == current_name {
+            current = Some((*set).clone());
+        } else {
+            older.push((*set).clone());
+        }
+    }
+    if adopted {
+        return Ok(Ok(None));
+    }
+    let current = match current {
+        Some(set) => set,
         None => {
-            let user_data = match data.read().await? {
-                Ok(d) => d,
-                Err(d) => return Ok(Err(d)),
-            };
-            let desired = desired_machine_set(inputs, user_data, 0);
-            match sets.create(desired).await? {
+            let desired = desired_machine_set(inputs, pool_id, 0);
+            let set = match sets.create(desired).await? {
                 SetCreated::New(set) => {
                     info!(set = %set.name_any(), "created Kairon MachineSet");
+                    let (reason, what) = if older.is_empty() {
+                        (event::MACHINE_SET_CREATED, "created")
+                    } else {
+                        (event::ROLLING_OUT, "created for a new revision: the pool rolls")
+                    };
                     ctx.events
                         .normal(
                             pool,
-                            event::MACHINE_SET_CREATED,
+                            reason,
                             "Create",
-                            format!("Kairon MachineSet {}/{} created", s.ns, s.link.name),
+                            format!("Kairon MachineSet {}/{current_name} {what}", s.ns),
                         )
                         .await;
-                    record_provider_id(s, ctx, &set).await?;
-                    return Ok(Ok(None));
+                    set
                 }
-                SetCreated::Existing(set) => set,
+                // Not in the cache yet, or someone else's: whose it is decides.
+                SetCreated::Existing(set) => match set_ownership(&set, &s.link, pool_id, ctx.kairon.owner()) {
+                    Ownership::Foreign(why) => {
+                        return Ok(Err(waiting(
+                            reason::INSTANCE_CONFLICT,
+                            format!("Kairon MachineSet {}/{current_name} is not this pool's: {why}", s.ns),
+                        )));
+                    }
+                    _ => set,
+                },
+            };
+            if pool_id.is_none() {
+                record_provider_id(s, ctx, &set).await?;
             }
-        }
-    };
-    match set_ownership(&set, &s.link, pool.spec.provider_id.as_deref(), ctx.kairon.owner()) {
-        Ownership::Ours => {}
-        Ownership::OursBeforeMove { .. } => {
-            sets.adopt(&set, &s.link.uid, &s.ns).await?;
-            ctx.events
-                .normal(
-                    pool,
-                    event::MACHINE_SET_ADOPTED,
-                    "Adopt",
-                    format!("Kairon MachineSet {}/{} adopted", s.ns, s.link.name),
-                )
-                .await;
             return Ok(Ok(None));
         }
-        Ownership::Foreign(why) => {
-            return Ok(Err(waiting(
-                reason::INSTANCE_CONFLICT,
-                format!("Kairon MachineSet {}/{} is not this pool's: {why}", s.ns, s.link.name),
-            )));
-        }
-    }
-    if pool.spec.provider_id.is_none() {
-        record_provider_id(s, ctx, &set).await?;
-    }
-    let want = desired_template(inputs);
-    if template_drifted(&set, &want) {
-        let user_data = match data.read().await? {
-            Ok(d) => d,
-            Err(d) => return Ok(Err(d)),
-        };
-        sets.patch_template(&set, want, user_data).await?;
-        ctx.events
-            .normal(
-                pool,
-                event::ROLLING_OUT,
-                "Update",
-                format!(
-                    "the template of Kairon MachineSet {}/{} changed: the pool rolls",
-                    s.ns, s.link.name
-                ),
-            )
-            .await;
+    };
+    if pool_id.is_none() {
+        record_provider_id(s, ctx, &current).await?;
         return Ok(Ok(None));
     }
-    Ok(Ok(Some(set)))
+    Ok(Ok(Some(PoolSets { current, older })))
 }
 
 async fn record_provider_id(s: &Scope, ctx: &Context, set: &MachineSet) -> Result<(), Error> {
@@ -351,66 +350,50 @@ async fn record_provider_id(s: &Scope, ctx: &Context, set: &MachineSet) -> Resul
         .await
 }
 
-/// An external autoscaler owns the set's size: CAPI's contract makes the provider copy it to
-/// `MachinePool.spec.replicas` (its phase says `Scaling` until they match).
-async fn report_autoscaled_replicas(s: &Scope, mp: &MachinePool, set: &MachineSet, ctx: &Context) -> Result<(), Error> {
-    if !replicas_managed_externally(mp.metadata.annotations.as_ref()) || mp.spec.replicas == Some(set.spec.replicas) {
-        return Ok(());
-    }
-    info!(
-        replicas = set.spec.replicas,
-        "the autoscaler's size of the Kairon MachineSet copied to the MachinePool"
-    );
-    Writer::<MachinePool>::new(Api::namespaced(ctx.client.clone(), &s.ns), None)
-        .merge_patch(mp, "spec.replicas", json!({"spec": {"replicas": set.spec.replicas}}))
-        .await
-}
-
 /// The plan for the pool, from the caches.
-fn plan_for(s: &Scope, mp: &MachinePool, set: &MachineSet, ctx: &Context) -> PoolPlan {
+fn plan_for(s: &Scope, mp: &MachinePool, sets: &PoolSets, ctx: &Context) -> PoolPlan {
     let pool = s.pool.as_ref();
-    let members = ctx.members_of(set);
+    let members: Vec<_> = sets.all().flat_map(|set| ctx.members_of(set)).collect();
     let kms = ctx.kaironmachines_of(s);
     let machines = ctx.machines_of(s, &mp.name_any());
     let instances = gather::instances(
-        set,
+        &sets.all().collect::<Vec<_>>(),
+        &sets.current.name_any(),
         &members.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
         &kms.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
         &machines.iter().map(AsRef::as_ref).collect::<Vec<_>>(),
     );
     let (max_surge, max_unavailable) = pool.spec.surge_and_unavailable();
-    let external = replicas_managed_externally(mp.metadata.annotations.as_ref());
     plan_pool(&PlanInput {
-        desired: if external {
-            set.spec.replicas
-        } else {
-            mp.desired_replicas()
-        },
-        replicas_managed_externally: external,
+        // With `cluster.x-k8s.io/replicas-managed-by`, whoever manages the size writes it into
+        // the MachinePool (CAPI's cluster-autoscaler does, through its scale subresource):
+        // Kairon has no autoscaler of its own, so the pool follows the MachinePool either way.
+        desired: mp.desired_replicas(),
         max_surge,
         max_unavailable,
         newest_first: pool.spec.newest_first(),
-        set_replicas: set.spec.replicas,
-        set_status_replicas: set.status.as_ref().and_then(|st| st.replicas),
+        set_replicas: sets.current.spec.replicas,
+        all_replicas: sets.all().map(|set| set.spec.replicas.max(0)).sum(),
         instances: &instances,
     })
 }
 
-/// Carries out the plan; returns whether it did anything.
+/// Carries out the plan; returns whether it did anything, or why members cannot be started.
 async fn carry_out_plan(
     s: &Scope,
     mp: &MachinePool,
-    set: &MachineSet,
+    sets: &PoolSets,
     plan: &PoolPlan,
+    data: &BootstrapData<'_>,
     ctx: &Context,
-) -> Result<bool, Error> {
+) -> Result<Result<bool, Decided>, Error> {
     let pool = s.pool.as_ref();
-    let members = ctx.members_of(set);
+    let members: Vec<_> = sets.all().flat_map(|set| ctx.members_of(set)).collect();
     let machines = ctx.machines_of(s, &mp.name_any());
     let mut busy = false;
     if let Some(r) = plan.set_replicas {
-        match ctx.sets().patch_replicas(set, r).await {
-            Ok(()) => info!(replicas = r, "scaled Kairon MachineSet"),
+        match ctx.sets().patch_replicas(&sets.current, r).await {
+            Ok(()) => info!(set = %sets.current.name_any(), replicas = r, "raised Kairon MachineSet"),
             Err(SetError::Stale { .. }) => {}
             Err(e) => return Err(e.into()),
         }
@@ -444,6 +427,35 @@ async fn carry_out_plan(
         }
         busy = true;
     }
+    if !plan.start.is_empty() {
+        // Read once, only when a member is to start: steady state makes no request.
+        let user_data = match data.read().await? {
+            Ok(d) => d,
+            Err(d) => return Ok(Err(d)),
+        };
+        let hash = bootstrap_data_hash(&user_data);
+        for name in &plan.start {
+            let Some(vm) = members.iter().find(|vm| vm.name_any() == *name) else {
+                continue;
+            };
+            let facts = GuestFacts::kairon(name);
+            let cloud_init = match translate_cloud_config(user_data.as_str(), &facts, 2 * ctx.settings.max_bootstrap_data_bytes) {
+                Ok(c) => c,
+                Err(e) => {
+                    return Ok(Err(waiting(
+                        reason::UNSUPPORTED_BOOTSTRAP_DATA,
+                        format!("the pool's bootstrap data cannot be given to Kairon: {e}"),
+                    )));
+                }
+            };
+            match ctx.kairon.start_member(vm, cloud_init, &hash).await {
+                Ok(()) => info!(instance = %name, "started a pool member with its bootstrap data"),
+                Err(crate::kairon::KaironError::StartStale { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            busy = true;
+        }
+    }
     let capi_machines: Api<capi::Machine> = Api::namespaced(ctx.client.clone(), &s.ns);
     for (name, why) in &plan.delete_machines {
         // Only a Machine of the pool as cached, and exactly it (UID precondition): a name
@@ -470,6 +482,53 @@ async fn carry_out_plan(
             }
             Err(kube::Error::Api(e)) if e.is_not_found() || e.code == 409 => {}
             Err(e) => return Err(Error::write("machine")(e)),
+        }
+        busy = true;
+    }
+    busy |= tidy_sets(s, sets, ctx).await?;
+    Ok(Ok(busy))
+}
+
+/// Forgets the release records of members that are gone, and deletes sets of older revisions
+/// that have nothing left (no replicas, no member): Kairon's set finalizer would delete any
+/// member still there, undrained.
+async fn tidy_sets(s: &Scope, sets: &PoolSets, ctx: &Context) -> Result<bool, Error> {
+    let mut busy = false;
+    for set in sets.all() {
+        let members = ctx.members_of(set);
+        let gone: Vec<String> = released_members(set)
+            .into_iter()
+            .filter(|uid| !members.iter().any(|vm| vm.metadata.uid.as_deref() == Some(uid.as_str())))
+            .collect();
+        if !gone.is_empty() {
+            match ctx.sets().forget_releases(set, &gone).await {
+                Ok(()) | Err(SetError::Stale { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            busy = true;
+        }
+    }
+    for set in &sets.older {
+        if set.spec.replicas > 0 || !ctx.members_of(set).is_empty() || set.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        // Read again from the API server: the cache may not show a member Kairon just made.
+        let Some(fresh) = ctx.sets().get(&s.ns, &set.name_any()).await? else {
+            continue;
+        };
+        if fresh.spec.replicas > 0 || fresh.status.as_ref().and_then(|st| st.replicas).unwrap_or(0) > 0 {
+            continue;
+        }
+        if ctx.sets().delete(&fresh).await? == Deletion::Started {
+            info!(set = %fresh.name_any(), "deleted the empty Kairon MachineSet of an older revision");
+            ctx.events
+                .normal(
+                    s.pool.as_ref(),
+                    event::MACHINE_SET_DELETED,
+                    "Delete",
+                    format!("Kairon MachineSet {}/{} of an older revision deleted: it is empty", s.ns, fresh.name_any()),
+                )
+                .await;
         }
         busy = true;
     }

@@ -1,8 +1,5 @@
-use capkr::kairon::machineset::{
-    MACHINESET_FINALIZER, MachineSetSpec, MachineTemplate, RollingUpdate, TemplateMetadata, UpdateStrategy,
-    update_strategy,
-};
-use capkr::kairon::{CloudInit, Image, MachineSpec, MachineStatus, Resources, UserData};
+use capkr::kairon::machineset::{MachineSetSpec, MachineTemplate};
+use capkr::kairon::{CloudInit, Image, MachineSpec, MachineStatus, Resources};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
@@ -21,38 +18,51 @@ fn set(replicas: i32) -> MachineSet {
         MachineSetSpec {
             replicas,
             template: MachineTemplate {
-                metadata: Some(TemplateMetadata {
-                    labels: Some([("role".to_string(), "worker".to_string())].into()),
-                }),
+                labels: Some([("role".to_string(), "worker".to_string())].into()),
                 spec: MachineSpec {
                     resources: Some(Resources {
                         cpu: Some("2".into()),
                         memory: None,
                     }),
                     image: image("img-1"),
-                    legacy_user_data: Some(UserData("#cloud-config token-1".into())),
+                    cloud_init: Some(CloudInit {
+                        hostname: "worker".into(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 },
             },
-            update_strategy: None,
+            strategy: None,
+            max_unavailable: None,
         },
     );
     s.metadata.namespace = Some("ns".into());
-    s.metadata.generation = Some(1);
     s.metadata.finalizers = Some(vec![MACHINESET_FINALIZER.into()]);
     s
 }
 
-/// Member `n` of `set` as Kairon made it, created at second `n`, in `phase`.
-fn made(set: &MachineSet, n: i64, phase: &str) -> Machine {
-    let mut m = member(set, &format!("pool-{n:05}"));
+fn name(n: u32) -> String {
+    format!("pool-{n:08x}")
+}
+
+fn names(ns: &[u32]) -> Vec<String> {
+    ns.iter().map(|n| name(*n)).collect()
+}
+
+/// Member `n` of `set` as Kairon made it from its template now, in `phase` (`""`: none yet).
+fn made(set: &MachineSet, n: u32, phase: &str) -> Machine {
+    let mut m = member(set, &name(n));
     m.metadata.uid = Some(format!("uid-{n}"));
-    m.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_000 + n).expect("time")));
-    m.status = Some(MachineStatus {
+    m.metadata.creation_timestamp = Some(Time(Timestamp::from_second(1_000 + i64::from(n)).expect("time")));
+    m.status = (!phase.is_empty()).then(|| MachineStatus {
         phase: Some(phase.into()),
         ..Default::default()
     });
     m
+}
+
+fn running(set: &MachineSet, ns: impl IntoIterator<Item = u32>) -> Vec<Machine> {
+    ns.into_iter().map(|n| made(set, n, phase::RUNNING)).collect()
 }
 
 fn deleted(mut m: Machine) -> Machine {
@@ -60,356 +70,381 @@ fn deleted(mut m: Machine) -> Machine {
     m
 }
 
-fn removed(mut m: Machine) -> Machine {
-    m.annotations_mut()
-        .insert(REMOVED_BY_ANNOTATION.into(), REMOVED_BY_MACHINESET.into());
+fn relabelled(mut m: Machine, hash: &str) -> Machine {
+    m.labels_mut().insert(TEMPLATE_HASH_LABEL.into(), hash.into());
     m
-}
-
-fn running(set: &MachineSet, range: std::ops::Range<i64>) -> Vec<Machine> {
-    range.map(|n| made(set, n, phase::RUNNING)).collect()
 }
 
 fn refs(members: &[Machine]) -> Vec<&Machine> {
     members.iter().collect()
 }
 
-fn names(ns: &[i64]) -> Vec<String> {
-    ns.iter().map(|n| format!("pool-{n:05}")).collect()
+fn step_of(set: &MachineSet, members: &[Machine]) -> SetStep {
+    plan(set, &refs(members)).step
 }
 
-/// Applies a plan's creates and removals the way the API server and Kairon's own finalizer
-/// would end them at once (members created Running, removed ones gone), step by step, until
-/// Kairon waits or writes status. Returns the members and the steps taken.
+fn status_of(set: &MachineSet, members: &[Machine]) -> MachineSetStatus {
+    plan(set, &refs(members)).status.expect("a status")
+}
+
+fn counts(status: &MachineSetStatus) -> (Option<i32>, Option<i32>, Option<i32>) {
+    (status.replicas, status.ready_replicas, status.updated_replicas)
+}
+
+/// Plays Kairon's ticks until it has nothing to write, with members created Running at once
+/// (named from 0x100 up) and deleted ones gone at once. The members left and the steps.
 fn settle(set: &mut MachineSet, mut members: Vec<Machine>) -> (Vec<Machine>, Vec<SetStep>) {
     let mut steps = Vec::new();
-    let mut next = 100;
-    for _ in 0..100 {
-        let step = plan(set, &refs(&members));
-        steps.push(step.clone());
-        match step {
+    let mut next = 0x100;
+    for _ in 0..200 {
+        let p = plan(set, &refs(&members));
+        if p.is_idle(set) {
+            return (members, steps);
+        }
+        if p.add_finalizer {
+            set.metadata.finalizers = Some(vec![MACHINESET_FINALIZER.into()]);
+        }
+        match &p.step {
             SetStep::Create { count } => {
-                for _ in 0..count {
+                for _ in 0..*count {
                     members.push(made(set, next, phase::RUNNING));
                     next += 1;
                 }
             }
-            SetStep::Remove { names } => members.retain(|m| !names.contains(&m.name_any())),
-            SetStep::Status(status) => set.status = Some(status),
-            SetStep::Wait => return (members, steps),
-            other => panic!("unexpected {other:?}"),
+            SetStep::Delete { names } => members.retain(|m| !names.contains(&m.name_any())),
+            SetStep::Wait => {}
+            SetStep::RemoveFinalizer => panic!("not being deleted"),
         }
+        set.status = p.status;
+        steps.push(p.step);
     }
     panic!("does not settle: {steps:?}");
 }
 
 #[test]
-fn a_set_gets_its_finalizer_first() {
+fn a_new_set_gets_its_finalizer_and_its_members_on_the_same_tick() {
     let mut s = set(3);
     s.metadata.finalizers = None;
-    assert_eq!(plan(&s, &[]), SetStep::AddFinalizer);
+    let p = plan(&s, &[]);
+    assert!(p.add_finalizer);
+    assert_eq!(p.step, SetStep::Create { count: 3 });
+    assert_eq!(counts(p.status.as_ref().expect("status")), (Some(0), Some(0), Some(0)));
+}
+
+#[test]
+fn scale_up_creates_the_gap_whatever_else_is_going_on() {
+    let s = set(5);
+    let members = running(&s, [1, 2]);
+    assert_eq!(step_of(&s, &members), SetStep::Create { count: 3 });
+
+    // Outdated members and Recreate do not delay it.
+    let mut changed = s.clone();
+    changed.spec.template.spec.image = image("img-2");
+    changed.spec.strategy = Some(strategy::RECREATE.into());
+    assert_eq!(step_of(&changed, &members), SetStep::Create { count: 3 });
+}
+
+#[test]
+fn a_member_is_the_template_with_the_two_labels_and_no_owner() {
+    let s = set(1);
+    let m = member(&s, "pool-0a1b2c3d");
+    assert_eq!(m.namespace().as_deref(), Some("ns"));
+    assert_eq!(m.labels().get("role").map(String::as_str), Some("worker"));
+    assert_eq!(m.labels().get(MACHINESET_LABEL).map(String::as_str), Some("pool"));
+    assert_eq!(m.labels().get(TEMPLATE_HASH_LABEL), Some(&template_hash(&s)));
+    assert_eq!(m.labels().len(), 3);
+    assert_eq!(m.spec, s.spec.template.spec, "the spec as it is, cloudInit included");
+    assert!(m.metadata.owner_references.is_none());
+    assert!(m.annotations().is_empty());
 }
 
 #[test]
 fn scales_0_to_20_to_5_and_reports_status() {
     let mut s = set(0);
-    let (members, _) = settle(&mut s, Vec::new());
-    assert!(members.is_empty());
-    assert_eq!(s.status.as_ref().and_then(|st| st.replicas), Some(0));
+    let (members, steps) = settle(&mut s, Vec::new());
+    assert!(members.is_empty() && steps.iter().all(|st| *st == SetStep::Wait), "{steps:?}");
+    assert_eq!(counts(s.status.as_ref().expect("status")), (Some(0), Some(0), Some(0)));
 
     s.spec.replicas = 20;
-    assert_eq!(plan(&s, &[]), SetStep::Create { count: 20 });
-    let (members, _) = settle(&mut s, members);
+    let (members, steps) = settle(&mut s, members);
+    assert_eq!(steps[0], SetStep::Create { count: 20 }, "all of the gap at once");
     assert_eq!(members.len(), 20);
-    let status = s.status.clone().expect("status");
-    assert_eq!(
-        (status.replicas, status.ready_replicas, status.updated_replicas),
-        (Some(20), Some(20), Some(20))
-    );
-    assert_eq!(status.template_hash.as_deref(), Some(template_hash(&s).as_str()));
-    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(counts(s.status.as_ref().expect("status")), (Some(20), Some(20), Some(20)));
 
     s.spec.replicas = 5;
+    let mut sorted = members.iter().map(|m| m.name_any()).collect::<Vec<_>>();
+    sorted.sort();
     let (members, _) = settle(&mut s, members);
-    assert_eq!(members.len(), 5);
-    assert_eq!(s.status.as_ref().and_then(|st| st.replicas), Some(5));
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Wait, "steady state writes nothing");
-}
-
-#[test]
-fn a_member_copies_the_template_labels_and_spec_with_user_data() {
-    let s = set(1);
-    let m = member(&s, "pool-abcde");
-    assert_eq!(m.namespace().as_deref(), Some("ns"));
-    assert_eq!(m.labels().get("role").map(String::as_str), Some("worker"));
-    assert_eq!(m.labels().get(MACHINESET_LABEL).map(String::as_str), Some("pool"));
-    assert_eq!(m.labels().get(TEMPLATE_HASH_LABEL), Some(&template_hash(&s)));
-    assert_eq!(m.spec, s.spec.template.spec, "cloudInit included");
-    assert!(m.metadata.owner_references.is_none());
-}
-
-#[test]
-fn scale_down_removes_not_running_then_outdated_then_newest() {
-    let s = set(2);
-    let mut old = made(&s, 1, phase::RUNNING);
-    old.labels_mut().insert(TEMPLATE_HASH_LABEL.into(), "outdated".into());
-    let members = vec![
-        made(&s, 0, phase::RUNNING),
-        old,
-        made(&s, 2, phase::RUNNING),
-        made(&s, 3, phase::UNKNOWN),
-        made(&s, 4, phase::RUNNING),
-    ];
-    // OnDelete, so the outdated member is no rollout.
-    let mut s = s;
-    s.spec.update_strategy = Some(UpdateStrategy {
-        type_: update_strategy::ON_DELETE.into(),
-        rolling_update: None,
-    });
     assert_eq!(
-        plan(&s, &refs(&members)),
-        SetStep::Remove {
-            names: names(&[3, 1, 4])
-        }
+        members.iter().map(|m| m.name_any()).collect::<Vec<_>>(),
+        sorted[15..],
+        "the last names stay"
     );
+    assert_eq!(s.spec.replicas, 5);
+    assert!(plan(&s, &refs(&members)).is_idle(&s), "steady state writes nothing");
 }
 
 #[test]
-fn a_member_deleted_by_someone_else_lowers_replicas_once_and_is_not_replaced() {
+fn a_member_deleted_by_someone_else_is_replaced_and_replicas_stay() {
     let mut s = set(3);
-    let mut members = running(&s, 0..3);
+    let mut members = running(&s, [1, 2, 3]);
     members[1] = deleted(members[1].clone());
-    let step = plan(&s, &refs(&members));
+    let p = plan(&s, &refs(&members));
+    assert_eq!(p.step, SetStep::Create { count: 1 });
     assert_eq!(
-        step,
-        SetStep::ScaleIn {
-            uids: vec!["uid-1".into()],
-            replicas: 2
-        }
+        counts(p.status.as_ref().expect("status")),
+        (Some(2), Some(2), Some(2)),
+        "a member being deleted is no member"
     );
-    // Kairon's write: spec.replicas and the record, in one patch.
-    s.spec.replicas = 2;
-    s.annotations_mut()
-        .extend(scale_in_records(&["uid-1".into()], &refs(&members)));
-    assert_eq!(
-        s.annotations()
-            .get("scaled-in.kairon.zyvor.dev/uid-1")
-            .map(String::as_str),
-        Some("pool-00001")
-    );
-    // The same objects again (a restart, a re-list): no second decrement, no replacement.
-    let step = plan(&s, &refs(&members));
-    assert!(matches!(step, SetStep::Status(_)), "{step:?}");
-    s.status = match step {
-        SetStep::Status(st) => Some(st),
-        _ => None,
-    };
-    assert_eq!(s.status.as_ref().and_then(|st| st.replicas), Some(2));
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Wait);
-    // The member is gone: the record goes, still nothing created.
+    // Gone meanwhile, or still held by a finalizer: the same.
     members.remove(1);
+    let (members, _) = settle(&mut s, members);
+    assert_eq!(members.len(), 3);
+    assert_eq!(s.spec.replicas, 3, "Kairon never changes spec.replicas");
+    assert!(members.iter().any(|m| m.name_any() == name(0x100)), "a new member");
+}
+
+#[test]
+fn scale_down_deletes_the_first_names_in_list_order() {
+    let mut s = set(5);
+    // Listed in any order, of any age and phase: only the names count.
+    let members = vec![
+        made(&s, 4, phase::RUNNING),
+        made(&s, 0x30, ""),
+        made(&s, 1, phase::RUNNING),
+        made(&s, 3, phase::UNKNOWN),
+        made(&s, 2, phase::RUNNING),
+        made(&s, 0x20, phase::PENDING),
+    ];
+    s.spec.replicas = 6;
+    assert_eq!(step_of(&s, &members), SetStep::Wait);
+    s.spec.replicas = 3;
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2, 3]) });
+    s.spec.replicas = -1;
     assert_eq!(
-        plan(&s, &refs(&members)),
-        SetStep::ForgetScaledIn {
-            uids: vec!["uid-1".into()]
-        }
+        step_of(&s, &members),
+        SetStep::Delete {
+            names: names(&[1, 2, 3, 4, 0x20, 0x30])
+        },
+        "below 0 is 0"
     );
-    s.annotations_mut().clear();
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Wait);
 }
 
 #[test]
-fn members_kairon_removes_itself_do_not_scale_in() {
-    let s = set(2);
-    let mut members = running(&s, 0..3);
-    members[2] = deleted(removed(members[2].clone()));
-    let step = plan(&s, &refs(&members));
-    assert!(matches!(step, SetStep::Status(_)), "{step:?}");
-    // Marked but not deleted yet (a restart between the two writes): the deletion is finished.
-    members[2] = removed(made(&s, 2, phase::RUNNING));
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Remove { names: names(&[2]) });
-}
-
-#[test]
-fn rolling_update_surges_first_and_removes_outdated_only_when_the_new_runs() {
+fn rolling_update_replaces_outdated_within_max_unavailable_counting_running_current_ones() {
     let mut s = set(3);
-    let members = running(&s, 0..3);
+    let mut members = running(&s, [1, 2, 3]);
     s.spec.template.spec.image = image("img-2");
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Create { count: 1 });
 
-    let mut members = members;
-    let mut fresh = made(&s, 10, phase::PENDING);
-    members.push(fresh.clone());
-    let step = plan(&s, &refs(&members));
-    assert!(matches!(step, SetStep::Status(_)), "waits for the new member: {step:?}");
-
-    fresh.status.as_mut().expect("status").phase = Some(phase::RUNNING.into());
-    members[3] = fresh;
-    assert_eq!(
-        plan(&s, &refs(&members)),
-        SetStep::Remove { names: names(&[2]) },
-        "the newest outdated member"
-    );
+    // available 0 Running current + 3 outdated, at least 2 must stay: one goes, the first.
+    let p = plan(&s, &refs(&members));
+    assert_eq!(p.step, SetStep::Delete { names: names(&[1]) });
+    assert_eq!(counts(p.status.as_ref().expect("status")), (Some(3), Some(0), Some(0)));
+    members[0] = deleted(members[0].clone());
+    // It is no member any more: a replacement from the new template, on the next tick.
+    assert_eq!(step_of(&s, &members), SetStep::Create { count: 1 });
+    members.remove(0);
+    members.push(made(&s, 0x10, phase::PENDING));
+    // A new member not Running yet is not available: 0 + 2 outdated, nothing more goes.
+    let p = plan(&s, &refs(&members));
+    assert_eq!(p.step, SetStep::Wait);
+    assert_eq!(counts(p.status.as_ref().expect("status")), (Some(3), Some(0), Some(1)));
+    // Running: 1 + 2 available, one more outdated goes.
+    members[2] = made(&s, 0x10, phase::RUNNING);
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[2]) });
 
     let (members, _) = settle(&mut s, members);
     assert_eq!(members.len(), 3);
     let hash = template_hash(&s);
-    assert!(
-        members
-            .iter()
-            .all(|m| m.labels().get(TEMPLATE_HASH_LABEL) == Some(&hash))
+    assert!(members.iter().all(|m| m.labels().get(TEMPLATE_HASH_LABEL) == Some(&hash)));
+    assert!(members.iter().all(|m| m.spec.image_ref() == Some("img-2")));
+    assert_eq!(counts(s.status.as_ref().expect("status")), (Some(3), Some(3), Some(3)));
+    assert_eq!(s.spec.replicas, 3, "no surge, no change of replicas");
+}
+
+#[test]
+fn rolling_update_takes_max_unavailable_as_an_integer_or_a_percentage() {
+    let old = set(4);
+    let members = running(&old, [1, 2, 3, 4]);
+    let mut s = old.clone();
+    s.spec.template.spec.image = image("img-2");
+    s.spec.max_unavailable = Some("2".into());
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2]) });
+    s.spec.max_unavailable = Some("75%".into());
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2, 3]) });
+    s.spec.max_unavailable = Some("0".into());
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1]) }, "0 counts as 1");
+    // Outdated members not Running still count as available.
+    let mut failing = members.clone();
+    failing[3] = made(&old, 4, phase::UNKNOWN);
+    s.spec.max_unavailable = None;
+    assert_eq!(step_of(&s, &failing), SetStep::Delete { names: names(&[1]) });
+}
+
+#[test]
+fn with_outdated_members_a_rolling_update_deletes_only_outdated_ones_on_that_tick() {
+    let mut s = set(2);
+    let mut members = running(&s, [1, 2, 3]);
+    members.push(relabelled(made(&s, 4, phase::RUNNING), "old"));
+    // 3 current for 2 replicas, but the outdated one goes first; the surplus on a later tick.
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[4]) });
+    members.pop();
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1]) });
+    s.spec.replicas = 3;
+    assert_eq!(step_of(&s, &members), SetStep::Wait);
+}
+
+#[test]
+fn a_released_member_is_outdated_and_goes_first_when_replicas_drop_by_one() {
+    let mut s = set(3);
+    let mut members = running(&s, [1, 2, 3]);
+    // Released last in list order, so Kairon's own pick would have been another.
+    members[2] = relabelled(members[2].clone(), "released");
+    let status = status_of(&s, &members);
+    assert_eq!(counts(&status), (Some(3), Some(2), Some(2)), "released is not updated");
+    s.spec.replicas = 2;
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[3]) });
+    let (left, steps) = settle(&mut s, members);
+    assert_eq!(steps.iter().filter(|st| matches!(st, SetStep::Delete { .. })).count(), 1);
+    assert_eq!(
+        left.iter().map(|m| m.name_any()).collect::<Vec<_>>(),
+        names(&[1, 2]),
+        "no other member"
+    );
+    assert!(steps.iter().all(|st| !matches!(st, SetStep::Create { .. })), "{steps:?}");
+}
+
+#[test]
+fn recreate_deletes_every_outdated_member_at_once_then_creates() {
+    let mut s = set(3);
+    s.spec.strategy = Some(strategy::RECREATE.into());
+    let members = running(&s, [1, 2, 3]);
+    s.spec.template.spec.image = image("img-2");
+    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2, 3]) });
+    assert_eq!(step_of(&s, &[]), SetStep::Create { count: 3 });
+    let (members, steps) = settle(&mut s, members);
+    assert_eq!(
+        steps[..2],
+        [SetStep::Delete { names: names(&[1, 2, 3]) }, SetStep::Create { count: 3 }]
     );
     assert!(members.iter().all(|m| m.spec.image_ref() == Some("img-2")));
-    assert_eq!(s.status.as_ref().and_then(|st| st.updated_replicas), Some(3));
-}
-
-#[test]
-fn rolling_update_without_surge_removes_first() {
-    let mut s = set(3);
-    let members = running(&s, 0..3);
-    s.spec.template.spec.image = image("img-2");
-    s.spec.update_strategy = Some(UpdateStrategy {
-        type_: update_strategy::ROLLING_UPDATE.into(),
-        rolling_update: Some(RollingUpdate {
-            max_surge: Some(0),
-            max_unavailable: Some(1),
-        }),
-    });
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Remove { names: names(&[2]) });
-    let (members, steps) = settle(&mut s, members);
-    assert_eq!(members.len(), 3);
-    assert!(
-        steps
-            .iter()
-            .all(|st| !matches!(st, SetStep::Create { count } if *count > 1)),
-        "{steps:?}"
+    // Nothing outdated: the surplus goes, first names first.
+    s.spec.replicas = 1;
+    assert_eq!(
+        step_of(&s, &members),
+        SetStep::Delete {
+            names: names(&[0x100, 0x101])
+        }
     );
 }
 
 #[test]
-fn on_delete_never_touches_existing_members_and_replacements_are_new() {
+fn an_unreadable_max_unavailable_is_reported_and_nothing_is_done() {
     let mut s = set(3);
-    let mut members = running(&s, 0..3);
+    let members = running(&s, [1, 2, 3]);
+    s.spec.max_unavailable = Some("lots".into());
+    assert!(plan(&s, &refs(&members)).status.expect("status").message.is_none(), "read only in a rollout");
     s.spec.template.spec.image = image("img-2");
-    s.spec.update_strategy = Some(UpdateStrategy {
-        type_: update_strategy::ON_DELETE.into(),
-        rolling_update: None,
-    });
-    let step = plan(&s, &refs(&members));
-    let SetStep::Status(status) = step else {
-        panic!("{step:?}")
-    };
-    assert_eq!((status.replicas, status.updated_replicas), (Some(3), Some(0)));
+    let p = plan(&s, &refs(&members));
+    assert_eq!(p.step, SetStep::Wait);
+    let status = p.status.expect("status");
+    assert!(
+        status.message.as_deref().is_some_and(|m| m.starts_with("spec.maxUnavailable: ")),
+        "{status:?}"
+    );
+    assert_eq!(counts(&status), (Some(3), Some(0), Some(0)), "counted all the same");
     s.status = Some(status);
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Wait);
-
-    // Its owner deletes an outdated member and, as for any deletion by someone else, the set
-    // is scaled in; raising replicas again brings a member of the new template.
-    members[0] = deleted(members[0].clone());
-    assert!(matches!(
-        plan(&s, &refs(&members)),
-        SetStep::ScaleIn { replicas: 2, .. }
-    ));
-    members.remove(0);
-    s.spec.replicas = 3;
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Create { count: 1 });
-    let created = member(&s, "pool-zzzzz");
-    assert_eq!(created.spec.image_ref(), Some("img-2"));
+    assert!(plan(&s, &refs(&members)).is_idle(&s), "written once");
+    // Below replicas, members are still created.
+    assert_eq!(step_of(&s, &members[..1]), SetStep::Create { count: 2 });
+    // Fixed: the message goes.
+    s.spec.max_unavailable = Some("1".into());
+    let p = plan(&s, &refs(&members));
+    assert_eq!(p.step, SetStep::Delete { names: names(&[1]) });
+    assert_eq!(p.status.expect("status").message, None);
 }
 
 #[test]
-fn the_template_hash_covers_labels_and_spec_but_not_user_data() {
+fn the_template_hash_covers_the_whole_template() {
     let s = set(1);
     let hash = template_hash(&s);
-    assert_eq!(hash.len(), 10);
+    assert_eq!(hash.len(), 12);
+    assert!(hash.bytes().all(|b| b.is_ascii_hexdigit()), "{hash}");
     assert_eq!(hash, template_hash(&s.clone()), "stable");
+    let mut other_name = s.clone();
+    other_name.metadata.name = Some("other".into());
+    other_name.spec.replicas = 7;
+    assert_eq!(template_hash(&other_name), hash, "the template only");
 
-    let mut user_data = s.clone();
-    user_data.spec.template.spec.legacy_user_data = Some(UserData("#cloud-config token-2".into()));
-    user_data.spec.template.spec.cloud_init = Some(CloudInit {
-        hostname: "pool-member".into(),
-        ..Default::default()
-    });
-    assert_eq!(
-        template_hash(&user_data),
-        hash,
-        "new user-data reaches new members only"
-    );
-    let members = running(&s, 0..1);
-    let mut fresh_status = user_data.clone();
-    fresh_status.status = match plan(&user_data, &refs(&members)) {
-        SetStep::Status(st) => Some(st),
-        other => panic!("{other:?}"),
-    };
-    assert_eq!(plan(&fresh_status, &refs(&members)), SetStep::Wait, "does not roll");
-    assert_eq!(
-        (
-            member(&user_data, "pool-x").spec.legacy_user_data,
-            member(&user_data, "pool-x").spec.cloud_init
-        ),
-        (
-            user_data.spec.template.spec.legacy_user_data.clone(),
-            user_data.spec.template.spec.cloud_init.clone()
-        ),
-        "but a new member gets it"
-    );
-
-    let mut labels = s.clone();
-    labels
-        .spec
-        .template
-        .metadata
-        .as_mut()
-        .and_then(|m| m.labels.as_mut())
-        .expect("labels")
-        .insert("pool".into(), "b".into());
-    assert_ne!(template_hash(&labels), hash, "a template label rolls");
-
-    let mut spec = s.clone();
-    spec.spec.template.spec.resources = Some(Resources {
-        cpu: Some("4".into()),
-        memory: None,
-    });
-    assert_ne!(template_hash(&spec), hash);
+    let changes: Vec<(&str, fn(&mut MachineTemplate))> = vec![
+        ("cloudInit", |t| {
+            t.spec.cloud_init.as_mut().expect("cloudInit").hostname = "other".into()
+        }),
+        ("cloudInit removed", |t| t.spec.cloud_init = None),
+        ("a label", |t| {
+            t.labels.as_mut().expect("labels").insert("pool".into(), "b".into());
+        }),
+        ("the image", |t| t.spec.image = image("img-2")),
+        ("the power state", |t| t.spec.power_state = Some("Stopped".into())),
+    ];
+    for (what, change) in changes {
+        let mut changed = s.clone();
+        change(&mut changed.spec.template);
+        assert_ne!(template_hash(&changed), hash, "{what}");
+        assert_eq!(
+            step_of(&changed, &running(&s, [1])),
+            SetStep::Delete { names: names(&[1]) },
+            "{what}: the member is outdated"
+        );
+    }
 }
 
 #[test]
-fn a_failed_member_is_kept_and_counted_but_not_ready() {
-    let s = set(3);
-    let mut members = running(&s, 0..2);
-    members.push(made(&s, 2, phase::UNKNOWN));
-    let step = plan(&s, &refs(&members));
-    let SetStep::Status(status) = step else {
-        panic!("{step:?}")
-    };
-    assert_eq!((status.replicas, status.ready_replicas), (Some(3), Some(2)));
+fn ready_counts_running_members_of_the_current_template_only() {
+    let s = set(4);
+    let members = vec![
+        made(&s, 1, phase::RUNNING),
+        made(&s, 2, phase::UNKNOWN),
+        made(&s, 3, ""),
+        relabelled(made(&s, 4, phase::RUNNING), "old"),
+        deleted(made(&s, 5, phase::RUNNING)),
+    ];
+    assert_eq!(counts(&status_of(&s, &members)), (Some(4), Some(1), Some(3)));
 }
 
 #[test]
 fn labels_added_to_a_member_later_are_kept_and_do_not_roll() {
     let mut s = set(1);
-    let mut members = running(&s, 0..1);
+    let mut members = running(&s, [1]);
     members[0].labels_mut().insert("extra".into(), "yes".into());
-    let (after, _) = settle(&mut s, members.clone());
+    let (after, steps) = settle(&mut s, members.clone());
     assert_eq!(after, members);
+    assert!(steps.iter().all(|st| *st == SetStep::Wait), "{steps:?}");
 }
 
 #[test]
-fn a_deleted_set_removes_every_member_then_its_finalizer() {
+fn a_deleted_set_deletes_every_labelled_machine_then_drops_its_finalizer() {
     let mut s = set(3);
     s.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(9_000).expect("time")));
-    let mut members = running(&s, 0..3);
-    members[0] = deleted(members[0].clone());
-    assert_eq!(plan(&s, &refs(&members)), SetStep::Remove { names: names(&[1, 2]) });
-    let terminating: Vec<Machine> = members.into_iter().map(deleted).collect();
+    let mut members = running(&s, [3, 1, 2]);
+    members[1] = deleted(members[1].clone());
+    // An outdated one too: it carries the label.
+    members.push(relabelled(made(&s, 4, phase::RUNNING), "released"));
+    let p = plan(&s, &refs(&members));
     assert_eq!(
-        plan(&s, &refs(&terminating)),
-        SetStep::Wait,
-        "no scale-in while deleting"
+        p,
+        SetPlan {
+            add_finalizer: false,
+            step: SetStep::Delete { names: names(&[2, 3, 4]) },
+            status: None
+        }
     );
-    assert_eq!(plan(&s, &[]), SetStep::RemoveFinalizer);
+    let terminating: Vec<Machine> = members.into_iter().map(deleted).collect();
+    assert!(plan(&s, &refs(&terminating)).is_idle(&s), "waits for them to go");
+    assert_eq!(plan(&s, &[]).step, SetStep::RemoveFinalizer);
     s.metadata.finalizers = None;
-    assert_eq!(plan(&s, &[]), SetStep::Wait);
+    assert!(plan(&s, &[]).is_idle(&s));
+    assert!(plan(&s, &refs(&running(&s, [1]))).is_idle(&s), "without the finalizer, left alone");
 }
 
 #[test]
@@ -420,7 +455,12 @@ fn membership_is_the_label_in_the_sets_namespace() {
     let mut elsewhere = m.clone();
     elsewhere.metadata.namespace = Some("other".into());
     assert!(!is_member(&s, &elsewhere));
-    let mut other = m;
+    let mut other = m.clone();
     other.labels_mut().insert(MACHINESET_LABEL.into(), "pool2".into());
     assert!(!is_member(&s, &other));
+    // Others' Machines are no members, however many.
+    assert_eq!(
+        plan(&s, &[&elsewhere, &other]).step,
+        SetStep::Create { count: 1 }
+    );
 }

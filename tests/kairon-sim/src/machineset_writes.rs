@@ -1,26 +1,31 @@
-//! Writes of Kairon's MachineSet policy ([`crate::machineset`]): the set's finalizer, spec
-//! (scale-in) and status as merge patches on the resourceVersion they were decided on; members
-//! created from the template, and removed (marked `removed-by: machineset`, then deleted on
-//! their uid). A conflict returns the set as it is now, so the next decision is made on it.
+//! Writes of Kairon's MachineSet policy ([`crate::machineset`]), in the order of a Kairon
+//! tick: the set's finalizer (a merge patch on the resourceVersion it was decided on), then the
+//! step (members created from the template as `<set>-<8 hex>`, or deleted on their uid, or the
+//! set's finalizer removed), then the status through the status subresource, with the error
+//! in `message` when the step failed. A conflict on the set returns it as it is now, and
+//! nothing more is written: the next decision is made on it.
 
 use capkr::kairon::Machine;
-use capkr::kairon::machineset::{MACHINESET_FINALIZER, MachineSet, REMOVED_BY_ANNOTATION, REMOVED_BY_MACHINESET};
+use capkr::kairon::machineset::{MACHINESET_FINALIZER, MachineSet};
 use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::{Api, Client, ResourceExt};
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::machines::{patch_params, post_params};
-use crate::machineset::{self, SetStep, scaled_in_annotation};
+use crate::machineset::{self, SetPlan, SetStep};
 use crate::site_writes::{Written, fresh, write_status};
 
-/// How a step's writes ended.
+/// How a plan's writes ended.
 pub struct SetOutcome {
-    /// The set as it is now, when the step wrote it.
+    /// The set as it is now, when a write touched it.
     pub set: Option<Written<MachineSet>>,
-    /// Members the step created (to be seen by the Machine watch before the next decision).
+    /// Members created (to be seen by the Machine watch before the next decision).
     pub created: Vec<Machine>,
-    /// Members as the step left them (marked, being deleted).
+    /// Members deleted and still there (held by a finalizer), as the deletion left them.
     pub removed: Vec<Machine>,
+    /// Members deleted and gone at once (no finalizer), as they were before (to be seen gone
+    /// by the Machine watch before the next decision).
+    pub vanished: Vec<Machine>,
     pub error: Option<kube::Error>,
 }
 
@@ -38,132 +43,137 @@ impl SetWriter {
         Api::namespaced(self.client.clone(), &set.namespace().unwrap_or_default())
     }
 
-    fn machines(&self, set: &MachineSet) -> Api<Machine> {
-        Api::namespaced(self.client.clone(), &set.namespace().unwrap_or_default())
+    fn machines(&self, namespace: Option<String>) -> Api<Machine> {
+        Api::namespaced(self.client.clone(), &namespace.unwrap_or_default())
     }
 
-    /// Carries out `step` for `set`, whose members are `members`.
-    pub async fn apply(&self, set: &MachineSet, members: &[Machine], step: SetStep) -> SetOutcome {
+    /// Carries out `plan` for `set`; `members` are the Machines it was planned over.
+    pub async fn apply(&self, set: &MachineSet, members: &[Machine], plan: SetPlan) -> SetOutcome {
         let mut outcome = SetOutcome {
             set: None,
             created: Vec::new(),
             removed: Vec::new(),
+            vanished: Vec::new(),
             error: None,
         };
-        let mut finalizers = set.finalizers().to_vec();
-        let patch = match step {
-            SetStep::Wait => return outcome,
-            SetStep::AddFinalizer => {
-                finalizers.push(MACHINESET_FINALIZER.into());
-                json!({"metadata": {"finalizers": finalizers}})
+        let mut set = set.clone();
+        if plan.add_finalizer {
+            let mut finalizers = set.finalizers().to_vec();
+            finalizers.push(MACHINESET_FINALIZER.into());
+            match self.patch_set(&set, json!({"metadata": {"finalizers": finalizers}})).await {
+                Ok(written) => set = written.clone(),
+                Err(stop) => {
+                    outcome.set = Some(stop);
+                    return outcome;
+                }
             }
-            SetStep::RemoveFinalizer => {
-                finalizers.retain(|f| f != MACHINESET_FINALIZER);
-                json!({"metadata": {"finalizers": finalizers}})
-            }
-            SetStep::ScaleIn { uids, replicas } => {
-                let members: Vec<&Machine> = members.iter().collect();
-                let records = machineset::scale_in_records(&uids, &members);
-                json!({"metadata": {"annotations": records}, "spec": {"replicas": replicas}})
-            }
-            SetStep::ForgetScaledIn { uids } => {
-                let records: Map<String, Value> = uids.iter().map(|u| (scaled_in_annotation(u), Value::Null)).collect();
-                json!({"metadata": {"annotations": records}})
-            }
-            SetStep::Status(status) => {
-                outcome.set = Some(write_status(&self.sets(set), set, set.status.as_ref(), &status).await);
-                return outcome;
-            }
+            outcome.set = Some(Written::Object(Box::new(set.clone())));
+        }
+
+        let mut failure = None;
+        match &plan.step {
+            SetStep::Wait => {}
             SetStep::Create { count } => {
-                for _ in 0..count {
+                for _ in 0..*count {
                     let name = format!("{}-{}", set.name_any(), random_suffix());
                     match self
-                        .machines(set)
-                        .create(&post_params(), &machineset::member(set, &name))
+                        .machines(set.namespace())
+                        .create(&post_params(), &machineset::member(&set, &name))
                         .await
                     {
                         Ok(m) => outcome.created.push(m),
-                        // A name taken: the next decision creates another.
-                        Err(kube::Error::Api(s)) if s.code == 409 => break,
                         Err(e) => {
+                            failure = Some(format!(
+                                "create machine for machineset {}/{}: {e}",
+                                set.namespace().unwrap_or_default(),
+                                set.name_any()
+                            ));
                             outcome.error = Some(e);
                             break;
                         }
                     }
                 }
-                return outcome;
             }
-            SetStep::Remove { names } => {
-                for m in members.iter().filter(|m| names.contains(&m.name_any())) {
-                    match self.remove(m).await {
-                        Ok(Some(m)) => outcome.removed.push(m),
-                        Ok(None) => {}
+            SetStep::Delete { names } => {
+                for name in names {
+                    let Some(m) = members.iter().find(|m| m.name_any() == *name) else {
+                        continue;
+                    };
+                    match self.delete(m).await {
+                        Ok(Some(left)) => outcome.removed.push(left),
+                        Ok(None) => outcome.vanished.push(m.clone()),
                         Err(e) => {
+                            failure = Some(format!(
+                                "delete machine {}/{}: {e}",
+                                m.namespace().unwrap_or_default(),
+                                m.name_any()
+                            ));
                             outcome.error = Some(e);
                             break;
                         }
                     }
                 }
+            }
+            SetStep::RemoveFinalizer => {
+                let mut finalizers = set.finalizers().to_vec();
+                finalizers.retain(|f| f != MACHINESET_FINALIZER);
+                outcome.set = Some(
+                    match self.patch_set(&set, json!({"metadata": {"finalizers": finalizers}})).await {
+                        Ok(written) => Written::Object(Box::new(written)),
+                        Err(stop) => stop,
+                    },
+                );
                 return outcome;
             }
-        };
-        outcome.set = Some(self.patch_set(set, patch).await);
+        }
+
+        if let Some(mut status) = plan.status {
+            if failure.is_some() {
+                status.message = failure;
+            }
+            let written = write_status(&self.sets(&set), &set, set.status.as_ref(), &status).await;
+            if let Written::Failed(e) = written {
+                outcome.error.get_or_insert(e);
+            } else {
+                outcome.set = Some(written);
+            }
+        }
         outcome
     }
 
-    /// A merge patch of the set on the resourceVersion it was decided on.
-    async fn patch_set(&self, set: &MachineSet, mut patch: Value) -> Written<MachineSet> {
+    /// A merge patch of the set on the resourceVersion it was decided on: the set written, or
+    /// how the write stopped (a conflict: the set as it is now).
+    async fn patch_set(&self, set: &MachineSet, mut patch: Value) -> Result<MachineSet, Written<MachineSet>> {
         patch["metadata"]["resourceVersion"] = json!(set.resource_version());
         let api = self.sets(set);
         let name = set.name_any();
         match api.patch(&name, &patch_params(), &Patch::Merge(&patch)).await {
-            Ok(written) => Written::Object(Box::new(written)),
-            Err(kube::Error::Api(s)) if s.code == 404 => Written::Gone,
-            Err(kube::Error::Api(s)) if s.code == 409 => fresh(&api, &name).await,
-            Err(e) => Written::Failed(e),
+            Ok(written) => Ok(written),
+            Err(kube::Error::Api(s)) if s.code == 404 => Err(Written::Gone),
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(fresh(&api, &name).await),
+            Err(e) => Err(Written::Failed(e)),
         }
     }
 
-    /// Marks a member as Kairon's own removal, then deletes it (that very object: its uid).
-    /// The member as it is left; `None` when it is gone or changed meanwhile (decided again).
-    async fn remove(&self, m: &Machine) -> Result<Option<Machine>, kube::Error> {
-        let api = self.machines_of(m);
-        let name = m.name_any();
-        let marked = if m.annotations().get(REMOVED_BY_ANNOTATION).map(String::as_str) == Some(REMOVED_BY_MACHINESET) {
-            m.clone()
-        } else {
-            let patch = json!({"metadata": {"resourceVersion": m.resource_version(),
-                "annotations": {REMOVED_BY_ANNOTATION: REMOVED_BY_MACHINESET}}});
-            match api.patch(&name, &patch_params(), &Patch::Merge(&patch)).await {
-                Ok(marked) => marked,
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(None),
-                Err(e) => return Err(e),
-            }
-        };
+    /// Deletes a member, that very object (its uid). `Some`: still there, being deleted;
+    /// `None`: gone (at once, or already, or replaced by a namesake meanwhile).
+    async fn delete(&self, m: &Machine) -> Result<Option<Machine>, kube::Error> {
         let params = DeleteParams {
             preconditions: Some(Preconditions {
-                uid: marked.uid(),
+                uid: m.uid(),
                 resource_version: None,
             }),
             ..Default::default()
         };
-        match api.delete(&name, &params).await {
+        match self.machines(m.namespace()).delete(&m.name_any(), &params).await {
             Ok(either) => Ok(either.left()),
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(None),
             Err(e) => Err(e),
         }
     }
-
-    fn machines_of(&self, m: &Machine) -> Api<Machine> {
-        Api::namespaced(self.client.clone(), &m.namespace().unwrap_or_default())
-    }
 }
 
-/// Five random characters, as Kubernetes' generated names (lower-case letters and digits that
-/// spell no words).
+/// Eight random hex digits, as Kairon names a new member.
 fn random_suffix() -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5)
-        .map(|_| char::from(ALPHABET[fastrand::usize(..ALPHABET.len())]))
-        .collect()
+    format!("{:08x}", fastrand::u32(..))
 }

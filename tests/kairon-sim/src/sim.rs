@@ -157,10 +157,16 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
         // As kairon-node: the Machine keeps its last phase while the VM is torn down.
         return if due { Step::ReleaseFinalizer } else { Step::Wait };
     }
+    let wanted = desired_power(m);
+    // As kairon-controller: a Machine never scheduled and asked to be Stopped or Halted is
+    // left alone (no node, so no kairon-node adds its finalizer or writes a status) until it
+    // is asked to run.
+    if never_scheduled(m) && matches!(wanted, power::STOPPED | power::HALTED) {
+        return Step::Wait;
+    }
     if !has_finalizer(m) {
         return Step::AddFinalizer;
     }
-    let wanted = desired_power(m);
     match phase_of(m) {
         None => Step::Accept,
         Some(phase::PENDING) if due => Step::Place,
@@ -179,6 +185,15 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
             }
         }
         _ => Step::Wait,
+    }
+}
+
+/// No host chosen yet: no phase, or `Pending` without a node.
+fn never_scheduled(m: &Machine) -> bool {
+    match phase_of(m) {
+        None => true,
+        Some(phase::PENDING) => m.status.as_ref().and_then(|s| s.node_name.as_deref()).is_none(),
+        Some(_) => false,
     }
 }
 

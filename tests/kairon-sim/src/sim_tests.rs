@@ -79,6 +79,36 @@ fn phase_transitions() {
 }
 
 #[test]
+fn a_machine_created_stopped_or_halted_is_left_alone_until_it_is_asked_to_run() {
+    let new = |finalizer: bool, power: Option<&str>| {
+        let mut m = machine(None, finalizer, false, &[]);
+        m.spec.power_state = power.map(str::to_string);
+        m
+    };
+    let mut pending_unplaced = machine(Some(phase::PENDING), true, false, &[]);
+    pending_unplaced.spec.power_state = Some(power::STOPPED.into());
+    let mut deleted = new(false, Some(power::STOPPED));
+    deleted.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+    #[rustfmt::skip]
+    let cases: Vec<(&str, Machine, bool, Step)> = vec![
+        ("Stopped: no finalizer, no status", new(false, Some(power::STOPPED)), true, Step::Wait),
+        ("Halted: no finalizer, no status", new(false, Some(power::HALTED)), true, Step::Wait),
+        ("Stopped with a finalizer someone added: still no status", new(true, Some(power::STOPPED)), true, Step::Wait),
+        ("Paused is scheduled as usual", new(false, Some(power::PAUSED)), false, Step::AddFinalizer),
+        ("asked to run: the finalizer, as any new Machine", new(false, Some(power::RUNNING)), false, Step::AddFinalizer),
+        ("powerState removed: the same", new(false, None), false, Step::AddFinalizer),
+        ("then accepted", new(true, Some(power::RUNNING)), false, Step::Accept),
+        ("Pending without a host, Stopped asked: not placed", pending_unplaced.clone(), true, Step::Wait),
+        ("deleted before it ever ran, no finalizer: left to go", deleted, true, Step::Wait),
+    ];
+    for (name, m, due, want) in cases {
+        assert_eq!(next_step(&m, due), want, "{name}");
+    }
+    pending_unplaced.spec.power_state = Some(power::RUNNING.into());
+    assert_eq!(next_step(&pending_unplaced, true), Step::Place, "placed once asked to run");
+}
+
+#[test]
 fn power_states_write_what_kairon_node_writes() {
     let now = Timestamp::UNIX_EPOCH;
     let mut m = machine(Some(phase::RUNNING), true, false, &[]);

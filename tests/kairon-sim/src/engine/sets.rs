@@ -1,8 +1,11 @@
 //! The engine's part that plays Kairon's MachineSets: a watch (as wide as the one on
-//! Machines) feeds an in-memory view; the pure policy of [`crate::machineset`] decides one step
-//! per set over the set and its members; the step's writes run as a task, one per set in
-//! flight. A set whose created members the Machine watch has not shown yet is not decided
-//! again (it would create them twice).
+//! Machines) feeds an in-memory view; the pure policy of [`crate::machineset`] plays one
+//! Kairon tick per set over the set and the Machines; the tick's writes run as a task, one per
+//! set in flight. Sets are decided on every change and at every engine tick (at least every
+//! [`super::TICK`]), so a set is looked at again periodically, as Kairon's reconcile loop
+//! does every 5 s, only more often. A set is not decided again before the Machine watch has
+//! shown the members it just created and no longer shows the ones it just deleted (it would
+//! count them wrong: create twice, or delete more than allowed).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -33,8 +36,8 @@ pub(super) struct Sets {
     listing: Option<HashSet<Key>>,
     synced: bool,
     busy: HashSet<Key>,
-    /// Members created per set that the Machine watch has not shown yet.
-    awaited: HashMap<Key, Vec<Key>>,
+    /// Per set, what the Machine watch has yet to show of its last writes.
+    awaited: HashMap<Key, Vec<Awaited>>,
     retry_at: Option<Instant>,
     /// Something changed: decide again.
     pub dirty: bool,
@@ -62,6 +65,25 @@ impl Sets {
     pub fn relisted(&mut self) {
         self.awaited.clear();
         self.dirty = true;
+    }
+}
+
+/// A write the Machine watch has yet to show.
+enum Awaited {
+    /// A member created.
+    Created(Key),
+    /// A member deleted and gone at once (its uid).
+    Gone(Key, Option<String>),
+}
+
+impl Awaited {
+    fn shown(&self, machines: &HashMap<Key, Machine>) -> bool {
+        match self {
+            Self::Created(key) => machines.contains_key(key),
+            Self::Gone(key, uid) => machines
+                .get(key)
+                .is_none_or(|m| m.metadata.uid != *uid || m.metadata.deletion_timestamp.is_some()),
+        }
     }
 }
 
@@ -129,9 +151,11 @@ impl Engine {
             Some(Written::Failed(e)) => failed = Some(e),
             _ => {}
         }
-        if !outcome.created.is_empty() {
-            let created = outcome.created.iter().map(Key::of);
-            self.sets.awaited.entry(key.clone()).or_default().extend(created);
+        let created = outcome.created.iter().map(|m| Awaited::Created(Key::of(m)));
+        let gone = outcome.vanished.iter().map(|m| Awaited::Gone(Key::of(m), m.metadata.uid.clone()));
+        let awaited: Vec<Awaited> = created.chain(gone).collect();
+        if !awaited.is_empty() {
+            self.sets.awaited.entry(key.clone()).or_default().extend(awaited);
         }
         for m in outcome.removed {
             self.store_if_known(m);
@@ -156,7 +180,7 @@ impl Engine {
         let machines = &self.machines;
         self.sets
             .awaited
-            .retain(|_, created| !created.iter().all(|k| machines.contains_key(k)));
+            .retain(|_, awaited| !awaited.iter().all(|a| a.shown(machines)));
         let mut keys: Vec<Key> = self
             .sets
             .sets
@@ -170,17 +194,21 @@ impl Engine {
                 continue;
             };
             let members: Vec<Machine> = self.machines.values().filter(|m| is_member(&set, m)).cloned().collect();
-            let step = plan(&set, &members.iter().collect::<Vec<_>>());
-            match &step {
-                SetStep::Wait => continue,
-                SetStep::Status(_) | SetStep::AddFinalizer => {}
-                step => tracing::info!(machineset = %key, ?step, "MachineSet"),
+            let plan = plan(&set, &members.iter().collect::<Vec<_>>());
+            if plan.is_idle(&set) {
+                continue;
+            }
+            if plan.step != SetStep::Wait {
+                tracing::info!(machineset = %key, step = ?plan.step, "MachineSet");
+            }
+            if let Some(message) = plan.status.as_ref().and_then(|s| s.message.as_deref()) {
+                tracing::warn!(machineset = %key, %message, "MachineSet cannot be reconciled");
             }
             self.sets.busy.insert(key.clone());
             let (writer, permits, tx) = (self.sets.writer.clone(), self.permits.clone(), self.done_tx.clone());
             tokio::spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                let outcome = writer.apply(&set, &members, step).await;
+                let outcome = writer.apply(&set, &members, plan).await;
                 let _ = tx.send(Done::Set(SetDone { key, outcome }));
             });
         }
