@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use capkr::api::{KaironClusterIdentity, KaironMachine, KaironMachinePool};
 use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
+use capkr_testenv::cluster::pool_selector;
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::{
@@ -441,7 +442,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     let set_before = match pool_workers {
         0 => None,
         _ => {
-            let set = sets.get(&pool_name).await.expect("the pool's Kairon MachineSet");
+            let set = pool_set(&sets, &pool_name).await.expect("the pool's Kairon MachineSet");
             let members = pool_members(&vms, &pool_name).await;
             assert_eq!(members.len(), pool_workers, "the set's members: {members:?}");
             assert_eq!(
@@ -615,7 +616,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         "the source manager deleted a VM:\n{src_log}"
     );
     if let Some(set_uid) = &set_before {
-        let set = sets.get(&pool_name).await.unwrap();
+        let set = pool_set(&sets, &pool_name).await.unwrap();
         assert_eq!(
             set.metadata.uid.as_ref(),
             Some(set_uid),
@@ -668,7 +669,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             old.iter().all(|(n, uid)| members.get(n) == Some(uid)),
             "the pool's VMs from before the move kept: {old:?} -> {members:?}"
         );
-        let set = sets.get(&pool_name).await.unwrap();
+        let set = pool_set(&sets, &pool_name).await.unwrap();
         assert_eq!(set.metadata.uid.as_ref(), Some(set_uid), "the same Kairon MachineSet");
         assert_eq!(set.spec.replicas as usize, pool_workers + 1);
         eprintln!(
@@ -834,9 +835,16 @@ async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize, pool: usiz
     .await;
 }
 
-/// The members of Kairon MachineSet `set` (its label), UIDs by name.
-async fn pool_members(vms: &Api<kairon::Machine>, set: &str) -> BTreeMap<String, String> {
-    vms.list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={set}")))
+/// The pool's one Kairon MachineSet (of its only revision).
+async fn pool_set(sets: &Api<MachineSet>, pool: &str) -> Result<MachineSet, kube::Error> {
+    let mut items = sets.list(&ListParams::default().labels(&pool_selector(pool))).await?.items;
+    assert_eq!(items.len(), 1, "one Kairon MachineSet of pool {pool}");
+    Ok(items.remove(0))
+}
+
+/// The members of pool `pool`'s Kairon MachineSets (their template's label), UIDs by name.
+async fn pool_members(vms: &Api<kairon::Machine>, pool: &str) -> BTreeMap<String, String> {
+    vms.list(&ListParams::default().labels(&pool_selector(pool)))
         .await
         .expect("list the set's members")
         .items
@@ -858,7 +866,7 @@ async fn pool_adopted_by_the_target(
 ) {
     wait("the target's pool provisioned on the set it had", || async {
         let kmp = dst.kmps().get(pool).await?;
-        let set = sets.get(pool).await?;
+        let set = pool_set(sets, pool).await?;
         let st = kmp.status.unwrap_or_default();
         Ok::<_, kube::Error>(
             st.is_provisioned()

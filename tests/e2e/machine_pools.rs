@@ -1,12 +1,13 @@
 //! MachinePools on Kairon's MachineSet, with the real CAPI controllers: a KaironMachinePool
-//! backed by one Kairon MachineSet, one KaironMachine (and so one CAPI Machine) per VM.
+//! backed by one Kairon MachineSet per revision, one KaironMachine (and so one CAPI Machine)
+//! per VM, each VM started by the pool with its own bootstrap data.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::common::{Rig, RigOptions};
-use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
-use capkr_testenv::cluster::{machine_image, machine_pool_yaml};
+use capkr::kairon::machineset::MachineSet;
+use capkr_testenv::cluster::{machine_image, machine_pool_yaml, pool_selector};
 use capkr_testenv::{capi_resource, infrastructure_resource};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -43,6 +44,26 @@ pub(crate) async fn scale_pool(rig: &Rig, pool: &str, replicas: usize) {
         )
         .await
         .expect("scale MachinePool");
+}
+
+/// The pool's Kairon MachineSets (one per revision still there), by name.
+pub(crate) async fn pool_sets(rig: &Rig, pool: &str) -> Vec<MachineSet> {
+    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+    let mut sets = sets.list(&ListParams::default().labels(&pool_selector(pool))).await.unwrap().items;
+    sets.sort_by_key(|s| s.name_any());
+    sets
+}
+
+/// The members of the pool's sets, by name.
+pub(crate) async fn pool_members(rig: &Rig, pool: &str) -> BTreeMap<String, capkr::kairon::Machine> {
+    rig.vms()
+        .list(&ListParams::default().labels(&pool_selector(pool)))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|vm| (vm.name_any(), vm))
+        .collect()
 }
 
 /// Waits until the pool has `n` Machines, each Running with a Node, and the MachinePool
@@ -92,7 +113,7 @@ pub(crate) fn pool_vm_spec(image: &str) -> String {
 
 /// A rig (namespace `name`, manager, simulator) whose cluster has its control plane running and
 /// a MachinePool `<cluster>-mp-0` of `replicas` on a KaironMachinePool whose Kairon MachineSet
-/// exists and is provisioned; returns the rig and the pool's name.
+/// (of its current revision) exists and is provisioned; returns the rig and the pool's name.
 pub(crate) async fn rig_with_pool(name: &'static str, replicas: usize, audit: bool) -> (Rig, String) {
     let rig = Rig::start(RigOptions {
         workers: 0,
@@ -109,25 +130,24 @@ pub(crate) async fn rig_with_pool(name: &'static str, replicas: usize, audit: bo
         )
         .await
         .expect("pool objects apply");
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
     rig.wait("the pool's Kairon MachineSet, provisioned", UP, || async {
         let kmp = kmps(&rig).get(&pool).await?;
         let ready = kmp.data["status"]["ready"] == true && kmp.data["status"]["initialization"]["provisioned"] == true;
-        Ok::<_, kube::Error>((ready && sets.get_opt(&pool).await?.is_some()).then_some(()))
+        Ok::<_, kube::Error>((ready && pool_sets(&rig, &pool).await.len() == 1).then_some(()))
     })
     .await;
     (rig, pool)
 }
 
-/// A pool 0 → 3 → 1: its VMs come from one Kairon MachineSet, each with a KaironMachine and a
-/// Machine with a Node; the two Machines marked `cluster.x-k8s.io/delete-machine` are the ones
-/// whose VMs go, each drained before its VM is deleted (held by a pre-drain hook, a Machine
-/// being deleted keeps its VM); no VM is replaced. Then the pool
-/// deleted leaves no Kairon MachineSet, member or KaironMachine.
+/// A pool 0 → 3 → 1: its VMs come from one Kairon MachineSet, each started by the pool with its
+/// own hostname, each with a KaironMachine and a Machine with a Node; the two Machines marked
+/// `cluster.x-k8s.io/delete-machine` are the ones whose VMs go, each drained before its VM is
+/// deleted (held by a pre-drain hook, a Machine being deleted keeps its VM); Kairon replaces
+/// none and deletes none of its own choice. Then the pool deleted leaves no Kairon MachineSet,
+/// member or KaironMachine.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then_deletion_leaves_nothing() {
     let (rig, pool) = rig_with_pool("machine_pool", 0, true).await;
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
 
     let started = Instant::now();
     let from = rig.audit_len();
@@ -142,20 +162,26 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     tokio::time::sleep(Duration::from_secs(20)).await;
     let writes = rig.manager_writes(from, None);
     assert!(writes.is_empty(), "the manager wrote at steady state: {writes:?}");
-    let set = sets.get(&pool).await.unwrap();
-    let vms = rig.vm_map().await;
-    let members: BTreeSet<String> = vms
-        .values()
-        .filter(|vm| vm.labels().get(MACHINESET_LABEL) == Some(&pool))
-        .map(|vm| vm.name_any())
-        .collect();
+    let sets = pool_sets(&rig, &pool).await;
+    assert_eq!(sets.len(), 1, "one revision, one set");
+    let set = &sets[0];
+    let vms = pool_members(&rig, &pool).await;
+    let members: BTreeSet<String> = vms.keys().cloned().collect();
     assert_eq!(members.len(), 3, "three members: {members:?}");
     assert_eq!(set.spec.replicas, 3);
+    assert_eq!(
+        set.spec.template.spec.power_state.as_deref(),
+        Some("Stopped"),
+        "Kairon makes members Stopped"
+    );
+    assert!(set.spec.template.spec.cloud_init.is_none(), "no bootstrap data in the set");
+    for (name, vm) in &vms {
+        assert_eq!(vm.spec.power_state.as_deref(), Some("Running"), "{name}: started by the pool");
+        let hostname = vm.spec.cloud_init.as_ref().map(|c| c.hostname.as_str());
+        assert_eq!(hostname, Some(name.as_str()), "{name}: its own hostname");
+    }
     let kmp = kmps(&rig).get(&pool).await.unwrap();
-    let mut ids: Vec<String> = members
-        .iter()
-        .map(|m| format!("kairon://{}", vms[m].metadata.uid.clone().unwrap_or_default()))
-        .collect();
+    let mut ids: Vec<String> = members.iter().map(|m| format!("kairon://{m}")).collect();
     ids.sort();
     assert_eq!(kmp.data["spec"]["providerIDList"], json!(ids), "providerIDList");
     assert_eq!(kmp.data["status"]["replicas"], 3);
@@ -169,13 +195,7 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
         let km = rig.kms().get(&m.name_any()).await.unwrap();
         assert_eq!(
             km.spec.provider_id.as_deref(),
-            Some(
-                format!(
-                    "kairon://{}",
-                    vms[&m.name_any()].metadata.uid.clone().unwrap_or_default()
-                )
-                .as_str()
-            )
+            Some(format!("kairon://{}", m.name_any()).as_str())
         );
         assert!(
             km.owner_references()
@@ -269,18 +289,16 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     }
     let left = wait_pool_running(&rig, &pool, 1).await;
     assert_eq!(left[0].name_any(), kept, "the unmarked Machine stays");
-    let vms = rig.vm_map().await;
-    let members: Vec<&String> = vms
-        .iter()
-        .filter(|(_, vm)| vm.labels().get(MACHINESET_LABEL) == Some(&pool))
-        .map(|(n, _)| n)
-        .collect();
+    // Kairon's own tick runs every few seconds: long enough for it to replace a member or
+    // pick one of its own.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let vms = pool_members(&rig, &pool).await;
+    let members: Vec<&String> = vms.keys().collect();
     assert_eq!(members, [&kept], "no VM replaced, the kept one untouched");
     assert_eq!(vms[&kept].metadata.uid, kept_uid);
-    rig.wait("the set scaled in to one", UP, || async {
-        Ok::<_, kube::Error>((sets.get(&pool).await?.spec.replicas == 1).then_some(()))
-    })
-    .await;
+    assert!(vms[&kept].metadata.deletion_timestamp.is_none());
+    let sets = pool_sets(&rig, &pool).await;
+    assert_eq!(sets.iter().map(|s| s.spec.replicas).sum::<i32>(), 1, "the set released both");
 
     // The pool deleted: nothing of it is left on Kairon.
     let started = Instant::now();
@@ -290,12 +308,8 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
         UP,
         || async {
             let kmp = kmps(&rig).get_opt(&pool).await?;
-            let set = sets.get_opt(&pool).await?;
-            let members = rig
-                .vms()
-                .list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={pool}")))
-                .await?
-                .items;
+            let sets = pool_sets(&rig, &pool).await;
+            let members = pool_members(&rig, &pool).await;
             let kms: Vec<_> = rig
                 .kms()
                 .list(&ListParams::default())
@@ -307,7 +321,7 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
                         .contains_key("infrastructure.cluster.x-k8s.io/kaironmachinepool-name")
                 })
                 .collect();
-            Ok::<_, kube::Error>((kmp.is_none() && set.is_none() && members.is_empty() && kms.is_empty()).then_some(()))
+            Ok::<_, kube::Error>((kmp.is_none() && sets.is_empty() && members.is_empty() && kms.is_empty()).then_some(()))
         },
     )
     .await;
@@ -322,14 +336,26 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     rig.assert_one_vm_per_kaironmachine().await;
 }
 
-/// A MachinePool annotated `cluster.x-k8s.io/replicas-managed-by`: an autoscaler owns the
-/// Kairon MachineSet's size. Raised there to 3, the pool makes a KaironMachine (so a Machine
-/// with a Node) per new member and copies 3 to `MachinePool.spec.replicas`, as CAPI's contract
-/// asks; lowered to 1, Kairon picks the members to remove and the pool follows with 1, choosing
-/// no Machine of its own. The set's size is never written back by the pool.
+/// The pool's Machines that are Available and not being deleted.
+pub(crate) async fn available(rig: &Rig, pool: &str) -> usize {
+    pool_machines(rig, pool)
+        .await
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .filter(|m| crate::common::condition(m, "Available").is_some_and(|c| c["status"] == "True"))
+        .count()
+}
+
+/// A MachinePool annotated `cluster.x-k8s.io/replicas-managed-by`, scaled as CAPI's
+/// cluster-autoscaler scales one (through the MachinePool's scale subresource, marking the
+/// Machine it removes): Kairon has no autoscaler, so the pool follows the MachinePool, removes
+/// exactly the marked Machine and never writes the MachinePool's size. A new image then rolls
+/// it with never fewer than 2 of 3 available (sampled) and ends with 3 new VMs. (Before, the
+/// size was the Kairon MachineSet's, every deletion lowered it, and a rollout's floor sank with
+/// it: 3 → 2 → 1 → 0.)
 #[tokio::test(flavor = "multi_thread")]
-async fn an_autoscaled_pool_follows_the_kairon_machine_sets_size_and_never_writes_it() {
-    let (rig, pool) = rig_with_pool("machine_pool_autoscaled", 1, false).await;
+async fn an_autoscaled_pool_follows_its_machine_pool_and_rolls_without_sinking() {
+    let (rig, pool) = rig_with_pool("machine_pool_autoscaled", 1, true).await;
     wait_pool_running(&rig, &pool, 1).await;
     pools(&rig)
         .patch(
@@ -341,55 +367,161 @@ async fn an_autoscaled_pool_follows_the_kairon_machine_sets_size_and_never_write
         )
         .await
         .expect("annotate the MachinePool");
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
     let autoscale = |replicas: i32| {
-        let sets = sets.clone();
+        let pools = pools(&rig);
         let pool = pool.clone();
         async move {
-            sets.patch(
-                &pool,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
-            .await
-            .expect("the autoscaler scales the set")
+            pools
+                .patch_subresource(
+                    "scale",
+                    &pool,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+                .expect("the autoscaler scales the MachinePool")
         }
     };
-    let mp_replicas = || async {
-        pools(&rig)
-            .get(&pool)
-            .await
-            .map(|mp| mp.data["spec"]["replicas"].as_i64())
-    };
-
+    let from = rig.audit_len();
     let started = Instant::now();
     autoscale(3).await;
-    wait_pool_running(&rig, &pool, 3).await;
-    rig.wait("MachinePool spec.replicas follows the set: 3", UP, || async {
-        Ok::<_, kube::Error>((mp_replicas().await? == Some(3)).then_some(()))
-    })
-    .await;
+    let machines = wait_pool_running(&rig, &pool, 3).await;
     let up_secs = started.elapsed().as_secs_f64();
 
+    let chosen = machines[1].name_any();
+    rig.machines()
+        .patch(
+            &chosen,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"cluster.x-k8s.io/delete-machine": "yes"}}})),
+        )
+        .await
+        .expect("the autoscaler marks its choice");
     let started = Instant::now();
-    autoscale(1).await;
-    rig.wait("MachinePool spec.replicas follows the set: 1", UP, || async {
-        Ok::<_, kube::Error>((mp_replicas().await? == Some(1)).then_some(()))
-    })
-    .await;
-    wait_pool_running(&rig, &pool, 1).await;
+    autoscale(2).await;
+    let left = wait_pool_running(&rig, &pool, 2).await;
     let down_secs = started.elapsed().as_secs_f64();
-    // Settled: the pool kept the autoscaler's size (it would raise the set back to 3 if it still
-    // pushed the MachinePool's earlier replicas).
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        sets.get(&pool).await.unwrap().spec.replicas,
-        1,
-        "the set's size is the autoscaler's"
+    let left: BTreeSet<String> = left.iter().map(|m| m.name_any()).collect();
+    let expected: BTreeSet<String> = machines
+        .iter()
+        .map(|m| m.name_any())
+        .filter(|n| *n != chosen)
+        .collect();
+    assert_eq!(left, expected, "exactly the autoscaler's choice went");
+    let mp_writes: Vec<String> = rig
+        .manager_writes(from, None)
+        .into_iter()
+        .filter(|w| w.contains("machinepools/"))
+        .collect();
+    assert!(mp_writes.is_empty(), "the manager wrote the MachinePool: {mp_writes:?}");
+
+    // Back to 3, then a new image.
+    autoscale(3).await;
+    let before = wait_pool_running(&rig, &pool, 3).await;
+    let old: BTreeSet<String> = before.iter().map(|m| m.name_any()).collect();
+    let started = Instant::now();
+    kmps(&rig)
+        .patch(
+            &pool,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"image": {"imageRef": "ubuntu-2204-kube-v1.36.3"}}}})),
+        )
+        .await
+        .unwrap();
+    let mut fewest = usize::MAX;
+    let deadline = Instant::now() + UP + UP;
+    loop {
+        fewest = fewest.min(available(&rig, &pool).await);
+        let machines = pool_machines(&rig, &pool).await;
+        let names: BTreeSet<String> = machines.iter().map(|m| m.name_any()).collect();
+        if names.is_disjoint(&old) && capkr_testenv::cluster::all_running_with_a_node(&machines, 3) {
+            break;
+        }
+        if Instant::now() > deadline {
+            rig.fail(format!("the autoscaled pool did not roll: {names:?}, fewest available {fewest}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let rolled_secs = started.elapsed().as_secs_f64();
+    assert!(fewest >= 2, "never fewer than 2 of 3 available: saw {fewest}");
+    let mp = pools(&rig).get(&pool).await.unwrap();
+    assert_eq!(mp.data["spec"]["replicas"], 3, "the size is still the autoscaler's");
+    eprintln!(
+        "machine pool autoscaled: 1 -> 3 in {up_secs:.1} s, 3 -> 2 (its choice) in {down_secs:.1} s, \
+         3 VMs rolled in {rolled_secs:.1} s, never fewer than {fewest} available"
     );
-    assert_eq!(mp_replicas().await.unwrap(), Some(1));
-    assert_eq!(pool_machines(&rig, &pool).await.len(), 1);
-    eprintln!("machine pool autoscaled: 1 -> 3 followed in {up_secs:.1} s, 3 -> 1 in {down_secs:.1} s");
+}
+
+/// CABPK rotates a pool's join token inside the same bootstrap Secret. A rotation touches no
+/// Kairon MachineSet and no VM: the sets keep their resourceVersion, the members their UID and
+/// the bootstrap data digest they were started with. Only a VM started after it gets the new
+/// data (its digest is the new Secret's).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bootstrap_token_rotation_changes_no_vm_and_reaches_only_new_ones() {
+    use k8s_openapi::api::core::v1::Secret;
+    const DIGEST: &str = "infrastructure.cluster.x-k8s.io/bootstrap-data-hash";
+
+    let (rig, pool) = rig_with_pool("machine_pool_rotation", 2, false).await;
+    wait_pool_running(&rig, &pool, 2).await;
+    let before_sets: Vec<(String, Option<String>)> = pool_sets(&rig, &pool)
+        .await
+        .iter()
+        .map(|s| (s.name_any(), s.resource_version()))
+        .collect();
+    let before = pool_members(&rig, &pool).await;
+    let digest = |vm: &capkr::kairon::Machine| vm.annotations().get(DIGEST).cloned();
+    let old_digest = digest(before.values().next().unwrap()).expect("started members carry the digest");
+
+    // The rotation: the same Secret, new content (kept a valid kubeadm cloud-config: a comment
+    // is added, which the guest ignores and the digest does not).
+    let mp = pools(&rig).get(&pool).await.unwrap();
+    let secret_name = mp.data["spec"]["template"]["spec"]["bootstrap"]["dataSecretName"]
+        .as_str()
+        .expect("the bootstrap Secret")
+        .to_string();
+    let secrets: Api<Secret> = Api::namespaced(rig.env.client(), &rig.ns);
+    let secret = secrets.get(&secret_name).await.unwrap();
+    let value = secret.data.as_ref().and_then(|d| d.get("value")).expect("bootstrap data").0.clone();
+    let mut rotated = String::from_utf8(value).expect("text");
+    rotated.push_str("\n# token rotated\n");
+    secrets
+        .patch(
+            &secret_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"value": k8s_openapi::ByteString(rotated.into_bytes())}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let after_sets: Vec<(String, Option<String>)> = pool_sets(&rig, &pool)
+        .await
+        .iter()
+        .map(|s| (s.name_any(), s.resource_version()))
+        .collect();
+    // Kairon writes a set's status each tick: compare the spec instead of the version.
+    assert_eq!(
+        after_sets.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        before_sets.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "no new set"
+    );
+    let after = pool_members(&rig, &pool).await;
+    for (name, vm) in &before {
+        let now = after.get(name).unwrap_or_else(|| rig.fail(format!("{name}: gone after the rotation")));
+        assert_eq!(now.metadata.uid, vm.metadata.uid, "{name}: the same VM");
+        assert_eq!(now.spec, vm.spec, "{name}: its spec untouched");
+        assert_eq!(digest(now), Some(old_digest.clone()), "{name}: started with the old data");
+    }
+    let sets = pool_sets(&rig, &pool).await;
+    assert_eq!(sets.iter().map(|s| s.spec.replicas).sum::<i32>(), 2, "no set raised or lowered");
+
+    scale_pool(&rig, &pool, 3).await;
+    wait_pool_running(&rig, &pool, 3).await;
+    let now = pool_members(&rig, &pool).await;
+    let new: Vec<&capkr::kairon::Machine> = now.values().filter(|vm| !before.contains_key(&vm.name_any())).collect();
+    assert_eq!(new.len(), 1);
+    let new_digest = digest(new[0]).expect("digest");
+    assert_ne!(new_digest, old_digest, "the new VM was started with the rotated data");
+    assert_eq!(pool_sets(&rig, &pool).await.len(), 1, "the same set made it");
 }
 
 /// A pool's deletion removes its own instances and nothing else: a KaironMachine labelled for
@@ -435,11 +567,10 @@ async fn deleting_a_pool_deletes_no_machine_but_its_own() {
     rig.kms().create(&PostParams::default(), &rogue).await.unwrap();
 
     pools(&rig).delete(&pool, &DeleteParams::default()).await.unwrap();
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
     rig.wait("the pool and its set gone", UP, || async {
         let kmp = kmps(&rig).get_opt(&pool).await?;
-        let set = sets.get_opt(&pool).await?;
-        Ok::<_, kube::Error>((kmp.is_none() && set.is_none()).then_some(()))
+        let sets = pool_sets(&rig, &pool).await;
+        Ok::<_, kube::Error>((kmp.is_none() && sets.is_empty()).then_some(()))
     })
     .await;
     let cp = rig
@@ -497,13 +628,12 @@ async fn a_pool_acts_only_for_a_machine_pool_that_names_it() {
     assert!(message.contains(&format!("KaironMachinePool {pool}")), "{message}");
     // It touches nothing, for as long as it is there.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
     assert!(
-        sets.get_opt("copy").await.unwrap().is_none(),
+        pool_sets(&rig, "copy").await.is_empty(),
         "no Kairon MachineSet for the copy"
     );
     let after = wait_pool_running(&rig, &pool, 1).await;
     let after: BTreeSet<String> = after.iter().map(|m| m.uid().unwrap_or_default()).collect();
     assert_eq!(after, before, "the named pool's Machines are kept");
-    assert!(sets.get_opt(&pool).await.unwrap().is_some());
+    assert_eq!(pool_sets(&rig, &pool).await.len(), 1);
 }

@@ -15,11 +15,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 use super::machine_pools::{
-    UP, kmps, mark_for_deletion_held, pool_machines, release_pre_drain_hook, rig_with_pool, scale_pool,
-    wait_pool_running,
+    UP, kmps, mark_for_deletion_held, pool_machines, pool_members, pool_sets, release_pre_drain_hook, rig_with_pool,
+    scale_pool, wait_pool_running,
 };
 use crate::common::Rig;
-use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
+use capkr::kairon::machineset::MachineSet;
+use capkr_testenv::cluster::pool_selector;
 
 /// The image the pool rolls onto: another OS, the same Kubernetes version (the simulator's
 /// kubelet takes its version from the image name).
@@ -65,7 +66,7 @@ fn snapshot(seen: &Seen) -> BTreeMap<String, Instant> {
 /// Kairon Machine UIDs of the pool's members, by name.
 async fn member_uids(rig: &Rig, pool: &str) -> BTreeMap<String, String> {
     rig.vms()
-        .list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={pool}")))
+        .list(&ListParams::default().labels(&pool_selector(pool)))
         .await
         .expect("list members")
         .items
@@ -120,7 +121,7 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
     );
     let vm_deleted = record_first(
         rig.vms(),
-        watcher::Config::default().labels(&format!("{MACHINESET_LABEL}={pool}")),
+        watcher::Config::default().labels(&pool_selector(&pool)),
         true,
         |vm: &capkr::kairon::Machine| vm.metadata.deletion_timestamp.is_some(),
     );
@@ -200,7 +201,8 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
         assert_eq!(left_uids.get(name), uids.get(name), "{name}: the same Kairon Machine");
     }
     assert!(left.iter().all(|m| kept.contains(&m.name_any())));
-    assert_eq!(sets.get(&pool).await.unwrap().spec.replicas, 5);
+    let replicas: Vec<i32> = pool_sets(&rig, &pool).await.iter().map(|s| s.spec.replicas).collect();
+    assert_eq!(replicas, [5], "one set, lowered by each release");
 
     // A VM failed through the simulator: replaced, the four others kept.
     let failed = kept.iter().next().cloned().unwrap_or_default();
@@ -252,11 +254,8 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
             .filter(|m| crate::common::condition(m, "Available").is_some_and(|c| c["status"] == "True"))
             .count();
         fewest_available = fewest_available.min(available);
-        let vms = rig.vm_map().await;
-        let members: Vec<_> = vms
-            .values()
-            .filter(|vm| vm.labels().get(MACHINESET_LABEL) == Some(&pool))
-            .collect();
+        let vms = pool_members(&rig, &pool).await;
+        let members: Vec<_> = vms.values().collect();
         let all_new = members.len() == 5
             && members.iter().all(|vm| {
                 vm.spec.image_ref() == Some(NEW_IMAGE)
@@ -281,8 +280,26 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
         fewest_available >= 5,
         "maxUnavailable 0: never fewer than 5 available, saw {fewest_available}"
     );
-    let set = sets.get(&pool).await.unwrap();
+    // Every old VM went the CAPI way: its Node's drain started before the VM was deleted
+    // (neither Kairon nor the pool deleted one undrained).
+    let (drained, vms_gone) = (snapshot(&drain_started), snapshot(&vm_deleted));
+    for name in after_failure.keys() {
+        let vm_at = vms_gone
+            .get(name)
+            .unwrap_or_else(|| rig.fail(format!("{name}: an old VM not deleted")));
+        let drain_at = drained
+            .get(name)
+            .unwrap_or_else(|| rig.fail(format!("{name}: an old VM deleted without a drain")));
+        assert!(*drain_at <= *vm_at, "{name}: deleted before its drain started");
+    }
+    rig.wait("the old revision's set deleted once empty", UP, || async {
+        let sets = pool_sets(&rig, &pool).await;
+        Ok::<_, kube::Error>((sets.len() == 1).then_some(sets))
+    })
+    .await;
+    let set = pool_sets(&rig, &pool).await.remove(0);
     assert_eq!(set.spec.template.spec.image_ref(), Some(NEW_IMAGE));
+    assert_eq!(set.spec.replicas, 5);
     rig.assert_one_vm_per_kaironmachine().await;
 
     // The Cluster deleted with its pool: nothing of it is left on Kairon.

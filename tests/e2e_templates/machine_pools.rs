@@ -2,14 +2,15 @@
 //! flavor has its workers in a MachinePool of the class's pool class `default-worker-pool`.
 //! CAPI's topology controller clones the class's KaironMachinePoolTemplate into the pool's
 //! KaironMachinePool, the class's patches give it the worker size and the image of the
-//! MachinePool's version, and the provider makes one Kairon MachineSet for it and one
-//! KaironMachine (so one Machine, one Node) per VM of the set.
+//! MachinePool's version, and the provider makes a Kairon MachineSet for each revision of it
+//! and one KaironMachine (so one Machine, one Node) per VM.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use capkr::api::{MACHINE_FINALIZER, MACHINE_POOL_FINALIZER};
-use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
+use capkr::kairon::machineset::MachineSet;
+use capkr_testenv::cluster::pool_selector;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -65,7 +66,8 @@ pub struct PoolSeen {
 /// - the KaironMachinePool: controlled by the MachinePool, owned by the Cluster (topology),
 ///   with the provider's finalizer, the `workerMachine` defaults and the image of `version`,
 ///   `spec.providerIDList` naming exactly its KaironMachines' VMs;
-/// - one Kairon MachineSet of its name, whose members are exactly the pool's VMs;
+/// - one Kairon MachineSet labelled for it (older revisions' sets deleted once empty), whose
+///   members are exactly the pool's VMs, each started with its own hostname;
 /// - per VM a KaironMachine (the pool's template, its own providerID) controlled by the Machine
 ///   of its name and owned by the pool, and that Machine controlled by the MachinePool, with a
 ///   Node of the same providerID reporting `version`.
@@ -96,6 +98,15 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
                 || kmp.data["spec"]["template"]["image"]["imageRef"] != image.as_str()
             {
                 return Err(format!("KaironMachinePool {} {st}", kmp.data["spec"]));
+            }
+            let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
+            let sets = sets
+                .list(&ListParams::default().labels(&pool_selector(&name(kmp))))
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            if sets.len() != 1 {
+                return Err(format!("{} Kairon MachineSets of the pool", sets.len()));
             }
             Ok(())
         },
@@ -135,19 +146,34 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
     assert_eq!(kmp.data["status"]["infrastructureMachineKind"], "KaironMachine");
 
     let set: MachineSet = Api::namespaced(rig.env.client(), &rig.ns)
-        .get(&kmp_name)
+        .list(&ListParams::default().labels(&pool_selector(&kmp_name)))
         .await
-        .expect("the pool's Kairon MachineSet, named as the pool");
+        .expect("the pool's Kairon MachineSets")
+        .items
+        .remove(0);
+    assert!(
+        set.name_any().starts_with(&format!("{kmp_name}-")),
+        "a set named for the pool and its revision: {}",
+        set.name_any()
+    );
     assert_eq!(
         set.spec.template.spec.image_ref(),
         Some(image.as_str()),
         "the set makes VMs of {image}"
     );
     let vms: Vec<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns)
-        .list(&ListParams::default().labels(&format!("{MACHINESET_LABEL}={kmp_name}")))
+        .list(&ListParams::default().labels(&pool_selector(&kmp_name)))
         .await
         .expect("the set's members")
         .items;
+    for vm in &vms {
+        assert_eq!(
+            vm.spec.cloud_init.as_ref().map(|c| c.hostname.as_str()),
+            Some(vm.name_any().as_str()),
+            "{}: started with its own hostname",
+            vm.name_any()
+        );
+    }
     let members: BTreeSet<String> = vms.iter().map(|v| v.name_any()).collect();
 
     let pool_kms: Vec<DynamicObject> = rig
@@ -172,7 +198,7 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
     for km in &pool_kms {
         let km_name = name(km);
         let vm = vms.iter().find(|v| v.name_any() == km_name).expect("its VM");
-        let id = format!("kairon://{}", vm.metadata.uid.clone().unwrap_or_default());
+        let id = format!("kairon://{}", vm.name_any());
         assert_eq!(km.data["spec"]["providerID"], id.as_str(), "{km_name} names its VM");
         assert_eq!(
             km.data["spec"]["image"]["imageRef"],
