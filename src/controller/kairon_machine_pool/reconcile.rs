@@ -41,7 +41,7 @@ use crate::kairon::released_members;
 use crate::kairon::set_desired::{
     SetInputs, bootstrap_data_hash, desired_machine_set, desired_template, machine_set_provider_id, revision, set_name,
 };
-use crate::kairon::set_observe::set_ownership;
+use crate::kairon::set_observe::{awaits_start, is_released, set_ownership};
 use crate::kairon::{Deletion, Ownership, SetCreated, SetError, UserData};
 
 /// How soon a pool that changed something looks again (its watches usually come first).
@@ -427,14 +427,19 @@ async fn carry_out_plan(
         }
         busy = true;
     }
-    if !plan.start.is_empty() {
+    // Members over their set's size (Kairon made one while a release was half done): Kairon
+    // would remove members of its own choice; the never-started ones are released for it.
+    let excess = release_excess(sets, ctx).await?;
+    busy |= !excess.is_empty();
+    let start: Vec<&String> = plan.start.iter().filter(|n| !excess.contains(*n)).collect();
+    if !start.is_empty() {
         // Read once, only when a member is to start: steady state makes no request.
         let user_data = match data.read().await? {
             Ok(d) => d,
             Err(d) => return Ok(Err(d)),
         };
         let hash = bootstrap_data_hash(&user_data);
-        for name in &plan.start {
+        for name in start {
             let Some(vm) = members.iter().find(|vm| vm.name_any() == *name) else {
                 continue;
             };
@@ -487,6 +492,32 @@ async fn carry_out_plan(
     }
     busy |= tidy_sets(s, sets, ctx).await?;
     Ok(Ok(busy))
+}
+
+/// Releases, in each set with more live members (not deleting, not released) than its
+/// `spec.replicas`, as many of the newest never-started members as are over: Kairon then
+/// removes those rather than members of its own choice. Returns their names.
+async fn release_excess(sets: &PoolSets, ctx: &Context) -> Result<Vec<String>, Error> {
+    let mut released = Vec::new();
+    for set in sets.all() {
+        let members = ctx.members_of(set);
+        let live: Vec<_> = members
+            .iter()
+            .filter(|vm| vm.metadata.deletion_timestamp.is_none() && !is_released(vm))
+            .collect();
+        let over = live.len().saturating_sub(usize::try_from(set.spec.replicas.max(0)).unwrap_or(0));
+        if over == 0 {
+            continue;
+        }
+        let mut fresh: Vec<_> = live.into_iter().filter(|vm| awaits_start(vm)).collect();
+        fresh.sort_by_key(|vm| std::cmp::Reverse((vm.creation_timestamp(), vm.name_any())));
+        for vm in fresh.into_iter().take(over) {
+            ctx.kairon.mark_released(vm).await?;
+            info!(instance = %vm.name_any(), set = %set.name_any(), "released a member over its set's size");
+            released.push(vm.name_any());
+        }
+    }
+    Ok(released)
 }
 
 /// Forgets the release records of members that are gone, and deletes sets of older revisions

@@ -19,7 +19,9 @@
 //! failed) is the count before the step. Kairon never changes `spec.replicas` and never marks
 //! a member: one deleted by anyone else is simply no longer a member, and is replaced.
 
-use capkr::kairon::machineset::{MACHINESET_FINALIZER, MACHINESET_LABEL, MachineSet, MachineSetStatus, TEMPLATE_HASH_LABEL, strategy};
+use capkr::kairon::machineset::{
+    MACHINESET_FINALIZER, MACHINESET_LABEL, MachineSet, MachineSetStatus, TEMPLATE_HASH_LABEL, strategy,
+};
 use capkr::kairon::{Machine, phase};
 use kube::ResourceExt;
 
@@ -135,7 +137,10 @@ pub fn plan(set: &MachineSet, machines: &[&Machine]) -> SetPlan {
                 SetStep::Delete { names: names(&left) }
             }
         };
-        return SetPlan { step, ..SetPlan::wait() };
+        return SetPlan {
+            step,
+            ..SetPlan::wait()
+        };
     }
 
     let hash = template_hash(set);

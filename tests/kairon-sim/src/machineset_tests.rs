@@ -162,14 +162,20 @@ fn a_member_is_the_template_with_the_two_labels_and_no_owner() {
 fn scales_0_to_20_to_5_and_reports_status() {
     let mut s = set(0);
     let (members, steps) = settle(&mut s, Vec::new());
-    assert!(members.is_empty() && steps.iter().all(|st| *st == SetStep::Wait), "{steps:?}");
+    assert!(
+        members.is_empty() && steps.iter().all(|st| *st == SetStep::Wait),
+        "{steps:?}"
+    );
     assert_eq!(counts(s.status.as_ref().expect("status")), (Some(0), Some(0), Some(0)));
 
     s.spec.replicas = 20;
     let (members, steps) = settle(&mut s, members);
     assert_eq!(steps[0], SetStep::Create { count: 20 }, "all of the gap at once");
     assert_eq!(members.len(), 20);
-    assert_eq!(counts(s.status.as_ref().expect("status")), (Some(20), Some(20), Some(20)));
+    assert_eq!(
+        counts(s.status.as_ref().expect("status")),
+        (Some(20), Some(20), Some(20))
+    );
 
     s.spec.replicas = 5;
     let mut sorted = members.iter().map(|m| m.name_any()).collect::<Vec<_>>();
@@ -219,7 +225,12 @@ fn scale_down_deletes_the_first_names_in_list_order() {
     s.spec.replicas = 6;
     assert_eq!(step_of(&s, &members), SetStep::Wait);
     s.spec.replicas = 3;
-    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2, 3]) });
+    assert_eq!(
+        step_of(&s, &members),
+        SetStep::Delete {
+            names: names(&[1, 2, 3])
+        }
+    );
     s.spec.replicas = -1;
     assert_eq!(
         step_of(&s, &members),
@@ -256,7 +267,11 @@ fn rolling_update_replaces_outdated_within_max_unavailable_counting_running_curr
     let (members, _) = settle(&mut s, members);
     assert_eq!(members.len(), 3);
     let hash = template_hash(&s);
-    assert!(members.iter().all(|m| m.labels().get(TEMPLATE_HASH_LABEL) == Some(&hash)));
+    assert!(
+        members
+            .iter()
+            .all(|m| m.labels().get(TEMPLATE_HASH_LABEL) == Some(&hash))
+    );
     assert!(members.iter().all(|m| m.spec.image_ref() == Some("img-2")));
     assert_eq!(counts(s.status.as_ref().expect("status")), (Some(3), Some(3), Some(3)));
     assert_eq!(s.spec.replicas, 3, "no surge, no change of replicas");
@@ -271,9 +286,18 @@ fn rolling_update_takes_max_unavailable_as_an_integer_or_a_percentage() {
     s.spec.max_unavailable = Some("2".into());
     assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2]) });
     s.spec.max_unavailable = Some("75%".into());
-    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2, 3]) });
+    assert_eq!(
+        step_of(&s, &members),
+        SetStep::Delete {
+            names: names(&[1, 2, 3])
+        }
+    );
     s.spec.max_unavailable = Some("0".into());
-    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1]) }, "0 counts as 1");
+    assert_eq!(
+        step_of(&s, &members),
+        SetStep::Delete { names: names(&[1]) },
+        "0 counts as 1"
+    );
     // Outdated members not Running still count as available.
     let mut failing = members.clone();
     failing[3] = made(&old, 4, phase::UNKNOWN);
@@ -305,13 +329,19 @@ fn a_released_member_is_outdated_and_goes_first_when_replicas_drop_by_one() {
     s.spec.replicas = 2;
     assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[3]) });
     let (left, steps) = settle(&mut s, members);
-    assert_eq!(steps.iter().filter(|st| matches!(st, SetStep::Delete { .. })).count(), 1);
+    assert_eq!(
+        steps.iter().filter(|st| matches!(st, SetStep::Delete { .. })).count(),
+        1
+    );
     assert_eq!(
         left.iter().map(|m| m.name_any()).collect::<Vec<_>>(),
         names(&[1, 2]),
         "no other member"
     );
-    assert!(steps.iter().all(|st| !matches!(st, SetStep::Create { .. })), "{steps:?}");
+    assert!(
+        steps.iter().all(|st| !matches!(st, SetStep::Create { .. })),
+        "{steps:?}"
+    );
 }
 
 #[test]
@@ -320,12 +350,22 @@ fn recreate_deletes_every_outdated_member_at_once_then_creates() {
     s.spec.strategy = Some(strategy::RECREATE.into());
     let members = running(&s, [1, 2, 3]);
     s.spec.template.spec.image = image("img-2");
-    assert_eq!(step_of(&s, &members), SetStep::Delete { names: names(&[1, 2, 3]) });
+    assert_eq!(
+        step_of(&s, &members),
+        SetStep::Delete {
+            names: names(&[1, 2, 3])
+        }
+    );
     assert_eq!(step_of(&s, &[]), SetStep::Create { count: 3 });
     let (members, steps) = settle(&mut s, members);
     assert_eq!(
         steps[..2],
-        [SetStep::Delete { names: names(&[1, 2, 3]) }, SetStep::Create { count: 3 }]
+        [
+            SetStep::Delete {
+                names: names(&[1, 2, 3])
+            },
+            SetStep::Create { count: 3 }
+        ]
     );
     assert!(members.iter().all(|m| m.spec.image_ref() == Some("img-2")));
     // Nothing outdated: the surplus goes, first names first.
@@ -343,13 +383,19 @@ fn an_unreadable_max_unavailable_is_reported_and_nothing_is_done() {
     let mut s = set(3);
     let members = running(&s, [1, 2, 3]);
     s.spec.max_unavailable = Some("lots".into());
-    assert!(plan(&s, &refs(&members)).status.expect("status").message.is_none(), "read only in a rollout");
+    assert!(
+        plan(&s, &refs(&members)).status.expect("status").message.is_none(),
+        "read only in a rollout"
+    );
     s.spec.template.spec.image = image("img-2");
     let p = plan(&s, &refs(&members));
     assert_eq!(p.step, SetStep::Wait);
     let status = p.status.expect("status");
     assert!(
-        status.message.as_deref().is_some_and(|m| m.starts_with("spec.maxUnavailable: ")),
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("spec.maxUnavailable: ")),
         "{status:?}"
     );
     assert_eq!(counts(&status), (Some(3), Some(0), Some(0)), "counted all the same");
@@ -376,7 +422,8 @@ fn the_template_hash_covers_the_whole_template() {
     other_name.spec.replicas = 7;
     assert_eq!(template_hash(&other_name), hash, "the template only");
 
-    let changes: Vec<(&str, fn(&mut MachineTemplate))> = vec![
+    type Change = fn(&mut MachineTemplate);
+    let changes: Vec<(&str, Change)> = vec![
         ("cloudInit", |t| {
             t.spec.cloud_init.as_mut().expect("cloudInit").hostname = "other".into()
         }),
@@ -435,7 +482,9 @@ fn a_deleted_set_deletes_every_labelled_machine_then_drops_its_finalizer() {
         p,
         SetPlan {
             add_finalizer: false,
-            step: SetStep::Delete { names: names(&[2, 3, 4]) },
+            step: SetStep::Delete {
+                names: names(&[2, 3, 4])
+            },
             status: None
         }
     );
@@ -444,7 +493,10 @@ fn a_deleted_set_deletes_every_labelled_machine_then_drops_its_finalizer() {
     assert_eq!(plan(&s, &[]).step, SetStep::RemoveFinalizer);
     s.metadata.finalizers = None;
     assert!(plan(&s, &[]).is_idle(&s));
-    assert!(plan(&s, &refs(&running(&s, [1]))).is_idle(&s), "without the finalizer, left alone");
+    assert!(
+        plan(&s, &refs(&running(&s, [1]))).is_idle(&s),
+        "without the finalizer, left alone"
+    );
 }
 
 #[test]
@@ -459,8 +511,5 @@ fn membership_is_the_label_in_the_sets_namespace() {
     other.labels_mut().insert(MACHINESET_LABEL.into(), "pool2".into());
     assert!(!is_member(&s, &other));
     // Others' Machines are no members, however many.
-    assert_eq!(
-        plan(&s, &[&elsewhere, &other]).step,
-        SetStep::Create { count: 1 }
-    );
+    assert_eq!(plan(&s, &[&elsewhere, &other]).step, SetStep::Create { count: 1 });
 }

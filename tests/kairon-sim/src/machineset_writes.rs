@@ -60,7 +60,10 @@ impl SetWriter {
         if plan.add_finalizer {
             let mut finalizers = set.finalizers().to_vec();
             finalizers.push(MACHINESET_FINALIZER.into());
-            match self.patch_set(&set, json!({"metadata": {"finalizers": finalizers}})).await {
+            match self
+                .patch_set(&set, json!({"metadata": {"finalizers": finalizers}}))
+                .await
+            {
                 Ok(written) => set = written.clone(),
                 Err(stop) => {
                     outcome.set = Some(stop);
@@ -118,7 +121,10 @@ impl SetWriter {
                 let mut finalizers = set.finalizers().to_vec();
                 finalizers.retain(|f| f != MACHINESET_FINALIZER);
                 outcome.set = Some(
-                    match self.patch_set(&set, json!({"metadata": {"finalizers": finalizers}})).await {
+                    match self
+                        .patch_set(&set, json!({"metadata": {"finalizers": finalizers}}))
+                        .await
+                    {
                         Ok(written) => Written::Object(Box::new(written)),
                         Err(stop) => stop,
                     },

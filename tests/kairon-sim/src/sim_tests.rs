@@ -105,7 +105,11 @@ fn a_machine_created_stopped_or_halted_is_left_alone_until_it_is_asked_to_run() 
         assert_eq!(next_step(&m, due), want, "{name}");
     }
     pending_unplaced.spec.power_state = Some(power::RUNNING.into());
-    assert_eq!(next_step(&pending_unplaced, true), Step::Place, "placed once asked to run");
+    assert_eq!(
+        next_step(&pending_unplaced, true),
+        Step::Place,
+        "placed once asked to run"
+    );
 }
 
 #[test]

@@ -1,19 +1,22 @@
 //! Kairon's MachineSet as the simulator plays it against a real kube-apiserver: a set of 3
-//! becomes 3 Running members; a member deleted (while the simulator is down, and the
-//! simulator restarted twice around the scale-in) lowers `spec.replicas` exactly once and is
-//! not replaced; new user-data rolls nothing, a new image rolls every member; the deleted set
-//! leaves no member behind.
+//! becomes 3 Running members (`<set>-<8 hex>`, the template's labels and cloudInit); a member
+//! deleted while the simulator is down is replaced and `spec.replicas` stays; a scale-down
+//! deletes the first names; a member released by relabelling goes first when replicas drop
+//! by one; an unreadable `maxUnavailable` is reported and holds a rollout, a template change
+//! (cloudInit alone) rolls every member; members made `Stopped` get no status until one is
+//! asked to run with its own cloudInit; the deleted set leaves no member behind.
 
 use std::time::{Duration, Instant};
 
 use capkr::kairon::Machine;
-use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet, SCALED_IN_ANNOTATION_PREFIX};
+use capkr::kairon::machineset::{MACHINESET_FINALIZER, MACHINESET_LABEL, MachineSet, TEMPLATE_HASH_LABEL};
 use capkr_testenv::{CapiManagers, Env, EnvOptions};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 const NS: &str = "pool";
+const SET: &str = "demo-pool-0";
 
 async fn wait_for<T, F>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -29,24 +32,48 @@ where
     }
 }
 
+/// The set's members not being deleted, by name.
 async fn members(machines: &Api<Machine>) -> Vec<Machine> {
-    let lp = ListParams::default().labels(&format!("{MACHINESET_LABEL}=demo-pool-0"));
-    machines.list(&lp).await.expect("list Machines").items
+    let lp = ListParams::default().labels(&format!("{MACHINESET_LABEL}={SET}"));
+    let mut ms: Vec<Machine> = machines
+        .list(&lp)
+        .await
+        .expect("list Machines")
+        .items
+        .into_iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .collect();
+    ms.sort_by_key(|m| m.name_any());
+    ms
+}
+
+fn names(ms: &[Machine]) -> Vec<String> {
+    ms.iter().map(|m| m.name_any()).collect()
 }
 
 fn phase(m: &Machine) -> Option<&str> {
     m.status.as_ref().and_then(|s| s.phase.as_deref())
 }
 
-fn scale_in_records(set: &MachineSet) -> usize {
-    set.annotations()
-        .keys()
-        .filter(|k| k.starts_with(SCALED_IN_ANNOTATION_PREFIX))
-        .count()
+fn hostname(m: &Machine) -> Option<&str> {
+    m.spec.cloud_init.as_ref().map(|c| c.hostname.as_str())
+}
+
+fn all_running(ms: &[Machine], n: usize) -> bool {
+    ms.len() == n && ms.iter().all(|m| phase(m) == Some("Running"))
+}
+
+async fn patch<K>(api: &Api<K>, name: &str, patch: Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("patch");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_restarts() {
+async fn a_machineset_is_kept_as_kairon_keeps_it() {
     let env = Env::start(EnvOptions::new("kairon-sim-machineset").capi_managers(CapiManagers::NONE))
         .await
         .expect("test environment");
@@ -70,12 +97,12 @@ async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_rest
     let machines: Api<Machine> = Api::namespaced(env.client(), NS);
     let set: MachineSet = serde_json::from_value(json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineSet",
-        "metadata": {"name": "demo-pool-0"},
+        "metadata": {"name": SET},
         "spec": {"replicas": 3, "template": {
-            "metadata": {"labels": {"role": "worker"}},
+            "labels": {"role": "worker"},
             "spec": {"resources": {"cpu": "2", "memory": "4Gi"},
                      "image": {"imageRef": "img-1", "diskSize": "20Gi"},
-                     "legacyUserData": "#cloud-config"}}}}))
+                     "cloudInit": {"hostname": "worker"}}}}}))
     .expect("set");
     sets.create(&PostParams::default(), &set).await.expect("create set");
 
@@ -84,23 +111,28 @@ async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_rest
         Duration::from_secs(30),
         async || {
             let ms = members(&machines).await;
-            let set = sets.get("demo-pool-0").await.ok()?;
+            let set = sets.get(SET).await.ok()?;
             let status = set.status.as_ref()?;
-            (ms.len() == 3 && ms.iter().all(|m| phase(m) == Some("Running")) && status.ready_replicas == Some(3))
-                .then_some(ms)
+            (all_running(&ms, 3) && status.ready_replicas == Some(3)).then_some(ms)
         },
     )
     .await;
+    let set = sets.get(SET).await.expect("set");
+    assert!(set.finalizers().iter().any(|f| f == MACHINESET_FINALIZER));
     for m in &running {
-        assert_eq!(
-            m.labels().get("role").map(String::as_str),
-            Some("worker"),
-            "template labels copied"
+        let suffix = m.name_any().strip_prefix(&format!("{SET}-")).map(str::to_string);
+        assert!(
+            suffix.is_some_and(|s| s.len() == 8 && s.bytes().all(|b| b.is_ascii_hexdigit())),
+            "{}",
+            m.name_any()
         );
+        assert_eq!(m.labels().get("role").map(String::as_str), Some("worker"));
+        assert!(m.labels().get(TEMPLATE_HASH_LABEL).is_some_and(|h| h.len() == 12));
+        assert_eq!(hostname(m), Some("worker"), "the template's cloudInit copied");
         assert!(m.metadata.owner_references.is_none());
     }
 
-    // Deleted while Kairon is down: it stays Terminating (Kairon's Machine finalizer).
+    // Deleted while Kairon is down: replaced when it is back; replicas stay.
     sim.stop(Duration::from_secs(5));
     let victim = running[0].name_any();
     machines
@@ -108,82 +140,134 @@ async fn a_deleted_member_scales_the_set_in_once_without_replacement_across_rest
         .await
         .expect("delete member");
     sim.restart().await.expect("restart");
-    wait_for("spec.replicas 2 with its record", Duration::from_secs(30), async || {
-        let set = sets.get("demo-pool-0").await.ok()?;
-        (set.spec.replicas == 2 && scale_in_records(&set) == 1).then_some(())
+    let replaced = wait_for("the member replaced", Duration::from_secs(30), async || {
+        let ms = members(&machines).await;
+        (all_running(&ms, 3) && !names(&ms).contains(&victim)).then_some(ms)
     })
     .await;
-    // The same objects to a new process: counted already.
+    assert_eq!(sets.get(SET).await.expect("set").spec.replicas, 3, "replicas stay");
+
+    // Scale-down: Kairon deletes the first names.
+    patch(&sets, SET, json!({"spec": {"replicas": 2}})).await;
+    let kept = names(&replaced)[1..].to_vec();
+    wait_for("the first name deleted", Duration::from_secs(30), async || {
+        (names(&members(&machines).await) == kept).then_some(())
+    })
+    .await;
+
+    // A member released by relabelling goes first when replicas drop by one (both written
+    // while Kairon is down, so it sees them together).
+    sim.stop(Duration::from_secs(5));
+    let released = kept[1].clone();
+    patch(
+        &machines,
+        &released,
+        json!({"metadata": {"labels": {TEMPLATE_HASH_LABEL: "released"}}}),
+    )
+    .await;
+    patch(&sets, SET, json!({"spec": {"replicas": 1}})).await;
     sim.restart().await.expect("restart");
+    wait_for("the released member deleted", Duration::from_secs(30), async || {
+        (names(&members(&machines).await) == kept[..1]).then_some(())
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        members(&machines).await.iter().any(|m| m.name_any() == victim),
-        "still Terminating across the restart"
+    assert_eq!(
+        names(&members(&machines).await),
+        kept[..1],
+        "no other member, none made"
     );
+
+    // An unreadable maxUnavailable holds a rollout and says why; a template change, its
+    // cloudInit alone, rolls every member.
+    patch(&sets, SET, json!({"spec": {"replicas": 2}})).await;
+    let before = wait_for("2 Running members", Duration::from_secs(30), async || {
+        let ms = members(&machines).await;
+        all_running(&ms, 2).then_some(names(&ms))
+    })
+    .await;
+    patch(
+        &sets,
+        SET,
+        json!({"spec": {"maxUnavailable": "lots", "template": {"spec": {"cloudInit": {"hostname": "worker-2"}}}}}),
+    )
+    .await;
+    wait_for("the status message", Duration::from_secs(30), async || {
+        let message = sets.get(SET).await.ok()?.status?.message?;
+        message.starts_with("spec.maxUnavailable").then_some(())
+    })
+    .await;
+    assert_eq!(names(&members(&machines).await), before, "nothing rolled");
+    patch(&sets, SET, json!({"spec": {"maxUnavailable": null}})).await;
     wait_for(
-        "the member gone and its record removed",
-        Duration::from_secs(30),
+        "2 Running members of the new cloudInit",
+        Duration::from_secs(60),
         async || {
-            let set = sets.get("demo-pool-0").await.ok()?;
-            let gone = !members(&machines).await.iter().any(|m| m.name_any() == victim);
-            (gone && scale_in_records(&set) == 0).then_some(set)
+            let ms = members(&machines).await;
+            let status = sets.get(SET).await.ok()?.status?;
+            let done = all_running(&ms, 2)
+                && ms.iter().all(|m| hostname(m) == Some("worker-2"))
+                && status.updated_replicas == Some(2)
+                && status.ready_replicas == Some(2)
+                && status.message.is_none();
+            done.then_some(())
         },
     )
     .await;
-    let set = sets.get("demo-pool-0").await.expect("set");
-    assert_eq!(set.spec.replicas, 2, "lowered once");
-    let left: Vec<String> = members(&machines).await.iter().map(|m| m.name_any()).collect();
-    let mut expected: Vec<String> = running[1..].iter().map(|m| m.name_any()).collect();
-    expected.sort();
-    let mut left_sorted = left.clone();
-    left_sorted.sort();
-    assert_eq!(left_sorted, expected, "not replaced");
-    wait_for("status replicas 2", Duration::from_secs(10), async || {
-        let set = sets.get("demo-pool-0").await.ok()?;
-        (set.status?.replicas == Some(2)).then_some(())
-    })
-    .await;
-
-    // New user-data reaches new members only; a new image rolls every member.
-    let patch = |v: serde_json::Value| {
-        let sets = sets.clone();
-        async move {
-            let pp = PatchParams::default();
-            sets.patch("demo-pool-0", &pp, &Patch::Merge(&v))
-                .await
-                .expect("patch set");
-        }
-    };
-    patch(json!({"spec": {"template": {"spec": {"legacyUserData": "#cloud-config new"}}}})).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut now: Vec<String> = members(&machines).await.iter().map(|m| m.name_any()).collect();
-    now.sort();
-    assert_eq!(now, expected, "user-data does not roll");
-    patch(json!({"spec": {"template": {"spec": {"image": {"imageRef": "img-2"}}}}})).await;
-    wait_for("2 Running members of img-2", Duration::from_secs(60), async || {
-        let ms = members(&machines).await;
-        let status = sets.get("demo-pool-0").await.ok()?.status?;
-        let done = ms.len() == 2
-            && ms
-                .iter()
-                .all(|m| m.spec.image_ref() == Some("img-2") && phase(m) == Some("Running"))
-            && status.updated_replicas == Some(2)
-            && status.ready_replicas == Some(2);
-        done.then_some(())
-    })
-    .await;
     assert_eq!(
-        sets.get("demo-pool-0").await.expect("set").spec.replicas,
+        sets.get(SET).await.expect("set").spec.replicas,
         2,
-        "a rollout is no scale-in"
+        "a rollout changes no replicas"
     );
 
-    sets.delete("demo-pool-0", &DeleteParams::default())
-        .await
-        .expect("delete set");
+    // Members made Stopped (Recreate: the Running ones go at once) are never scheduled: no
+    // status, no finalizer, until one is asked to run, with a cloudInit of its own.
+    patch(
+        &sets,
+        SET,
+        json!({"spec": {"strategy": "Recreate", "template": {"spec": {"powerState": "Stopped"}}}}),
+    )
+    .await;
+    let stopped = wait_for("2 Stopped members counted", Duration::from_secs(30), async || {
+        let ms = members(&machines).await;
+        let status = sets.get(SET).await.ok()?.status?;
+        let done = ms.len() == 2
+            && ms.iter().all(|m| m.spec.power_state.as_deref() == Some("Stopped"))
+            && (status.replicas, status.updated_replicas, status.ready_replicas) == (Some(2), Some(2), Some(0));
+        done.then_some(ms)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for m in members(&machines).await {
+        assert!(m.status.is_none(), "{}: {:?}", m.name_any(), m.status);
+        assert!(m.finalizers().is_empty(), "{}", m.name_any());
+    }
+    let started = stopped[0].name_any();
+    patch(
+        &machines,
+        &started,
+        json!({"spec": {"powerState": "Running", "cloudInit": {"hostname": "started-0"}}}),
+    )
+    .await;
+    wait_for(
+        "the started member Running and counted",
+        Duration::from_secs(30),
+        async || {
+            let m = machines.get(&started).await.ok()?;
+            let status = sets.get(SET).await.ok()?.status?;
+            (phase(&m) == Some("Running") && hostname(&m) == Some("started-0") && status.ready_replicas == Some(1))
+                .then_some(())
+        },
+    )
+    .await;
+    let other = machines.get(&stopped[1].name_any()).await.expect("the other member");
+    assert!(other.status.is_none(), "still never scheduled");
+
+    sets.delete(SET, &DeleteParams::default()).await.expect("delete set");
     wait_for("no member and no set left", Duration::from_secs(30), async || {
-        let none = members(&machines).await.is_empty();
-        let set_gone = sets.get_opt("demo-pool-0").await.ok()?.is_none();
+        let lp = ListParams::default().labels(&format!("{MACHINESET_LABEL}={SET}"));
+        let none = machines.list(&lp).await.ok()?.items.is_empty();
+        let set_gone = sets.get_opt(SET).await.ok()?.is_none();
         (none && set_gone).then_some(())
     })
     .await;

@@ -152,7 +152,10 @@ impl Engine {
             _ => {}
         }
         let created = outcome.created.iter().map(|m| Awaited::Created(Key::of(m)));
-        let gone = outcome.vanished.iter().map(|m| Awaited::Gone(Key::of(m), m.metadata.uid.clone()));
+        let gone = outcome
+            .vanished
+            .iter()
+            .map(|m| Awaited::Gone(Key::of(m), m.metadata.uid.clone()));
         let awaited: Vec<Awaited> = created.chain(gone).collect();
         if !awaited.is_empty() {
             self.sets.awaited.entry(key.clone()).or_default().extend(awaited);
