@@ -1,7 +1,9 @@
 //! The KaironMachine reconciler and the VMs of Kairon MachineSets (a KaironMachinePool's
-//! members), against a mock API server: a pool's KaironMachine follows and deletes its own
-//! member and never makes a VM; no other KaironMachine adopts or deletes a member, and a pool's
-//! KaironMachine claims nothing outside its pool.
+//! members), against a mock API server: a pool's KaironMachine follows its own member, never
+//! makes a VM, and deletes its member only once the member is released from its set (labelled
+//! released, then the set lowered by one with a record of it, exactly once); no other
+//! KaironMachine adopts or deletes a member, and a pool's KaironMachine claims nothing outside
+//! its pool.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,12 +12,14 @@ use capkr::api::{KaironMachine, MACHINE_FINALIZER};
 
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, reconcile};
-use capkr::kairon::machineset::MACHINESET_LABEL;
+use capkr::kairon::machineset::{MACHINESET_LABEL, TEMPLATE_HASH_LABEL};
+use capkr::kairon::set_observe::RELEASED;
 use capkr::kairon::{self, MachineStatus, labels};
 use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Client;
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use serde_json::json;
 use tower_test::mock::{self, Handle};
 
@@ -25,6 +29,8 @@ use mock_support::{expect, expect_no_more, filled, status_error};
 const NS: &str = "ns";
 const KM_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m1";
 const VM_PATH: &str = "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machines/m1";
+/// The set the members of [`vm`] belong to (their `kairon.zyvor.dev/machineset` label).
+const SET_PATH: &str = "/apis/kairon.zyvor.dev/v1alpha1/namespaces/ns/machinesets/pool";
 
 /// KaironMachine `m1`, its VM named by providerID, an instance of pool `pool` or not.
 fn kaironmachine(pool: Option<&str>, deleting: bool) -> KaironMachine {
@@ -66,14 +72,8 @@ fn vm(member_of: Option<(&str, &str)>) -> kairon::Machine {
     vm
 }
 
-async fn run<F, Fut>(km: KaironMachine, instances: Vec<kairon::Machine>, server: F)
-where
-    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    let ctx = Arc::new(Context {
+fn context(client: Client, instances: Vec<kairon::Machine>) -> Arc<Context> {
+    Arc::new(Context {
         client: client.clone(),
         kairon: kairon::Instances::new(client),
         endpoints: None,
@@ -87,7 +87,16 @@ where
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
         evacuating: Default::default(),
-    });
+    })
+}
+
+async fn run<F, Fut>(km: KaironMachine, instances: Vec<kairon::Machine>, server: F)
+where
+    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, "default"), instances);
     let server = tokio::spawn(server(handle));
     let _ = reconcile(Arc::new(km), ctx).await;
     tokio::time::timeout(Duration::from_secs(2), server)
@@ -96,13 +105,141 @@ where
         .expect("mock server did not panic");
 }
 
+/// Set `pool` as the API server answers with it: `replicas` members, resourceVersion `5`,
+/// release records for `released` (member uids).
+fn set_answer(replicas: i32, released: &[&str]) -> serde_json::Value {
+    let records: serde_json::Map<String, serde_json::Value> = released
+        .iter()
+        .map(|uid| (kairon::release_record(uid), json!("someone")))
+        .collect();
+    json!({"apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineSet",
+        "metadata": {"name": "pool", "namespace": NS, "uid": "set-uid", "resourceVersion": "5", "annotations": records},
+        "spec": {"replicas": replicas, "template": {"spec": {"resources": {"cpu": "2", "memory": "4Gi"},
+            "image": {"imageRef": "img"}, "powerState": "Stopped"}}}})
+}
+
+fn released(mut vm: kairon::Machine) -> kairon::Machine {
+    vm.metadata
+        .labels
+        .get_or_insert_default()
+        .insert(TEMPLATE_HASH_LABEL.into(), RELEASED.into());
+    vm
+}
+
+/// The release of a member before its deletion: the VM labelled released (on its uid), its set
+/// read, lowered by one with a record of it (on the set's resourceVersion); only then the VM
+/// deleted (on its uid), and the KaironMachine reports it.
 #[tokio::test]
-async fn a_pool_instance_deleted_deletes_its_member_vm() {
+async fn a_pool_instance_deleted_releases_its_member_from_the_set_then_deletes_it() {
     let km = kaironmachine(Some("pool"), true);
     let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+        let (_, body) = expect(&mut h, "PATCH", VM_PATH, 200, member.clone()).await;
+        assert_eq!(
+            body,
+            json!({"metadata": {"uid": "vm-uid", "labels": {TEMPLATE_HASH_LABEL: RELEASED}}}),
+            "only the template-hash label, on the VM's uid"
+        );
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(2, &["vm-uid"])).await;
+        assert_eq!(
+            body,
+            json!({"metadata": {"resourceVersion": "5", "annotations": {kairon::release_record("vm-uid"): "m1"}},
+                "spec": {"replicas": 2}}),
+            "lowered by one with the record, against the version read"
+        );
+        let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, member).await;
+        assert_eq!(body["preconditions"]["uid"], "vm-uid");
+        expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// A release already recorded (an earlier reconcile lowered the set, then failed to delete) is
+/// not counted again: no second lowering. A member already labelled released is not relabelled.
+#[tokio::test]
+async fn a_member_whose_release_the_set_records_is_deleted_without_lowering_the_set_again() {
+    let km = kaironmachine(Some("pool"), true);
+    let member = serde_json::to_value(released(vm(Some(("pool", "pool"))))).unwrap();
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(
+        km,
+        vec![released(vm(Some(("pool", "pool"))))],
+        move |mut h| async move {
+            expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+            expect(&mut h, "GET", SET_PATH, 200, set_answer(2, &["other-uid", "vm-uid"])).await;
+            let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, member).await;
+            assert_eq!(body["preconditions"]["uid"], "vm-uid");
+            expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+            expect_no_more(&mut h).await;
+        },
+    )
+    .await;
+}
+
+/// Another member's record does not stand for this one: the set is lowered for it.
+#[tokio::test]
+async fn another_members_release_record_does_not_count_for_this_one() {
+    let km = kaironmachine(Some("pool"), true);
+    let member = serde_json::to_value(released(vm(Some(("pool", "pool"))))).unwrap();
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, vec![], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(2, &["other-uid"])).await;
+        let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(1, &["other-uid", "vm-uid"])).await;
+        assert_eq!(body["spec"]["replicas"], 1);
+        assert_eq!(body["metadata"]["annotations"][kairon::release_record("vm-uid")], "m1");
+        assert!(
+            body["metadata"]["annotations"]
+                .get(kairon::release_record("other-uid"))
+                .is_none(),
+            "the other record is left as it is: {body}"
+        );
+        expect(&mut h, "DELETE", VM_PATH, 200, member).await;
+        expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// The set changed since it was read: the release is decided again on a fresh read, and the VM
+/// is not deleted in this reconcile (Kairon would replace a member it still counts).
+#[tokio::test]
+async fn a_release_that_lost_a_race_deletes_no_vm() {
+    let km = kaironmachine(Some("pool"), true);
+    let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = context(Client::new(service, "default"), vec![vm(Some(("pool", "pool")))]);
+    let server = tokio::spawn(async move {
+        let mut h = handle;
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+        expect(&mut h, "PATCH", VM_PATH, 200, member).await;
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        expect(&mut h, "PATCH", SET_PATH, 409, status_error(409, "Conflict")).await;
+        // No DELETE of the VM, no status write.
+        expect_no_more(&mut h).await;
+    });
+    let action = reconcile(Arc::new(km), ctx).await.expect("a lost race is no error");
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)), "looks again soon");
+    tokio::time::timeout(Duration::from_secs(2), server)
+        .await
+        .expect("mock server finished")
+        .expect("mock server did not panic");
+}
+
+/// A member whose set is gone has nothing to be released from: it is deleted.
+#[tokio::test]
+async fn a_member_whose_set_is_gone_is_deleted_without_a_release() {
+    let km = kaironmachine(Some("pool"), true);
+    let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, vec![], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+        expect(&mut h, "PATCH", VM_PATH, 200, member.clone()).await;
+        expect(&mut h, "GET", SET_PATH, 404, status_error(404, "NotFound")).await;
         let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, member).await;
         assert_eq!(body["preconditions"]["uid"], "vm-uid");
         expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
