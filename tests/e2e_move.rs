@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use capkr::api::{KaironClusterIdentity, KaironMachine, KaironMachinePool};
 use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
-use capkr_testenv::cluster::pool_selector;
 use capkr::kairon::{self, labels};
+use capkr_testenv::cluster::pool_selector;
 use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::{
     CapiManagers, Env, EnvOptions, Process, WorkloadCluster, capi_resource, merged_args, parse_yaml_documents, wait_for,
@@ -837,7 +837,10 @@ async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize, pool: usiz
 
 /// The pool's one Kairon MachineSet (of its only revision).
 async fn pool_set(sets: &Api<MachineSet>, pool: &str) -> Result<MachineSet, kube::Error> {
-    let mut items = sets.list(&ListParams::default().labels(&pool_selector(pool))).await?.items;
+    let mut items = sets
+        .list(&ListParams::default().labels(&pool_selector(pool)))
+        .await?
+        .items;
     assert_eq!(items.len(), 1, "one Kairon MachineSet of pool {pool}");
     Ok(items.remove(0))
 }

@@ -579,7 +579,10 @@ async fn a_new_member_gets_its_kaironmachine_and_is_not_started_before() {
         )
         .await;
         assert_eq!(body["metadata"]["name"], "pool-c");
-        assert_eq!(body["spec"]["providerID"], uid_provider_id("pool-c-uid"));
+        assert_eq!(
+            body["spec"]["providerID"], "kairon://pool-c",
+            "what the guest, named so, gives kubelet"
+        );
         assert_eq!(body["metadata"]["labels"][labels::KAIRONMACHINEPOOL_NAME], "pool");
         assert_eq!(body["metadata"]["labels"][capi::POOL_NAME_LABEL], "pool");
         assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "pool-uid");
@@ -709,12 +712,39 @@ async fn a_rotated_token_changes_no_set_and_reaches_only_the_member_started_next
 async fn scale_in_deletes_the_machine_capi_chose_never_a_vm_or_a_kaironmachine() {
     let mut w = steady(1);
     w.machines = vec![machine("pool-a", 10, false), machine("pool-b", 20, true)];
+    let listed = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineList", "metadata": {},
+        "items": [machine("pool-a", 10, false), machine("pool-b", 20, true)]});
     let p = pool(&w);
     run(p, w, move |mut h| async move {
+        let (req, _) = expect(&mut h, "GET", MACHINES, 200, listed).await;
+        assert!(
+            req.contains("labelSelector=cluster.x-k8s.io%2Fpool-name%3Dpool"),
+            "the pool's Machines, read fresh: {req}"
+        );
         let (_, body) = expect(&mut h, "DELETE", &format!("{MACHINES}/pool-b"), 200, success()).await;
         assert_eq!(body["preconditions"]["uid"], "pool-b-machine-uid");
         // No DELETE of a Kairon Machine or a KaironMachine, no write to the set (the
         // KaironMachine's deletion releases the VM from it).
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// The mark on the Machine to remove may reach the cache after the MachinePool's lower size:
+/// the victim is chosen from the Machines as the API server has them. (Seen on the real
+/// control plane: the oldest Machine went instead of the marked one.)
+#[tokio::test]
+async fn scale_in_chooses_from_the_machines_as_the_api_server_has_them() {
+    let mut w = steady(1);
+    w.machines = vec![machine("pool-a", 10, false), machine("pool-b", 20, false)];
+    let listed = json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineList", "metadata": {},
+        "items": [machine("pool-a", 10, false), machine("pool-b", 20, true)]});
+    let p = pool(&w);
+    run(p, w, move |mut h| async move {
+        expect(&mut h, "GET", MACHINES, 200, listed).await;
+        // The marked Machine, not the oldest.
+        let (_, body) = expect(&mut h, "DELETE", &format!("{MACHINES}/pool-b"), 200, success()).await;
+        assert_eq!(body["preconditions"]["uid"], "pool-b-machine-uid");
         expect_no_more(&mut h).await;
     })
     .await;

@@ -205,10 +205,11 @@ async fn another_members_release_record_does_not_count_for_this_one() {
     .await;
 }
 
-/// The set changed since it was read: the release is decided again on a fresh read, and the VM
-/// is not deleted in this reconcile (Kairon would replace a member it still counts).
+/// The set changed since it was read (Kairon writes its status every tick): the release is
+/// tried again at once on a fresh read, three times; then the VM is not deleted in this
+/// reconcile (Kairon would replace a member it still counts).
 #[tokio::test]
-async fn a_release_that_lost_a_race_deletes_no_vm() {
+async fn a_release_that_lost_every_race_deletes_no_vm() {
     let km = kaironmachine(Some("pool"), true);
     let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
@@ -217,8 +218,10 @@ async fn a_release_that_lost_a_race_deletes_no_vm() {
         let mut h = handle;
         expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "PATCH", VM_PATH, 200, member).await;
-        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
-        expect(&mut h, "PATCH", SET_PATH, 409, status_error(409, "Conflict")).await;
+        for _ in 0..3 {
+            expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+            expect(&mut h, "PATCH", SET_PATH, 409, status_error(409, "Conflict")).await;
+        }
         // No DELETE of the VM, no status write.
         expect_no_more(&mut h).await;
     });
@@ -228,6 +231,51 @@ async fn a_release_that_lost_a_race_deletes_no_vm() {
         .await
         .expect("mock server finished")
         .expect("mock server did not panic");
+}
+
+/// One lost race: the release is decided again on a fresh read and goes through, then the VM
+/// is deleted.
+#[tokio::test]
+async fn a_release_that_lost_one_race_is_done_on_a_fresh_read() {
+    let km = kaironmachine(Some("pool"), true);
+    let km_json = serde_json::to_value(&km).unwrap();
+    let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
+    run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
+        expect(&mut h, "PATCH", VM_PATH, 200, member.clone()).await;
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        expect(&mut h, "PATCH", SET_PATH, 409, status_error(409, "Conflict")).await;
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(2, &["vm-uid"])).await;
+        assert_eq!(body["spec"]["replicas"], 2);
+        let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, member).await;
+        assert_eq!(body["preconditions"]["uid"], "vm-uid");
+        expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// Kairon deleted the released member (it is outdated) before the release was counted: the
+/// release is still counted, or Kairon would make a VM the pool does not want.
+#[tokio::test]
+async fn a_released_member_kairon_already_deletes_is_still_counted_once() {
+    let km = kaironmachine(Some("pool"), true);
+    let km_json = serde_json::to_value(&km).unwrap();
+    let mut deleting = released(vm(Some(("pool", "pool"))));
+    deleting.metadata.deletion_timestamp =
+        Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_200).unwrap()));
+    let member = serde_json::to_value(&deleting).unwrap();
+    run(km, vec![deleting], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member).await;
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(2, &["vm-uid"])).await;
+        assert_eq!(body["spec"]["replicas"], 2);
+        // Not deleted again: it is being deleted.
+        expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
 }
 
 /// A member whose set is gone has nothing to be released from: it is deleted.

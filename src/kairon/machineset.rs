@@ -141,7 +141,12 @@ mod tests {
         .expect("reads");
         assert_eq!(set.spec.replicas, 3);
         assert_eq!(
-            set.spec.template.labels.as_ref().and_then(|l| l.get("app")).map(String::as_str),
+            set.spec
+                .template
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app"))
+                .map(String::as_str),
             Some("web")
         );
         assert_eq!(set.strategy(), strategy::ROLLING_UPDATE);

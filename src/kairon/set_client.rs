@@ -196,8 +196,10 @@ impl MachineSets {
 
     /// Removes the release records of members that are gone.
     pub async fn forget_releases(&self, set: &MachineSet, member_uids: &[String]) -> Result<(), SetError> {
-        let records: serde_json::Map<String, Value> =
-            member_uids.iter().map(|uid| (release_record(uid), Value::Null)).collect();
+        let records: serde_json::Map<String, Value> = member_uids
+            .iter()
+            .map(|uid| (release_record(uid), Value::Null))
+            .collect();
         let body = json!({"metadata": {"resourceVersion": set.resource_version(), "annotations": records}});
         self.merge(set, "forgetting released members of", &body).await
     }

@@ -55,7 +55,10 @@ fn a_set_is_named_by_its_revision_links_back_to_its_pool_and_makes_stopped_membe
         Some("kairon://machinesets/first")
     );
     assert_eq!(set.spec.replicas, 0);
-    assert_eq!(set.spec.strategy, None, "Kairon's default; the pool never changes a template");
+    assert_eq!(
+        set.spec.strategy, None,
+        "Kairon's default; the pool never changes a template"
+    );
 
     let t = &set.spec.template;
     assert_eq!(label(&t.labels, labels::KAIRONMACHINEPOOL_NAME), Some("demo-mp-0"));
@@ -66,9 +69,17 @@ fn a_set_is_named_by_its_revision_links_back_to_its_pool_and_makes_stopped_membe
         labels::KAIRONMACHINE_UID,
         labels::MANAGEMENT_CLUSTER,
     ] {
-        assert_eq!(label(&t.labels, k), None, "{k} would change on a move and roll the pool");
+        assert_eq!(
+            label(&t.labels, k),
+            None,
+            "{k} would change on a move and roll the pool"
+        );
     }
-    assert_eq!(t.spec.power_state.as_deref(), Some("Stopped"), "no member boots from the template");
+    assert_eq!(
+        t.spec.power_state.as_deref(),
+        Some("Stopped"),
+        "no member boots from the template"
+    );
     assert_eq!(t.spec.cloud_init, None, "no bootstrap data in a set");
     assert_eq!(
         t.spec.image.as_ref().and_then(|i| i.image_ref.as_deref()),

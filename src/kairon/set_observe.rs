@@ -108,7 +108,7 @@ pub(crate) fn member_rule(vm: &Machine, km_pool: Option<(&str, &str)>) -> Option
 mod tests {
     use super::*;
     use crate::kairon::fixtures::vm;
-    
+
     type Labels = Vec<(&'static str, &'static str)>;
     type PoolKey = (&'static str, &'static str);
 
@@ -145,14 +145,23 @@ mod tests {
         fresh.spec.power_state = Some("Stopped".into());
         assert!(awaits_start(&fresh));
         let mut started = fresh.clone();
-        started.metadata.annotations =
-            Some([(crate::kairon::BOOTSTRAP_DATA_HASH_ANNOTATION.to_string(), "sha256:ab".to_string())].into());
-        assert!(!awaits_start(&started), "stopped after its start: not the pool's to start again");
+        started.metadata.annotations = Some(
+            [(
+                crate::kairon::BOOTSTRAP_DATA_HASH_ANNOTATION.to_string(),
+                "sha256:ab".to_string(),
+            )]
+            .into(),
+        );
+        assert!(
+            !awaits_start(&started),
+            "stopped after its start: not the pool's to start again"
+        );
         let mut running = fresh.clone();
         running.spec.power_state = Some("Running".into());
         assert!(!awaits_start(&running));
         let mut deleting = fresh;
-        deleting.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()));
         assert!(!awaits_start(&deleting));
     }
 
@@ -196,7 +205,10 @@ mod tests {
         let mut later = set(&[(uid, "old"), (mc, "mc-old")]);
         later.metadata.uid = Some("later-uid".into());
         let first = Some("kairon://machinesets/first-uid");
-        assert!(matches!(set_ownership(&later, &pool, first, &owner), Ownership::Foreign(_)));
+        assert!(matches!(
+            set_ownership(&later, &pool, first, &owner),
+            Ownership::Foreign(_)
+        ));
         later.metadata.annotations = Some([(POOL_ID_ANNOTATION.to_string(), first.unwrap().to_string())].into());
         assert!(matches!(
             set_ownership(&later, &pool, first, &owner),

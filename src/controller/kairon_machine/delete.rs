@@ -106,11 +106,16 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
             .await;
         return release().await;
     }
-    if vm.metadata.deletion_timestamp.is_none() {
-        // A member of a pool's set is released from it first, or Kairon would replace it.
-        if let Some(action) = release_member(&vm, &target.instances).await? {
-            return Ok(action);
-        }
+    // A member of a pool's set is released from it first, or Kairon would replace it; also
+    // when Kairon already deletes it (a released member is outdated) before the release was
+    // counted.
+    let deleting = vm.metadata.deletion_timestamp.is_some();
+    if (!deleting || is_released(&vm))
+        && let Some(action) = release_member(&vm, &target.instances).await?
+    {
+        return Ok(action);
+    }
+    if !deleting {
         match target.instances.delete(&vm).await? {
             Deletion::Started => info!(instance = %name, "deleting Kairon Machine"),
             Deletion::Gone => return release().await,
@@ -144,20 +149,25 @@ async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> 
     }
     let ns = vm.namespace().unwrap_or_default();
     let sets = instances.machine_sets();
-    let Some(set) = sets.get(&ns, set_name).await? else {
-        return Ok(None);
-    };
-    if kairon::released_members(&set).iter().any(|u| u == uid) {
-        return Ok(None);
-    }
-    match sets.release(&set, uid, &vm.name_any()).await {
-        Ok(()) => {
-            info!(instance = %vm.name_any(), set = %set_name, "released the Kairon Machine from its MachineSet");
-            Ok(None)
+    // Kairon writes the set's status every tick: a write that lost to it is tried again at
+    // once, on a fresh read (each try only if the release is not recorded yet).
+    for _ in 0..3 {
+        let Some(set) = sets.get(&ns, set_name).await? else {
+            return Ok(None);
+        };
+        if kairon::released_members(&set).iter().any(|u| u == uid) {
+            return Ok(None);
         }
-        Err(kairon::SetError::Stale { .. }) => Ok(Some(Action::requeue(Duration::from_secs(1)))),
-        Err(e) => Err(e.into()),
+        match sets.release(&set, uid, &vm.name_any()).await {
+            Ok(()) => {
+                info!(instance = %vm.name_any(), set = %set_name, "released the Kairon Machine from its MachineSet");
+                return Ok(None);
+            }
+            Err(kairon::SetError::Stale { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
     }
+    Ok(Some(Action::requeue(Duration::from_secs(1))))
 }
 
 /// Whether the KaironMachine's Cluster no longer exists, asked of the API server when the cache

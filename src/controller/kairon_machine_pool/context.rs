@@ -148,6 +148,29 @@ impl Context {
         kms
     }
 
+    /// The Machines CAPI made for the pool's KaironMachines, as the API server has them now.
+    pub(crate) async fn list_machines_of(
+        &self,
+        s: &Scope,
+        machine_pool: &str,
+    ) -> Result<Vec<Arc<capi::Machine>>, Error> {
+        let lp =
+            kube::api::ListParams::default().labels(&format!("{POOL_NAME_LABEL}={}", format_label_value(machine_pool)));
+        let mut machines: Vec<_> = Api::<capi::Machine>::namespaced(self.client.clone(), &s.ns)
+            .list(&lp)
+            .await
+            .map_err(Error::read(format!(
+                "the Machines of MachinePool {}/{machine_pool}",
+                s.ns
+            )))?
+            .items
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        machines.sort_by_key(|m| m.name_any());
+        Ok(machines)
+    }
+
     /// The Machines CAPI made for the pool's KaironMachines, as cached.
     pub(crate) fn machines_of(&self, s: &Scope, machine_pool: &str) -> Vec<Arc<capi::Machine>> {
         let value = format_label_value(machine_pool);

@@ -103,11 +103,10 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         crate::kairon::labels::KAIRONMACHINEPOOL_NAME,
         crate::kairon::set_desired::label_value(&s.link.name)
     ));
-    let listed = sets
-        .api(Some(&s.ns))
-        .list(&lp)
-        .await
-        .map_err(Error::read(format!("Kairon MachineSets of pool {}/{}", s.ns, s.link.name)))?;
+    let listed = sets.api(Some(&s.ns)).list(&lp).await.map_err(Error::read(format!(
+        "Kairon MachineSets of pool {}/{}",
+        s.ns, s.link.name
+    )))?;
     let mut left = 0;
     for set in listed.items.into_iter().map(crate::kairon::read_set) {
         if let Ownership::Foreign(why) =

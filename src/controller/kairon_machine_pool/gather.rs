@@ -174,7 +174,11 @@ mod tests {
             &machines.iter().collect::<Vec<_>>(),
         );
         let names: Vec<&str> = got.iter().map(|i| i.name.as_str()).collect();
-        assert_eq!(names, ["a", "b", "c", "d", "e", "f", "g"], "another set's VM is no instance");
+        assert_eq!(
+            names,
+            ["a", "b", "c", "d", "e", "f", "g"],
+            "another set's VM is no instance"
+        );
         let a = &got[0];
         assert_eq!(
             a.vm,
@@ -208,7 +212,10 @@ mod tests {
             "deleting reads as Terminating, not broken"
         );
         assert!(c.km.is_none() && c.machine.is_none());
-        assert!(got[3].vm.as_ref().is_some_and(|v| v.deleting), "released: on its way out");
+        assert!(
+            got[3].vm.as_ref().is_some_and(|v| v.deleting),
+            "released: on its way out"
+        );
         assert!(
             got[4].vm.as_ref().is_some_and(|v| !v.broken && !v.awaits_start),
             "stopped after it ran: not broken, not the pool's to start"

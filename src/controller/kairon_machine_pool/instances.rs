@@ -6,9 +6,11 @@
 //! KaironMachine's controller owner. Until then a plain owner reference to the pool keeps the
 //! KaironMachine from being an orphan (CAPD does the same).
 //!
-//! The KaironMachine carries `spec.providerID` naming its VM from creation, so the
-//! KaironMachine controller never makes a VM for it: it only follows the one Kairon's
-//! MachineSet made, and deletes it (behind its finalizer) when CAPI deletes the Machine.
+//! The KaironMachine carries `spec.providerID` naming its VM from creation (`kairon://<VM
+//! name>`, what the guest, started with its name as hostname and instance-id, gives kubelet),
+//! so the KaironMachine controller never makes a VM for it: it only follows the one Kairon's
+//! MachineSet made, and releases and deletes it (behind its finalizer) when CAPI deletes the
+//! Machine.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
@@ -17,7 +19,7 @@ use crate::api::{KaironMachine, KaironMachinePool};
 use crate::capi::{CLUSTER_NAME_LABEL, POOL_NAME_LABEL, format_label_value};
 use crate::kairon::labels::KAIRONMACHINEPOOL_NAME;
 use crate::kairon::set_desired::label_value;
-use crate::kairon::{Machine, uid_provider_id};
+use crate::kairon::{Machine, provider_id};
 
 /// The KaironMachine for member `vm` of `pool`'s set, the pool belonging to MachinePool
 /// `machine_pool` of cluster `cluster`. `None` for a VM Kairon has not given a UID (not
@@ -28,7 +30,7 @@ pub fn kaironmachine_for_member(
     cluster: &str,
     vm: &Machine,
 ) -> Option<KaironMachine> {
-    let uid = vm.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
+    vm.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
     let labels = [
         (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
         (POOL_NAME_LABEL.to_string(), format_label_value(machine_pool)),
@@ -44,7 +46,7 @@ pub fn kaironmachine_for_member(
         block_owner_deletion: None,
     };
     let mut spec = pool.spec.template.clone();
-    spec.provider_id = Some(uid_provider_id(uid));
+    spec.provider_id = Some(provider_id(&vm.name_any()));
     Some(KaironMachine {
         metadata: ObjectMeta {
             name: Some(vm.name_any()),
@@ -59,12 +61,12 @@ pub fn kaironmachine_for_member(
 }
 
 /// Whether an existing KaironMachine of that name is the one for `vm` (a create that found the
-/// name taken): it must name that very VM.
+/// name taken): it must name that VM (by name, or by uid as the old model did).
 pub fn stands_for(km: &KaironMachine, vm: &Machine) -> bool {
-    match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
-        (Some(pid), Some(uid)) => pid == uid_provider_id(uid),
-        _ => false,
-    }
+    km.spec
+        .provider_id
+        .as_deref()
+        .is_some_and(|pid| crate::kairon::names_instance(pid, vm))
 }
 
 #[cfg(test)]
@@ -106,7 +108,11 @@ mod tests {
         assert_eq!(l.get(CLUSTER_NAME_LABEL).map(String::as_str), Some("demo"));
         assert_eq!(l.get(POOL_NAME_LABEL).map(String::as_str), Some("demo-mp-0"));
         assert_eq!(l.get(KAIRONMACHINEPOOL_NAME).map(String::as_str), Some("demo-mp-0"));
-        assert_eq!(km.spec.provider_id.as_deref(), Some("kairon://vm-uid"));
+        assert_eq!(
+            km.spec.provider_id.as_deref(),
+            Some("kairon://demo-mp-0-x7k2q"),
+            "what the guest, named so, gives kubelet"
+        );
         assert_eq!(km.spec.image.image_ref.as_deref(), Some("img"));
         let owners = km.metadata.owner_references.as_ref().expect("owner");
         assert_eq!(owners.len(), 1);
@@ -114,7 +120,11 @@ mod tests {
         assert_eq!(owners[0].uid, "pool-uid");
         assert_eq!(owners[0].controller, None, "the Machine becomes its controller");
         assert!(stands_for(&km, &member("demo-mp-0-x7k2q", Some("vm-uid"))));
-        assert!(!stands_for(&km, &member("demo-mp-0-x7k2q", Some("another-vm"))));
+        assert!(!stands_for(&km, &member("demo-mp-0-other", Some("vm-uid"))));
+        let mut old_model = km.clone();
+        old_model.spec.provider_id = Some("kairon://vm-uid".into());
+        assert!(stands_for(&old_model, &member("demo-mp-0-x7k2q", Some("vm-uid"))));
+        assert!(!stands_for(&old_model, &member("demo-mp-0-x7k2q", Some("another-vm"))));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use tracing::info;
 use super::context::{Context, Scope};
 use super::gather;
 use super::instances::{kaironmachine_for_member, stands_for};
-use super::plan::{PlanInput, PoolPlan, plan_pool};
+use super::plan::{PlanInput, PoolPlan, Why, plan_pool};
 use super::publish::write_status;
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
@@ -141,8 +141,16 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         Err(Error::MachineSet(SetError::Stale { .. })) => return Ok(Action::requeue(STALE_REQUEUE)),
         Err(e) => return Err(e),
     };
-    let plan = plan_for(&scope, &mp, &sets, &ctx);
-    let busy = match carry_out_plan(&scope, &mp, &sets, &plan, &data, &ctx).await? {
+    let mut machines = ctx.machines_of(&scope, &mp.name_any());
+    let mut plan = plan_for(&scope, &mp, &sets, &machines, &ctx);
+    if plan.delete_machines.iter().any(|(_, why)| *why == Why::ScaleIn) {
+        // Whoever scales a pool in marks its choice (`delete-machine`) just before lowering the
+        // MachinePool; the cache of Machines may not show the mark yet when the MachinePool's
+        // change arrives. The victims are chosen from the Machines as the API server has them.
+        machines = ctx.list_machines_of(&scope, &mp.name_any()).await?;
+        plan = plan_for(&scope, &mp, &sets, &machines, &ctx);
+    }
+    let busy = match carry_out_plan(&scope, &mp, &sets, &plan, &machines, &data, &ctx).await? {
         Ok(busy) => busy,
         Err(d) => {
             write_status(&ctx, &scope, Some(&sets.current), Some(d), None).await?;
@@ -248,7 +256,11 @@ impl PoolSets {
 /// The pool's sets, as Kairon has them: the current revision's created if missing, sets of a
 /// pool moved here adopted. `Ok(None)`: something was just written, look again.
 /// `Err(condition)`: the pool cannot go on.
-async fn ensure_sets(s: &Scope, ctx: &Context, inputs: &SetInputs<'_>) -> Result<Result<Option<PoolSets>, Decided>, Error> {
+async fn ensure_sets(
+    s: &Scope,
+    ctx: &Context,
+    inputs: &SetInputs<'_>,
+) -> Result<Result<Option<PoolSets>, Decided>, Error> {
     let pool = s.pool.as_ref();
     let sets = ctx.sets();
     let pool_id = pool.spec.provider_id.as_deref();
@@ -351,11 +363,10 @@ async fn record_provider_id(s: &Scope, ctx: &Context, set: &MachineSet) -> Resul
 }
 
 /// The plan for the pool, from the caches.
-fn plan_for(s: &Scope, mp: &MachinePool, sets: &PoolSets, ctx: &Context) -> PoolPlan {
+fn plan_for(s: &Scope, mp: &MachinePool, sets: &PoolSets, machines: &[Arc<capi::Machine>], ctx: &Context) -> PoolPlan {
     let pool = s.pool.as_ref();
     let members: Vec<_> = sets.all().flat_map(|set| ctx.members_of(set)).collect();
     let kms = ctx.kaironmachines_of(s);
-    let machines = ctx.machines_of(s, &mp.name_any());
     let instances = gather::instances(
         &sets.all().collect::<Vec<_>>(),
         &sets.current.name_any(),
@@ -384,12 +395,12 @@ async fn carry_out_plan(
     mp: &MachinePool,
     sets: &PoolSets,
     plan: &PoolPlan,
+    machines: &[Arc<capi::Machine>],
     data: &BootstrapData<'_>,
     ctx: &Context,
 ) -> Result<Result<bool, Decided>, Error> {
     let pool = s.pool.as_ref();
     let members: Vec<_> = sets.all().flat_map(|set| ctx.members_of(set)).collect();
-    let machines = ctx.machines_of(s, &mp.name_any());
     let mut busy = false;
     if let Some(r) = plan.set_replicas {
         match ctx.sets().patch_replicas(&sets.current, r).await {
@@ -444,15 +455,16 @@ async fn carry_out_plan(
                 continue;
             };
             let facts = GuestFacts::kairon(name);
-            let cloud_init = match translate_cloud_config(user_data.as_str(), &facts, 2 * ctx.settings.max_bootstrap_data_bytes) {
-                Ok(c) => c,
-                Err(e) => {
-                    return Ok(Err(waiting(
-                        reason::UNSUPPORTED_BOOTSTRAP_DATA,
-                        format!("the pool's bootstrap data cannot be given to Kairon: {e}"),
-                    )));
-                }
-            };
+            let cloud_init =
+                match translate_cloud_config(user_data.as_str(), &facts, 2 * ctx.settings.max_bootstrap_data_bytes) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        return Ok(Err(waiting(
+                            reason::UNSUPPORTED_BOOTSTRAP_DATA,
+                            format!("the pool's bootstrap data cannot be given to Kairon: {e}"),
+                        )));
+                    }
+                };
             match ctx.kairon.start_member(vm, cloud_init, &hash).await {
                 Ok(()) => info!(instance = %name, "started a pool member with its bootstrap data"),
                 Err(crate::kairon::KaironError::StartStale { .. }) => {}
@@ -505,7 +517,9 @@ async fn release_excess(sets: &PoolSets, ctx: &Context) -> Result<Vec<String>, E
             .iter()
             .filter(|vm| vm.metadata.deletion_timestamp.is_none() && !is_released(vm))
             .collect();
-        let over = live.len().saturating_sub(usize::try_from(set.spec.replicas.max(0)).unwrap_or(0));
+        let over = live
+            .len()
+            .saturating_sub(usize::try_from(set.spec.replicas.max(0)).unwrap_or(0));
         if over == 0 {
             continue;
         }
@@ -529,7 +543,11 @@ async fn tidy_sets(s: &Scope, sets: &PoolSets, ctx: &Context) -> Result<bool, Er
         let members = ctx.members_of(set);
         let gone: Vec<String> = released_members(set)
             .into_iter()
-            .filter(|uid| !members.iter().any(|vm| vm.metadata.uid.as_deref() == Some(uid.as_str())))
+            .filter(|uid| {
+                !members
+                    .iter()
+                    .any(|vm| vm.metadata.uid.as_deref() == Some(uid.as_str()))
+            })
             .collect();
         if !gone.is_empty() {
             match ctx.sets().forget_releases(set, &gone).await {
@@ -557,7 +575,11 @@ async fn tidy_sets(s: &Scope, sets: &PoolSets, ctx: &Context) -> Result<bool, Er
                     s.pool.as_ref(),
                     event::MACHINE_SET_DELETED,
                     "Delete",
-                    format!("Kairon MachineSet {}/{} of an older revision deleted: it is empty", s.ns, fresh.name_any()),
+                    format!(
+                        "Kairon MachineSet {}/{} of an older revision deleted: it is empty",
+                        s.ns,
+                        fresh.name_any()
+                    ),
                 )
                 .await;
         }
