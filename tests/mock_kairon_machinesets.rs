@@ -144,7 +144,7 @@ async fn a_create_sends_a_stopped_set_without_bootstrap_data_and_an_error_never_
         SetCreated::New(set) => {
             assert_eq!(set.metadata.uid.as_deref(), Some("set-uid"));
             assert!(
-                set.spec.template.spec.cloud_init.is_none() && set.spec.template.spec.legacy_user_data.is_none(),
+                set.spec.template.spec.cloud_init.is_none(),
                 "user-data in the answer is not held"
             );
         }

@@ -321,7 +321,6 @@ pub fn machine_set_from_value(mut value: Value) -> MachineSet {
 /// without cloudInit, status. Other annotations, managedFields and finalizers go.
 pub fn keep_set_what_is_read(set: &mut MachineSet) {
     set.spec.template.spec.cloud_init = None;
-    set.spec.template.spec.legacy_user_data = None;
     let meta = &mut set.metadata;
     meta.managed_fields = None;
     meta.owner_references = None;
@@ -360,10 +359,6 @@ mod tests {
         let set = machine_set_from_value(base.clone());
         assert_eq!(set.spec.replicas, 3);
         assert!(set.spec.template.spec.cloud_init.is_none(), "user-data is never held");
-        assert!(
-            set.spec.template.spec.legacy_user_data.is_none(),
-            "user-data is never held"
-        );
         assert!(!format!("{set:?}").contains("SECRET"));
 
         let mut odd = base.clone();
@@ -388,9 +383,12 @@ mod tests {
                 "annotations": {POOL_ID_ANNOTATION: "kairon://machinesets/u", release_record("m1"): "pool-1", "other": "1"},
                 "finalizers": ["kairon.zyvor.dev/machineset-cleanup"]},
             "spec": {"replicas": 2, "template": {"spec": {"resources": {"cpu": "2"}, "image": {"imageRef": "img"}}}}}));
-        set.spec.template.spec.legacy_user_data = Some(super::super::UserData("SECRET".into()));
+        set.spec.template.spec.cloud_init = Some(super::super::CloudInit {
+            run_cmd: vec!["SECRET".into()],
+            ..Default::default()
+        });
         keep_set_what_is_read(&mut set);
-        assert!(set.spec.template.spec.legacy_user_data.is_none());
+        assert!(set.spec.template.spec.cloud_init.is_none());
         assert_eq!(set.annotations().len(), 2);
         assert_eq!(released_members(&set), vec!["m1".to_string()]);
         assert_eq!(set.labels().len(), 1);

@@ -64,11 +64,6 @@ pub struct MachineSpec {
     pub power_state: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
-    /// *Simulator only*, never written on a Kairon Machine the provider creates: the raw
-    /// bootstrap data of a KaironMachinePool's MachineSet template (the old model's pools, until
-    /// they move to Kairon's MachineSet). A real Kairon prunes it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub legacy_user_data: Option<UserData>,
 }
 
 impl MachineSpec {

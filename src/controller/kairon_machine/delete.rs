@@ -131,12 +131,18 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
     Ok(Action::requeue(DELETE_RETRY))
 }
 
+/// Releases are made one at a time in this process: two at once on one set would only make
+/// each other's write stale, and every retry widens the gap between a member's label and its
+/// set's count.
+static RELEASES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Releases `vm` from its Kairon MachineSet, if it is a member of one: Kairon replaces any
 /// member deleted by someone else, and deletes members of its own choice when `spec.replicas`
-/// drops below them. So the member is first labelled released (no template has that hash: it
-/// is outdated, and whatever Kairon does next removes it rather than another), then its set
-/// is lowered by one together with a record of it, on the set's resourceVersion: exactly once.
-/// `Some(action)`: not done yet, look again.
+/// drops below them. So the member is labelled released (no template has that hash: it is
+/// outdated, and whatever Kairon does next removes it rather than another), and its set is
+/// lowered by one together with a record of it, right after, on the set's resourceVersion:
+/// exactly once. Kairon acts on sets every few seconds; between the two writes there is one
+/// request. `Some(action)`: not done yet, look again.
 async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> Result<Option<Action>, Error> {
     let Some(set_name) = set_of(vm) else {
         return Ok(None);
@@ -144,19 +150,22 @@ async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> 
     let Some(uid) = vm.metadata.uid.as_deref() else {
         return Ok(None);
     };
-    if !is_released(vm) {
-        instances.mark_released(vm).await?;
-    }
+    let _one_at_a_time = RELEASES.lock().await;
     let ns = vm.namespace().unwrap_or_default();
     let sets = instances.machine_sets();
     // Kairon writes the set's status every tick: a write that lost to it is tried again at
     // once, on a fresh read (each try only if the release is not recorded yet).
+    let mut marked = is_released(vm);
     for _ in 0..3 {
         let Some(set) = sets.get(&ns, set_name).await? else {
             return Ok(None);
         };
         if kairon::released_members(&set).iter().any(|u| u == uid) {
             return Ok(None);
+        }
+        if !marked {
+            instances.mark_released(vm).await?;
+            marked = true;
         }
         match sets.release(&set, uid, &vm.name_any()).await {
             Ok(()) => {

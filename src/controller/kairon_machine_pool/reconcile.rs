@@ -517,15 +517,27 @@ async fn release_excess(sets: &PoolSets, ctx: &Context) -> Result<Vec<String>, E
             .iter()
             .filter(|vm| vm.metadata.deletion_timestamp.is_none() && !is_released(vm))
             .collect();
-        let over = live
-            .len()
-            .saturating_sub(usize::try_from(set.spec.replicas.max(0)).unwrap_or(0));
+        let over_of = |replicas: i32| live.len().saturating_sub(usize::try_from(replicas.max(0)).unwrap_or(0));
+        if over_of(set.spec.replicas) == 0 {
+            continue;
+        }
+        // The caches of sets and of members are two watches: a raise the set's cache does not
+        // show yet looks like members over its size. Only the set as the API server has it
+        // decides.
+        let Some(now) = ctx
+            .sets()
+            .get(&set.namespace().unwrap_or_default(), &set.name_any())
+            .await?
+        else {
+            continue;
+        };
+        let over = over_of(now.spec.replicas);
         if over == 0 {
             continue;
         }
-        let mut fresh: Vec<_> = live.into_iter().filter(|vm| awaits_start(vm)).collect();
-        fresh.sort_by_key(|vm| std::cmp::Reverse((vm.creation_timestamp(), vm.name_any())));
-        for vm in fresh.into_iter().take(over) {
+        let mut unstarted: Vec<_> = live.into_iter().filter(|vm| awaits_start(vm)).collect();
+        unstarted.sort_by_key(|vm| std::cmp::Reverse((vm.creation_timestamp(), vm.name_any())));
+        for vm in unstarted.into_iter().take(over) {
             ctx.kairon.mark_released(vm).await?;
             info!(instance = %vm.name_any(), set = %set.name_any(), "released a member over its set's size");
             released.push(vm.name_any());

@@ -150,7 +150,6 @@ fn desired_kairon_machine_table() {
         assert_eq!(image.image_ref.as_deref(), Some("ubuntu-2404-kube-v1.36.1"));
         assert_eq!(image.disk_size.as_deref(), Some("40Gi"));
         assert_eq!(m.spec.cloud_init, Some(cloud_init("h")));
-        assert_eq!(m.spec.legacy_user_data, None);
         assert_eq!(m.spec.node_name, None, "{}: Kairon schedules", c.name);
     }
 }

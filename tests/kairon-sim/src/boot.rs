@@ -3,9 +3,6 @@
 //! - `spec.cloudInit` set (not empty): the NoCloud seed FluxVM renders from it
 //!   ([`crate::cloud_init`]): a plain `#cloud-config`, with meta-data `instance-id` and
 //!   `local-hostname` both the cloudInit's hostname (default `fluxvm-vm`);
-//! - else `spec.legacyUserData` (a member of a KaironMachinePool's MachineSet, still on the old
-//!   model): that raw bootstrap data, with the old model's meta-data: `instance-id` the
-//!   Machine's uid, `local-hostname` its name;
 //! - else nothing: no kubelet.
 //!
 //! The Node's capacity comes from `spec.resources` and `spec.image.diskSize`, read as Kairon
@@ -47,21 +44,11 @@ impl fmt::Debug for BootInput {
 
 /// What the guest of `m` boots from; `None` when it has no cloud-init at all.
 pub fn boot_input(m: &Machine) -> Option<BootInput> {
-    if let Some(ci) = m.spec.cloud_init.as_ref()
-        && let Some(seed) = crate::cloud_init::seed(ci)
-    {
-        return Some(BootInput {
-            user_data: seed.user_data,
-            meta: crate::cloud_init::meta(ci),
-        });
-    }
-    let legacy = m.spec.legacy_user_data.as_ref()?;
+    let ci = m.spec.cloud_init.as_ref()?;
+    let seed = crate::cloud_init::seed(ci)?;
     Some(BootInput {
-        user_data: legacy.as_str().to_string(),
-        meta: MetaData {
-            instance_id: m.uid().unwrap_or_default(),
-            local_hostname: m.name_any(),
-        },
+        user_data: seed.user_data,
+        meta: crate::cloud_init::meta(ci),
     })
 }
 
@@ -70,7 +57,7 @@ pub fn boot_input(m: &Machine) -> Option<BootInput> {
 pub fn node_facts(m: &Machine) -> Option<NodeFacts> {
     let key = Key::of(m);
     let Some(boot) = boot_input(m) else {
-        tracing::warn!(machine = %key, "no cloudInit and no legacy user-data: no kubelet will register a Node");
+        tracing::warn!(machine = %key, "no cloudInit: no kubelet will register a Node");
         return None;
     };
     let identity = match guest::resolve(&boot.user_data, &boot.meta) {

@@ -1,5 +1,5 @@
 use capkr::kairon::cloud_init::{CloudInit, CloudInitFile};
-use capkr::kairon::{Image, MachineStatus, Resources, UserData};
+use capkr::kairon::{Image, MachineStatus, Resources};
 
 use super::*;
 
@@ -23,42 +23,36 @@ fn structured_cloud_init_boots_from_its_seed_with_the_hostname_as_meta_data() {
             }],
             ..Default::default()
         }),
-        legacy_user_data: Some(UserData("#cloud-config ignored".into())),
         ..Default::default()
     });
     let boot = boot_input(&m).expect("boots");
     assert!(boot.user_data.starts_with("#cloud-config\n"), "{boot:?}");
     assert!(boot.user_data.contains("hostname: 'node-a'"));
     assert!(boot.user_data.contains("[ bash, -lc, 'kubeadm join' ]"));
-    assert!(
-        !boot.user_data.contains("ignored"),
-        "cloudInit wins over legacy user-data"
-    );
     assert_eq!(boot.meta.instance_id, "node-a");
     assert_eq!(boot.meta.local_hostname, "node-a");
 }
 
 #[test]
-fn legacy_user_data_boots_with_the_old_meta_data_and_empty_cloud_init_is_none() {
+fn no_cloud_init_or_an_empty_one_gives_no_seed() {
     let mut m = machine(MachineSpec {
         cloud_init: Some(CloudInit::default()),
-        legacy_user_data: Some(UserData("#cloud-config\nruncmd: []\n".into())),
         ..Default::default()
     });
-    let boot = boot_input(&m).expect("boots");
-    assert_eq!(boot.user_data, "#cloud-config\nruncmd: []\n");
-    assert_eq!(boot.meta.instance_id, "uid-a");
-    assert_eq!(boot.meta.local_hostname, "vm-a");
-
-    m.spec.legacy_user_data = None;
     assert_eq!(boot_input(&m), None, "an empty cloudInit gives the guest no seed");
     assert!(node_facts(&m).is_none());
+    m.spec.cloud_init = None;
+    assert_eq!(boot_input(&m), None);
 }
 
 #[test]
 fn the_debug_form_never_shows_the_user_data() {
     let m = machine(MachineSpec {
-        legacy_user_data: Some(UserData("#cloud-config TOPSECRET".into())),
+        cloud_init: Some(CloudInit {
+            hostname: "vm-a".into(),
+            run_cmd: vec!["kubeadm join --token TOPSECRET".into()],
+            ..Default::default()
+        }),
         ..Default::default()
     });
     let shown = format!("{:?}", boot_input(&m).expect("boots"));
@@ -109,9 +103,15 @@ fn node_facts_take_resources_disk_image_and_address() {
             disk_size: Some("40Gi".into()),
             ..Default::default()
         }),
-        legacy_user_data: Some(UserData(
-            "#cloud-config\nwrite_files:\n- path: /run/kubeadm/kubeadm-join-config.yaml\n  content: |\n    apiVersion: kubeadm.k8s.io/v1beta4\n    kind: JoinConfiguration\n    nodeRegistration:\n      kubeletExtraArgs:\n      - name: provider-id\n        value: kairon://vm-a\n".into(),
-        )),
+        cloud_init: Some(CloudInit {
+            hostname: "vm-a".into(),
+            write_files: vec![CloudInitFile {
+                path: "/run/kubeadm/kubeadm-join-config.yaml".into(),
+                content: "apiVersion: kubeadm.k8s.io/v1beta4\nkind: JoinConfiguration\nnodeRegistration:\n  kubeletExtraArgs:\n  - name: provider-id\n    value: kairon://vm-a\n".into(),
+                permissions: "0600".into(),
+            }],
+            ..Default::default()
+        }),
         ..Default::default()
     });
     m.status = Some(MachineStatus {

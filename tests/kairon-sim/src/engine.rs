@@ -58,6 +58,8 @@ pub struct Options {
     pub migration_delay: Duration,
     /// Create, watch and keep the status of a Host object per host (maintenance).
     pub host_objects: bool,
+    /// kairon-controller's tick: MachineSets are acted on this often, not on every change.
+    pub machineset_interval: Duration,
 }
 
 struct Timer {
@@ -321,6 +323,7 @@ impl Engine {
             .chain(guests)
             .chain(self.site.retry_at())
             .chain(self.sets.retry_at())
+            .chain(Some(self.sets.next_tick))
             .filter(|t| *t > now)
             .fold(now + TICK, Instant::min)
     }

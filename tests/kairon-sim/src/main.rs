@@ -4,7 +4,8 @@
 //! - [`sim`]: the Machine phase machine (pure);
 //! - [`placement`], [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
 //! - [`migration`], [`evacuation`]: live migrations and host maintenance (pure);
-//! - [`machineset`]: Kairon's MachineSets: members created, removed, scaled in (pure);
+//! - [`machineset`]: Kairon's MachineSets as kairon-controller keeps them: members made,
+//!   outdated ones replaced, extra ones removed in list order (pure);
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure); [`cloud_init`]: the
 //!   NoCloud seed Kairon renders from a structured cloudInit (pure);
 //! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
@@ -89,6 +90,9 @@ struct Args {
     /// deletionTimestamp -> finalizer removed.
     #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
     delete_delay: Duration,
+    /// How often kairon-controller acts on MachineSets (its reconcile tick, `--interval`).
+    #[arg(long, default_value = "5s", value_parser = flags::parse_duration)]
+    machineset_interval: Duration,
     /// +- this fraction applied to each delay.
     #[arg(long, default_value = "0.2", value_parser = flags::parse_fraction)]
     jitter: f64,
@@ -179,6 +183,7 @@ async fn main() -> anyhow::Result<()> {
         guest_scripts_dir: args.guest_scripts_dir,
         migration_delay: args.migration_delay,
         host_objects: args.host_objects,
+        machineset_interval: args.machineset_interval,
     };
     let allocations = Allocations {
         placement: Placement::new(hosts, args.host_capacity),

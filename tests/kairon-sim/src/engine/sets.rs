@@ -41,6 +41,9 @@ pub(super) struct Sets {
     retry_at: Option<Instant>,
     /// Something changed: decide again.
     pub dirty: bool,
+    /// When kairon-controller's next tick acts on the sets: never sooner, whatever changed
+    /// (Kairon lists everything each tick; it does not watch).
+    pub next_tick: Instant,
 }
 
 impl Sets {
@@ -54,6 +57,7 @@ impl Sets {
             awaited: HashMap::new(),
             retry_at: None,
             dirty: true,
+            next_tick: Instant::now(),
         }
     }
 
@@ -175,9 +179,10 @@ impl Engine {
         if !self.synced || !self.sets.synced || !self.sets.dirty {
             return;
         }
-        if self.sets.retry_at.is_some_and(|t| t > Instant::now()) {
+        if self.sets.retry_at.is_some_and(|t| t > Instant::now()) || self.sets.next_tick > Instant::now() {
             return;
         }
+        self.sets.next_tick = Instant::now() + self.opts.machineset_interval;
         self.sets.retry_at = None;
         self.sets.dirty = false;
         let machines = &self.machines;
