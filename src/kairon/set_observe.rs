@@ -204,14 +204,14 @@ mod tests {
         // A later set of a moved pool: its annotation carries the pool's provider ID.
         let mut later = set(&[(uid, "old"), (mc, "mc-old")]);
         later.metadata.uid = Some("later-uid".into());
-        let first = Some("kairon://machinesets/first-uid");
+        let first = "kairon://machinesets/first-uid";
         assert!(matches!(
-            set_ownership(&later, &pool, first, &owner),
+            set_ownership(&later, &pool, Some(first), &owner),
             Ownership::Foreign(_)
         ));
-        later.metadata.annotations = Some([(POOL_ID_ANNOTATION.to_string(), first.unwrap().to_string())].into());
+        later.metadata.annotations = Some([(POOL_ID_ANNOTATION.to_string(), first.to_string())].into());
         assert!(matches!(
-            set_ownership(&later, &pool, first, &owner),
+            set_ownership(&later, &pool, Some(first), &owner),
             Ownership::OursBeforeMove { .. }
         ));
     }
