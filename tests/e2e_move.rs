@@ -549,15 +549,10 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     assert_eq!(vm_uids(&vms).await, before, "the same VMs, none deleted or duplicated");
     for km in &adopted {
         assert!(before.contains_key(&km.name_any()), "{}: its VM", km.name_any());
-        // A single KaironMachine's VM is named by its name; a pool member's by its UID.
-        let vm_id = if of_a_pool(km) {
-            before[&km.name_any()].clone()
-        } else {
-            km.name_any()
-        };
+        // Every VM is named by its name, a pool's as a single KaironMachine's.
         assert_eq!(
             km.spec.provider_id.as_deref(),
-            Some(format!("kairon://{vm_id}").as_str()),
+            Some(format!("kairon://{}", km.name_any()).as_str()),
             "{}: providerID names the same VM",
             km.name_any()
         );

@@ -21,9 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::MachineSpec;
 
-/// Kairon Machines from a template. Namespaced (its members are in its namespace). Kairon's
-/// CRD has the short name `ms`, which CAPI's MachineSet has too: on one API server the second
-/// CRD installed is not accepted (`NamesAccepted=False`), so the development CRD has none.
+/// Kairon Machines from a template. Namespaced (its members are in its namespace).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
@@ -33,6 +31,7 @@ use super::MachineSpec;
     status = "MachineSetStatus",
     derive = "PartialEq",
     derive = "Default",
+    shortname = "ms",
     doc = "MachineSet keeps a number of Kairon Machines from a template (development CRD; production clusters get it from Kairon).",
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),

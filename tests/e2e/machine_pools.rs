@@ -668,3 +668,34 @@ async fn a_pool_acts_only_for_a_machine_pool_that_names_it() {
     assert_eq!(after, before, "the named pool's Machines are kept");
     assert_eq!(pool_sets(&rig, &pool).await.len(), 1);
 }
+
+/// A pool scaled to 0, then its Cluster deleted (what CAPI's MachinePool spec does last): the
+/// MachinePool, the KaironMachinePool and its empty Kairon MachineSet all go.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_scaled_to_0_goes_with_its_cluster() {
+    let (rig, pool) = rig_with_pool("machine_pool_zero", 1, false).await;
+    wait_pool_running(&rig, &pool, 1).await;
+    scale_pool(&rig, &pool, 0).await;
+    rig.wait("the pool at 0", UP, || async {
+        let machines = pool_machines(&rig, &pool).await;
+        let members = pool_members(&rig, &pool).await;
+        Ok::<_, kube::Error>((machines.is_empty() && members.is_empty()).then_some(()))
+    })
+    .await;
+    let started = Instant::now();
+    rig.clusters()
+        .delete(&rig.cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    rig.wait("the Cluster, its pool and its set gone", UP, || async {
+        let cluster = rig.clusters().get_opt(&rig.cluster).await?;
+        let kmp = kmps(&rig).get_opt(&pool).await?;
+        let sets = pool_sets(&rig, &pool).await;
+        Ok::<_, kube::Error>((cluster.is_none() && kmp.is_none() && sets.is_empty()).then_some(()))
+    })
+    .await;
+    eprintln!(
+        "machine pool at 0: deleted with its Cluster in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}

@@ -239,6 +239,7 @@ impl Engine {
     }
 
     fn forget(&mut self, key: &Key) {
+        self.sets.member_deleted(key);
         let Some(m) = self.machines.remove(key) else { return };
         self.allocations.release(key);
         self.timers.remove(key);

@@ -91,6 +91,9 @@ async fn a_machineset_is_kept_as_kairon_keeps_it() {
             "100ms",
             "--delete-delay",
             "4s",
+            // kairon-controller's tick, shorter than its 5 s default: periodic all the same.
+            "--machineset-interval",
+            "1s",
         ])
         .expect("simulator");
     let sets: Api<MachineSet> = Api::namespaced(env.client(), NS);

@@ -65,6 +65,14 @@ impl Sets {
         self.retry_at
     }
 
+    /// Machine `key` was deleted (the watch said so): if it was a member a set created, it was
+    /// shown, even if it went before the set's next tick could see it.
+    pub fn member_deleted(&mut self, key: &Key) {
+        for awaited in self.awaited.values_mut() {
+            awaited.retain(|a| !matches!(a, Awaited::Created(k) if k == key));
+        }
+    }
+
     /// After a re-list of Machines what was awaited is known or gone.
     pub fn relisted(&mut self) {
         self.awaited.clear();
