@@ -264,8 +264,6 @@ impl Instances {
     /// Moves `vm`'s link-back labels (and its management-cluster label) over to `km`
     /// (adoption after `clusterctl move`, which re-creates the KaironMachine with a new UID).
     pub(crate) async fn adopt(&self, vm: &Machine, km: &KaironMachine) -> Result<(), KaironError> {
-        let ns = vm.namespace().unwrap_or_default();
-        let name = vm.name_any();
         let mut body = json!({"metadata": {"labels": {
             labels::KAIRONMACHINE_UID: km.metadata.uid,
             labels::KAIRONMACHINE_NAMESPACE: km.namespace(),
@@ -273,16 +271,7 @@ impl Instances {
         if !self.owner.id.is_empty() {
             body["metadata"]["labels"][labels::MANAGEMENT_CLUSTER] = json!(self.owner.id);
         }
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        let permit = self.permit("relabelling", &name)?;
-        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
-        settle(permit, &answer);
-        answer
-            .map(|_| ())
-            .map_err(|source| KaironError::Relabel { ns, name, source })
+        self.relabel(vm, &body).await
     }
 
     /// Labels member `vm` of a MachineSet this management cluster owns as this management
@@ -294,22 +283,11 @@ impl Instances {
         if self.owner.id.is_empty() || vm.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&self.owner.id) {
             return Ok(());
         }
-        let ns = vm.namespace().unwrap_or_default();
-        let name = vm.name_any();
         let body = json!({"metadata": {
             "uid": vm.metadata.uid,
             "labels": {labels::MANAGEMENT_CLUSTER: self.owner.id},
         }});
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        let permit = self.permit("relabelling", &name)?;
-        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
-        settle(permit, &answer);
-        answer
-            .map(|_| ())
-            .map_err(|source| KaironError::Relabel { ns, name, source })
+        self.relabel(vm, &body).await
     }
 
     /// Starts `vm`, a member of a pool's set that Kairon made Stopped and without cloudInit:
@@ -358,18 +336,23 @@ impl Instances {
     /// Labels member `vm` released from its set (its template-hash label becomes
     /// [`super::set_observe::RELEASED`]), on its uid: Kairon then counts it as outdated.
     pub(crate) async fn mark_released(&self, vm: &Machine) -> Result<(), KaironError> {
-        let ns = vm.namespace().unwrap_or_default();
-        let name = vm.name_any();
         let body = json!({"metadata": {
             "uid": vm.metadata.uid,
             "labels": {super::machineset::TEMPLATE_HASH_LABEL: super::set_observe::RELEASED},
         }});
+        self.relabel(vm, &body).await
+    }
+
+    /// Merges `body` (labels, and the uid it must have) into `vm`'s metadata.
+    async fn relabel(&self, vm: &Machine, body: &serde_json::Value) -> Result<(), KaironError> {
+        let ns = vm.namespace().unwrap_or_default();
+        let name = vm.name_any();
         let pp = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
         let permit = self.permit("relabelling", &name)?;
-        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
+        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(body)).await;
         settle(permit, &answer);
         answer
             .map(|_| ())

@@ -10,6 +10,7 @@ pub mod instances;
 pub mod plan;
 mod publish;
 mod reconcile;
+mod sets;
 pub mod status;
 mod unavailable;
 mod watches;
