@@ -137,6 +137,8 @@ async fn a_pool_instance_deleted_releases_its_member_from_the_set_then_deletes_i
     run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        // Read again after the set (the first read may be stale by the time of the release).
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         // The label, then the set at once: one request between them.
         let (_, body) = expect(&mut h, "PATCH", VM_PATH, 200, member.clone()).await;
         assert_eq!(
@@ -190,6 +192,7 @@ async fn another_members_release_record_does_not_count_for_this_one() {
     run(km, vec![], move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "GET", SET_PATH, 200, set_answer(2, &["other-uid"])).await;
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(1, &["other-uid", "vm-uid"])).await;
         assert_eq!(body["spec"]["replicas"], 1);
         assert_eq!(body["metadata"]["annotations"][kairon::release_record("vm-uid")], "m1");
@@ -220,6 +223,7 @@ async fn a_release_that_lost_every_race_deletes_no_vm() {
         expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         for round in 0..3 {
             expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+            expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
             if round == 0 {
                 // Labelled once.
                 expect(&mut h, "PATCH", VM_PATH, 200, member.clone()).await;
@@ -247,9 +251,11 @@ async fn a_release_that_lost_one_race_is_done_on_a_fresh_read() {
     run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
         expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "PATCH", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "PATCH", SET_PATH, 409, status_error(409, "Conflict")).await;
         expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(2, &["vm-uid"])).await;
         assert_eq!(body["spec"]["replicas"], 2);
         let (_, body) = expect(&mut h, "DELETE", VM_PATH, 200, member).await;
@@ -271,12 +277,52 @@ async fn a_released_member_kairon_already_deletes_is_still_counted_once() {
         Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_200).unwrap()));
     let member = serde_json::to_value(&deleting).unwrap();
     run(km, vec![deleting], move |mut h| async move {
-        expect(&mut h, "GET", VM_PATH, 200, member).await;
+        expect(&mut h, "GET", VM_PATH, 200, member.clone()).await;
         expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        expect(&mut h, "GET", VM_PATH, 200, member).await;
         let (_, body) = expect(&mut h, "PATCH", SET_PATH, 200, set_answer(2, &["vm-uid"])).await;
         assert_eq!(body["spec"]["replicas"], 2);
         // Not deleted again: it is being deleted.
         expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// The member was released and deleted, and its record forgotten once it was gone, while this
+/// reconcile's read of it waited for its turn to release: the member is read again after the
+/// set, and a member that is gone is not counted again (the set would drop one below what the
+/// pool wants, and Kairon would delete a member of its own choice, undrained).
+#[tokio::test]
+async fn a_member_gone_while_its_release_waited_is_not_counted_again() {
+    let km = kaironmachine(Some("pool"), true);
+    let mut deleting = released(vm(Some(("pool", "pool"))));
+    deleting.metadata.deletion_timestamp =
+        Some(Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_200).unwrap()));
+    let member = serde_json::to_value(&deleting).unwrap();
+    run(km, vec![deleting], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member).await;
+        // Its record is forgotten: the set has none.
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(2, &[])).await;
+        expect(&mut h, "GET", VM_PATH, 404, status_error(404, "NotFound")).await;
+        // No lowering of the set, no status written from the stale read.
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// A member replaced under the same name (another uid) is not the one to release.
+#[tokio::test]
+async fn a_member_replaced_under_its_name_while_its_release_waited_is_not_released() {
+    let km = kaironmachine(Some("pool"), true);
+    let member = serde_json::to_value(vm(Some(("pool", "pool")))).unwrap();
+    let mut other = vm(Some(("pool", "pool")));
+    other.metadata.uid = Some("another-uid".into());
+    let other = serde_json::to_value(&other).unwrap();
+    run(km, vec![vm(Some(("pool", "pool")))], move |mut h| async move {
+        expect(&mut h, "GET", VM_PATH, 200, member).await;
+        expect(&mut h, "GET", SET_PATH, 200, set_answer(3, &[])).await;
+        expect(&mut h, "GET", VM_PATH, 200, other).await;
         expect_no_more(&mut h).await;
     })
     .await;

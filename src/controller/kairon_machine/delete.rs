@@ -152,10 +152,11 @@ async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> 
     };
     let _one_at_a_time = RELEASES.lock().await;
     let ns = vm.namespace().unwrap_or_default();
+    let name = vm.name_any();
     let sets = instances.machine_sets();
     // Kairon writes the set's status every tick: a write that lost to it is tried again at
     // once, on a fresh read (each try only if the release is not recorded yet).
-    let mut marked = is_released(vm);
+    let mut marked = false;
     for _ in 0..3 {
         let Some(set) = sets.get(&ns, set_name).await? else {
             return Ok(None);
@@ -163,13 +164,25 @@ async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> 
         if kairon::released_members(&set).iter().any(|u| u == uid) {
             return Ok(None);
         }
-        if !marked {
-            instances.mark_released(vm).await?;
-            marked = true;
+        // No record: the member is read again, after the set. `vm` was read before this
+        // release's turn came; meanwhile the member may have been released, deleted, and its
+        // record forgotten once it was gone (records are kept while the member exists). Only
+        // a member still there, the same one, is released.
+        let Some(now) = instances
+            .get(&ns, &name)
+            .await?
+            .filter(|now| now.metadata.uid.as_deref() == Some(uid))
+        else {
+            info!(instance = %name, set = %set_name, "the Kairon Machine went while its release waited; nothing to release");
+            return Ok(Some(Action::requeue(Duration::from_secs(1))));
+        };
+        if !marked && !is_released(&now) {
+            instances.mark_released(&now).await?;
         }
-        match sets.release(&set, uid, &vm.name_any()).await {
+        marked = true;
+        match sets.release(&set, uid, &name).await {
             Ok(()) => {
-                info!(instance = %vm.name_any(), set = %set_name, "released the Kairon Machine from its MachineSet");
+                info!(instance = %name, set = %set_name, "released the Kairon Machine from its MachineSet");
                 return Ok(None);
             }
             Err(kairon::SetError::Stale { .. }) => {}
