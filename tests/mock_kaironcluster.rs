@@ -129,6 +129,7 @@ where
         members,
         synced: vec![Synced::ready()],
         events: capkr::events::Events::disabled(),
+        kairon: None,
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(kc), ctx).await;
@@ -379,6 +380,7 @@ async fn a_transient_error_reading_an_identity_leaves_the_identity_untouched() {
             members,
             synced: vec![Synced::ready()],
             events: capkr::events::Events::disabled(),
+            kairon: None,
         });
         let (identity_json, secret_json) = (identity_json.clone(), secret_json.clone());
         // Answers whatever comes, the identity's first read with a 500 in the first case and

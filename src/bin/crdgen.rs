@@ -3,7 +3,7 @@
 //! - `crdgen`                prints our CRDs;
 //! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
 //! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine, MachineSet,
-//!   Host, MachineMigration).
+//!   Host, MachineMigration, MachineDisruptionBudget).
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -13,6 +13,7 @@ fn main() -> Result<()> {
     let mut args = std::env::args().skip(1).peekable();
     let crds = if args.peek().map(String::as_str) == Some("kairon") {
         args.next();
+        use capkr::kairon::budget::MachineDisruptionBudget;
         use capkr::kairon::machineset::MachineSet;
         use capkr::kairon::maintenance::{Host, MachineMigration};
         [
@@ -20,6 +21,7 @@ fn main() -> Result<()> {
             MachineSet::crd(),
             Host::crd(),
             MachineMigration::crd(),
+            MachineDisruptionBudget::crd(),
         ]
         .into_iter()
         .map(capkr::api::without_nullable)

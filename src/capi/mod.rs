@@ -31,6 +31,8 @@ pub(crate) const GROUP: &str = "cluster.x-k8s.io";
 
 /// Label naming the Cluster an object belongs to.
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// Label naming the MachineDeployment of a Machine (and of its infrastructure machine).
+pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
 /// Label marking control-plane Machines.
 pub(crate) const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 /// Annotation pausing reconciliation of one object.

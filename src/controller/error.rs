@@ -26,6 +26,8 @@ pub enum Error {
     Kairon(#[from] KaironError),
     #[error(transparent)]
     MachineSet(#[from] SetError),
+    #[error(transparent)]
+    Budget(#[from] crate::kairon::BudgetError),
     #[error("the reconcile did not finish within {}s", .0.as_secs())]
     Deadline(std::time::Duration),
 }
@@ -40,6 +42,7 @@ impl Error {
             Error::Write { .. } => "write",
             Error::Kairon(e) => e.stage(),
             Error::MachineSet(e) => e.stage(),
+            Error::Budget(e) => e.stage(),
             Error::Deadline(_) => "deadline",
         }
     }

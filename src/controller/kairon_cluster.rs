@@ -17,6 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
+use super::budgets;
 use super::caches::Caches;
 use super::endpoints::Endpoints;
 use super::error::Error;
@@ -33,6 +34,7 @@ use crate::api::{
 use crate::capi;
 use crate::events::{Events, reason as event};
 use crate::hashing::hash_of;
+use crate::kairon::{Budgets, Instances};
 
 /// How often to look again while waiting for KaironMachines to go, on top of their watch.
 const DELETE_RETRY: Duration = Duration::from_secs(30);
@@ -53,9 +55,22 @@ pub struct Context {
     pub synced: Vec<Synced>,
     /// Events on KaironClusters (disabled in mock tests).
     pub events: Events,
+    /// The manager's Kairon API, where the disruption budgets of clusters without an identity
+    /// are kept; `None`: no budgets are kept (request-sequence tests).
+    pub kairon: Option<Instances>,
 }
 
 impl Context {
+    /// The budgets client of the Kairon API the cluster's VMs are on; `None`: none is known
+    /// (no Kairon client, or the identity's API cannot be used now).
+    async fn budgets(&self, kc: &KaironCluster, ns: &str) -> Option<Budgets> {
+        match (&kc.spec.identity_ref, &self.endpoints) {
+            (Some(r), Some(endpoints)) => endpoints.endpoint(ns, r).await.ok().map(|e| e.instances.budgets()),
+            (Some(_), None) => None,
+            (None, _) => self.kairon.as_ref().map(Instances::budgets),
+        }
+    }
+
     /// KaironMachines of `cluster` in `ns` that CAPI will delete: those a Machine owns. One
     /// without an owner Machine is never deleted by CAPI, and must not hold the cluster's
     /// deletion up for ever (it has no VM: nothing is created before the owner is set).
@@ -184,6 +199,9 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         }
         let machines = cluster_name.map_or(0, |c| ctx.member_count(&ns, c));
         if machines == 0 {
+            if let Some(budgets) = ctx.budgets(&kc, &ns).await {
+                budgets::remove(&kc, &budgets).await?;
+            }
             if let Some(r) = &kc.spec.identity_ref {
                 let all = ctx.settings.api::<KaironCluster>(&ctx.client);
                 let secrets = ctx.endpoints.as_ref().map(|e| e.identity_namespace());
@@ -245,6 +263,9 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     }
     if matches!(decision, Decision::KaironUnavailable { .. }) {
         return Ok(Action::requeue(ENDPOINT_RETRY));
+    }
+    if let Some(budgets) = ctx.budgets(&kc, &ns).await {
+        budgets::keep(&ctx.client, &kc, &cluster, &budgets).await?;
     }
     Ok(Action::requeue(ctx.settings.sync_period))
 }
@@ -312,6 +333,15 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
         &c.spec.control_plane_endpoint,
         &c.spec.infrastructure_ref,
         c.metadata.deletion_timestamp.is_some(),
+        // What the cluster's disruption budgets follow: the control plane whole or not, and
+        // workers added or removed (a MachineDeployment or a pool came or went).
+        c.status.as_ref().map(|s| {
+            let cp = s.control_plane.as_ref();
+            (
+                cp.map(|c| (c.desired_replicas, c.replicas, c.available_replicas)),
+                s.workers.as_ref().map(|w| w.desired_replicas),
+            )
+        }),
     )))
 }
 
@@ -320,6 +350,7 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
 /// are driven elsewhere).
 pub(crate) fn controller(
     client: Client,
+    kairon: Instances,
     endpoints: Option<Arc<Endpoints>>,
     caches: &Caches,
     settings: Settings,
@@ -337,6 +368,7 @@ pub(crate) fn controller(
         clusters,
         members: caches.kaironmachines.store(),
         synced,
+        kairon: Some(kairon),
     });
     let backoff = Backoff::new(caches.kaironclusters.store());
     Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())

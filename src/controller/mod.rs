@@ -17,6 +17,7 @@
 //! - [`Error`]: what can fail, by stage; [`Settings`]: how the manager was asked to run.
 
 mod backoff;
+mod budgets;
 pub(crate) mod caches;
 mod endpoint_budget;
 mod endpoint_error;

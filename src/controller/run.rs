@@ -112,7 +112,7 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
     };
     let machines = kairon_machine::controller(
         management.clone(),
-        kairon,
+        kairon.clone(),
         Some(kairon_machine::Remote {
             endpoints: endpoints.clone(),
             triggers,
@@ -124,6 +124,7 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
     );
     let kcs = kairon_cluster::controller(
         management.clone(),
+        kairon.clone(),
         Some(endpoints),
         &caches,
         settings.clone(),

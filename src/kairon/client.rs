@@ -161,6 +161,12 @@ impl Instances {
         super::MachineSets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
     }
 
+    /// The MachineDisruptionBudgets of the same API, speaking for the same management cluster
+    /// and behind the same write gate.
+    pub fn budgets(&self) -> super::Budgets {
+        super::Budgets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
+    }
+
     /// Leave to send a write, if the API is gated.
     fn permit(&self, action: &'static str, name: &str) -> Result<Option<Permit>, KaironError> {
         match &self.gate {

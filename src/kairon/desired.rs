@@ -103,6 +103,15 @@ pub fn desired_kairon_machine(
     if control_plane {
         l.insert(labels::CONTROL_PLANE.to_string(), String::new());
     }
+    // A MachineDeployment's VMs carry its name as its Machines do: what its disruption budget
+    // selects (`budget`).
+    if let Some(md) = km
+        .labels()
+        .get(crate::capi::DEPLOYMENT_NAME_LABEL)
+        .filter(|v| !v.is_empty())
+    {
+        l.insert(crate::capi::DEPLOYMENT_NAME_LABEL.to_string(), md.clone());
+    }
     l.insert(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string());
 
     let mut annotations = BTreeMap::new();

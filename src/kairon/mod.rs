@@ -15,6 +15,8 @@
 //!   Machine's status (its host, the host's labels, an evacuation request), read by
 //!   [`evacuation`] (pure).
 
+pub mod budget;
+mod budget_client;
 mod client;
 pub mod cloud_init;
 pub mod desired;
@@ -32,6 +34,7 @@ pub mod set_desired;
 pub mod set_observe;
 pub(crate) mod types;
 
+pub use budget_client::{BudgetError, Budgets};
 pub(crate) use client::read_event;
 pub use client::{Created, Deletion, Instances, KaironError, Owner, read};
 pub(crate) use desired::kaironmachine_for_instance;

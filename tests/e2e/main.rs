@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod budgets;
 mod create_failures;
 mod events;
 mod faults;

@@ -40,6 +40,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [cluster.x-k8s.io]
   resources: [clusters]
   verbs: [get, list, watch]
+# CAPI MachineDeployments: listed per cluster for its disruption budgets on Kairon.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinedeployments]
+  verbs: [list]
 # CAPI Machines: read; marked for remediation (patch) or deleted (a MachineSet's worker without
 # a MachineHealthCheck) when Kairon asks for their VM to leave a host in maintenance.
 - apiGroups: [cluster.x-k8s.io]
@@ -77,6 +81,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [kairon.zyvor.dev]
   resources: [machinesets]
   verbs: [get, list, watch, create, patch, delete]
+# Kairon MachineDisruptionBudgets kept per cluster (control plane, MachineDeployments, pools).
+- apiGroups: [kairon.zyvor.dev]
+  resources: [machinedisruptionbudgets]
+  verbs: [list, create, patch, delete]
 # Secure /metrics: who is asking (TokenReview) and may they (SubjectAccessReview).
 - apiGroups: [authentication.k8s.io]
   resources: [tokenreviews]

@@ -1,0 +1,163 @@
+//! The MachineDisruptionBudgets a workload cluster keeps on its Kairon API, so that Kairon's
+//! host maintenance (`kaironctl evacuate`, an evacuating cordon, its admission webhook) never
+//! takes more of the cluster at once than CAPI could spare: one over the control plane (one at a
+//! time, none while it is not whole), one per MachineDeployment and one per KaironMachinePool
+//! (their `maxUnavailable`, at least one). Kept by the KaironCluster's reconcile: written when
+//! they differ, deleted when what they cover is gone, and with the cluster; handed over, not
+//! deleted, by `clusterctl move` (the target adopts them as it adopts VMs).
+
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+use tracing::{debug, info, warn};
+
+use super::error::Error;
+use crate::api::{KaironCluster, KaironMachinePool};
+use crate::capi;
+use crate::kairon::budget::{BudgetInput, DesiredBudget, MachineDisruptionBudget, desired_budgets};
+use crate::kairon::{Budgets, labels};
+
+/// CAPI's MachineDeployments (v1beta2), read untyped: only replicas and `maxUnavailable`.
+fn machine_deployments() -> ApiResource {
+    ApiResource {
+        group: "cluster.x-k8s.io".into(),
+        version: "v1beta2".into(),
+        api_version: "cluster.x-k8s.io/v1beta2".into(),
+        kind: "MachineDeployment".into(),
+        plural: "machinedeployments".into(),
+    }
+}
+
+/// A MachineDeployment's `maxUnavailable` as CAPI resolves it: an integer, or a percentage of
+/// its replicas rounded down; 0 when unset (CAPI's default).
+pub(crate) fn deployment_max_unavailable(md: &Value) -> i32 {
+    let replicas = md["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
+    let v = &md["spec"]["rollout"]["strategy"]["rollingUpdate"]["maxUnavailable"];
+    let n = match v {
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        Value::String(s) => match s.trim().strip_suffix('%').map(str::parse::<i64>) {
+            Some(Ok(p)) => p.max(0) * replicas / 100,
+            _ => s.trim().parse().unwrap_or(0),
+        },
+        _ => 0,
+    };
+    i32::try_from(n.max(0)).unwrap_or(i32::MAX)
+}
+
+/// What the cluster's budgets are made from, read from the management cluster.
+async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<BudgetInput, Error> {
+    let name = cluster.name_any();
+    let cp = cluster.status.as_ref().and_then(|s| s.control_plane.as_ref());
+    let control_plane_whole = cp.is_some_and(|cp| {
+        let desired = cp.desired_replicas.unwrap_or(0);
+        desired > 0 && cp.available_replicas.unwrap_or(0) >= desired && cp.replicas.unwrap_or(0) >= desired
+    });
+    let selector = format!("{}={name}", capi::CLUSTER_NAME_LABEL);
+    let lp = ListParams::default().labels(&selector);
+    let mds: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &machine_deployments());
+    let deployments = mds
+        .list(&lp)
+        .await
+        .map_err(Error::read(format!("MachineDeployments of Cluster {ns}/{name}")))?
+        .items
+        .into_iter()
+        .filter(|md| md.metadata.deletion_timestamp.is_none())
+        .filter(|md| md.name_any().len() <= 63)
+        .map(|md| {
+            let max = deployment_max_unavailable(&serde_json::to_value(&md).unwrap_or_default());
+            (md.name_any(), max)
+        })
+        .collect();
+    let pools: Api<KaironMachinePool> = Api::namespaced(client.clone(), ns);
+    let pools = pools
+        .list(&lp)
+        .await
+        .map_err(Error::read(format!("KaironMachinePools of Cluster {ns}/{name}")))?
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| (p.name_any(), p.spec.surge_and_unavailable().1))
+        .collect();
+    Ok(BudgetInput {
+        cluster: name,
+        namespace: ns.to_string(),
+        control_plane_whole,
+        deployments,
+        pools,
+    })
+}
+
+/// Brings the cluster's budgets to what it has now: each wanted one written when it differs,
+/// each of ours no longer wanted deleted. A Kairon API without budgets is left alone.
+pub(crate) async fn keep(
+    client: &Client,
+    kc: &KaironCluster,
+    cluster: &capi::Cluster,
+    budgets: &Budgets,
+) -> Result<(), Error> {
+    let ns = kc.namespace().unwrap_or_default();
+    let input = gather(client, &ns, cluster).await?;
+    let existing = match budgets.of_cluster(&ns, &input.cluster).await {
+        Ok(b) => b,
+        Err(e) if e.is_missing_kind() => {
+            debug!("the Kairon API has no MachineDisruptionBudgets; none kept");
+            return Ok(());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let wanted = desired_budgets(&input);
+    for want in &wanted {
+        let found = existing.iter().find(|b| b.name_any() == want.name);
+        if let Some(b) = found {
+            if !budgets.may_write(b) {
+                warn!(budget = %want.name, "a MachineDisruptionBudget of this cluster belongs to another management cluster; left alone");
+                continue;
+            }
+            if is_current(b, want, budgets) {
+                continue;
+            }
+        }
+        if budgets.write(&ns, &input.cluster, want, found.is_some()).await? {
+            info!(budget = %want.name, max_unavailable = ?want.spec.max_unavailable, "wrote Kairon MachineDisruptionBudget");
+        } else {
+            warn!(budget = %want.name, "a MachineDisruptionBudget of that name exists and is not this cluster's; left alone");
+        }
+    }
+    for b in &existing {
+        if wanted.iter().all(|w| w.name != b.name_any()) && budgets.may_write(b) {
+            budgets.delete(b).await?;
+            info!(budget = %b.name_any(), "deleted Kairon MachineDisruptionBudget no longer wanted");
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the cluster's budgets (those this installation may write); when the cluster is
+/// moved (`clusterctl move`), they are left for the target to adopt.
+pub(crate) async fn remove(kc: &KaironCluster, budgets: &Budgets) -> Result<(), Error> {
+    if capi::has_annotation(&kc.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
+        return Ok(());
+    }
+    let ns = kc.namespace().unwrap_or_default();
+    let Some(cluster) = capi::cluster_name(&kc.metadata) else {
+        return Ok(());
+    };
+    let existing = match budgets.of_cluster(&ns, cluster).await {
+        Ok(b) => b,
+        Err(e) if e.is_missing_kind() => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    for b in existing.iter().filter(|b| budgets.may_write(b)) {
+        budgets.delete(b).await?;
+        info!(budget = %b.name_any(), "deleted Kairon MachineDisruptionBudget with its cluster");
+    }
+    Ok(())
+}
+
+/// Whether `b` already is `want`, as this installation writes it.
+fn is_current(b: &MachineDisruptionBudget, want: &DesiredBudget, budgets: &Budgets) -> bool {
+    let ours = budgets.owner_id().is_empty()
+        || b.labels().get(labels::MANAGEMENT_CLUSTER).map(String::as_str) == Some(budgets.owner_id());
+    ours && b.spec == want.spec
+        && b.labels().get(crate::kairon::budget::BUDGET_FOR).map(String::as_str) == Some(want.covers)
+}

@@ -1,0 +1,258 @@
+//! Kairon's MachineDisruptionBudget as Kairon has it (`docs/kairon-api.md`, "Disruption
+//! budgets"), and the budgets this provider keeps for each workload cluster.
+//!
+//! What Kairon does with a budget: before it migrates a Machine off a host (`kaironctl
+//! evacuate`, a cordon with automatic evacuation, or any MachineMigration when its admission
+//! webhook is on), it takes every budget of the Machine's namespace whose `selector` (labels,
+//! all equal) matches the Machine; for each it counts the matching Machines (`expected`) and the
+//! healthy ones among them (`Running` and not the target of an unfinished MachineMigration); the
+//! Machine is skipped when, for any budget, `healthy - desired <= 0`, where `desired` is
+//! `minAvailable`, or `expected - maxUnavailable` (an integer or `N%` of `expected`, rounded
+//! up). A Machine no budget matches is never held back. Status (`expectedMachines`,
+//! `currentHealthy`, `desiredHealthy`, `disruptionsAllowed`) is written by kairon-controller
+//! each tick, for people to read; decisions are made from fresh counts.
+//!
+//! What the provider keeps ([`desired_budgets`]): one budget over a cluster's control-plane VMs
+//! (one disruption at a time, none while the control plane is not whole), one per
+//! MachineDeployment and one per KaironMachinePool (their `maxUnavailable`, at least one).
+
+use std::collections::BTreeMap;
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::labels;
+
+/// How many of the Kairon Machines a selector matches may be disrupted at once. Namespaced.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "kairon.zyvor.dev",
+    version = "v1alpha1",
+    kind = "MachineDisruptionBudget",
+    namespaced,
+    status = "MachineDisruptionBudgetStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    shortname = "mdb",
+    doc = "MachineDisruptionBudget limits how many matching Kairon Machines may be disrupted at once (development CRD; production clusters get it from Kairon).",
+    printcolumn(name = "MinAvailable", type_ = "string", json_path = ".spec.minAvailable"),
+    printcolumn(name = "MaxUnavailable", type_ = "string", json_path = ".spec.maxUnavailable"),
+    printcolumn(name = "Allowed", type_ = "integer", json_path = ".status.disruptionsAllowed")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDisruptionBudgetSpec {
+    /// Labels a Machine must all carry to be counted.
+    pub selector: BTreeMap<String, String>,
+    /// An integer or `N%`; exactly one of the two bounds is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDisruptionBudgetStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_machines: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_healthy: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desired_healthy: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruptions_allowed: Option<i32>,
+}
+
+/// An integer, or `N%` of `total` rounded up (as a PodDisruptionBudget's); `None`: neither.
+pub fn resolve_bound(value: &str, total: i32) -> Option<i32> {
+    let v = value.trim();
+    if let Some(p) = v.strip_suffix('%') {
+        let p: i64 = p.trim().parse().ok().filter(|p| *p >= 0)?;
+        let n = (p * i64::from(total.max(0)) + 99) / 100;
+        return i32::try_from(n).ok();
+    }
+    v.parse::<i32>().ok().filter(|n| *n >= 0)
+}
+
+/// How many healthy Machines `spec` wants out of `expected`; `None`: the spec sets neither
+/// bound, or one Kairon cannot read.
+pub fn desired_healthy(spec: &MachineDisruptionBudgetSpec, expected: i32) -> Option<i32> {
+    match (&spec.min_available, &spec.max_unavailable) {
+        (Some(min), None) => resolve_bound(min, expected),
+        (None, Some(max)) => resolve_bound(max, expected).map(|m| (expected - m).max(0)),
+        _ => None,
+    }
+}
+
+/// Label on the budgets this provider keeps: what the budget covers (`control-plane`,
+/// `machinedeployment`, `machinepool`). With [`labels::CLUSTER_NAME`],
+/// [`labels::MANAGEMENT_CLUSTER`] and the managed-by label, it is how the provider finds its
+/// own budgets and never touches anyone else's.
+pub const BUDGET_FOR: &str = "infrastructure.cluster.x-k8s.io/kairon-budget-for";
+/// On the budgets the provider keeps: the namespace of the workload cluster's objects.
+pub const CLUSTER_NAMESPACE: &str = "infrastructure.cluster.x-k8s.io/kairon-cluster-namespace";
+/// On the VMs of a MachineDeployment, as on its Machines (CAPI's label): what a
+/// MachineDeployment's budget selects.
+pub const DEPLOYMENT_NAME: &str = crate::capi::DEPLOYMENT_NAME_LABEL;
+
+/// What a cluster's budgets are made from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BudgetInput {
+    pub cluster: String,
+    /// The namespace of the Cluster and of its VMs.
+    pub namespace: String,
+    /// The control plane is whole: as many available replicas as desired (Cluster's
+    /// `status.controlPlane`).
+    pub control_plane_whole: bool,
+    /// MachineDeployments: name, `maxUnavailable` resolved against their replicas.
+    pub deployments: Vec<(String, i32)>,
+    /// KaironMachinePools: name, `maxUnavailable` resolved.
+    pub pools: Vec<(String, i32)>,
+}
+
+/// One budget as the provider wants it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredBudget {
+    pub name: String,
+    /// [`BUDGET_FOR`]'s value.
+    pub covers: &'static str,
+    pub spec: MachineDisruptionBudgetSpec,
+}
+
+pub mod covers {
+    pub const CONTROL_PLANE: &str = "control-plane";
+    pub const MACHINE_DEPLOYMENT: &str = "machinedeployment";
+    pub const MACHINE_POOL: &str = "machinepool";
+}
+
+/// Longest object name the budgets' names are cut to (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The budgets a cluster should have. Names: `cp-<cluster>`, `md-<deployment>`, `mp-<pool>`
+/// (a MachineDeployment's and a pool's names are unique in their namespace; the prefixes keep
+/// them apart from each other and from the control plane's).
+pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
+    let base = || {
+        BTreeMap::from([
+            (labels::CLUSTER_NAME.to_string(), input.cluster.clone()),
+            (labels::KAIRONMACHINE_NAMESPACE.to_string(), input.namespace.clone()),
+        ])
+    };
+    let mut out = Vec::new();
+    let mut cp = base();
+    cp.insert(labels::CONTROL_PLANE.to_string(), String::new());
+    out.push(DesiredBudget {
+        name: cut(format!("cp-{}", input.cluster)),
+        covers: covers::CONTROL_PLANE,
+        spec: MachineDisruptionBudgetSpec {
+            selector: cp,
+            min_available: None,
+            // One at a time keeps etcd's quorum; none while a member is already missing.
+            max_unavailable: Some(if input.control_plane_whole { "1" } else { "0" }.into()),
+        },
+    });
+    for (md, max_unavailable) in &input.deployments {
+        let mut sel = base();
+        sel.insert(DEPLOYMENT_NAME.to_string(), md.clone());
+        out.push(DesiredBudget {
+            name: cut(format!("md-{md}")),
+            covers: covers::MACHINE_DEPLOYMENT,
+            spec: at_most(sel, *max_unavailable),
+        });
+    }
+    for (pool, max_unavailable) in &input.pools {
+        let mut sel = base();
+        sel.insert(
+            labels::KAIRONMACHINEPOOL_NAME.to_string(),
+            super::set_desired::label_value(pool),
+        );
+        sel.insert(labels::KAIRONMACHINEPOOL_NAMESPACE.to_string(), input.namespace.clone());
+        // A pool's members carry the pool's labels, not a KaironMachine's namespace label.
+        sel.remove(labels::KAIRONMACHINE_NAMESPACE);
+        out.push(DesiredBudget {
+            name: cut(format!("mp-{pool}")),
+            covers: covers::MACHINE_POOL,
+            spec: at_most(sel, *max_unavailable),
+        });
+    }
+    out
+}
+
+/// Workers: their `maxUnavailable`, but at least one. CAPI's default `maxUnavailable` is 0
+/// (rollouts surge instead); a budget of 0 would keep every worker on a host in maintenance
+/// for ever, where CAPI would drain one at a time.
+fn at_most(selector: BTreeMap<String, String>, max_unavailable: i32) -> MachineDisruptionBudgetSpec {
+    MachineDisruptionBudgetSpec {
+        selector,
+        min_available: None,
+        max_unavailable: Some(max_unavailable.max(1).to_string()),
+    }
+}
+
+fn cut(mut name: String) -> String {
+    if name.len() > MAX_NAME {
+        name.truncate(MAX_NAME);
+        while name.ends_with(['-', '.']) {
+            name.pop();
+        }
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds_are_integers_or_percentages_rounded_up() {
+        assert_eq!(resolve_bound("2", 5), Some(2));
+        assert_eq!(resolve_bound("50%", 5), Some(3));
+        assert_eq!(resolve_bound("0%", 5), Some(0));
+        assert_eq!(resolve_bound("-1", 5), None);
+        assert_eq!(resolve_bound("two", 5), None);
+        let max = |m: &str| MachineDisruptionBudgetSpec {
+            max_unavailable: Some(m.into()),
+            ..Default::default()
+        };
+        assert_eq!(desired_healthy(&max("1"), 3), Some(2));
+        assert_eq!(desired_healthy(&max("0"), 3), Some(3));
+        let both = MachineDisruptionBudgetSpec {
+            min_available: Some("1".into()),
+            max_unavailable: Some("1".into()),
+            ..Default::default()
+        };
+        assert_eq!(desired_healthy(&both, 3), None, "exactly one of the two");
+    }
+
+    #[test]
+    fn a_cluster_gets_a_control_plane_budget_and_one_per_deployment_and_pool() {
+        let input = BudgetInput {
+            cluster: "c1".into(),
+            namespace: "ns".into(),
+            control_plane_whole: true,
+            deployments: vec![("c1-md-0".into(), 0), ("c1-md-1".into(), 2)],
+            pools: vec![("c1-mp-0".into(), 1)],
+        };
+        let b = desired_budgets(&input);
+        let names: Vec<&str> = b.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["cp-c1", "md-c1-md-0", "md-c1-md-1", "mp-c1-mp-0"]);
+        assert_eq!(b[0].spec.max_unavailable.as_deref(), Some("1"));
+        assert_eq!(b[0].spec.selector[labels::CONTROL_PLANE], "");
+        assert_eq!(b[0].spec.selector[labels::CLUSTER_NAME], "c1");
+        assert_eq!(b[1].spec.max_unavailable.as_deref(), Some("1"), "at least one");
+        assert_eq!(b[1].spec.selector[DEPLOYMENT_NAME], "c1-md-0");
+        assert_eq!(b[2].spec.max_unavailable.as_deref(), Some("2"));
+        assert_eq!(b[3].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
+        assert!(!b[3].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
+
+        let broken = desired_budgets(&BudgetInput {
+            control_plane_whole: false,
+            ..input
+        });
+        assert_eq!(
+            broken[0].spec.max_unavailable.as_deref(),
+            Some("0"),
+            "none while not whole"
+        );
+    }
+}

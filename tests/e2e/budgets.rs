@@ -1,0 +1,132 @@
+//! The disruption budgets a cluster keeps on Kairon, on the real control plane: a cluster of
+//! one control plane and a MachineDeployment gets a MachineDisruptionBudget over its
+//! control-plane VM and one over the deployment's VMs, each selecting exactly those VMs; the
+//! deployment's follows its size and `maxUnavailable`; a budget of another management cluster
+//! with the same name is left alone; and deleting the cluster deletes its budgets.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::common::{Rig, RigOptions};
+use capkr::kairon::budget::{BUDGET_FOR, MachineDisruptionBudget};
+use capkr::kairon::labels;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+const UP: Duration = Duration::from_secs(180);
+
+fn selector_of(b: &MachineDisruptionBudget) -> String {
+    b.spec
+        .selector
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_deletes_them_with_it() {
+    let rig = Rig::start(RigOptions {
+        workers: 2,
+        ..RigOptions::new("e2e_budgets")
+    })
+    .await;
+    let budgets: Api<MachineDisruptionBudget> = Api::namespaced(rig.env.client(), &rig.ns);
+    let md = format!("{}-md-0", rig.cluster);
+    let (cp_name, md_name) = (format!("cp-{}", rig.cluster), format!("md-{md}"));
+    rig.wait_running(3, UP).await;
+
+    // Both budgets, each over exactly its VMs.
+    let found = rig
+        .wait(
+            "a budget over the control plane and one over the deployment",
+            UP,
+            || async {
+                let list = budgets.list(&ListParams::default()).await?;
+                let by_name: BTreeMap<String, MachineDisruptionBudget> =
+                    list.items.into_iter().map(|b| (b.name_any(), b)).collect();
+                Ok::<_, kube::Error>(
+                    (by_name.contains_key(&cp_name)
+                        && by_name
+                            .get(&md_name)
+                            .is_some_and(|b| b.spec.max_unavailable.as_deref() == Some("1")))
+                    .then_some(by_name),
+                )
+            },
+        )
+        .await;
+    let vms = rig.vms();
+    let (cp, mdb) = (&found[&cp_name], &found[&md_name]);
+    assert_eq!(cp.labels().get(BUDGET_FOR).map(String::as_str), Some("control-plane"));
+    assert_eq!(cp.labels().get(labels::CLUSTER_NAME), Some(&rig.cluster));
+    let cp_vms = vms.list(&ListParams::default().labels(&selector_of(cp))).await.unwrap();
+    let md_vms = vms
+        .list(&ListParams::default().labels(&selector_of(mdb)))
+        .await
+        .unwrap();
+    assert_eq!(
+        cp_vms.items.len(),
+        1,
+        "the control-plane budget selects the control-plane VM"
+    );
+    assert_eq!(md_vms.items.len(), 2, "the deployment's budget selects its two VMs");
+    assert!(cp_vms.items[0].labels().contains_key(labels::CONTROL_PLANE));
+    assert!(cp.spec.min_available.is_none() && mdb.spec.min_available.is_none());
+    eprintln!(
+        "budgets: {cp_name} maxUnavailable {:?}, {md_name} maxUnavailable {:?}",
+        cp.spec.max_unavailable, mdb.spec.max_unavailable
+    );
+
+    // A budget of another management cluster, named as a budget of this cluster would be for
+    // a second deployment: left alone when that deployment appears.
+    let foreign = format!("md-{}-md-1", rig.cluster);
+    let foreign_budget: MachineDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineDisruptionBudget",
+        "metadata": {"name": foreign, "labels": {
+            labels::CLUSTER_NAME: rig.cluster, "infrastructure.cluster.x-k8s.io/kairon-cluster-namespace": rig.ns,
+            "app.kubernetes.io/managed-by": "cluster-api-provider-kairon",
+            labels::MANAGEMENT_CLUSTER: "another-management-cluster"}},
+        "spec": {"selector": {"team": "theirs"}, "minAvailable": "3"}}))
+    .unwrap();
+    budgets.create(&Default::default(), &foreign_budget).await.unwrap();
+
+    // The deployment grows to 4 with maxUnavailable 50%: its budget follows (2 of 4).
+    rig.machine_deployments()
+        .patch(
+            &md,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4,
+                "rollout": {"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "50%"}}}}})),
+        )
+        .await
+        .unwrap();
+    rig.wait("the deployment's budget at 2 of 4", UP, || async {
+        let b = budgets.get(&md_name).await?;
+        Ok::<_, kube::Error>((b.spec.max_unavailable.as_deref() == Some("2")).then_some(()))
+    })
+    .await;
+    let theirs = budgets.get(&foreign).await.unwrap();
+    assert_eq!(
+        theirs.spec.min_available.as_deref(),
+        Some("3"),
+        "another's budget is untouched"
+    );
+
+    // The cluster goes, and its budgets with it; another's stays.
+    rig.clusters()
+        .delete(&rig.cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    rig.wait("the cluster's budgets deleted with it", UP, || async {
+        let left: Vec<String> = budgets
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .map(ResourceExt::name_any)
+            .collect();
+        Ok::<_, kube::Error>((left == [foreign.clone()]).then_some(()))
+    })
+    .await;
+}
