@@ -31,6 +31,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use capkr::api::{KaironClusterIdentity, KaironMachine, KaironMachinePool};
+use capkr::kairon::budget::MachineDisruptionBudget;
 use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::pool_selector;
@@ -453,6 +454,31 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             Some(set.metadata.uid.clone().expect("a UID"))
         }
     };
+    // The cluster's disruption budgets on Kairon, made by the source.
+    let budgets: Api<MachineDisruptionBudget> = Api::namespaced(kairon_env.client(), ns);
+    let mut budget_names = vec![format!("cp-{CLUSTER}"), format!("md-{CLUSTER}-md-0")];
+    if pool_workers > 0 {
+        budget_names.push(format!("mp-{pool_name}"));
+    }
+    budget_names.sort();
+    let budgets_of = |id: String| {
+        let (budgets, names) = (budgets.clone(), budget_names.clone());
+        async move {
+            let list = budgets.list(&ListParams::default()).await?.items;
+            let mut mine: Vec<(String, String)> = list
+                .iter()
+                .filter(|b| b.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&id))
+                .map(|b| (b.name_any(), b.metadata.uid.clone().unwrap_or_default()))
+                .collect();
+            mine.sort();
+            let named: Vec<&String> = mine.iter().map(|(n, _)| n).collect();
+            Ok::<_, kube::Error>((named == names.iter().collect::<Vec<_>>()).then_some(mine))
+        }
+    };
+    let budgets_before = wait("the cluster's budgets made by the source", || {
+        budgets_of(src.id.clone())
+    })
+    .await;
     eprintln!("cluster running on the source at {:.1}s", t0.elapsed().as_secs_f64());
 
     // The move, with the real clusterctl.
@@ -547,6 +573,12 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         moved_at.elapsed().as_secs_f64()
     );
     assert_eq!(vm_uids(&vms).await, before, "the same VMs, none deleted or duplicated");
+    // The budgets were handed over, not deleted and made again.
+    let budgets_after = wait("the cluster's budgets taken over by the target", || {
+        budgets_of(dst.id.clone())
+    })
+    .await;
+    assert_eq!(budgets_after, budgets_before, "the same budgets (names and UIDs)");
     for km in &adopted {
         assert!(before.contains_key(&km.name_any()), "{}: its VM", km.name_any());
         // Every VM is named by its name, a pool's as a single KaironMachine's.
