@@ -63,25 +63,41 @@ pub struct MachineDisruptionBudgetStatus {
     pub disruptions_allowed: Option<i32>,
 }
 
-/// An integer, or `N%` of `total` rounded up (as a PodDisruptionBudget's); `None`: neither.
+/// An integer, or `N%` of `total` rounded up (as a PodDisruptionBudget's; at most 100%);
+/// `None`: neither.
 pub fn resolve_bound(value: &str, total: i32) -> Option<i32> {
     let v = value.trim();
     if let Some(p) = v.strip_suffix('%') {
-        let p: i64 = p.trim().parse().ok().filter(|p| *p >= 0)?;
+        let p: i64 = p.parse().ok().filter(|p| (0..=100).contains(p))?;
         let n = (p * i64::from(total.max(0)) + 99) / 100;
         return i32::try_from(n).ok();
     }
     v.parse::<i32>().ok().filter(|n| *n >= 0)
 }
 
-/// How many healthy Machines `spec` wants out of `expected`; `None`: the spec sets neither
-/// bound, or one Kairon cannot read.
+/// How many healthy Machines `spec` wants out of `expected`, as Kairon computes it (an empty
+/// bound is an unset one; `expected - maxUnavailable` may be negative); `None`: both bounds or
+/// neither are set, or one Kairon cannot read (Kairon then refuses to decide).
 pub fn desired_healthy(spec: &MachineDisruptionBudgetSpec, expected: i32) -> Option<i32> {
-    match (&spec.min_available, &spec.max_unavailable) {
-        (Some(min), None) => resolve_bound(min, expected),
-        (None, Some(max)) => resolve_bound(max, expected).map(|m| (expected - m).max(0)),
+    let set = |b: &Option<String>| b.as_deref().filter(|v| !v.is_empty()).map(str::to_string);
+    match (set(&spec.min_available), set(&spec.max_unavailable)) {
+        (Some(min), None) => resolve_bound(&min, expected),
+        (None, Some(max)) => resolve_bound(&max, expected).map(|m| expected - m),
         _ => None,
     }
+}
+
+/// Whether a budget's `selector` selects a Machine with `labels`, as Kairon matches: an empty
+/// selector selects nothing, a Machine without labels nothing, and an entry `key: value` holds
+/// when the Machine's value for `key` (`""` when it has no such label) equals `value`.
+pub fn selects(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<String, String>>) -> bool {
+    let Some(labels) = labels else {
+        return false;
+    };
+    !selector.is_empty()
+        && selector
+            .iter()
+            .all(|(k, v)| labels.get(k).map_or("", String::as_str) == v)
 }
 
 /// Label on the budgets this provider keeps: what the budget covers (`control-plane`,
@@ -140,7 +156,9 @@ pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
     };
     let mut out = Vec::new();
     let mut cp = base();
-    cp.insert(labels::CONTROL_PLANE.to_string(), String::new());
+    // Not CAPI's control-plane label: its value is empty, and Kairon matches `key: ""` on every
+    // Machine without the key (workers included).
+    cp.insert(labels::ROLE.to_string(), labels::ROLE_CONTROL_PLANE.to_string());
     out.push(DesiredBudget {
         name: cut(format!("cp-{}", input.cluster)),
         covers: covers::CONTROL_PLANE,
@@ -210,18 +228,35 @@ mod tests {
         assert_eq!(resolve_bound("0%", 5), Some(0));
         assert_eq!(resolve_bound("-1", 5), None);
         assert_eq!(resolve_bound("two", 5), None);
+        assert_eq!(resolve_bound("150%", 5), None, "at most 100%");
         let max = |m: &str| MachineDisruptionBudgetSpec {
             max_unavailable: Some(m.into()),
             ..Default::default()
         };
         assert_eq!(desired_healthy(&max("1"), 3), Some(2));
         assert_eq!(desired_healthy(&max("0"), 3), Some(3));
+        assert_eq!(desired_healthy(&max("5"), 3), Some(-2), "not clamped, as Kairon");
         let both = MachineDisruptionBudgetSpec {
             min_available: Some("1".into()),
             max_unavailable: Some("1".into()),
             ..Default::default()
         };
         assert_eq!(desired_healthy(&both, 3), None, "exactly one of the two");
+    }
+
+    #[test]
+    fn selectors_match_as_kairon_matches() {
+        let m = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let worker = m(&[("cluster", "c1")]);
+        assert!(selects(&m(&[("cluster", "c1")]), Some(&worker)));
+        assert!(!selects(&m(&[]), Some(&worker)), "an empty selector selects nothing");
+        assert!(!selects(&m(&[("cluster", "c1")]), None), "no labels, nothing");
+        assert!(
+            selects(&m(&[("cluster", "c1"), ("cp", "")]), Some(&worker)),
+            "`key: \"\"` holds where the key is missing"
+        );
     }
 
     #[test]
@@ -237,7 +272,11 @@ mod tests {
         let names: Vec<&str> = b.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["cp-c1", "md-c1-md-0", "md-c1-md-1", "mp-c1-mp-0"]);
         assert_eq!(b[0].spec.max_unavailable.as_deref(), Some("1"));
-        assert_eq!(b[0].spec.selector[labels::CONTROL_PLANE], "");
+        assert_eq!(b[0].spec.selector[labels::ROLE], labels::ROLE_CONTROL_PLANE);
+        assert!(
+            b.iter().all(|b| b.spec.selector.values().all(|v| !v.is_empty())),
+            "no empty value: Kairon would match it on Machines without the key"
+        );
         assert_eq!(b[0].spec.selector[labels::CLUSTER_NAME], "c1");
         assert_eq!(b[1].spec.max_unavailable.as_deref(), Some("1"), "at least one");
         assert_eq!(b[1].spec.selector[DEPLOYMENT_NAME], "c1-md-0");

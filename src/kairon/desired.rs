@@ -102,6 +102,7 @@ pub fn desired_kairon_machine(
     }
     if control_plane {
         l.insert(labels::CONTROL_PLANE.to_string(), String::new());
+        l.insert(labels::ROLE.to_string(), labels::ROLE_CONTROL_PLANE.to_string());
     }
     // A MachineDeployment's VMs carry its name as its Machines do: what its disruption budget
     // selects (`budget`).
@@ -136,9 +137,11 @@ pub fn desired_kairon_machine(
     // one etcd member: soft by default, so that a cluster with more control planes than Kairon
     // nodes still schedules. The selector needs the cluster's label on every control plane.
     if control_plane && cluster_labelled {
+        // The role label, not CAPI's control-plane label: that one's value is empty, and
+        // Kairon matches `key: ""` on every Machine without the key (the cluster's workers).
         let others = BTreeMap::from([
             (labels::CLUSTER_NAME.to_string(), cluster_name.to_string()),
-            (labels::CONTROL_PLANE.to_string(), String::new()),
+            (labels::ROLE.to_string(), labels::ROLE_CONTROL_PLANE.to_string()),
         ]);
         match km.spec.control_plane_anti_affinity() {
             anti_affinity::NONE => {}

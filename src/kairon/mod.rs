@@ -335,6 +335,11 @@ pub mod labels {
     /// On a control-plane VM (empty value), as on its CAPI Machine: what the control planes'
     /// anti-affinity selects.
     pub const CONTROL_PLANE: &str = crate::capi::CONTROL_PLANE_LABEL;
+    /// On a control-plane VM, [`ROLE_CONTROL_PLANE`]: what the control plane's disruption budget
+    /// selects. Kairon matches a selector entry `key: ""` on any Machine that lacks the key, so
+    /// [`CONTROL_PLANE`] (empty value) cannot tell control planes from workers there.
+    pub const ROLE: &str = "infrastructure.cluster.x-k8s.io/kairon-role";
+    pub const ROLE_CONTROL_PLANE: &str = "control-plane";
     /// The management cluster whose manager created or adopted the Kairon Machine
     /// ([`super::Owner`]).
     pub const MANAGEMENT_CLUSTER: &str = "infrastructure.cluster.x-k8s.io/kairon-management-cluster";

@@ -1,6 +1,7 @@
 //! The disruption budgets a cluster keeps on Kairon, on the real control plane: a cluster of
 //! one control plane and a MachineDeployment gets a MachineDisruptionBudget over its
-//! control-plane VM and one over the deployment's VMs, each selecting exactly those VMs; the
+//! control-plane VM and one over the deployment's VMs, each selecting exactly those VMs as
+//! Kairon matches selectors (`key: ""` holds on a Machine without the key); the
 //! deployment's follows its size and `maxUnavailable`; a budget of another management cluster
 //! with the same name is left alone; and deleting the cluster deletes its budgets.
 
@@ -8,22 +9,14 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::common::{Rig, RigOptions};
-use capkr::kairon::budget::{BUDGET_FOR, MachineDisruptionBudget};
+use capkr::kairon;
+use capkr::kairon::budget::{BUDGET_FOR, MachineDisruptionBudget, selects};
 use capkr::kairon::labels;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
-
-fn selector_of(b: &MachineDisruptionBudget) -> String {
-    b.spec
-        .selector
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_deletes_them_with_it() {
@@ -60,18 +53,23 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
     let (cp, mdb) = (&found[&cp_name], &found[&md_name]);
     assert_eq!(cp.labels().get(BUDGET_FOR).map(String::as_str), Some("control-plane"));
     assert_eq!(cp.labels().get(labels::CLUSTER_NAME), Some(&rig.cluster));
-    let cp_vms = vms.list(&ListParams::default().labels(&selector_of(cp))).await.unwrap();
-    let md_vms = vms
-        .list(&ListParams::default().labels(&selector_of(mdb)))
-        .await
-        .unwrap();
+    // Selected as Kairon selects (a missing label reads as ""), over every VM of the API.
+    let all = vms.list(&ListParams::default()).await.unwrap().items;
+    let selected = |b: &MachineDisruptionBudget| -> Vec<&kairon::Machine> {
+        all.iter()
+            .filter(|vm| selects(&b.spec.selector, vm.metadata.labels.as_ref()))
+            .collect()
+    };
+    let (cp_vms, md_vms) = (selected(cp), selected(mdb));
     assert_eq!(
-        cp_vms.items.len(),
+        cp_vms.len(),
         1,
-        "the control-plane budget selects the control-plane VM"
+        "the control-plane budget selects the control-plane VM only: {:?}",
+        cp_vms.iter().map(|v| v.name_any()).collect::<Vec<_>>()
     );
-    assert_eq!(md_vms.items.len(), 2, "the deployment's budget selects its two VMs");
-    assert!(cp_vms.items[0].labels().contains_key(labels::CONTROL_PLANE));
+    assert!(cp_vms[0].labels().contains_key(labels::CONTROL_PLANE));
+    assert_eq!(md_vms.len(), 2, "the deployment's budget selects its two VMs");
+    assert!(md_vms.iter().all(|vm| !vm.labels().contains_key(labels::CONTROL_PLANE)));
     assert!(cp.spec.min_available.is_none() && mdb.spec.min_available.is_none());
     eprintln!(
         "budgets: {cp_name} maxUnavailable {:?}, {md_name} maxUnavailable {:?}",

@@ -353,6 +353,55 @@ async fn required_control_plane_anti_affinity_never_shares_a_kairon_node() {
     assert_eq!(distinct.len(), hosts.len(), "still one per node: {hosts:?}");
 }
 
+/// A cluster's workers do not count as its control planes for their anti-affinity. Kairon
+/// matches a selector entry `key: ""` on any Machine without the key, so a selector on CAPI's
+/// control-plane label (empty value) would take every worker of the cluster for a control
+/// plane: with a worker on every Kairon node, a `Required` control plane could go nowhere.
+/// Three workers and the rig's control plane on three nodes; two `Required` control planes
+/// made by hand go to the two nodes without a control plane.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clusters_workers_do_not_keep_its_required_control_planes_off_their_nodes() {
+    use capkr::api::{MachinePlacement, anti_affinity};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    let rig = Rig::start(RigOptions {
+        workers: 3,
+        ..RigOptions::new("kairon_anti_affinity_workers")
+    })
+    .await;
+    rig.wait_running(4, UP).await;
+    let vms = rig.vm_map().await;
+    let node_of = |vm: &capkr::kairon::Machine| vm.status.as_ref().and_then(|s| s.node_name.clone());
+    let worker_nodes: BTreeSet<String> = vms
+        .values()
+        .filter(|vm| !vm.labels().contains_key("cluster.x-k8s.io/control-plane"))
+        .filter_map(node_of)
+        .collect();
+    assert_eq!(worker_nodes.len(), 3, "a worker on every Kairon node: {worker_nodes:?}");
+    let names: Vec<String> = (0..2).map(|i| format!("cp-req-{i}")).collect();
+    for name in &names {
+        let placement = MachinePlacement {
+            control_plane_anti_affinity: Some(anti_affinity::REQUIRED.into()),
+            ..Default::default()
+        };
+        machine_by_hand(&rig, name, placement, true).await;
+    }
+    let hosts = rig
+        .wait("both Required control planes placed", UP, || async {
+            let vms = rig.vm_map().await;
+            let hosts: BTreeMap<String, String> = vms
+                .iter()
+                .filter(|(_, vm)| vm.labels().contains_key("cluster.x-k8s.io/control-plane"))
+                .filter_map(|(n, vm)| Some((n.clone(), node_of(vm)?)))
+                .collect();
+            let placed = names.iter().all(|n| hosts.contains_key(n));
+            Ok::<_, kube::Error>((placed && hosts.len() == 3).then_some(hosts))
+        })
+        .await;
+    let distinct: BTreeSet<&String> = hosts.values().collect();
+    assert_eq!(distinct.len(), 3, "one control plane per Kairon node: {hosts:?}");
+}
+
 /// A Machine of the rig's cluster made by hand (no MachineDeployment or control plane owns
 /// it), with a bootstrap data Secret of its own and a KaironMachine with `placement`; labelled
 /// a control plane if `control_plane`.

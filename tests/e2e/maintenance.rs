@@ -9,6 +9,9 @@
 //!   MachineHealthCheck: the evacuation is blocked (`NoMachineHealthCheck`, a Warning), the
 //!   Machine is never deleted by the provider, Kairon stops the VM at the deadline
 //!   (`DeadlineExceeded`, a Warning) and the stopped VM is not re-created.
+//! - The MachineDisruptionBudget the provider keeps over a MachineDeployment holds a worker's
+//!   migration while the deployment's other worker is paused, and lets it go once that one
+//!   runs again.
 
 use std::time::Duration;
 
@@ -322,4 +325,96 @@ async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops
             .delete(&format!("{ns}-h{i}"), &DeleteParams::default())
             .await;
     }
+}
+
+/// Kairon's MachineDisruptionBudgets hold a host's evacuation as Kairon applies them: the
+/// provider's budget over a MachineDeployment's VMs allows one disruption (its
+/// `maxUnavailable`, at least one). With one of two workers paused, the other's host goes into
+/// maintenance: its migration waits, the Host saying which budget holds it, and nothing is
+/// migrated; once the paused worker runs again, the migration goes ahead.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workers_migration_waits_while_its_deployments_budget_has_no_disruption_left() {
+    // Host objects are cluster-scoped and the environment is shared: names of this test's own.
+    let ns = "e2e-maintenance-budget";
+    let zone = "topology.kairon.zyvor.dev/zone";
+    let host_list = format!("{ns}-h1:{zone}=zone-a,{ns}-h2:{zone}=zone-b,{ns}-h3:{zone}=zone-b");
+    let rig = Rig::start(RigOptions {
+        workers: 2,
+        sim_args: ["--host-objects", "--hosts", host_list.as_str()]
+            .map(String::from)
+            .to_vec(),
+        ..RigOptions::new("e2e_maintenance_budget")
+    })
+    .await;
+    assert_eq!(rig.ns, ns);
+    rig.wait_running(3, UP).await;
+    let vms = rig.vms();
+    let node_of = |vm: &capkr::kairon::Machine| vm.status.as_ref().and_then(|s| s.node_name.clone());
+    let workers: Vec<capkr::kairon::Machine> = vms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|vm| {
+            vm.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key("cluster.x-k8s.io/deployment-name"))
+        })
+        .collect();
+    assert_eq!(workers.len(), 2, "two workers labelled with their MachineDeployment");
+    let (a, b) = (&workers[0], &workers[1]);
+    let (a_name, b_name) = (a.metadata.name.clone().unwrap(), b.metadata.name.clone().unwrap());
+    let a_host = node_of(a).expect("placed");
+    assert_ne!(Some(a_host.clone()), node_of(b), "the workers on two hosts");
+    let budget = format!("md-{}-md-0", rig.cluster);
+    let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
+    rig.wait("the deployment's budget", UP, || async {
+        Ok::<_, kube::Error>(budgets.get_opt(&budget).await?.map(|_| ()))
+    })
+    .await;
+
+    let pp = PatchParams::default();
+    let power = |state: &'static str| json!({"spec": {"powerState": state}});
+    vms.patch(&b_name, &pp, &Patch::Merge(power("Paused"))).await.unwrap();
+    rig.wait(&format!("{b_name} paused"), MOVED, || async {
+        let vm = vms.get(&b_name).await?;
+        Ok::<_, kube::Error>((vm.status.and_then(|s| s.phase).as_deref() == Some("Paused")).then_some(()))
+    })
+    .await;
+    hosts(&rig)
+        .patch(
+            &a_host,
+            &pp,
+            &Patch::Merge(json!({"spec": {"maintenance": {"reason": "e2e", "evacuationGracePeriodSeconds": 600}}})),
+        )
+        .await
+        .unwrap_or_else(|e| rig.fail(format!("Host {a_host} (the simulator has --host-objects): {e}")));
+    let held = format!("held: MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed");
+    rig.wait("the Host saying the budget holds the migration", MOVED, || async {
+        let h = hosts(&rig).get(&a_host).await?;
+        let message = h.data["status"]["message"].as_str().unwrap_or_default().to_string();
+        Ok::<_, kube::Error>(message.contains(&held).then_some(()))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
+    assert!(made.is_empty(), "no migration while the budget holds: {made:?}");
+    assert_eq!(node_of(&vms.get(&a_name).await.unwrap()), Some(a_host.clone()));
+
+    // The paused worker runs again: the budget has a disruption to spare, the worker moves.
+    let resumed_at = std::time::Instant::now();
+    vms.patch(&b_name, &pp, &Patch::Merge(power("Running"))).await.unwrap();
+    let to = rig
+        .wait(&format!("{a_name} migrated off {a_host}"), UP, || async {
+            let vm = vms.get(&a_name).await?;
+            let running = vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            Ok::<_, kube::Error>(node_of(&vm).filter(|n| *n != a_host && running))
+        })
+        .await;
+    eprintln!(
+        "maintenance budget: {a_name} held while {b_name} was paused, moved {a_host} -> {to} {:.1}s after it ran again",
+        resumed_at.elapsed().as_secs_f64()
+    );
 }

@@ -139,6 +139,9 @@ impl Engine {
     }
 
     pub async fn run(mut self) {
+        if self.opts.host_objects {
+            self.site.watch_budgets(self.client.clone());
+        }
         let api: Api<Machine> = match &self.opts.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),

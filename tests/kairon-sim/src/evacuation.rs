@@ -146,12 +146,16 @@ pub struct HostPlan {
 /// The plan for a host: `vms` are the VMs that hold a slot on it (name order), `migrations`
 /// the ones Kairon made for it (labelled [`EVACUATION_LABEL`]), `moving` the VMs with any
 /// migration under way (someone else's too).
+///
+/// `admit` says whether a VM may be migrated now by the MachineDisruptionBudgets that select
+/// it (and spends its disruption when it may): a VM held back waits, with Kairon's reason.
 pub fn plan_host(
     host: &Host,
     vms: &[&Machine],
     migrations: &[&MachineMigration],
     moving: &BTreeSet<Key>,
     now: Timestamp,
+    admit: &mut dyn FnMut(&Machine) -> Result<(), String>,
 ) -> HostPlan {
     let name = host.name_any();
     let previous = host.status.clone().unwrap_or_default();
@@ -228,6 +232,10 @@ pub fn plan_host(
                 if let Some(done) = migration {
                     plan.delete_migrations.push(migration_key(done));
                 } else if !under_way && plan.migrate.is_none() {
+                    if let Err(why) = admit(vm) {
+                        waiting.push(format!("{} (held: {why})", key.name));
+                        continue;
+                    }
                     plan.migrate = Some(key.clone());
                     under_way = true;
                 }

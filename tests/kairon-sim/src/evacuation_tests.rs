@@ -166,7 +166,7 @@ fn plan(h: &Host, vms: &[Vm], migrations: &[MachineMigration], now: i64) -> Host
     let machines: Vec<Machine> = vms.iter().map(machine).collect();
     let refs: Vec<&Machine> = machines.iter().collect();
     let migs: Vec<&MachineMigration> = migrations.iter().collect();
-    plan_host(h, &refs, &migs, &BTreeSet::new(), t(now))
+    plan_host(h, &refs, &migs, &BTreeSet::new(), t(now), &mut |_| Ok(()))
 }
 
 fn key(name: &str) -> Key {
@@ -200,7 +200,10 @@ fn one_migration_at_a_time_per_host() {
     let machines: Vec<Machine> = vms[1..].iter().map(machine).collect();
     let refs: Vec<&Machine> = machines.iter().collect();
     let moving: BTreeSet<Key> = [key("c")].into();
-    assert_eq!(plan_host(&h, &refs, &[&a_done], &moving, t(4)).migrate, None);
+    assert_eq!(
+        plan_host(&h, &refs, &[&a_done], &moving, t(4), &mut |_| Ok(())).migrate,
+        None
+    );
 }
 
 #[test]

@@ -25,6 +25,7 @@ mod addons;
 mod addons_objects;
 mod boot;
 mod cloud_init;
+mod disruption;
 mod endpoint;
 mod engine;
 mod evacuation;

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use capkr::kairon::budget::selects;
 use capkr::kairon::maintenance::host_matches;
 use capkr::kairon::{MachineSpec, Term, WeightedTerm};
 
@@ -98,8 +99,8 @@ impl Placement {
     /// How much the VM `me` would rather not go to each host, by its soft anti-affinity
     /// `terms`: per host, the summed weight of the terms another VM breaks there. A term is
     /// broken on a host when a VM other than `me` that holds a slot (or a migration target)
-    /// in the same topology domain has every label of the term's `labelSelector` (its labels
-    /// by `labels_of`). A domain is the value of the term's `topologyKey` among the host's
+    /// in the same topology domain matches the term's `labelSelector` as Kairon matches (its
+    /// labels by `labels_of`; a missing label reads as `""`). A domain is the value of the term's `topologyKey` among the host's
     /// labels; [`HOSTNAME_TOPOLOGY_KEY`] is the host's name unless its labels say otherwise.
     /// Hosts without the key are not weighed.
     pub fn anti_affinity<'a>(
@@ -110,8 +111,9 @@ impl Placement {
     ) -> HashMap<String, i64> {
         let mut avoid: HashMap<String, i64> = HashMap::new();
         for term in terms.iter().filter(|t| t.weight > 0) {
-            let matches =
-                |labels: &BTreeMap<String, String>| term.label_selector.iter().all(|(k, v)| labels.get(k) == Some(v));
+            // Kairon's match: an empty selector matches nothing, and `key: ""` holds on a VM
+            // without the key.
+            let matches = |labels: &BTreeMap<String, String>| selects(&term.label_selector, Some(labels));
             let taken: BTreeSet<String> = self
                 .host_of
                 .iter()

@@ -221,17 +221,40 @@ fn term(weight: i32, labels: &[(&str, &str)], topology_key: &str) -> WeightedTer
 #[test]
 fn soft_anti_affinity_prefers_hosts_without_a_matching_vm() {
     const CP: &str = "cluster.x-k8s.io/control-plane";
+    const ROLE: &str = "infrastructure.cluster.x-k8s.io/kairon-role";
     let mut placement = three_hosts(0);
     placement.assign(&key("cp-0"), "h1");
     placement.assign(&key("worker"), "h2");
     let labels: HashMap<Key, BTreeMap<String, String>> = [
-        (key("cp-0"), selector(&[(CP, ""), ("cluster", "demo")])),
-        (key("cp-1"), selector(&[(CP, ""), ("cluster", "demo")])),
+        (
+            key("cp-0"),
+            selector(&[(CP, ""), (ROLE, "control-plane"), ("cluster", "demo")]),
+        ),
+        (
+            key("cp-1"),
+            selector(&[(CP, ""), (ROLE, "control-plane"), ("cluster", "demo")]),
+        ),
         (key("worker"), selector(&[("cluster", "demo")])),
     ]
     .into();
     let labels_of = |k: &Key| labels.get(k);
-    let spread = [term(100, &[(CP, ""), ("cluster", "demo")], HOSTNAME_TOPOLOGY_KEY)];
+    let spread = [term(
+        100,
+        &[(ROLE, "control-plane"), ("cluster", "demo")],
+        HOSTNAME_TOPOLOGY_KEY,
+    )];
+
+    // Kairon's match: `key: ""` holds on a VM without the key, so a term on CAPI's
+    // control-plane label (empty value) takes the worker for a control plane too.
+    let empty_value = [term(100, &[(CP, ""), ("cluster", "demo")], HOSTNAME_TOPOLOGY_KEY)];
+    let avoid = placement.anti_affinity(&key("cp-1"), &empty_value, labels_of);
+    assert_eq!(avoid, [("h1".to_string(), 100), ("h2".to_string(), 100)].into());
+    // An empty selector matches nothing.
+    assert!(
+        placement
+            .anti_affinity(&key("cp-1"), &[term(100, &[], HOSTNAME_TOPOLOGY_KEY)], labels_of)
+            .is_empty()
+    );
 
     // h1 runs cp-0: avoided. h2 (one worker) and h3 (empty) are not: the least loaded wins.
     let avoid = placement.anti_affinity(&key("cp-1"), &spread, labels_of);

@@ -6,12 +6,14 @@
 use std::collections::BTreeSet;
 
 use capkr::kairon::Machine;
+use capkr::kairon::budget::MachineDisruptionBudget;
 use capkr::kairon::maintenance::{EVACUATION_LABEL, Host, HostStatus, MachineMigration, host_phase};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::site::{SiteDone, migration_key};
 use super::{Done, Engine};
+use crate::disruption;
 use crate::evacuation::{self, VmAction, evacuation_migration, plan_host};
 use crate::migration::{self, is_under_way, parse_time};
 use crate::sim::Key;
@@ -28,6 +30,15 @@ impl Engine {
                 name: m.spec.machine_name.clone(),
             })
             .collect();
+        // Kairon's budgets, over every Machine, once for this pass over the hosts.
+        let budgets = self.site.budgets.as_ref().map(|s| s.state()).unwrap_or_default();
+        let budget_refs: Vec<&MachineDisruptionBudget> = budgets.iter().map(AsRef::as_ref).collect();
+        let all: Vec<&Machine> = self.machines.values().collect();
+        let mut allowances = disruption::allowances(&budget_refs, &all, &moving);
+        let mut admit = |vm: &Machine| match &mut allowances {
+            Ok(a) => disruption::admit(a, vm),
+            Err(why) => Err(why.clone()),
+        };
         let mut names: Vec<String> = self.site.hosts.keys().cloned().collect();
         names.sort();
         for name in names {
@@ -47,7 +58,7 @@ impl Engine {
                 .values()
                 .filter(|m| m.labels().get(EVACUATION_LABEL) == Some(&name))
                 .collect();
-            let plan = plan_host(host, &vms, &ours, &moving, now);
+            let plan = plan_host(host, &vms, &ours, &moving, now, &mut admit);
             let host = host.clone();
             self.carry_out(&name, host, plan, now);
         }

@@ -8,11 +8,14 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use capkr::kairon::budget::MachineDisruptionBudget;
 use capkr::kairon::maintenance::{Host, MachineMigration, migration_phase};
 use capkr::kairon::phase;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
@@ -52,6 +55,9 @@ pub(super) struct Site {
     retry_at: Option<Instant>,
     /// Something changed: decide again.
     pub dirty: bool,
+    /// Kairon's MachineDisruptionBudgets, every namespace's (a watch's cache), with
+    /// `--host-objects`.
+    pub(super) budgets: Option<Store<MachineDisruptionBudget>>,
 }
 
 impl Site {
@@ -71,7 +77,18 @@ impl Site {
             started: HashMap::new(),
             retry_at: None,
             dirty: true,
+            budgets: None,
         }
+    }
+
+    /// Starts the watch of MachineDisruptionBudgets the maintenance decides with.
+    pub fn watch_budgets(&mut self, client: Client) {
+        let (store, writer) = reflector::store::<MachineDisruptionBudget>();
+        let stream = reflector(writer, watcher(Api::all(client), watcher::Config::default()))
+            .default_backoff()
+            .for_each(|_| std::future::ready(()));
+        tokio::spawn(stream);
+        self.budgets = Some(store);
     }
 
     /// Nothing is decided before the first full lists, so a restart starts from the objects.
