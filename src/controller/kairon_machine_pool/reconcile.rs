@@ -28,7 +28,8 @@ use super::instances::{kaironmachine_for_member, stands_for};
 use super::plan::{PlanInput, PoolPlan, Why, plan_pool};
 use super::publish::write_status;
 use super::sets::{PoolSets, ensure_sets, release_excess, tidy_sets};
-use crate::api::conditions::{Decided, READY, Status, reason};
+use super::status::waiting;
+use crate::api::conditions::{Decided, reason};
 use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
 use crate::capi::{self, MachinePool, bootstrap};
 use crate::controller::error::Error;
@@ -169,10 +170,6 @@ fn names_another(mp: &MachinePool, pool: &KaironMachinePool) -> Option<String> {
         Some(r) => Some(format!("{} {}", r.kind, r.name)),
         None => Some("nothing".to_string()),
     }
-}
-
-pub(super) fn waiting(why: &'static str, message: impl Into<String>) -> Decided {
-    Decided::new(READY, Status::False, why, message)
 }
 
 /// The pool's bootstrap data, read only when it is needed (one GET of the Secret, checked as a

@@ -8,7 +8,7 @@ use serde_json::json;
 use tracing::info;
 
 use super::context::{Context, Scope};
-use super::reconcile::waiting;
+use super::status::waiting;
 use crate::api::conditions::{Decided, reason};
 use crate::controller::error::Error;
 use crate::events::reason as event;

@@ -42,6 +42,11 @@ pub struct Observed<'a> {
 /// `spec.providerIDList`: the providerIDs of every KaironMachine of the pool, sorted, those
 /// being deleted included: CAPI deletes the Node of a providerID that leaves the list, without
 /// a drain, so a VM's stays until its KaironMachine is gone (its Machine drained it first).
+/// The pool's Ready condition while it waits for something (why, and what).
+pub(super) fn waiting(why: &'static str, message: impl Into<String>) -> Decided {
+    Decided::new(READY, Status::False, why, message)
+}
+
 pub fn provider_id_list(instances: &[Counted]) -> Vec<String> {
     let mut ids: Vec<String> = instances.iter().filter_map(|i| i.provider_id.clone()).collect();
     ids.sort_unstable();

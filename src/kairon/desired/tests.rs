@@ -169,7 +169,7 @@ fn the_spec_serializes_in_kairons_shape() {
             "placement": {
                 "nodeSelector": {"zone": "a"},
                 "preferredAntiAffinity": [{"weight": 100, "topologyKey": "kubernetes.io/hostname",
-                    "labelSelector": {"cluster.x-k8s.io/cluster-name": "demo", "cluster.x-k8s.io/control-plane": ""}}]
+                    "labelSelector": {"cluster.x-k8s.io/cluster-name": "demo", "infrastructure.cluster.x-k8s.io/kairon-role": "control-plane"}}]
             },
             "cloudInit": {"hostname": "m", "runCmd": ["kubeadm join"]}
         })
@@ -201,7 +201,7 @@ fn control_planes_are_spread_as_the_spec_asks() {
     };
     let others = BTreeMap::from([
         (labels::CLUSTER_NAME.to_string(), "demo".to_string()),
-        (labels::CONTROL_PLANE.to_string(), String::new()),
+        (labels::ROLE.to_string(), labels::ROLE_CONTROL_PLANE.to_string()),
     ]);
     assert_eq!(spread(None), (true, None), "soft by default");
     assert_eq!(spread(Some("Preferred")), (true, None));
