@@ -9,6 +9,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use super::budget::{BUDGET_FOR, CLUSTER_NAMESPACE, DesiredBudget, MachineDisruptionBudget};
+use super::client::settle;
 use super::gate::{Permit, Refusal, WriteGate};
 use super::{Owner, labels};
 use crate::api::FIELD_MANAGER;
@@ -194,8 +195,4 @@ impl Budgets {
             }),
         }
     }
-}
-
-fn settle<T>(permit: Option<Permit>, answer: &Result<T, kube::Error>) {
-    super::client::settle(permit, answer);
 }
