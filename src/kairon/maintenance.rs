@@ -69,66 +69,105 @@ pub mod host_phase {
     pub const IN_MAINTENANCE: &str = "InMaintenance";
 }
 
-/// A request to move one running VM to another host, live: the same VM (UID, addresses,
-/// disks) on a new host. Namespaced (the VM's namespace); whatever the VM's
-/// `evictionStrategy` says, as KubeVirt's VirtualMachineInstanceMigration.
+/// Kairon's request to move one Machine to another node (`kmm`). Namespaced: the Machine's
+/// namespace. `live` moves the running VM (the same runtime state on a new node); `cold`
+/// (what `auto` and an empty strategy become) stops it, moves it and starts it there with a new
+/// runtime. Made by operators, `kaironctl evacuate` and cordon evacuation; never by the
+/// provider, which only reads them.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
     version = "v1alpha1",
     kind = "MachineMigration",
     namespaced,
+    shortname = "kmm",
     status = "MachineMigrationStatus",
     derive = "PartialEq",
     derive = "Default",
-    doc = "MachineMigration moves a Kairon Machine to another host (development CRD; production clusters get it from Kairon).",
+    doc = "MachineMigration moves a Kairon Machine to another node (development CRD; production clusters get it from Kairon).",
     printcolumn(name = "Machine", type_ = "string", json_path = ".spec.machineName"),
-    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
-    printcolumn(name = "From", type_ = "string", json_path = ".status.sourceHost"),
-    printcolumn(name = "To", type_ = "string", json_path = ".status.targetHost"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Strategy", type_ = "string", json_path = ".status.effectiveStrategy"),
+    printcolumn(name = "Source", type_ = "string", json_path = ".status.sourceNode"),
+    printcolumn(name = "Target", type_ = "string", json_path = ".status.targetNode"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase")
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: create another MachineMigration"))]
 pub struct MachineMigrationSpec {
     /// The Kairon Machine to move (same namespace).
     #[x_kube(validation = Rule::new("size(self) > 0").message("machineName must not be empty"))]
     pub machine_name: String,
-    /// The host to move to. Without it Kairon chooses a schedulable host that matches the
-    /// Machine's `nodeSelector`; with it the selector is not checked (an operator's override).
+    /// `auto` (the default), `live` or `cold`; Kairon takes `auto` as `cold`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_host: Option<String>,
+    #[x_kube(validation = Rule::new("self in ['auto', 'live', 'cold']").message("strategy must be auto, live or cold"))]
+    pub strategy: Option<String>,
+    /// The node to move to; Kairon chooses one when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_node: Option<String>,
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineMigrationStatus {
-    /// Pending, Running, Succeeded or Failed.
+    /// See [`migration_phase`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_host: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_host: Option<String>,
-    /// RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_timestamp: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub completion_timestamp: Option<String>,
-    /// Machine-readable reason when Failed (MachineNotRunning, NoTargetHost, NotMigratable).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_node: Option<String>,
+    /// `live` or `cold`: what the migration does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective_strategy: Option<String>,
+    /// The runtime on the target, once there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime_id: Option<String>,
 }
 
-/// A MachineMigration's phases.
+/// A MachineMigration's phases, as kairon-controller writes them. A live one goes
+/// `Starting`, `Running`, `Cutover`, `Adopting`, `Succeeded`; a cold one `Stopping`,
+/// `Restarting`, `Succeeded`. `Blocked` (it cannot run: no target, an unsupported strategy),
+/// `Failed` and `Cancelled` are final too; finished migrations are kept.
 pub mod migration_phase {
     pub const PENDING: &str = "Pending";
+    pub const STARTING: &str = "Starting";
     pub const RUNNING: &str = "Running";
+    pub const CUTOVER: &str = "Cutover";
+    pub const ADOPTING: &str = "Adopting";
+    pub const STOPPING: &str = "Stopping";
+    pub const RESTARTING: &str = "Restarting";
     pub const SUCCEEDED: &str = "Succeeded";
     pub const FAILED: &str = "Failed";
+    pub const BLOCKED: &str = "Blocked";
+    pub const CANCELLED: &str = "Cancelled";
+
+    /// Never acted on again (the empty phase is not: a migration not yet looked at).
+    pub fn is_final(phase: Option<&str>) -> bool {
+        matches!(phase, Some(SUCCEEDED | FAILED | BLOCKED | CANCELLED))
+    }
 }
+
+/// `spec.strategy` values, and what Kairon makes of them.
+pub mod migration_strategy {
+    pub const AUTO: &str = "auto";
+    pub const LIVE: &str = "live";
+    pub const COLD: &str = "cold";
+
+    /// `live` stays live; `auto`, `cold`, an empty or unknown strategy is cold.
+    pub fn effective(spec: Option<&str>) -> &'static str {
+        if spec == Some(LIVE) { LIVE } else { COLD }
+    }
+}
+
+/// The label kairon-controller puts on a Machine beside `spec.nodeName` when it binds it to a
+/// node.
+pub const ASSIGNED_NODE_LABEL: &str = "kairon.zyvor.dev/assigned-node";
+
+/// Annotations kairon-controller puts on a Machine while a live migration adopts it on its
+/// new node.
+pub const ADOPT_ONLY_ANNOTATION: &str = "kairon.zyvor.dev/adopt-only";
+pub const MIGRATION_ANNOTATION: &str = "kairon.zyvor.dev/migration";
 
 /// Label on the MachineMigrations Kairon makes itself to evacuate a host: the host's name.
 pub const EVACUATION_LABEL: &str = "kairon.zyvor.dev/evacuation";

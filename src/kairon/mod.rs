@@ -48,7 +48,7 @@ pub use set_client::{
 };
 pub use types::{
     CloudInit, CloudInitFile, EVICTION_STRATEGY_ANNOTATION, Evacuation, Image, ImageSource, Machine, MachineSpec,
-    MachineStatus, Network, Placement, Resources, Term, UserData, WeightedTerm, eviction, phase,
+    MachineStatus, Network, Placement, Resources, Term, UserData, WeightedTerm, eviction, phase, power_state,
 };
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's schema has

@@ -43,7 +43,7 @@ async fn migrate(rig: &Rig, name: &str, vm: &str, target: &str) {
     let mm: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineMigration",
         "metadata": {"name": name, "namespace": rig.ns},
-        "spec": {"machineName": vm, "targetHost": target},
+        "spec": {"machineName": vm, "strategy": "live", "targetNode": target},
     }))
     .unwrap();
     migrations(rig)

@@ -46,16 +46,16 @@ pub async fn vm_hosts(rig: &GuestRig) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A MachineMigration of `vm` (to `target`, or where Kairon chooses), waited for until it
-/// succeeded; returns the host the VM is on afterwards.
+/// A live MachineMigration of `vm` (to `target`, or where Kairon chooses), waited for until it
+/// succeeded; returns the node the VM is on afterwards.
 pub async fn migrate(rig: &GuestRig, vm: &str, target: Option<&str>) -> String {
     let migrations = migrations_resource();
     let api = rig.api(&migrations);
     let mig_name = format!("move-{vm}-{}", rig_suffix());
     let mut mig = DynamicObject::new(&mig_name, &migrations).within(&rig.ns);
-    mig.data = json!({"spec": {"machineName": vm}});
+    mig.data = json!({"spec": {"machineName": vm, "strategy": "live"}});
     if let Some(t) = target {
-        mig.data["spec"]["targetHost"] = json!(t);
+        mig.data["spec"]["targetNode"] = json!(t);
     }
     api.create(&PostParams::default(), &mig)
         .await
@@ -70,10 +70,10 @@ pub async fn migrate(rig: &GuestRig, vm: &str, target: Option<&str>) -> String {
             match status["phase"].as_str() {
                 Some("Succeeded") => {
                     *done.lock().unwrap_or_else(|e| e.into_inner()) =
-                        status["targetHost"].as_str().unwrap_or("").to_string();
+                        status["targetNode"].as_str().unwrap_or("").to_string();
                     Ok(())
                 }
-                Some("Failed") => panic!("MachineMigration {mig_name} failed: {status}"),
+                Some(p @ ("Failed" | "Blocked")) => panic!("MachineMigration {mig_name} {p}: {status}"),
                 _ => Err(format!("status {status}")),
             }
         },

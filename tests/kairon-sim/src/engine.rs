@@ -147,7 +147,7 @@ impl Engine {
             None => Api::all(self.client.clone()),
         };
         let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
-        let (mut migration_events, mut host_events) = self.site_watches().await;
+        let (mut migration_events, mut host_events, mut node_events) = self.site_watches().await;
         let mut set_events = self.set_watch();
         let mut wake = Instant::now() + TICK;
         loop {
@@ -164,6 +164,10 @@ impl Engine {
                 Some(event) = host_events.next() => match event {
                     Ok(event) => self.on_host_event(event),
                     Err(e) => tracing::warn!(error = %e, "watching Kairon Hosts"),
+                },
+                Some(event) = node_events.next() => match event {
+                    Ok(event) => self.on_node_event(event),
+                    Err(e) => tracing::warn!(error = %e, "watching Kairon's Nodes"),
                 },
                 Some(event) = set_events.next() => match event {
                     Ok(event) => self.on_set_event(event),
@@ -428,7 +432,12 @@ impl Engine {
                         tracing::info!(machine = %key, host = %host, "{from} -> Starting");
                         self.allocations.placement.assign(key, &host);
                         let labels = self.allocations.placement.labels_of(&host).cloned();
-                        sim::starting_status(&m, &host, labels, sim::new_runtime_id())
+                        let status = sim::starting_status(&m, &host, labels, sim::new_runtime_id());
+                        // As kairon-controller: bound to the node (`spec.nodeName` and its
+                        // label), then started there by the node's agent.
+                        let bind = sim::binding(&host);
+                        self.spawn_write(key, async move { writer.migrate(&m, &bind, Some(&status)).await });
+                        return;
                     }
                     Err(unschedulable) => {
                         tracing::info!(machine = %key, why = %unschedulable.0, "{from}: not scheduled (Unschedulable), tried again later");
@@ -482,7 +491,17 @@ impl Engine {
                 self.spawn_write(key, async move { writer.write_status(&m, &status).await });
             }
             Step::PowerOn => {
-                let status = sim::powered_on_status(&m, now);
+                let mut status = sim::powered_on_status(&m, now);
+                // A Stopped VM bound to another node meanwhile (a cold migration) starts there.
+                if let Some(node) = m.spec.node_name.as_deref().filter(|n| !n.is_empty())
+                    && status.phase.as_deref() == Some(capkr::kairon::phase::STARTING)
+                    && status.node_name.as_deref() != Some(node)
+                {
+                    tracing::info!(machine = %key, node, "starting on the node it is bound to now");
+                    self.allocations.placement.assign(key, node);
+                    status.node_name = Some(node.to_string());
+                    status.host_labels = self.allocations.placement.labels_of(node).cloned();
+                }
                 tracing::info!(
                     machine = %key,
                     "{from} -> {} (spec.powerState Running)",

@@ -89,16 +89,16 @@ pub fn vm_plan(vm: &Machine, host: &str, migration: Option<&MachineMigration>, n
         return VmPlan::Migrate;
     };
     match migration_phase_of(migration) {
-        Some(migration_phase::FAILED) if live_only => {
+        Some(migration_phase::FAILED | migration_phase::BLOCKED) if live_only => {
             let reason = migration
                 .status
                 .as_ref()
-                .and_then(|s| s.reason.as_deref())
+                .and_then(|s| s.message.as_deref())
                 .unwrap_or("unknown");
             VmPlan::Blocked(format!("LiveMigrate and its migration failed ({reason}); retrying"))
         }
         // It could not move live after all: as External.
-        Some(migration_phase::FAILED) => VmPlan::RequestEvacuation,
+        Some(migration_phase::FAILED | migration_phase::BLOCKED) => VmPlan::RequestEvacuation,
         // It came back (or the record is of a VM that moved and returned): migrate again.
         Some(migration_phase::SUCCEEDED) => VmPlan::Migrate,
         _ => VmPlan::Migrating,
@@ -287,12 +287,12 @@ pub fn plan_host(
 }
 
 fn retry_due(migration: &MachineMigration, now: Timestamp) -> bool {
+    // Kairon's migrations carry no completion time: counted from their creation.
     migration
-        .status
+        .metadata
+        .creation_timestamp
         .as_ref()
-        .and_then(|s| s.completion_timestamp.as_deref())
-        .and_then(parse_time)
-        .is_none_or(|done| after(done, MIGRATION_RETRY) <= now)
+        .is_none_or(|made| after(made.0, MIGRATION_RETRY) <= now)
 }
 
 fn count(n: usize) -> i32 {
@@ -313,7 +313,8 @@ pub fn evacuation_migration(vm: &Key, host: &str) -> MachineMigration {
         &evacuation_migration_name(&vm.name),
         MachineMigrationSpec {
             machine_name: vm.name.clone(),
-            target_host: None,
+            strategy: Some(capkr::kairon::maintenance::migration_strategy::LIVE.to_string()),
+            target_node: None,
         },
     );
     mig.metadata.namespace = Some(vm.namespace.clone());

@@ -63,7 +63,8 @@ fn machine(v: &Vm) -> Machine {
     }
 }
 
-fn migration(vm: &str, phase: Option<&str>, created: i64, completed: Option<i64>) -> MachineMigration {
+/// `_completed`: when it ended (Kairon records no time; retries count from `created`).
+fn migration(vm: &str, phase: Option<&str>, created: i64, _completed: Option<i64>) -> MachineMigration {
     let mut m = evacuation_migration(
         &Key {
             namespace: "ns".into(),
@@ -74,8 +75,7 @@ fn migration(vm: &str, phase: Option<&str>, created: i64, completed: Option<i64>
     m.metadata.creation_timestamp = Some(Time(t(created)));
     m.status = phase.map(|p| MachineMigrationStatus {
         phase: Some(p.into()),
-        reason: Some("NoTargetHost".into()),
-        completion_timestamp: completed.map(|c| rfc3339(t(c))),
+        message: Some("no target node".into()),
         ..Default::default()
     });
     m

@@ -12,7 +12,9 @@ use crate::sim::Key;
 
 /// An IPv4 pool handing out each address to one machine at a time. Allocation walks forward
 /// from the last address handed out, so a released address is not reused at once (a stale
-/// Node or ARP entry would otherwise point at the next VM).
+/// Node or ARP entry would otherwise point at the next VM). A machine that gives its address up
+/// (stopped, halted) gets the same one back when it runs again, if it is still free, as a
+/// DHCP server renews a lease for the same MAC; the lease ends with the machine.
 #[derive(Debug)]
 pub struct AddressPool {
     first: u32,
@@ -20,6 +22,7 @@ pub struct AddressPool {
     cursor: u32,
     owner: HashMap<u32, Key>,
     address_of: HashMap<Key, u32>,
+    lease: HashMap<Key, u32>,
 }
 
 impl AddressPool {
@@ -42,6 +45,7 @@ impl AddressPool {
             cursor: first,
             owner: HashMap::new(),
             address_of: HashMap::new(),
+            lease: HashMap::new(),
         })
     }
 
@@ -49,10 +53,17 @@ impl AddressPool {
         (self.first..=self.last).contains(&u32::from(addr))
     }
 
-    /// The address held by `key`, or the next free one.
+    /// The address held by `key`, else its last one if free, else the next free one.
     pub fn allocate(&mut self, key: &Key) -> Option<Ipv4Addr> {
         if let Some(addr) = self.address_of.get(key) {
             return Some(Ipv4Addr::from(*addr));
+        }
+        if let Some(&addr) = self.lease.get(key)
+            && !self.owner.contains_key(&addr)
+        {
+            self.owner.insert(addr, key.clone());
+            self.address_of.insert(key.clone(), addr);
+            return Some(Ipv4Addr::from(addr));
         }
         let size = self.last - self.first + 1;
         for i in 0..size {
@@ -65,6 +76,7 @@ impl AddressPool {
                 };
                 self.owner.insert(candidate, key.clone());
                 self.address_of.insert(key.clone(), candidate);
+                self.lease.insert(key.clone(), candidate);
                 return Some(Ipv4Addr::from(candidate));
             }
         }
@@ -81,13 +93,21 @@ impl AddressPool {
             self.address_of.remove(other);
         }
         self.address_of.insert(key.clone(), addr);
+        self.lease.insert(key.clone(), addr);
         previous
     }
 
+    /// `key` gives its address up; its lease stays.
     pub fn release(&mut self, key: &Key) {
         if let Some(addr) = self.address_of.remove(key) {
             self.owner.remove(&addr);
         }
+    }
+
+    /// `key` is gone: its address and its lease.
+    pub fn forget(&mut self, key: &Key) {
+        self.release(key);
+        self.lease.remove(key);
     }
 
     pub fn in_use(&self) -> usize {
@@ -129,9 +149,10 @@ impl Allocations {
         }
     }
 
+    /// The Machine is gone.
     pub fn release(&mut self, key: &Key) {
         self.placement.release(key);
-        self.pool.release(key);
+        self.pool.forget(key);
     }
 }
 
@@ -186,6 +207,22 @@ mod tests {
         assert_eq!(got, want);
         pool.release(&key("a"));
         assert_eq!(pool.allocate(&key("e")), Some([192, 168, 1, 2].into()));
+    }
+
+    #[test]
+    fn a_vm_running_again_gets_its_address_back_while_it_is_free() {
+        let mut pool = AddressPool::new("10.42.0.0/16").unwrap();
+        let a = pool.allocate(&key("a"));
+        pool.allocate(&key("b"));
+        pool.release(&key("a"));
+        assert_eq!(pool.allocate(&key("c")), Some("10.42.0.4".parse().unwrap()));
+        assert_eq!(pool.allocate(&key("a")), a, "stopped and started: the same address");
+        pool.release(&key("a"));
+        pool.claim(&key("d"), a.unwrap());
+        assert_ne!(pool.allocate(&key("a")), a, "taken meanwhile: another one");
+        pool.forget(&key("a"));
+        pool.release(&key("d"));
+        assert_ne!(pool.allocate(&key("a")), a, "a machine gone has no lease");
     }
 
     #[test]

@@ -116,6 +116,24 @@ impl MachineWriter {
         self.outcome(&key, result).await
     }
 
+    /// Merge-patches the Machine's metadata and spec as kairon-controller does when it binds it
+    /// to a node or migrates it (`patch`, without a resourceVersion: it is added), then, if
+    /// given, writes `status` on what that returned (the target's agent reporting an adopted
+    /// VM). Always a patch, `--full-update` or not.
+    pub async fn migrate(&self, m: &Machine, patch: &serde_json::Value, status: Option<&MachineStatus>) -> WriteResult {
+        let key = Key::of(m);
+        let mut patch = patch.clone();
+        patch["metadata"]["resourceVersion"] = json!(m.resource_version());
+        let result = self
+            .api(&key)
+            .patch(&key.name, &patch_params(), &Patch::Merge(&patch))
+            .await;
+        match (self.outcome(&key, result).await, status) {
+            (WriteResult::Written(written), Some(status)) => self.write_status(&written, status).await,
+            (other, _) => other,
+        }
+    }
+
     async fn outcome(&self, key: &Key, result: Result<Machine, kube::Error>) -> WriteResult {
         match result {
             Ok(m) => WriteResult::Written(Box::new(m)),

@@ -3,7 +3,8 @@
 //!
 //! - [`sim`]: the Machine phase machine (pure);
 //! - [`placement`], [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
-//! - [`migration`], [`evacuation`]: live migrations and host maintenance (pure);
+//! - [`migration`], [`evacuation`]: MachineMigrations (live and cold) and the older model's host
+//!   maintenance (pure); [`evacuate`]: the `evacuate` subcommand, as `kaironctl evacuate`;
 //! - [`machineset`]: Kairon's MachineSets as kairon-controller keeps them: members made,
 //!   outdated ones replaced, extra ones removed in list order (pure);
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure); [`cloud_init`]: the
@@ -28,6 +29,7 @@ mod cloud_init;
 mod disruption;
 mod endpoint;
 mod engine;
+mod evacuate;
 mod evacuation;
 mod flags;
 mod fleet;
@@ -73,11 +75,11 @@ use crate::sim::Delays;
 )]
 struct Args {
     /// Kubeconfig of the management API server (default: KUBECONFIG, then in-cluster).
-    #[arg(long)]
+    #[arg(long, global = true)]
     kubeconfig: Option<PathBuf>,
     /// Kubeconfig of the API server serving Kairon Machines (default: the management one).
     /// The management API server is still where the workload clusters' kubeconfigs are read.
-    #[arg(long)]
+    #[arg(long, global = true)]
     kairon_kubeconfig: Option<PathBuf>,
     /// Watch Machines in this namespace only (default: all namespaces).
     #[arg(long)]
@@ -135,6 +137,15 @@ struct Args {
     /// maintenance. Off by default: simulators sharing an API server would share host names.
     #[arg(long)]
     host_objects: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Empty a node by MachineMigrations, as `kaironctl evacuate NODE` does (on the Kairon API
+    /// server: --kairon-kubeconfig, else --kubeconfig).
+    Evacuate(evacuate::EvacuateArgs),
 }
 
 #[tokio::main]
@@ -144,6 +155,11 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if let Some(Command::Evacuate(evacuate)) = args.command {
+        let kubeconfig = args.kairon_kubeconfig.or(args.kubeconfig);
+        let client = management_client(kubeconfig.as_deref()).await?;
+        return evacuate::run(client, evacuate).await;
+    }
     let pool = AddressPool::new(&args.address_pool).map_err(anyhow::Error::msg)?;
     let hosts = args.hosts.clone().map(|h| h.0).unwrap_or_else(flags::default_hosts);
     let client = management_client(args.kubeconfig.as_deref()).await?;
@@ -273,5 +289,18 @@ mod tests {
         );
         assert_eq!(defaults.migration_delay, Duration::from_secs(1));
         assert!(!defaults.host_objects);
+        let evacuate =
+            Args::try_parse_from(["kairon-sim", "evacuate", "h1", "--wait", "--kubeconfig", "/tmp/kc"]).unwrap();
+        assert_eq!(evacuate.kubeconfig, Some(PathBuf::from("/tmp/kc")));
+        match evacuate.command {
+            Some(Command::Evacuate(e)) => {
+                assert_eq!((e.node.as_str(), e.strategy.as_str(), e.wait), ("h1", "cold", true));
+                assert_eq!(
+                    (e.interval, e.timeout),
+                    (Duration::from_secs(10), Duration::from_secs(900))
+                );
+            }
+            None => panic!("no subcommand"),
+        }
     }
 }

@@ -285,6 +285,14 @@ pub fn new_runtime_id() -> String {
 }
 
 /// Placed on `host`: the VM's runtime is created there (`runtime_id`, new for every runtime).
+/// The merge patch with which kairon-controller binds a Machine to `node`.
+pub fn binding(node: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"labels": {capkr::kairon::maintenance::ASSIGNED_NODE_LABEL: node}},
+        "spec": {"nodeName": node},
+    })
+}
+
 pub fn starting_status(
     m: &Machine,
     host: &str,

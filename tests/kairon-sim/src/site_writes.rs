@@ -7,6 +7,8 @@
 use std::fmt::Debug;
 
 use capkr::kairon::maintenance::{Host, HostSpec, HostStatus, MachineMigration, MachineMigrationStatus};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -44,6 +46,39 @@ impl SiteWriter {
 
     fn migrations(&self, namespace: &str) -> Api<MachineMigration> {
         Api::namespaced(self.client.clone(), namespace)
+    }
+
+    /// Creates a Kubernetes Node per `--hosts` entry on Kairon's API server, labelled with its
+    /// labels (Kairon's hosts are its cluster's Nodes; nothing runs them here: they are what
+    /// operators cordon and `evacuate` names); one that exists is adopted (our labels merged).
+    pub async fn ensure_nodes(&self, hosts: &[placement::Host]) -> Result<(), kube::Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        for host in hosts {
+            match api.get_opt(&host.name).await? {
+                Some(existing) => {
+                    if host.labels.iter().any(|(k, v)| existing.labels().get(k) != Some(v)) {
+                        let patch = json!({"metadata": {"labels": host.labels}});
+                        api.patch(&host.name, &patch_params(), &Patch::Merge(&patch)).await?;
+                    }
+                }
+                None => {
+                    let node = Node {
+                        metadata: ObjectMeta {
+                            name: Some(host.name.clone()),
+                            labels: Some(host.labels.clone()),
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    };
+                    match api.create(&post_params(), &node).await {
+                        Ok(_) => tracing::info!(node = %host.name, "Node created"),
+                        Err(kube::Error::Api(s)) if s.code == 409 => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Creates a Host per `--hosts` entry, labelled with its labels; one that exists is

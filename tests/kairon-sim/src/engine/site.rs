@@ -13,6 +13,7 @@ use capkr::kairon::maintenance::{Host, MachineMigration, migration_phase};
 use capkr::kairon::phase;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::runtime::reflector::{self, Store, reflector};
@@ -20,7 +21,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
 use super::{Done, Engine, RETRY_AFTER_ERROR};
-use crate::migration::{self, MigrationStep, after, is_under_way, migration_phase_of, next_migration_step};
+use crate::migration::{self, MachineChange, MigrationStep, after, is_under_way, next_migration_step};
 use crate::sim::Key;
 use crate::site_writes::{SiteWriter, Written};
 
@@ -47,6 +48,9 @@ pub(super) struct Site {
     pub(super) migrations: HashMap<Key, MachineMigration>,
     migrations_listing: Option<HashSet<Key>>,
     migrations_synced: bool,
+    /// Nodes with `spec.unschedulable` (cordoned), and those of a listing under way.
+    pub(super) cordoned_nodes: HashSet<String>,
+    nodes_listing: Option<HashSet<String>>,
     pub(super) busy_hosts: HashSet<String>,
     pub(super) busy_migrations: HashSet<Key>,
     /// When the migrations this process started began, to the sub-second (`startTimestamp`
@@ -72,6 +76,8 @@ impl Site {
             migrations: HashMap::new(),
             migrations_listing: None,
             migrations_synced: false,
+            cordoned_nodes: HashSet::new(),
+            nodes_listing: None,
             busy_hosts: HashSet::new(),
             busy_migrations: HashSet::new(),
             started: HashMap::new(),
@@ -120,8 +126,9 @@ pub(super) type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher
 
 impl Engine {
     /// The watches on MachineMigrations (as wide as the one on Machines) and, with
-    /// `--host-objects`, on Hosts, once a Host object exists per host (retried until it works).
-    pub(super) async fn site_watches(&self) -> (Events<MachineMigration>, Events<Host>) {
+    /// `--host-objects`, on Hosts and Nodes, once a Host object and a Node exist per host
+    /// (retried until it works).
+    pub(super) async fn site_watches(&self) -> (Events<MachineMigration>, Events<Host>, Events<Node>) {
         let migrations: Api<MachineMigration> = match &self.opts.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
@@ -130,18 +137,55 @@ impl Engine {
             .default_backoff()
             .boxed();
         if !self.site.host_objects {
-            return (migrations, futures::stream::pending().boxed());
+            return (
+                migrations,
+                futures::stream::pending().boxed(),
+                futures::stream::pending().boxed(),
+            );
         }
         let hosts = self.allocations.placement.hosts().to_vec();
         while let Err(e) = self.site.writer.ensure_hosts(&hosts).await {
             tracing::warn!(error = %e, "creating Host objects; retrying");
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
+        while let Err(e) = self.site.writer.ensure_nodes(&hosts).await {
+            tracing::warn!(error = %e, "creating Nodes; retrying");
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+        let nodes = Api::<Node>::all(self.client.clone());
         let hosts = Api::<Host>::all(self.client.clone());
         (
             migrations,
             watcher(hosts, watcher::Config::default()).default_backoff().boxed(),
+            watcher(nodes, watcher::Config::default()).default_backoff().boxed(),
         )
+    }
+
+    /// A Node's `spec.unschedulable` (a cordon) keeps new VMs and migrations off its host.
+    pub(super) fn on_node_event(&mut self, event: watcher::Event<Node>) {
+        let cordoned = |n: &Node| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        let site = &mut self.site;
+        match event {
+            watcher::Event::Init => site.nodes_listing = Some(HashSet::new()),
+            watcher::Event::InitApply(n) => {
+                if cordoned(&n) {
+                    site.nodes_listing.get_or_insert_with(HashSet::new).insert(n.name_any());
+                }
+            }
+            watcher::Event::InitDone => site.cordoned_nodes = site.nodes_listing.take().unwrap_or_default(),
+            watcher::Event::Apply(n) => {
+                if cordoned(&n) {
+                    site.cordoned_nodes.insert(n.name_any());
+                } else {
+                    site.cordoned_nodes.remove(&n.name_any());
+                }
+            }
+            watcher::Event::Delete(n) => {
+                site.cordoned_nodes.remove(&n.name_any());
+            }
+        }
+        self.site.dirty = true;
+        self.refresh_cordoned();
     }
 
     pub(super) fn on_host_event(&mut self, event: watcher::Event<Host>) {
@@ -246,7 +290,8 @@ impl Engine {
         self.site.retry_at = Some(Instant::now() + RETRY_AFTER_ERROR);
     }
 
-    /// Hosts nothing new goes to: `spec.unschedulable`, or in maintenance.
+    /// Hosts nothing new goes to: a cordoned Node, a Host `spec.unschedulable` or in
+    /// maintenance (the older model).
     fn refresh_cordoned(&mut self) {
         let cordoned: BTreeSet<String> = self
             .site
@@ -254,19 +299,20 @@ impl Engine {
             .iter()
             .filter(|(_, h)| h.spec.unschedulable == Some(true) || h.spec.maintenance.is_some())
             .map(|(name, _)| name.clone())
+            .chain(self.site.cordoned_nodes.iter().cloned())
             .collect();
         self.allocations.placement.set_cordoned(cordoned);
     }
 
-    /// Migration targets under way hold a slot on their host.
+    /// The targets of migrations under way hold a slot on their node.
     fn refresh_reserved(&mut self) {
         let reserved: HashMap<Key, String> = self
             .site
             .migrations
             .values()
-            .filter(|m| migration_phase_of(m) == Some(migration_phase::RUNNING))
+            .filter(|m| migration::is_started(m))
             .filter_map(|m| {
-                let target = m.status.as_ref()?.target_host.clone()?;
+                let target = m.status.as_ref()?.target_node.clone()?;
                 let vm = Key {
                     namespace: m.namespace().unwrap_or_default(),
                     name: m.spec.machine_name.clone(),
@@ -316,51 +362,61 @@ impl Engine {
                 name: mig.spec.machine_name.clone(),
             };
             let vm = self.machines.get(&vm_key);
-            let other_running = self.site.migrations.iter().any(|(k, m)| {
+            let other_started = self.site.migrations.iter().any(|(k, m)| {
                 *k != key
                     && k.namespace == key.namespace
                     && m.spec.machine_name == mig.spec.machine_name
-                    && migration_phase_of(m) == Some(migration_phase::RUNNING)
+                    && migration::is_started(m)
             });
-            let step = next_migration_step(
-                &mig,
-                vm,
-                &self.allocations.placement,
-                other_running,
-                now,
-                self.site.migration_delay,
-            );
             let delay = self.site.migration_delay;
+            let transfer_done = self.site.started.get(&key).is_none_or(|t| after(*t, delay) <= now);
+            let step = next_migration_step(&mig, vm, &self.allocations.placement, other_started, transfer_done);
             let status = match step {
                 MigrationStep::Wait => continue,
-                MigrationStep::Move { .. } if self.site.started.get(&key).is_some_and(|t| after(*t, delay) > now) => {
-                    continue;
-                }
                 MigrationStep::Queue => migration::queued_status(&mig),
-                MigrationStep::Start { source, target } => {
-                    tracing::info!(migration = %key, machine = %vm_key, from = %source, to = %target, "migration Running");
+                MigrationStep::Start {
+                    strategy,
+                    source,
+                    target,
+                } => {
+                    tracing::info!(migration = %key, machine = %vm_key, strategy, from = %source, to = %target, "migration started");
                     // Held at once, so that the next migration decided now sees it.
                     self.allocations.placement.reserve(&vm_key, &target);
-                    self.site.started.insert(key.clone(), now);
-                    migration::started_status(&mig, &source, &target, now)
+                    migration::started_status(&mig, strategy, &source, &target)
                 }
-                MigrationStep::Complete => {
+                MigrationStep::Advance(phase) => {
+                    if phase == migration_phase::RUNNING {
+                        self.site.started.insert(key.clone(), now);
+                    }
+                    tracing::info!(migration = %key, machine = %vm_key, phase, "migration phase");
+                    migration::phase_status(&mig, phase)
+                }
+                MigrationStep::Complete { runtime_id } => {
                     self.site.started.remove(&key);
                     tracing::info!(migration = %key, machine = %vm_key, "migration Succeeded");
-                    migration::succeeded_status(&mig, now)
+                    migration::succeeded_status(&mig, runtime_id)
                 }
-                MigrationStep::Fail { reason, message } => {
+                MigrationStep::End { phase, message } => {
                     self.site.started.remove(&key);
-                    tracing::info!(migration = %key, machine = %vm_key, reason, message = %message, "migration Failed");
-                    migration::failed_status(&mig, reason, &message, now)
+                    tracing::info!(migration = %key, machine = %vm_key, phase, message = %message, "migration ended");
+                    migration::ended_status(&mig, phase, &message)
                 }
-                MigrationStep::Move { target } => {
+                MigrationStep::Machine(change) => {
                     if let Some(m) = vm.filter(|_| !self.busy.contains(&vm_key)).cloned() {
-                        let labels = self.allocations.placement.labels_of(&target).cloned();
-                        tracing::info!(machine = %vm_key, to = %target, "VM moved live");
-                        let status = migration::moved_status(&m, &target, labels.as_ref(), now);
+                        tracing::info!(machine = %vm_key, migration = %key, change = ?change, "migration writes its Machine");
+                        let patch = migration::machine_patch(&mig, &change);
+                        let adopted = match &change {
+                            MachineChange::Adopt { target } => {
+                                let labels = self.allocations.placement.labels_of(target).cloned();
+                                Some(migration::adopted_status(&m, target, labels.as_ref(), now))
+                            }
+                            _ => None,
+                        };
                         let writer = self.writer.clone();
-                        self.spawn_write(&vm_key, async move { writer.write_status(&m, &status).await });
+                        self.spawn_write(
+                            &vm_key,
+                            async move { writer.migrate(&m, &patch, adopted.as_ref()).await },
+                        );
                     }
                     continue;
                 }
