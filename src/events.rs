@@ -71,8 +71,6 @@ pub(crate) mod reason {
     pub(crate) const REPLACEMENT_REQUESTED: &str = "ReplacementRequested";
     /// Warning: the evacuation cannot go on (no MachineHealthCheck, skip-remediation).
     pub(crate) const EVACUATION_BLOCKED: &str = "EvacuationBlocked";
-    /// Warning: Kairon stopped the VM at the evacuation deadline.
-    pub(crate) const EVACUATION_DEADLINE_EXCEEDED: &str = "EvacuationDeadlineExceeded";
     pub(crate) const CLUSTER_PROVISIONED: &str = "Provisioned";
 }
 

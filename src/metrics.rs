@@ -223,7 +223,6 @@ pub struct Metrics {
     pub(crate) instance_migrations: Counter,
     pub(crate) evacuations: Gauge,
     pub(crate) evacuation_replacements: Family<ReplacementLabels, Counter>,
-    pub(crate) evacuation_deadlines_missed: Counter,
     /// Feeds `kairon_machines` at scrape time: counts of managed Kairon Machines by phase.
     phase_counts: Mutex<Option<PhaseCounter>>,
     /// The same reconciles under controller-runtime's names.
@@ -252,7 +251,6 @@ impl Default for Metrics {
         let instance_migrations = Counter::default();
         let evacuations = Gauge::default();
         let evacuation_replacements = Family::<ReplacementLabels, Counter>::default();
-        let evacuation_deadlines_missed = Counter::default();
 
         let mut root = Registry::default();
         let runtime = ControllerRuntime::register(&mut root);
@@ -315,13 +313,8 @@ impl Default for Metrics {
         );
         registry.register(
             "evacuation_replacements",
-            "Machines marked for remediation (mark) or deleted (delete) because Kairon asked to evacuate their VM",
+            "Machines marked for remediation (mark) or deleted (delete) because their VM's Kairon node is cordoned",
             evacuation_replacements.clone(),
-        );
-        registry.register(
-            "evacuation_deadlines_missed",
-            "Kairon Machines Kairon stopped because they were still on a host in maintenance at the deadline",
-            evacuation_deadlines_missed.clone(),
         );
         Metrics {
             registry: root,
@@ -331,7 +324,6 @@ impl Default for Metrics {
             instance_migrations,
             evacuations,
             evacuation_replacements,
-            evacuation_deadlines_missed,
             watch_errors,
             instances_kept,
             reconciles,
@@ -547,7 +539,6 @@ mod tests {
             "capkr_kairon_machines{phase=\"Pending\"} 1",
             "capkr_instance_migrations_total 0",
             "capkr_evacuations 0",
-            "capkr_evacuation_deadlines_missed_total 0",
         ] {
             assert!(text.contains(want), "{want} missing in\n{text}");
         }

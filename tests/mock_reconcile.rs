@@ -82,6 +82,7 @@ where
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
         evacuating: Default::default(),
+        nodes: None,
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;

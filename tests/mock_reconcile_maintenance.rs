@@ -1,6 +1,6 @@
 //! The exact API calls of the KaironMachine reconciler when Kairon's host maintenance touches
-//! its VM, against a mock API server (tower-test): a live migration writes the new host and one
-//! event; an evacuation request marks the owner Machine once for remediation, then steady state
+//! its VM, against a mock API server (tower-test): a migration writes the new node and one
+//! event; a cordoned node marks the owner Machine once for remediation, then steady state
 //! writes nothing; a paused evacuation writes the status alone.
 
 use std::sync::{Arc, Mutex};
@@ -11,8 +11,9 @@ use capkr::api::{KaironMachine, KaironMachineStatus, MACHINE_FINALIZER};
 use capkr::capi::{self, ClusterCondition, MachineNodeReference, MachineStatus};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
-use capkr::kairon::{self, Evacuation, labels};
+use capkr::kairon::{self, labels};
 use http::{Request, Response};
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::Client;
 use kube::client::Body;
@@ -31,7 +32,6 @@ const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 fn kaironmachine() -> KaironMachine {
     let mut km = mock_support::kaironmachine(NS);
     km.spec.provider_id = Some("kairon://vm-uid".into());
-    km.spec.eviction_strategy = Some("External".into());
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km
 }
@@ -58,7 +58,7 @@ fn cluster(paused: bool) -> capi::Cluster {
     mock_support::provisioned_cluster(NS, paused)
 }
 
-fn vm(host: &str, evacuation: bool) -> kairon::Machine {
+fn vm(host: &str) -> kairon::Machine {
     let mut vm = kairon::Machine::new("m1", Default::default());
     vm.metadata.namespace = Some(NS.into());
     vm.metadata.uid = Some("vm-uid".into());
@@ -66,12 +66,6 @@ fn vm(host: &str, evacuation: bool) -> kairon::Machine {
     vm.status = Some(kairon::MachineStatus {
         phase: Some("Running".into()),
         node_name: Some(host.into()),
-        evacuation: evacuation.then(|| Evacuation {
-            host_name: host.into(),
-            reason: Some("HostMaintenance".into()),
-            requested_at: Some("2026-01-01T00:00:00Z".into()),
-            deadline: Some("2099-01-01T00:00:00Z".into()),
-        }),
         ..Default::default()
     });
     vm
@@ -90,10 +84,23 @@ fn provisioned_on(vm: kairon::Machine) -> KaironMachine {
     km
 }
 
+/// Kairon's node `name`, cordoned or not.
+fn node(name: &str, cordoned: bool) -> Node {
+    let mut n = Node::default();
+    n.metadata.name = Some(name.into());
+    n.spec = Some(NodeSpec {
+        unschedulable: cordoned.then_some(true),
+        ..Default::default()
+    });
+    n
+}
+
 struct World {
     machines: Vec<capi::Machine>,
     cluster: capi::Cluster,
     instances: Vec<kairon::Machine>,
+    /// Kairon's nodes h1 (cordoned or not) and h2.
+    h1_cordoned: bool,
 }
 
 /// Runs one reconcile of `km` against a mock API server driven by `server`; events are
@@ -119,6 +126,7 @@ where
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
         evacuating: Default::default(),
+        nodes: Some(filled(vec![node("h1", world.h1_cordoned), node("h2", false)]).0),
     });
     let server = tokio::spawn(server(handle));
     reconcile(Arc::new(km), ctx).await.expect("reconcile succeeds");
@@ -145,11 +153,12 @@ fn with_sent_status(mut km: KaironMachine, sent: &Value) -> KaironMachine {
 
 #[tokio::test]
 async fn a_live_migration_writes_the_host_and_one_event() {
-    let km = provisioned_on(vm("h1", false));
+    let km = provisioned_on(vm("h1"));
     let world = || World {
         machines: vec![machine("m1")],
         cluster: cluster(false),
-        instances: vec![vm("h2", false)],
+        instances: vec![vm("h2")],
+        h1_cordoned: false,
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -169,7 +178,7 @@ async fn a_live_migration_writes_the_host_and_one_event() {
         );
         let (reason, note) = event(&mut h).await;
         assert_eq!(reason, "InstanceMigrated");
-        assert!(note.contains("from host h1 to host h2"), "{note}");
+        assert!(note.contains("from node h1 to node h2"), "{note}");
         expect_no_more(&mut h).await;
         *keep.lock().unwrap() = body;
     })
@@ -181,8 +190,8 @@ async fn a_live_migration_writes_the_host_and_one_event() {
 }
 
 #[tokio::test]
-async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_nothing() {
-    let km = provisioned_on(vm("h1", false));
+async fn a_cordoned_node_marks_the_machine_once_and_steady_state_writes_nothing() {
+    let km = provisioned_on(vm("h1"));
     let world = |marked: bool| {
         let mut m = machine("m1");
         if marked {
@@ -191,7 +200,7 @@ async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_no
                     (capi::REMEDIATE_MACHINE_ANNOTATION.to_string(), String::new()),
                     (
                         capi::EVACUATION_ANNOTATION.to_string(),
-                        "h1 2099-01-01T00:00:00Z".to_string(),
+                        "Kairon node h1 cordoned".to_string(),
                     ),
                 ]
                 .into(),
@@ -200,7 +209,8 @@ async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_no
         World {
             machines: vec![m, machine("m2")],
             cluster: cluster(false),
-            instances: vec![vm("h1", true)],
+            instances: vec![vm("h1")],
+            h1_cordoned: true,
         }
     };
     let km_json = serde_json::to_value(&km).unwrap();
@@ -213,7 +223,7 @@ async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_no
             patch,
             json!({"metadata": {"annotations": {
                 "cluster.x-k8s.io/remediate-machine": "",
-                "infrastructure.cluster.x-k8s.io/kairon-evacuation": "h1 2099-01-01T00:00:00Z",
+                "infrastructure.cluster.x-k8s.io/kairon-evacuation": "Kairon node h1 cordoned",
             }}}),
             "a metadata-only merge patch"
         );
@@ -228,7 +238,7 @@ async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_no
             evacuation["message"]
                 .as_str()
                 .unwrap()
-                .starts_with("Kairon host h1 is in maintenance (deadline 2099-01-01T00:00:00Z)"),
+                .starts_with("Kairon node h1 is cordoned: "),
             "{evacuation}"
         );
         assert_eq!(condition(&body["status"], READY)["status"], "True");
@@ -252,13 +262,14 @@ async fn an_evacuation_request_marks_the_machine_once_and_steady_state_writes_no
 
 #[tokio::test]
 async fn an_evacuation_waits_while_another_machine_of_the_cluster_is_being_replaced() {
-    let km = provisioned_on(vm("h1", false));
+    let km = provisioned_on(vm("h1"));
     let mut other = machine("m0");
     other.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
     let world = World {
         machines: vec![machine("m1"), other],
         cluster: cluster(false),
-        instances: vec![vm("h1", true)],
+        instances: vec![vm("h1")],
+        h1_cordoned: true,
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -280,11 +291,12 @@ async fn an_evacuation_waits_while_another_machine_of_the_cluster_is_being_repla
 
 #[tokio::test]
 async fn a_paused_evacuation_writes_only_status() {
-    let km = provisioned_on(vm("h1", false));
+    let km = provisioned_on(vm("h1"));
     let world = || World {
         machines: vec![machine("m1")],
         cluster: cluster(true),
-        instances: vec![vm("h1", true)],
+        instances: vec![vm("h1")],
+        h1_cordoned: true,
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));

@@ -87,6 +87,7 @@ fn context(client: Client, instances: Vec<kairon::Machine>) -> Arc<Context> {
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
         evacuating: Default::default(),
+        nodes: None,
     })
 }
 

@@ -109,13 +109,13 @@ pub mod reason {
     pub const INSTANCE_IN_FAILURE_DOMAIN: &str = "InstanceInFailureDomain";
     pub const INSTANCE_OUTSIDE_FAILURE_DOMAIN: &str = "InstanceOutsideFailureDomain";
 
-    // KaironMachine: Evacuation (True: under way)
+    // KaironMachine: Evacuation (True: under way; the VM's Kairon node is cordoned)
     /// The Cluster or the KaironMachine is paused: nothing is marked or deleted.
     pub const WAITING_FOR_UNPAUSE: &str = "WaitingForUnpause";
     /// Another Machine of the cluster is being replaced (or goes first): one at a time.
     pub const WAITING_FOR_TURN: &str = "WaitingForTurn";
     /// No MachineHealthCheck selects the Machine and it is not one the provider may delete
-    /// (a control-plane Machine): nothing happens until one does, or Kairon's deadline.
+    /// (a control-plane Machine): nothing happens until one does.
     pub const NO_MACHINE_HEALTH_CHECK: &str = "NoMachineHealthCheck";
     /// The Machine tells MachineHealthChecks to leave it alone (`skip-remediation`).
     pub const REPLACEMENT_BLOCKED: &str = "ReplacementBlocked";
@@ -124,12 +124,10 @@ pub mod reason {
     pub const REPLACEMENT_REQUESTED: &str = "ReplacementRequested";
     /// The Machine is being deleted: CAPI drains its Node, then the VM goes.
     pub const REPLACING: &str = "Replacing";
-    /// Kairon stopped the VM at the evacuation deadline; the Machine still needs replacing.
-    pub const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
     // KaironMachine: Evacuation (False: over)
-    /// Kairon no longer asks, and the VM runs on another host (it was migrated).
+    /// The VM runs on another node now (an operator migrated it off the cordoned one).
     pub const MIGRATED: &str = "Migrated";
-    /// Kairon no longer asks, and the VM still runs on the same host (maintenance cancelled).
+    /// The node is no longer cordoned and the VM still runs there: nothing was replaced.
     pub const CANCELED: &str = "Canceled";
 }
 

@@ -75,12 +75,10 @@ pub struct KaironMachineSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<MachinePlacement>,
 
-    /// What happens to the VM when its Kairon host goes into maintenance.
-    /// `LiveMigrateIfPossible` (the default when absent): Kairon moves it live to another host
-    /// when it can; nothing changes for the cluster. `External`: the VM is never moved live;
-    /// Kairon asks for it to be evacuated and the provider has CAPI replace its Machine (the
-    /// Node drained first, PodDisruptionBudgets and etcd quorum respected) before Kairon's
-    /// deadline. A VM that cannot move live under `LiveMigrateIfPossible` is treated the same.
+    /// Deprecated and ignored: Kairon has no eviction strategy. A VM on a cordoned Kairon node
+    /// is replaced through CAPI whatever this says, and an operator's live migration is
+    /// followed (README, "Host maintenance"). Still accepted so that manifests setting it
+    /// apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self in ['LiveMigrateIfPossible', 'External']").message("evictionStrategy must be LiveMigrateIfPossible or External"))]
     pub eviction_strategy: Option<String>,

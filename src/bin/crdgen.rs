@@ -3,7 +3,7 @@
 //! - `crdgen`                prints our CRDs;
 //! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
 //! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine, MachineSet,
-//!   Host, MachineMigration, MachineDisruptionBudget).
+//!   MachineMigration, MachineDisruptionBudget).
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -15,11 +15,10 @@ fn main() -> Result<()> {
         args.next();
         use capkr::kairon::budget::MachineDisruptionBudget;
         use capkr::kairon::machineset::MachineSet;
-        use capkr::kairon::maintenance::{Host, MachineMigration};
+        use capkr::kairon::maintenance::MachineMigration;
         [
             capkr::kairon::Machine::crd(),
             MachineSet::crd(),
-            Host::crd(),
             MachineMigration::crd(),
             MachineDisruptionBudget::crd(),
         ]

@@ -1,14 +1,14 @@
 //! The MachineDisruptionBudgets a workload cluster keeps on its Kairon API, so that Kairon's
-//! host maintenance (`kaironctl evacuate`, an evacuating cordon, its admission webhook) never
-//! takes more of the cluster at once than CAPI could spare: one over the control plane (one at a
-//! time, none while it is not whole), one per MachineDeployment and one per KaironMachinePool
-//! (their `maxUnavailable`, at least one). Kept by the KaironCluster's reconcile: written when
-//! they differ, deleted when what they cover is gone, and with the cluster; handed over, not
+//! evacuation (`kaironctl evacuate`, an evacuating cordon, its admission webhook) never
+//! cold-migrates the cluster's VMs (see [`crate::kairon::budget`] for why): one over the control
+//! plane, one per MachineDeployment and one per KaironMachinePool, none allowing a disruption.
+//! The VMs of a cordoned node are replaced through CAPI instead
+//! (`kairon_machine::evacuation`). Kept by the KaironCluster's reconcile: written when they
+//! differ, deleted when what they cover is gone, and with the cluster; handed over, not
 //! deleted, by `clusterctl move` (the target adopts them as it adopts VMs).
 
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use kube::{Client, ResourceExt};
-use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use super::error::Error;
@@ -17,7 +17,7 @@ use crate::capi;
 use crate::kairon::budget::{BudgetInput, DesiredBudget, MachineDisruptionBudget, desired_budgets};
 use crate::kairon::{Budgets, labels};
 
-/// CAPI's MachineDeployments (v1beta2), read untyped: only replicas and `maxUnavailable`.
+/// CAPI's MachineDeployments (v1beta2), read untyped: only their names.
 fn machine_deployments() -> ApiResource {
     ApiResource {
         group: "cluster.x-k8s.io".into(),
@@ -28,30 +28,9 @@ fn machine_deployments() -> ApiResource {
     }
 }
 
-/// A MachineDeployment's `maxUnavailable` as CAPI resolves it: an integer, or a percentage of
-/// its replicas rounded down; 0 when unset (CAPI's default).
-pub(crate) fn deployment_max_unavailable(md: &Value) -> i32 {
-    let replicas = md["spec"]["replicas"].as_i64().unwrap_or(1).max(0);
-    let v = &md["spec"]["rollout"]["strategy"]["rollingUpdate"]["maxUnavailable"];
-    let n = match v {
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        Value::String(s) => match s.trim().strip_suffix('%').map(str::parse::<i64>) {
-            Some(Ok(p)) => p.max(0) * replicas / 100,
-            _ => s.trim().parse().unwrap_or(0),
-        },
-        _ => 0,
-    };
-    i32::try_from(n.max(0)).unwrap_or(i32::MAX)
-}
-
 /// What the cluster's budgets are made from, read from the management cluster.
 async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<BudgetInput, Error> {
     let name = cluster.name_any();
-    let cp = cluster.status.as_ref().and_then(|s| s.control_plane.as_ref());
-    let control_plane_whole = cp.is_some_and(|cp| {
-        let desired = cp.desired_replicas.unwrap_or(0);
-        desired > 0 && cp.available_replicas.unwrap_or(0) >= desired && cp.replicas.unwrap_or(0) >= desired
-    });
     let selector = format!("{}={name}", capi::CLUSTER_NAME_LABEL);
     let lp = ListParams::default().labels(&selector);
     let mds: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &machine_deployments());
@@ -63,10 +42,7 @@ async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<Bu
         .into_iter()
         .filter(|md| md.metadata.deletion_timestamp.is_none())
         .filter(|md| md.name_any().len() <= 63)
-        .map(|md| {
-            let max = deployment_max_unavailable(&serde_json::to_value(&md).unwrap_or_default());
-            (md.name_any(), max)
-        })
+        .map(|md| md.name_any())
         .collect();
     let pools: Api<KaironMachinePool> = Api::namespaced(client.clone(), ns);
     let pools = pools
@@ -76,12 +52,11 @@ async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<Bu
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| (p.name_any(), p.spec.surge_and_unavailable().1))
+        .map(|p| p.name_any())
         .collect();
     Ok(BudgetInput {
         cluster: name,
         namespace: ns.to_string(),
-        control_plane_whole,
         deployments,
         pools,
     })

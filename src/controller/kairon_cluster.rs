@@ -333,15 +333,11 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
         &c.spec.control_plane_endpoint,
         &c.spec.infrastructure_ref,
         c.metadata.deletion_timestamp.is_some(),
-        // What the cluster's disruption budgets follow: the control plane whole or not, and
-        // workers added or removed (a MachineDeployment or a pool came or went).
-        c.status.as_ref().map(|s| {
-            let cp = s.control_plane.as_ref();
-            (
-                cp.map(|c| (c.desired_replicas, c.replicas, c.available_replicas)),
-                s.workers.as_ref().map(|w| w.desired_replicas),
-            )
-        }),
+        // What the cluster's disruption budgets follow: workers added or removed (a
+        // MachineDeployment or a pool came or went).
+        c.status
+            .as_ref()
+            .map(|s| s.workers.as_ref().map(|w| w.desired_replicas)),
     )))
 }
 

@@ -12,9 +12,14 @@
 //! `currentHealthy`, `desiredHealthy`, `disruptionsAllowed`) is written by kairon-controller
 //! each tick, for people to read; decisions are made from fresh counts.
 //!
-//! What the provider keeps ([`desired_budgets`]): one budget over a cluster's control-plane VMs
-//! (one disruption at a time, none while the control plane is not whole), one per
-//! MachineDeployment and one per KaironMachinePool (their `maxUnavailable`, at least one).
+//! What the provider keeps ([`desired_budgets`]): one budget over a cluster's control-plane VMs,
+//! one per MachineDeployment and one per KaironMachinePool, each allowing no disruption. The
+//! disruptions Kairon's evacuation makes are cold migrations (`kaironctl evacuate` and cordon
+//! evacuation make no other kind), and a cold migration recreates the VM from its image on a
+//! fresh disk with its bootstrap data run again: no Node survives it undrained, and a first
+//! control plane would run `kubeadm init` again. So Kairon's evacuation skips the clusters'
+//! VMs, and the provider replaces the Machines on a cordoned node through CAPI instead (drain
+//! first, one at a time, etcd quorum kept).
 
 use std::collections::BTreeMap;
 
@@ -117,13 +122,10 @@ pub struct BudgetInput {
     pub cluster: String,
     /// The namespace of the Cluster and of its VMs.
     pub namespace: String,
-    /// The control plane is whole: as many available replicas as desired (Cluster's
-    /// `status.controlPlane`).
-    pub control_plane_whole: bool,
-    /// MachineDeployments: name, `maxUnavailable` resolved against their replicas.
-    pub deployments: Vec<(String, i32)>,
-    /// KaironMachinePools: name, `maxUnavailable` resolved.
-    pub pools: Vec<(String, i32)>,
+    /// The cluster's MachineDeployments.
+    pub deployments: Vec<String>,
+    /// The cluster's KaironMachinePools.
+    pub pools: Vec<String>,
 }
 
 /// One budget as the provider wants it.
@@ -162,23 +164,18 @@ pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
     out.push(DesiredBudget {
         name: cut(format!("cp-{}", input.cluster)),
         covers: covers::CONTROL_PLANE,
-        spec: MachineDisruptionBudgetSpec {
-            selector: cp,
-            min_available: None,
-            // One at a time keeps etcd's quorum; none while a member is already missing.
-            max_unavailable: Some(if input.control_plane_whole { "1" } else { "0" }.into()),
-        },
+        spec: none_disrupted(cp),
     });
-    for (md, max_unavailable) in &input.deployments {
+    for md in &input.deployments {
         let mut sel = base();
         sel.insert(DEPLOYMENT_NAME.to_string(), md.clone());
         out.push(DesiredBudget {
             name: cut(format!("md-{md}")),
             covers: covers::MACHINE_DEPLOYMENT,
-            spec: at_most(sel, *max_unavailable),
+            spec: none_disrupted(sel),
         });
     }
-    for (pool, max_unavailable) in &input.pools {
+    for pool in &input.pools {
         let mut sel = base();
         sel.insert(
             labels::KAIRONMACHINEPOOL_NAME.to_string(),
@@ -190,20 +187,19 @@ pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
         out.push(DesiredBudget {
             name: cut(format!("mp-{pool}")),
             covers: covers::MACHINE_POOL,
-            spec: at_most(sel, *max_unavailable),
+            spec: none_disrupted(sel),
         });
     }
     out
 }
 
-/// Workers: their `maxUnavailable`, but at least one. CAPI's default `maxUnavailable` is 0
-/// (rollouts surge instead); a budget of 0 would keep every worker on a host in maintenance
-/// for ever, where CAPI would drain one at a time.
-fn at_most(selector: BTreeMap<String, String>, max_unavailable: i32) -> MachineDisruptionBudgetSpec {
+/// No disruption allowed: Kairon's evacuation skips every VM `selector` matches (see the
+/// module's documentation for why).
+fn none_disrupted(selector: BTreeMap<String, String>) -> MachineDisruptionBudgetSpec {
     MachineDisruptionBudgetSpec {
         selector,
         min_available: None,
-        max_unavailable: Some(max_unavailable.max(1).to_string()),
+        max_unavailable: Some("0".into()),
     }
 }
 
@@ -264,34 +260,25 @@ mod tests {
         let input = BudgetInput {
             cluster: "c1".into(),
             namespace: "ns".into(),
-            control_plane_whole: true,
-            deployments: vec![("c1-md-0".into(), 0), ("c1-md-1".into(), 2)],
-            pools: vec![("c1-mp-0".into(), 1)],
+            deployments: vec!["c1-md-0".into(), "c1-md-1".into()],
+            pools: vec!["c1-mp-0".into()],
         };
         let b = desired_budgets(&input);
         let names: Vec<&str> = b.iter().map(|b| b.name.as_str()).collect();
         assert_eq!(names, ["cp-c1", "md-c1-md-0", "md-c1-md-1", "mp-c1-mp-0"]);
-        assert_eq!(b[0].spec.max_unavailable.as_deref(), Some("1"));
+        assert!(
+            b.iter()
+                .all(|b| b.spec.max_unavailable.as_deref() == Some("0") && b.spec.min_available.is_none()),
+            "no VM of the cluster may be disrupted by Kairon: {b:?}"
+        );
         assert_eq!(b[0].spec.selector[labels::ROLE], labels::ROLE_CONTROL_PLANE);
         assert!(
             b.iter().all(|b| b.spec.selector.values().all(|v| !v.is_empty())),
             "no empty value: Kairon would match it on Machines without the key"
         );
         assert_eq!(b[0].spec.selector[labels::CLUSTER_NAME], "c1");
-        assert_eq!(b[1].spec.max_unavailable.as_deref(), Some("1"), "at least one");
         assert_eq!(b[1].spec.selector[DEPLOYMENT_NAME], "c1-md-0");
-        assert_eq!(b[2].spec.max_unavailable.as_deref(), Some("2"));
         assert_eq!(b[3].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
         assert!(!b[3].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
-
-        let broken = desired_budgets(&BudgetInput {
-            control_plane_whole: false,
-            ..input
-        });
-        assert_eq!(
-            broken[0].spec.max_unavailable.as_deref(),
-            Some("0"),
-            "none while not whole"
-        );
     }
 }

@@ -199,6 +199,11 @@ impl Instances {
         meta
     }
 
+    /// Kairon's hosts: the Nodes of the same API server (read only).
+    pub(crate) fn nodes(&self) -> Api<k8s_openapi::api::core::v1::Node> {
+        Api::all(self.client.clone())
+    }
+
     /// The Kairon Machines of `namespace`, or of all namespaces (for watches), untyped: read
     /// them with [`read`].
     pub(crate) fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {

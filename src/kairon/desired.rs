@@ -7,10 +7,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::types::{Image, ImageSource, Network, Placement, Resources, Term, WeightedTerm};
-use super::{
-    CloudInit, EVICTION_STRATEGY_ANNOTATION, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX,
-    labels,
-};
+use super::{CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX, labels};
 use crate::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec, anti_affinity};
 
 /// Longest value a label can hold.
@@ -118,9 +115,6 @@ pub fn desired_kairon_machine(
     let mut annotations = BTreeMap::new();
     if let Some(fd) = failure_domain {
         annotations.insert(FAILURE_DOMAIN_ANNOTATION.to_string(), fd.name.clone());
-    }
-    if let Some(strategy) = &km.spec.eviction_strategy {
-        annotations.insert(EVICTION_STRATEGY_ANNOTATION.to_string(), strategy.clone());
     }
 
     // The failure domain's node selector wins over the template's on a conflicting key: the

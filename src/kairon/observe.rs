@@ -161,16 +161,7 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
         phase::STOPPED => (
             Status::False,
             reason::INSTANCE_STOPPED,
-            // Kairon says why when it stopped the VM itself (EvacuationDeadlineExceeded).
-            match vm
-                .status
-                .as_ref()
-                .and_then(|s| s.reason.as_deref())
-                .filter(|r| !r.is_empty())
-            {
-                Some(r) => format!("Kairon Machine {name} is stopped: {}", bounded(r, MAX_KAIRON_REASON)),
-                None => format!("Kairon Machine {name} is stopped"),
-            },
+            format!("Kairon Machine {name} is stopped"),
         ),
         phase::TERMINATING => (
             Status::False,

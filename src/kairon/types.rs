@@ -4,11 +4,6 @@
 //! not declare, so each field here is optional and omitted when empty: what the provider sends
 //! is accepted unchanged by Kairon's schema under strict field validation
 //! (`tests/admission_schema.rs`).
-//!
-//! A few status fields are the simulator's, not Kairon's (marked *simulator only*): the host
-//! maintenance of the old model (`hostLabels`, `evacuation`, `reason`), until MachinePools and
-//! maintenance move to Kairon's MachineSet and MachineMigrations. A real Kairon never sets
-//! them, and the provider reads their absence as "no maintenance".
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -206,49 +201,6 @@ pub struct MachineStatus {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<Condition>>,
-    /// *Simulator only*: the labels of the node in `nodeName` (its zone among them).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_labels: Option<BTreeMap<String, String>>,
-    /// *Simulator only*: the old model's request that the VM's owner take it off its node.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evacuation: Option<Evacuation>,
-    /// *Simulator only*: a machine-readable reason when `Failed` (e.g. ImageNotFound) or
-    /// stopped by the simulator (EvacuationDeadlineExceeded).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
-/// *Simulator only*: what the old model's host maintenance does with the VM (KubeVirt's
-/// names), carried as the annotation [`EVICTION_STRATEGY_ANNOTATION`] because Kairon's Machine
-/// has no such field (Kairon moves VMs by MachineMigrations): `LiveMigrateIfPossible` (the
-/// default when absent), `LiveMigrate`, `External` (the owner is asked to replace the VM before
-/// a deadline) or `None`.
-pub mod eviction {
-    pub const LIVE_MIGRATE_IF_POSSIBLE: &str = "LiveMigrateIfPossible";
-    pub const LIVE_MIGRATE: &str = "LiveMigrate";
-    pub const EXTERNAL: &str = "External";
-    pub const NONE: &str = "None";
-}
-
-/// The annotation of [`eviction`] on a Kairon Machine.
-pub const EVICTION_STRATEGY_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/eviction-strategy";
-
-/// *Simulator only*: the old model's request that the VM's owner take it off its host
-/// (`status.evacuation`).
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct Evacuation {
-    /// The host being evacuated.
-    pub host_name: String,
-    /// Why: `HostMaintenance`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// RFC 3339.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requested_at: Option<String>,
-    /// RFC 3339: when Kairon stops the VM if it still runs on `hostName`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deadline: Option<String>,
 }
 
 /// Kairon's phases.
@@ -281,9 +233,6 @@ pub mod phase {
     pub const STOPPED: &str = "Stopped";
     /// Ours: a Kairon Machine with a deletion timestamp, whatever phase it still shows.
     pub const TERMINATING: &str = "Terminating";
-    /// `status.reason` of a VM Kairon stopped because its owner did not replace it before the
-    /// evacuation deadline.
-    pub const EVACUATION_DEADLINE_EXCEEDED: &str = "EvacuationDeadlineExceeded";
     /// Ours, in memory only, never Kairon's: the object could not be read as a Kairon Machine
     /// (`status.message` says why; see [`super::super::machine_from_value`]).
     pub(crate) const UNREADABLE: &str = "capkr.Unreadable";

@@ -1,24 +1,27 @@
-//! Kairon host maintenance against the real control plane.
+//! Kairon host maintenance against the real control plane. Kairon's hosts are the Nodes of
+//! its cluster (`kairon-sim --host-objects` keeps one per host); every test names its own.
 //!
-//! - A live migration (a MachineMigration the simulator plays) moves a worker's VM to a host
-//!   outside its Machine's failure domain and back. The KaironMachine follows the host, says
-//!   `InstanceInFailureDomain=False` (then True again), publishes one `InstanceMigrated` event per
-//!   move and a Warning when the VM leaves its failure domain; Ready never flips and nothing is
-//!   replaced or marked for remediation.
-//! - A host in maintenance with a control-plane VM that cannot move live and no
-//!   MachineHealthCheck: the evacuation is blocked (`NoMachineHealthCheck`, a Warning), the
-//!   Machine is never deleted by the provider, Kairon stops the VM at the deadline
-//!   (`DeadlineExceeded`, a Warning) and the stopped VM is not re-created.
-//! - The MachineDisruptionBudget the provider keeps over a MachineDeployment holds a worker's
-//!   migration while the deployment's other worker is paused, and lets it go once that one
-//!   runs again.
+//! - A live migration (an operator's MachineMigration, which the simulator plays as Kairon)
+//!   moves a worker's VM to a node outside its Machine's failure domain and back. The
+//!   KaironMachine follows the node, says `InstanceInFailureDomain=False` (then True again,
+//!   from the Nodes' labels), publishes one `InstanceMigrated` event per move and a Warning
+//!   when the VM leaves its failure domain; Ready never flips and nothing is replaced.
+//! - A cordoned node with a control-plane VM and no MachineHealthCheck: the evacuation is
+//!   blocked (`NoMachineHealthCheck`, a Warning), the Machine is never deleted by the
+//!   provider; `kaironctl evacuate` (the simulator's) skips the VM, its control-plane budget
+//!   allowing no disruption, and makes no migration; uncordoned, the evacuation is over.
+//! - A cordoned node with a worker: `evacuate --wait` skips it (its MachineDeployment's
+//!   budget) while the provider has CAPI replace its Machine; the node ends empty, no VM was
+//!   migrated, and `evacuate --wait` ends.
 
 use std::time::Duration;
 
 use crate::common::{Rig, RigOptions};
 use capkr::api::KaironMachine;
 use capkr::api::conditions::{self, EVACUATION, INSTANCE_IN_FAILURE_DOMAIN, READY, reason};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
+use kube::ResourceExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
@@ -26,9 +29,43 @@ use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
 const MOVED: Duration = Duration::from_secs(60);
-/// A zone-a host of `capkr_testenv::SIMULATOR_HOSTS` (the workers are placed in zone-b).
-const OTHER_ZONE_HOST: &str = "kairon-node-1";
-const ZONE_B_HOST: &str = "kairon-node-3";
+
+/// The simulator flags for three Nodes of the test's own, `<ns>-h1` in zone-a and `-h2`, `-h3`
+/// in zone-b (Nodes are cluster-scoped and the rigs share the API server).
+fn own_nodes(ns: &str) -> Vec<String> {
+    let zone = "topology.kairon.zyvor.dev/zone";
+    let list = format!("{ns}-h1:{zone}=zone-a,{ns}-h2:{zone}=zone-b,{ns}-h3:{zone}=zone-b");
+    vec!["--host-objects".into(), "--hosts".into(), list]
+}
+
+fn nodes(rig: &Rig) -> Api<Node> {
+    Api::all(rig.env.client())
+}
+
+/// Cordons (or uncordons) Kairon's Node `name`, as `kubectl cordon` does.
+async fn cordon(rig: &Rig, name: &str, on: bool) {
+    nodes(rig)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .unwrap_or_else(|e| rig.fail(format!("cordoning Node {name}: {e}")));
+}
+
+/// The test's Nodes go with it.
+async fn remove_nodes(rig: &Rig) {
+    for i in 1..=3 {
+        let _ = nodes(rig)
+            .delete(&format!("{}-h{i}", rig.ns), &DeleteParams::default())
+            .await;
+    }
+}
+
+fn vm_node(vm: &capkr::kairon::Machine) -> Option<String> {
+    vm.status.as_ref().and_then(|s| s.node_name.clone())
+}
 
 fn migrations(rig: &Rig) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -103,9 +140,12 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
     let rig = Rig::start(RigOptions {
         workers: 1,
         md_failure_domain: Some("zone-b"),
+        sim_args: own_nodes("e2e-maintenance-migration"),
         ..RigOptions::new("e2e_maintenance_migration")
     })
     .await;
+    let other_zone_host = format!("{}-h1", rig.ns);
+    let zone_b_host = format!("{}-h3", rig.ns);
     let up = rig.wait_running(2, UP).await;
     let machine_names: Vec<String> = up.iter().map(|m| m.metadata.name.clone().unwrap()).collect();
     let worker = up
@@ -127,17 +167,17 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
         })
         .await;
     let first_host = host(&before).expect("a host").to_string();
-    assert_ne!(first_host, OTHER_ZONE_HOST, "placed in zone-b");
+    assert_ne!(first_host, other_zone_host, "placed in zone-b");
     let ready_since = cond(&before, READY).expect("Ready").last_transition_time.clone();
     assert_eq!(cond(&before, READY).unwrap().status, "True");
 
     // Out of the failure domain: an operator's explicit target overrides the selector.
-    migrate(&rig, "out-of-zone", &worker, OTHER_ZONE_HOST).await;
-    let out = wait_moved(&rig, &worker, OTHER_ZONE_HOST, "False").await;
+    migrate(&rig, "out-of-zone", &worker, &other_zone_host).await;
+    let out = wait_moved(&rig, &worker, &other_zone_host, "False").await;
     let fd = cond(&out, INSTANCE_IN_FAILURE_DOMAIN).unwrap();
     assert_eq!(fd.reason, reason::INSTANCE_OUTSIDE_FAILURE_DOMAIN);
     assert!(
-        fd.message.contains(OTHER_ZONE_HOST) && fd.message.contains("zone-b"),
+        fd.message.contains(&other_zone_host) && fd.message.contains("zone-b"),
         "{}",
         fd.message
     );
@@ -151,7 +191,7 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
     assert_eq!(migrated.len(), 1, "one event per move");
     let note = migrated[0].note.clone().unwrap_or_default();
     assert!(
-        note.contains(&format!("from host {first_host} to host {OTHER_ZONE_HOST}")),
+        note.contains(&format!("from node {first_host} to node {other_zone_host}")),
         "{note}"
     );
     assert_eq!(migrated[0].type_.as_deref(), Some("Normal"));
@@ -159,8 +199,13 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
     assert_eq!(outside[0].type_.as_deref(), Some("Warning"));
 
     // Back into it.
-    migrate(&rig, "back-in-zone", &worker, ZONE_B_HOST).await;
-    let back = wait_moved(&rig, &worker, ZONE_B_HOST, "True").await;
+    let back_to = if first_host == zone_b_host {
+        format!("{}-h2", rig.ns)
+    } else {
+        zone_b_host.clone()
+    };
+    migrate(&rig, "back-in-zone", &worker, &back_to).await;
+    let back = wait_moved(&rig, &worker, &back_to, "True").await;
     assert_eq!(
         cond(&back, INSTANCE_IN_FAILURE_DOMAIN).unwrap().reason,
         reason::INSTANCE_IN_FAILURE_DOMAIN
@@ -204,28 +249,16 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
             m.metadata.name
         );
     }
-}
-
-/// A VM the simulator will not migrate live: Kairon asks its owner to evacuate it instead.
-const NOT_MIGRATABLE: &str = "sim.kairon.zyvor.dev/not-migratable";
-
-fn hosts(rig: &Rig) -> Api<DynamicObject> {
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("kairon.zyvor.dev", "v1alpha1", "Host"));
-    Api::all_with(rig.env.client(), &ar)
+    remove_nodes(&rig).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops_the_vm_at_the_deadline() {
-    // Host objects are cluster-scoped and the environment is shared: names of this test's own.
-    let ns = "e2e-maintenance-deadline";
-    let zone = "topology.kairon.zyvor.dev/zone";
-    let host_list = format!("{ns}-h1:{zone}=zone-a,{ns}-h2:{zone}=zone-b,{ns}-h3:{zone}=zone-b");
+async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_evacuate_skips_it() {
+    let ns = "e2e-maintenance-cordon-cp";
     let rig = Rig::start(RigOptions {
         workers: 0,
-        sim_args: ["--host-objects", "--hosts", host_list.as_str()]
-            .map(String::from)
-            .to_vec(),
-        ..RigOptions::new("e2e_maintenance_deadline")
+        sim_args: own_nodes(ns),
+        ..RigOptions::new("e2e_maintenance_cordon_cp")
     })
     .await;
     assert_eq!(rig.ns, ns);
@@ -234,27 +267,14 @@ async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops
     let vms = rig.vms();
     let vm = vms.get(&cp).await.unwrap();
     let uid = vm.metadata.uid.clone().unwrap();
-    let host = vm
-        .status
-        .as_ref()
-        .and_then(|s| s.node_name.clone())
-        .expect("the VM is placed");
-    let pp = PatchParams::default();
-    vms.patch(
-        &cp,
-        &pp,
-        &Patch::Merge(json!({"metadata": {"annotations": {NOT_MIGRATABLE: "true"}}})),
-    )
-    .await
-    .unwrap();
-    hosts(&rig)
-        .patch(
-            &host,
-            &pp,
-            &Patch::Merge(json!({"spec": {"maintenance": {"reason": "e2e", "evacuationGracePeriodSeconds": 15}}})),
-        )
-        .await
-        .unwrap_or_else(|e| rig.fail(format!("Host {host} (the simulator has --host-objects): {e}")));
+    let node = vm_node(&vm).expect("the VM is placed");
+    let budget = format!("cp-{}", rig.cluster);
+    let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
+    rig.wait("the control plane's budget", UP, || async {
+        Ok::<_, kube::Error>(budgets.get_opt(&budget).await?.map(|_| ()))
+    })
+    .await;
+    cordon(&rig, &node, true).await;
 
     // Blocked, loudly: a single control-plane Machine no MachineHealthCheck selects.
     let kms = rig.kms();
@@ -270,7 +290,7 @@ async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops
     assert!(
         evacuation
             .message
-            .starts_with(&format!("Kairon host {host} is in maintenance")),
+            .starts_with(&format!("Kairon node {node} is cordoned")),
         "{}",
         evacuation.message
     );
@@ -285,29 +305,27 @@ async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops
         Some("Warning")
     );
 
-    // The deadline passes: Kairon stops the VM; the condition and a Warning say so.
-    let missed = rig
-        .wait("Evacuation DeadlineExceeded", Duration::from_secs(90), || async {
-            let km = kms.get(&cp).await?;
-            let r = cond(&km, EVACUATION).map(|c| c.reason.clone());
-            Ok::<_, kube::Error>((r.as_deref() == Some(reason::DEADLINE_EXCEEDED)).then_some(km))
-        })
-        .await;
-    assert_eq!(cond(&missed, READY).map(|c| c.status.as_str()), Some("False"));
-    rig.wait("an EvacuationDeadlineExceeded Warning", MOVED, || async {
-        let e = events(&rig, &cp, "EvacuationDeadlineExceeded").await;
-        Ok::<_, kube::Error>((!e.is_empty()).then_some(()))
-    })
-    .await;
-    // The stopped VM is the same one, not re-created; the Machine is neither deleted nor marked.
+    // Kairon's evacuation leaves the VM alone: its budget allows no disruption.
+    let said = rig
+        .env
+        .kairon_evacuate(&node, &[])
+        .await
+        .unwrap_or_else(|e| rig.fail(e));
+    let held = format!("machine {ns}/{cp}: skipped: MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed");
+    assert!(said.contains(&held), "evacuate said: {said}");
+    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
+    assert!(made.is_empty(), "no migration: {made:?}");
     tokio::time::sleep(Duration::from_secs(3)).await;
     let all = vms.list(&ListParams::default()).await.unwrap().items;
     assert_eq!(all.len(), 1, "one VM");
     assert_eq!(all[0].metadata.uid.as_deref(), Some(uid.as_str()), "the same VM");
-    let status = all[0].status.clone().unwrap_or_default();
     assert_eq!(
-        (status.phase.as_deref(), status.reason.as_deref()),
-        (Some("Stopped"), Some("EvacuationDeadlineExceeded"))
+        (
+            all[0].status.as_ref().and_then(|s| s.phase.as_deref()),
+            vm_node(&all[0])
+        ),
+        (Some("Running"), Some(node.clone())),
+        "still running where it was"
     );
     let machine = rig.machines().get(&cp).await.unwrap();
     assert!(machine.metadata.deletion_timestamp.is_none(), "not deleted");
@@ -319,55 +337,50 @@ async fn an_evacuation_without_a_health_check_is_blocked_loudly_and_kairon_stops
             .is_some_and(|a| a.contains_key(capkr::capi::REMEDIATE_MACHINE_ANNOTATION)),
         "not marked: no MachineHealthCheck would act on it"
     );
-    // The Host objects are shared by every rig of the environment: this test's go.
-    for i in 1..=3 {
-        let _ = hosts(&rig)
-            .delete(&format!("{ns}-h{i}"), &DeleteParams::default())
-            .await;
-    }
+
+    // Uncordoned: over, nothing replaced.
+    cordon(&rig, &node, false).await;
+    let over = rig
+        .wait("Evacuation False Canceled", MOVED, || async {
+            let km = kms.get(&cp).await?;
+            let c = cond(&km, EVACUATION).map(|c| (c.status.clone(), c.reason.clone()));
+            Ok::<_, kube::Error>((c == Some(("False".into(), reason::CANCELED.into()))).then_some(km))
+        })
+        .await;
+    assert_eq!(cond(&over, READY).map(|c| c.status.as_str()), Some("True"));
+    remove_nodes(&rig).await;
 }
 
-/// Kairon's MachineDisruptionBudgets hold a host's evacuation as Kairon applies them: the
-/// provider's budget over a MachineDeployment's VMs allows one disruption (its
-/// `maxUnavailable`, at least one). With one of two workers paused, the other's host goes into
-/// maintenance: its migration waits, the Host saying which budget holds it, and nothing is
-/// migrated; once the paused worker runs again, the migration goes ahead.
+/// A worker on a cordoned node is replaced through CAPI (its MachineSet's; no
+/// MachineHealthCheck, so the provider deletes the Machine and CAPI drains it first) while
+/// Kairon's `evacuate --wait` skips it and waits: the node ends empty with no VM migrated.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_workers_migration_waits_while_its_deployments_budget_has_no_disruption_left() {
-    // Host objects are cluster-scoped and the environment is shared: names of this test's own.
-    let ns = "e2e-maintenance-budget";
-    let zone = "topology.kairon.zyvor.dev/zone";
-    let host_list = format!("{ns}-h1:{zone}=zone-a,{ns}-h2:{zone}=zone-b,{ns}-h3:{zone}=zone-b");
+async fn a_cordoned_nodes_worker_is_replaced_through_capi_while_evacuate_waits() {
+    let ns = "e2e-maintenance-cordon-worker";
     let rig = Rig::start(RigOptions {
         workers: 2,
-        sim_args: ["--host-objects", "--hosts", host_list.as_str()]
-            .map(String::from)
-            .to_vec(),
-        ..RigOptions::new("e2e_maintenance_budget")
+        cp_failure_domain: Some("zone-a"),
+        md_failure_domain: Some("zone-b"),
+        sim_args: own_nodes(ns),
+        ..RigOptions::new("e2e_maintenance_cordon_worker")
     })
     .await;
     assert_eq!(rig.ns, ns);
     rig.wait_running(3, UP).await;
     let vms = rig.vms();
-    let node_of = |vm: &capkr::kairon::Machine| vm.status.as_ref().and_then(|s| s.node_name.clone());
-    let workers: Vec<capkr::kairon::Machine> = vms
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|vm| {
-            vm.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|l| l.contains_key("cluster.x-k8s.io/deployment-name"))
-        })
+    let all = vms.list(&ListParams::default()).await.unwrap().items;
+    let workers: Vec<&capkr::kairon::Machine> = all
+        .iter()
+        .filter(|vm| vm.labels().contains_key("cluster.x-k8s.io/deployment-name"))
         .collect();
     assert_eq!(workers.len(), 2, "two workers labelled with their MachineDeployment");
-    let (a, b) = (&workers[0], &workers[1]);
-    let (a_name, b_name) = (a.metadata.name.clone().unwrap(), b.metadata.name.clone().unwrap());
-    let a_host = node_of(a).expect("placed");
-    assert_ne!(Some(a_host.clone()), node_of(b), "the workers on two hosts");
+    let node = vm_node(workers[0]).expect("placed");
+    let on_node: Vec<String> = all
+        .iter()
+        .filter(|vm| vm_node(vm).as_deref() == Some(node.as_str()))
+        .map(|vm| vm.name_any())
+        .collect();
+    let uids_before: Vec<String> = all.iter().filter_map(|vm| vm.metadata.uid.clone()).collect();
     let budget = format!("md-{}-md-0", rig.cluster);
     let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
     rig.wait("the deployment's budget", UP, || async {
@@ -375,46 +388,50 @@ async fn a_workers_migration_waits_while_its_deployments_budget_has_no_disruptio
     })
     .await;
 
-    let pp = PatchParams::default();
-    let power = |state: &'static str| json!({"spec": {"powerState": state}});
-    vms.patch(&b_name, &pp, &Patch::Merge(power("Paused"))).await.unwrap();
-    rig.wait(&format!("{b_name} paused"), MOVED, || async {
-        let vm = vms.get(&b_name).await?;
-        Ok::<_, kube::Error>((vm.status.and_then(|s| s.phase).as_deref() == Some("Paused")).then_some(()))
-    })
-    .await;
-    hosts(&rig)
-        .patch(
-            &a_host,
-            &pp,
-            &Patch::Merge(json!({"spec": {"maintenance": {"reason": "e2e", "evacuationGracePeriodSeconds": 600}}})),
-        )
+    let started = std::time::Instant::now();
+    cordon(&rig, &node, true).await;
+    let said = rig
+        .env
+        .kairon_evacuate(&node, &["--wait", "--interval", "2s", "--timeout", "4m"])
         .await
-        .unwrap_or_else(|e| rig.fail(format!("Host {a_host} (the simulator has --host-objects): {e}")));
-    let held = format!("held: MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed");
-    rig.wait("the Host saying the budget holds the migration", MOVED, || async {
-        let h = hosts(&rig).get(&a_host).await?;
-        let message = h.data["status"]["message"].as_str().unwrap_or_default().to_string();
-        Ok::<_, kube::Error>(message.contains(&held).then_some(()))
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
-    assert!(made.is_empty(), "no migration while the budget holds: {made:?}");
-    assert_eq!(node_of(&vms.get(&a_name).await.unwrap()), Some(a_host.clone()));
-
-    // The paused worker runs again: the budget has a disruption to spare, the worker moves.
-    let resumed_at = std::time::Instant::now();
-    vms.patch(&b_name, &pp, &Patch::Merge(power("Running"))).await.unwrap();
-    let to = rig
-        .wait(&format!("{a_name} migrated off {a_host}"), UP, || async {
-            let vm = vms.get(&a_name).await?;
-            let running = vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
-            Ok::<_, kube::Error>(node_of(&vm).filter(|n| *n != a_host && running))
-        })
-        .await;
-    eprintln!(
-        "maintenance budget: {a_name} held while {b_name} was paused, moved {a_host} -> {to} {:.1}s after it ran again",
-        resumed_at.elapsed().as_secs_f64()
+        .unwrap_or_else(|e| rig.fail(e));
+    let emptied = started.elapsed();
+    assert!(said.contains(&format!("node {node} is empty")), "evacuate said: {said}");
+    assert!(
+        said.contains(&format!(
+            "MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed"
+        )),
+        "the worker was skipped for its budget: {said}"
     );
+    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
+    assert!(made.is_empty(), "no VM migrated: {made:?}");
+    let now = vms.list(&ListParams::default()).await.unwrap().items;
+    for gone in &on_node {
+        assert!(
+            now.iter()
+                .all(|vm| vm.name_any() != *gone || vm.metadata.deletion_timestamp.is_some()),
+            "{gone} replaced"
+        );
+    }
+    assert!(
+        now.iter().all(|vm| vm_node(vm).as_deref() != Some(node.as_str())),
+        "nothing placed on the cordoned node"
+    );
+    rig.wait_running(3, UP).await;
+    let after = vms.list(&ListParams::default()).await.unwrap().items;
+    let replaced = after
+        .iter()
+        .filter(|vm| !uids_before.contains(vm.metadata.uid.as_ref().unwrap()))
+        .count();
+    assert_eq!(
+        replaced,
+        on_node.len(),
+        "each VM on the node replaced once: {on_node:?}"
+    );
+    eprintln!(
+        "cordoned {node} ({} VM(s): {on_node:?}): evacuate --wait ended {:.1}s after the cordon",
+        on_node.len(),
+        emptied.as_secs_f64()
+    );
+    remove_nodes(&rig).await;
 }

@@ -85,6 +85,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [kairon.zyvor.dev]
   resources: [machinedisruptionbudgets]
   verbs: [list, create, patch, delete]
+# Kairon's hosts (Nodes), read only: cordons and failure-domain labels.
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [get, list, watch]
 # Secure /metrics: who is asking (TokenReview) and may they (SubjectAccessReview).
 - apiGroups: [authentication.k8s.io]
   resources: [tokenreviews]

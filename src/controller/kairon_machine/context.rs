@@ -56,6 +56,20 @@ pub struct Context {
     pub fresh: Fresher<KaironMachine>,
     /// The KaironMachines whose evacuation is under way, by cluster (watch mapping).
     pub evacuating: Evacuating,
+    /// Kairon's nodes on `kairon` (`None`: not readable there, or not watched).
+    pub nodes: Option<Store<k8s_openapi::api::core::v1::Node>>,
+}
+
+impl Context {
+    /// The cache of Kairon's nodes of the Kairon API `target` is on: the manager's own only
+    /// (a tenant's Kairon API is not asked for its Nodes).
+    pub(super) fn nodes_of(&self, target: &Target) -> Option<&Store<k8s_openapi::api::core::v1::Node>> {
+        if target.identity.is_some() {
+            None
+        } else {
+            self.nodes.as_ref()
+        }
+    }
 }
 
 /// What a reconcile has read before deciding anything: the KaironMachine (as fresh as we know

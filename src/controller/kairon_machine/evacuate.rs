@@ -1,14 +1,15 @@
 //! Host maintenance for one KaironMachine, the I/O around the pure decisions of
 //! [`super::evacuation`]: what a reconcile reads for them (the cluster's Machines and their VMs,
-//! the failure domain, all from caches), the one write to the owner Machine (a metadata-only
-//! merge patch marking it for remediation, or, as a fallback, its deletion), and the events and
-//! metrics of what a status write changed: a live migration, a VM out of its failure domain,
-//! an evacuation's steps.
+//! Kairon's nodes, the failure domain, all from caches), the one write to the owner Machine (a
+//! metadata-only merge patch marking it for remediation, or, as a fallback, its deletion), and
+//! the events and metrics of what a status write changed: a migration, a VM out of its
+//! failure domain, an evacuation's steps.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -73,9 +74,9 @@ pub(super) struct Maintenance {
     pub requeue: Option<Duration>,
 }
 
-/// Follows what Kairon's host maintenance did to `vm`: whether its host is in the machine's
-/// failure domain, and, when Kairon asks for the VM to be taken off its host, the Machine's
-/// replacement (one Machine of the cluster at a time).
+/// Follows what Kairon's host maintenance did to `vm`: whether its node is in the machine's
+/// failure domain, and, when its node is cordoned, the Machine's replacement (one Machine of
+/// the cluster at a time).
 pub(super) async fn follow(
     scope: &Scope,
     machine: &capi::Machine,
@@ -84,23 +85,26 @@ pub(super) async fn follow(
     ctx: &Context,
 ) -> Result<Maintenance, Error> {
     let km = scope.km.as_ref();
+    let nodes = ctx.nodes_of(target);
+    let node = node_of(vm, nodes);
     let mut out = Maintenance {
-        conditions: in_failure_domain(scope, machine, vm, ctx).into_iter().collect(),
+        conditions: in_failure_domain(scope, machine, vm, node.as_deref(), ctx)
+            .into_iter()
+            .collect(),
         requeue: None,
     };
-    let request = vm_evacuation::request(vm);
+    let request = vm_evacuation::request(vm, node.as_deref());
     let host = vm_evacuation::host(vm);
     let previous = evacuation_condition(km);
     let short = scope.cluster.as_ref().and_then(|c| c.machines_short());
     let own = Own {
         machine,
         request: request.as_ref(),
-        stopped_at_deadline: vm_evacuation::stopped_at_deadline(vm),
         host: host.as_deref(),
         previous,
         cluster_short: short.as_deref(),
     };
-    let quiet = own.request.is_none() && !own.stopped_at_deadline && previous.is_none_or(|c| c.status != "True");
+    let quiet = own.request.is_none() && previous.is_none_or(|c| c.status != "True");
     if quiet {
         // Steady state of nearly every machine: nothing is read.
         return Ok(out);
@@ -110,10 +114,10 @@ pub(super) async fn follow(
         .iter()
         .map(|m| Peer {
             machine: m,
-            evacuating: evacuating(m, &scope.ns, &target.store),
+            evacuating: evacuating(m, &scope.ns, &target.store, nodes),
         })
         .collect();
-    let decision = evacuation::decide(&own, &peers, k8s_openapi::jiff::Timestamp::now());
+    let decision = evacuation::decide(&own, &peers);
     let name = machine.name_any();
     // Already done and recorded: the Machine cache has not caught up with our own write yet
     // (the status write right after it triggers the next reconcile at once).
@@ -127,8 +131,8 @@ pub(super) async fn follow(
         Act::Mark => {
             let why = request
                 .as_ref()
-                .map(|r| format!("{} {}", r.host, r.deadline_text()))
-                .unwrap_or_else(|| "stopped at the evacuation deadline".into());
+                .map(|r| format!("Kairon node {} cordoned", r.host))
+                .unwrap_or_default();
             let body = json!({"metadata": {"annotations": {
                 capi::REMEDIATE_MACHINE_ANNOTATION: "",
                 capi::EVACUATION_ANNOTATION: why,
@@ -141,8 +145,17 @@ pub(super) async fn follow(
                 .patch(&name, &pp, &Patch::Merge(&body))
                 .await
                 .map_err(Error::write("Machine remediate-machine annotation"))?;
-            info!(machine = %name, "marked the Machine for remediation: its Kairon host is in maintenance");
-            replacement_requested(km, ctx, "mark", format!("marked Machine {name} for remediation ({}) so that it is replaced: its Kairon host is in maintenance", capi::REMEDIATE_MACHINE_ANNOTATION)).await;
+            info!(machine = %name, "marked the Machine for remediation: its Kairon node is cordoned");
+            replacement_requested(
+                km,
+                ctx,
+                "mark",
+                format!(
+                    "marked Machine {name} for remediation ({}) so that it is replaced: its Kairon node is cordoned",
+                    capi::REMEDIATE_MACHINE_ANNOTATION
+                ),
+            )
+            .await;
         }
         Act::Delete => {
             let dp = crate::client::delete_exactly(machine.metadata.uid.clone());
@@ -154,8 +167,8 @@ pub(super) async fn follow(
                 Err(kube::Error::Api(s)) if s.is_not_found() => {}
                 Err(e) => return Err(Error::write("Machine deletion")(e)),
             }
-            info!(machine = %name, "deleted the Machine (no MachineHealthCheck selects it): its Kairon host is in maintenance");
-            replacement_requested(km, ctx, "delete", format!("deleted Machine {name}, which no MachineHealthCheck selects, so that its MachineSet replaces it: its Kairon host is in maintenance")).await;
+            info!(machine = %name, "deleted the Machine (no MachineHealthCheck selects it): its Kairon node is cordoned");
+            replacement_requested(km, ctx, "delete", format!("deleted Machine {name}, which no MachineHealthCheck selects, so that its MachineSet replaces it: its Kairon node is cordoned")).await;
         }
     }
     let under_way = decision
@@ -183,8 +196,8 @@ async fn replacement_requested(km: &KaironMachine, ctx: &Context, action: &'stat
         .await;
 }
 
-/// The Evacuation condition of a paused machine whose VM Kairon asks to evacuate, from the
-/// caches only (a paused reconcile reads and writes nothing else).
+/// The Evacuation condition of a paused machine whose VM's node is cordoned, from the caches
+/// only (a paused reconcile reads and writes nothing else).
 pub(super) fn while_paused(scope: &Scope, ctx: &Context, why: &str) -> Option<Decided> {
     let km = scope.km.as_ref();
     let machine = scope.machine.as_deref()?;
@@ -194,12 +207,16 @@ pub(super) fn while_paused(scope: &Scope, ctx: &Context, why: &str) -> Option<De
         _ => ctx.instances.clone(),
     };
     let vm = store.get(&ObjectRef::new(&km.name_any()).within(&scope.ns))?;
-    let request = vm_evacuation::request(&vm);
+    let nodes = if recorded.and_then(|i| i.identity_ref.as_ref()).is_some() {
+        None
+    } else {
+        ctx.nodes.as_ref()
+    };
+    let request = vm_evacuation::request(&vm, node_of(&vm, nodes).as_deref());
     let host = vm_evacuation::host(&vm);
     let own = Own {
         machine,
         request: request.as_ref(),
-        stopped_at_deadline: vm_evacuation::stopped_at_deadline(&vm),
         host: host.as_deref(),
         previous: evacuation_condition(km),
         cluster_short: None,
@@ -223,25 +240,36 @@ fn cluster_machines(machines: &Store<capi::Machine>, ns: &str, cluster: &str) ->
         .collect()
 }
 
-/// Whether the VM of Machine `m` is asked off its host, and by when (its KaironMachine, and so
-/// its VM, has the name the Machine's `infrastructureRef` gives).
-fn evacuating(
-    m: &capi::Machine,
-    ns: &str,
-    store: &Store<kairon::Machine>,
-) -> Option<Option<k8s_openapi::jiff::Timestamp>> {
-    let r = m.spec.infrastructure_ref.as_ref()?;
-    let vm = store.get(&ObjectRef::new(&r.name).within(ns))?;
-    match vm_evacuation::request(&vm) {
-        Some(request) => Some(request.deadline),
-        None => vm_evacuation::stopped_at_deadline(&vm).then_some(None),
-    }
+/// Whether the VM of Machine `m` is on a cordoned node (its KaironMachine, and so its VM, has
+/// the name the Machine's `infrastructureRef` gives).
+fn evacuating(m: &capi::Machine, ns: &str, store: &Store<kairon::Machine>, nodes: Option<&Store<Node>>) -> bool {
+    let Some(vm) = m
+        .spec
+        .infrastructure_ref
+        .as_ref()
+        .and_then(|r| store.get(&ObjectRef::new(&r.name).within(ns)))
+    else {
+        return false;
+    };
+    vm_evacuation::request(&vm, node_of(&vm, nodes).as_deref()).is_some()
 }
 
-/// `InstanceInFailureDomain`: whether the VM's host satisfies the host selector of the
+/// The Kairon node `vm` runs on, from the cache of Kairon's nodes (if there is one for its
+/// Kairon API).
+fn node_of(vm: &kairon::Machine, nodes: Option<&Store<Node>>) -> Option<Arc<Node>> {
+    nodes?.get(&ObjectRef::new(&vm_evacuation::host(vm)?))
+}
+
+/// `InstanceInFailureDomain`: whether the VM's node satisfies the node selector of the
 /// Machine's failure domain (from the cached KaironCluster). `None` (the condition is not set)
-/// without a failure domain, a selector, or host labels reported by Kairon.
-fn in_failure_domain(scope: &Scope, machine: &capi::Machine, vm: &kairon::Machine, ctx: &Context) -> Option<Decided> {
+/// without a failure domain, a selector, or the node's labels (Kairon's nodes not readable).
+fn in_failure_domain(
+    scope: &Scope,
+    machine: &capi::Machine,
+    vm: &kairon::Machine,
+    node: Option<&Node>,
+    ctx: &Context,
+) -> Option<Decided> {
     // Only a running VM's host counts: whether a reconcile saw Kairon's Provisioning (host
     // chosen) or only Running must not change what is written (one status write per state).
     if !kairon::observe::is_running(vm) {
@@ -261,14 +289,14 @@ fn in_failure_domain(scope: &Scope, machine: &capi::Machine, vm: &kairon::Machin
         .as_ref()
         .filter(|s| !s.is_empty())?;
     let host = vm_evacuation::host(vm)?;
-    let inside = vm_evacuation::host_satisfies(selector, vm)?;
+    let inside = vm_evacuation::host_satisfies(selector, node)?;
     let wanted: Vec<String> = selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
     Some(if inside {
         Decided::new(
             INSTANCE_IN_FAILURE_DOMAIN,
             Status::True,
             reason::INSTANCE_IN_FAILURE_DOMAIN,
-            format!("Kairon host {host} is in failure domain {fd}"),
+            format!("Kairon node {host} is in failure domain {fd}"),
         )
     } else {
         Decided::new(
@@ -276,7 +304,7 @@ fn in_failure_domain(scope: &Scope, machine: &capi::Machine, vm: &kairon::Machin
             Status::False,
             reason::INSTANCE_OUTSIDE_FAILURE_DOMAIN,
             format!(
-                "Kairon host {host} is outside failure domain {fd} (its labels do not match {}); the Machine is not \
+                "Kairon node {host} is outside failure domain {fd} (its labels do not match {}); the Machine is not \
                  replaced for that",
                 wanted.join(",")
             ),
@@ -303,7 +331,7 @@ pub(super) async fn report(km: &KaironMachine, next: &KaironMachineStatus, ctx: 
                 km,
                 event::INSTANCE_MIGRATED,
                 "Migrate",
-                format!("Kairon Machine {} moved from host {from} to host {to}", km.name_any()),
+                format!("Kairon Machine {} moved from node {from} to node {to}", km.name_any()),
             )
             .await;
     }
@@ -338,19 +366,13 @@ pub(super) async fn report(km: &KaironMachine, next: &KaironMachineStatus, ctx: 
     if was.is_some_and(|w| w.reason == now.reason) {
         return;
     }
-    match now.reason.as_str() {
-        reason::NO_MACHINE_HEALTH_CHECK | reason::REPLACEMENT_BLOCKED => {
-            ctx.events
-                .warning(km, event::EVACUATION_BLOCKED, "Evacuate", now.message.clone())
-                .await;
-        }
-        reason::DEADLINE_EXCEEDED => {
-            ctx.metrics.evacuation_deadlines_missed.inc();
-            ctx.events
-                .warning(km, event::EVACUATION_DEADLINE_EXCEEDED, "Evacuate", now.message.clone())
-                .await;
-        }
-        _ => {}
+    if matches!(
+        now.reason.as_str(),
+        reason::NO_MACHINE_HEALTH_CHECK | reason::REPLACEMENT_BLOCKED
+    ) {
+        ctx.events
+            .warning(km, event::EVACUATION_BLOCKED, "Evacuate", now.message.clone())
+            .await;
     }
 }
 

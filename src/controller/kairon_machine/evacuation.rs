@@ -1,27 +1,31 @@
-//! What a KaironMachine does when Kairon asks for its VM to be taken off a host in
-//! maintenance. Pure: no I/O; a table of cases in the tests. The I/O is in [`super::evacuate`].
+//! What a KaironMachine does when its VM's Kairon node is cordoned (the operator is emptying
+//! it). Pure: no I/O; a table of cases in the tests. The I/O is in [`super::evacuate`].
 //!
-//! The VM is not moved by us and its Node is not drained by us: CAPI replaces the Machine, the
-//! way it replaces an unhealthy one. The Machine is marked with
-//! `cluster.x-k8s.io/remediate-machine`; the MachineHealthCheck that selects it marks it
-//! unhealthy and its owner remediates it (a MachineSet deletes it, KubeadmControlPlane removes
-//! its etcd member first, checking quorum); CAPI drains the Node (PodDisruptionBudgets,
-//! `nodeDrainTimeout`) before the KaironMachine, and so the VM, is deleted. Without a
-//! MachineHealthCheck a worker of a MachineSet is deleted by us (CAPI still drains it and the
-//! MachineSet replaces it); a control-plane Machine never is: only its owner knows quorum.
+//! Kairon would move the VM by a cold migration, which recreates it from its image on a fresh
+//! disk and runs its bootstrap data again: no Node survives that, and a first control plane
+//! would run `kubeadm init` again. So the provider's MachineDisruptionBudgets hold every VM of
+//! its clusters back from Kairon's evacuation, and the provider has CAPI replace the Machines
+//! on a cordoned node instead, the way it replaces an unhealthy one; a live migration (an
+//! operator's MachineMigration) is only followed. The VM is not moved by us and its Node is
+//! not drained by us: the Machine is marked with `cluster.x-k8s.io/remediate-machine`; the
+//! MachineHealthCheck that selects it marks it unhealthy and its owner remediates it (a
+//! MachineSet deletes it, KubeadmControlPlane removes its etcd member first, checking
+//! quorum); CAPI drains the Node (PodDisruptionBudgets, `nodeDrainTimeout`) before the
+//! KaironMachine, and so the VM, is deleted. Without a MachineHealthCheck a worker of a
+//! MachineSet is deleted by us (CAPI still drains it and the MachineSet replaces it); a
+//! control-plane Machine never is: only its owner knows quorum.
 //!
-//! One Machine per cluster at a time: the evacuating Machine with the earliest deadline (then
-//! the first name) goes, and only when no other Machine of the cluster is being deleted, is
-//! marked and not yet acted on, or has no Node yet (a replacement still coming up), and the
-//! Cluster counts as many available Machines as it wants (a replacement not yet created). Every
-//! reconcile computes the same answer from the same caches, so no lock is needed; a moment of
-//! stale cache may let two go, which the owners' own guards (KCP one at a time, MachineSet
-//! `maxInFlight`) still hold.
+//! One Machine per cluster at a time: the first by name of those on cordoned nodes goes, and
+//! only when no other Machine of the cluster is being deleted, is marked and not yet acted on,
+//! or has no Node yet (a replacement still coming up), and the Cluster counts as many
+//! available Machines as it wants (a replacement not yet created). Every reconcile computes
+//! the same answer from the same caches, so no lock is needed; a moment of stale cache may let
+//! two go, which the owners' own guards (KCP one at a time, MachineSet `maxInFlight`) still
+//! hold.
 
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use k8s_openapi::jiff::Timestamp;
 
 use crate::api::conditions::{Decided, EVACUATION, Status, reason};
 use crate::capi;
@@ -31,11 +35,9 @@ use crate::kairon::evacuation::Request;
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Own<'a> {
     pub machine: &'a capi::Machine,
-    /// Kairon's request, if it asks now.
+    /// The VM's node is cordoned.
     pub request: Option<&'a Request>,
-    /// Kairon stopped the VM at the deadline.
-    pub stopped_at_deadline: bool,
-    /// The host the VM runs on now.
+    /// The node the VM runs on now.
     pub host: Option<&'a str>,
     /// The KaironMachine's Evacuation condition as it is.
     pub previous: Option<&'a Condition>,
@@ -44,12 +46,12 @@ pub(super) struct Own<'a> {
     pub cluster_short: Option<&'a str>,
 }
 
-/// A Machine of the same cluster (the machine's own among them), and when its VM must be off
-/// its host, if Kairon asks (`Some(None)`: asked, without a deadline).
+/// A Machine of the same cluster (the machine's own among them), and whether its VM's node is
+/// cordoned.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Peer<'a> {
     pub machine: &'a capi::Machine,
-    pub evacuating: Option<Option<Timestamp>>,
+    pub evacuating: bool,
 }
 
 /// What to do to the Machine.
@@ -110,10 +112,10 @@ fn holds_the_turn(m: &capi::Machine) -> Option<&'static str> {
     }
 }
 
-/// The first words of every in-progress message: the host, which is how [`decide`] tells a
-/// migration from a cancellation once Kairon stops asking.
+/// The first words of every in-progress message: the node, which is how [`decide`] tells a
+/// migration from a cancellation once the node is no longer cordoned.
 fn about(host: &str) -> String {
-    format!("Kairon host {host} is in maintenance")
+    format!("Kairon node {host} is cordoned")
 }
 
 /// The message of a marked Machine, the same before and after the cache shows the mark (or
@@ -125,24 +127,15 @@ fn marked(me: &str) -> String {
     )
 }
 
-/// How long to wait before looking again, with Kairon's deadline in view.
-fn until_deadline(request: Option<&Request>, now: Timestamp, at_most: Duration) -> Duration {
-    let left = request
-        .and_then(|r| r.deadline)
-        // A deadline already passed: soon (a negative span does not convert).
-        .map(|d| d.duration_since(now).try_into().unwrap_or(Duration::ZERO))
-        .unwrap_or(at_most);
-    left.clamp(Duration::from_secs(5), at_most)
-}
+/// How long to wait before looking again for a turn, and once the Machine is on its way.
+const SOON: Duration = Duration::from_secs(30);
+const LATER: Duration = Duration::from_secs(300);
 
 /// The Evacuation condition of a paused machine: nothing is marked or deleted while paused
-/// (the pause also holds the MachineHealthCheck and the owners). `None`: Kairon does not ask.
+/// (the pause also holds the MachineHealthCheck and the owners). `None`: the node is not
+/// cordoned.
 pub(super) fn while_paused(own: &Own<'_>, why: &str) -> Option<Decided> {
-    let head = match (own.request, own.stopped_at_deadline) {
-        (Some(r), _) => format!("{} (deadline {})", about(&r.host), r.deadline_text()),
-        (None, true) => "Kairon stopped the VM at the evacuation deadline".to_string(),
-        (None, false) => return None,
-    };
+    let head = about(&own.request?.host);
     Some(Decided::new(
         EVACUATION,
         Status::True,
@@ -156,32 +149,19 @@ pub(super) fn while_paused(own: &Own<'_>, why: &str) -> Option<Decided> {
 
 /// What to do, and what the Evacuation condition says, for a machine not paused and not being
 /// deleted, given every Machine of its cluster.
-pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decision {
+pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
     let m = own.machine;
     let me = name(m);
-    if own.request.is_none() && !own.stopped_at_deadline {
+    let Some(request) = own.request else {
         return after_request(own);
-    }
-    let head = match own.request {
-        Some(r) => format!("{} (deadline {})", about(&r.host), r.deadline_text()),
-        None => "Kairon stopped the VM at the evacuation deadline".to_string(),
     };
-    let in_progress = |r: &'static str, message: String, act: Act, requeue: Option<Duration>| {
-        // A VM Kairon already stopped still needs its Machine replaced: the act is the same,
-        // the condition says loudly that the deadline was missed.
-        let r = if own.stopped_at_deadline && r != reason::REPLACING {
-            reason::DEADLINE_EXCEEDED
-        } else {
-            r
-        };
-        Decision {
-            act,
-            condition: Some(Decided::new(EVACUATION, Status::True, r, format!("{head}: {message}"))),
-            requeue,
-        }
+    let head = about(&request.host);
+    let in_progress = |r: &'static str, message: String, act: Act, requeue: Option<Duration>| Decision {
+        act,
+        condition: Some(Decided::new(EVACUATION, Status::True, r, format!("{head}: {message}"))),
+        requeue,
     };
-    let soon = until_deadline(own.request, now, Duration::from_secs(30));
-    let later = until_deadline(own.request, now, Duration::from_secs(300));
+    let (soon, later) = (SOON, LATER);
 
     if m.is_deleting() {
         return in_progress(
@@ -232,8 +212,7 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decis
     }
     // Between a replaced Machine's going and its replacement's creation no Machine is deleting
     // or without a Node: the Cluster's own count of available Machines says it is not whole.
-    // A VM Kairon already stopped is itself what the Cluster misses: it goes regardless.
-    if let Some(why) = own.cluster_short.filter(|_| !own.stopped_at_deadline) {
+    if let Some(why) = own.cluster_short {
         return in_progress(
             reason::WAITING_FOR_TURN,
             format!("the Cluster is not whole: {why}; Machine {me} is replaced once it is (one at a time)"),
@@ -241,16 +220,15 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decis
             Some(soon),
         );
     }
-    let mine = (own.request.and_then(|r| r.deadline).unwrap_or(Timestamp::MAX), me);
     let first = others()
-        .filter(|p| can_be_replaced(p.machine) && !p.machine.is_deleting())
-        .filter_map(|p| p.evacuating.map(|d| (d.unwrap_or(Timestamp::MAX), name(p.machine))))
-        .filter(|k| *k < mine)
+        .filter(|p| p.evacuating && can_be_replaced(p.machine) && !p.machine.is_deleting())
+        .map(|p| name(p.machine))
+        .filter(|other| *other < me)
         .min();
-    if let Some((_, other)) = first {
+    if let Some(other) = first {
         return in_progress(
             reason::WAITING_FOR_TURN,
-            format!("Machine {other} goes first (an earlier deadline); Machine {me} is replaced after it"),
+            format!("Machine {other} goes first (by name); Machine {me} is replaced after it"),
             Act::Nothing,
             Some(soon),
         );
@@ -267,8 +245,8 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>], now: Timestamp) -> Decis
     }
 }
 
-/// Kairon no longer asks (and the VM was not stopped): an evacuation under way is over, or
-/// goes on if the Machine is already being replaced.
+/// The node is no longer cordoned (or the VM is on another one): an evacuation under way is
+/// over, or goes on if the Machine is already being replaced.
 fn after_request(own: &Own<'_>) -> Decision {
     let Some(previous) = own.previous.filter(|c| c.status == Status::True.as_str()) else {
         return Decision::none();
@@ -293,22 +271,22 @@ fn after_request(own: &Own<'_>) -> Decision {
                 EVACUATION,
                 Status::True,
                 r,
-                format!("Kairon no longer asks for the evacuation, but Machine {me} {what} and is replaced"),
+                format!("the VM's Kairon node is no longer cordoned, but Machine {me} {what} and is replaced"),
             )),
             requeue: None,
         };
     }
     let still_there = own
         .host
-        .is_some_and(|h| previous.message.starts_with(&format!("{} ", about(h))));
+        .is_some_and(|h| previous.message.starts_with(&format!("{}:", about(h))));
     match (still_there, own.host) {
         (false, Some(h)) => over(
             reason::MIGRATED,
-            format!("Kairon no longer asks for the evacuation: the VM runs on host {h} now"),
+            format!("the VM was migrated off the cordoned node: it runs on Kairon node {h} now"),
         ),
         _ => over(
             reason::CANCELED,
-            "Kairon no longer asks for the evacuation (maintenance cancelled); nothing was replaced".into(),
+            "the VM's Kairon node is no longer cordoned; nothing was replaced".into(),
         ),
     }
 }

@@ -2,12 +2,7 @@ use super::*;
 use crate::api::conditions;
 use crate::capi::{ClusterCondition, MachineNodeReference, MachineSpec, MachineStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-
-const T0: &str = "2026-01-01T00:00:00Z";
-
-fn at(s: &str) -> Timestamp {
-    s.parse().unwrap()
-}
+use k8s_openapi::jiff::Timestamp;
 
 #[derive(Clone, Copy, Default)]
 struct M {
@@ -57,12 +52,8 @@ fn machine(name: &str, m: M) -> capi::Machine {
     machine
 }
 
-fn request(deadline: &str) -> Request {
-    Request {
-        host: "h1".into(),
-        reason: "HostMaintenance".into(),
-        deadline: Some(at(deadline)),
-    }
+fn request() -> Request {
+    Request { host: "h1".into() }
 }
 
 fn previous(status: Status, message: &str) -> Condition {
@@ -71,7 +62,7 @@ fn previous(status: Status, message: &str) -> Condition {
         &mut c,
         Decided::new(EVACUATION, status, reason::WAITING_FOR_TURN, message),
         None,
-        &Time(at(T0)),
+        &Time(Timestamp::UNIX_EPOCH),
     );
     c.remove(0)
 }
@@ -79,14 +70,14 @@ fn previous(status: Status, message: &str) -> Condition {
 struct Case {
     name: &'static str,
     me: M,
-    request: Option<&'static str>,
-    stopped: bool,
+    /// The VM's node is cordoned.
+    request: bool,
     host: Option<&'static str>,
     previous: Option<Condition>,
     /// Why the Cluster is not whole, as it counts its Machines.
     short: Option<&'static str>,
-    /// Other Machines of the cluster: name, shape, deadline of their evacuation.
-    others: Vec<(&'static str, M, Option<&'static str>)>,
+    /// Other Machines of the cluster: name, shape, whether their VM's node is cordoned.
+    others: Vec<(&'static str, M, bool)>,
     act: Act,
     /// Status and reason of the condition (`None`: left as it is), and a word of its message.
     want: Option<(Status, &'static str, &'static str)>,
@@ -96,8 +87,7 @@ fn case(name: &'static str, me: M, act: Act, want: Option<(Status, &'static str,
     Case {
         name,
         me,
-        request: Some("2026-01-01T01:00:00Z"),
-        stopped: false,
+        request: true,
         host: Some("h1"),
         previous: None,
         short: None,
@@ -114,11 +104,9 @@ fn what_an_evacuation_does_in_every_situation() {
         ..M::default()
     };
     let cp_mhc = M { cp: true, ..mhc };
-    let later = Some("2026-01-01T02:00:00Z");
-    let earlier = Some("2026-01-01T00:30:00Z");
     let cases = vec![
         Case {
-            request: None,
+            request: false,
             ..case("nothing asked", mhc, Act::Nothing, None)
         },
         case(
@@ -171,7 +159,7 @@ fn what_an_evacuation_does_in_every_situation() {
             Some((Status::True, reason::REPLACING, "drains its Node")),
         ),
         Case {
-            others: vec![("a-other", M { deleting: true, ..mhc }, None)],
+            others: vec![("a-other", M { deleting: true, ..mhc }, false)],
             ..case(
                 "another Machine is being deleted",
                 mhc,
@@ -180,7 +168,7 @@ fn what_an_evacuation_does_in_every_situation() {
             )
         },
         Case {
-            others: vec![("z-other", M { marked: true, ..mhc }, later)],
+            others: vec![("z-other", M { marked: true, ..mhc }, true)],
             ..case(
                 "another Machine is marked and not yet acted on",
                 mhc,
@@ -189,7 +177,7 @@ fn what_an_evacuation_does_in_every_situation() {
             )
         },
         Case {
-            others: vec![("new", M { no_node: true, ..mhc }, None)],
+            others: vec![("new", M { no_node: true, ..mhc }, false)],
             ..case(
                 "a replacement is still coming up",
                 mhc,
@@ -198,30 +186,21 @@ fn what_an_evacuation_does_in_every_situation() {
             )
         },
         Case {
-            others: vec![("z-first", mhc, earlier)],
+            others: vec![("a-first", mhc, true)],
             ..case(
-                "an earlier deadline goes first",
+                "an earlier name on a cordoned node goes first",
                 mhc,
                 Act::Nothing,
-                Some((Status::True, reason::WAITING_FOR_TURN, "z-first goes first")),
+                Some((Status::True, reason::WAITING_FOR_TURN, "a-first goes first")),
             )
         },
         Case {
-            others: vec![("z-after", mhc, later), ("quiet", mhc, None)],
+            others: vec![("z-after", mhc, true), ("a-quiet", mhc, false)],
             ..case(
-                "a later deadline and a Machine not evacuating wait",
+                "a later name and a Machine on a node not cordoned wait",
                 mhc,
                 Act::Mark,
                 Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
-            )
-        },
-        Case {
-            others: vec![("a-same", mhc, Some("2026-01-01T01:00:00Z"))],
-            ..case(
-                "the same deadline: the first name goes",
-                mhc,
-                Act::Nothing,
-                Some((Status::True, reason::WAITING_FOR_TURN, "a-same goes first")),
             )
         },
         Case {
@@ -232,9 +211,9 @@ fn what_an_evacuation_does_in_every_situation() {
                         cp: true,
                         ..M::default()
                     },
-                    earlier,
+                    true,
                 ),
-                ("b-skip", M { skip: true, ..mhc }, earlier),
+                ("b-skip", M { skip: true, ..mhc }, true),
             ],
             ..case(
                 "a Machine that cannot be replaced does not hold the others",
@@ -244,47 +223,19 @@ fn what_an_evacuation_does_in_every_situation() {
             )
         },
         Case {
-            request: None,
-            stopped: true,
-            host: None,
-            ..case(
-                "stopped at the deadline: still replaced, loudly",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::DEADLINE_EXCEEDED, "stopped the VM")),
-            )
-        },
-        Case {
-            request: None,
-            stopped: true,
-            host: None,
-            ..case(
-                "stopped at the deadline and being deleted: replacing",
-                M { deleting: true, ..mhc },
-                Act::Nothing,
-                Some((Status::True, reason::REPLACING, "drains")),
-            )
-        },
-        Case {
-            request: None,
-            previous: Some(previous(
-                Status::True,
-                "Kairon host h1 is in maintenance (deadline x): ...",
-            )),
+            request: false,
+            previous: Some(previous(Status::True, "Kairon node h1 is cordoned: ...")),
             ..case(
                 "no longer asked, same host: cancelled",
                 mhc,
                 Act::Nothing,
-                Some((Status::False, reason::CANCELED, "cancelled")),
+                Some((Status::False, reason::CANCELED, "no longer cordoned")),
             )
         },
         Case {
-            request: None,
+            request: false,
             host: Some("h2"),
-            previous: Some(previous(
-                Status::True,
-                "Kairon host h1 is in maintenance (deadline x): ...",
-            )),
+            previous: Some(previous(Status::True, "Kairon node h1 is cordoned: ...")),
             ..case(
                 "no longer asked, another host: migrated",
                 mhc,
@@ -293,11 +244,8 @@ fn what_an_evacuation_does_in_every_situation() {
             )
         },
         Case {
-            request: None,
-            previous: Some(previous(
-                Status::True,
-                "Kairon host h1 is in maintenance (deadline x): ...",
-            )),
+            request: false,
+            previous: Some(previous(Status::True, "Kairon node h1 is cordoned: ...")),
             ..case(
                 "no longer asked, but marked by us: the replacement goes on",
                 M {
@@ -306,49 +254,31 @@ fn what_an_evacuation_does_in_every_situation() {
                     ..mhc
                 },
                 Act::Nothing,
-                Some((Status::True, reason::REPLACEMENT_REQUESTED, "no longer asks")),
+                Some((Status::True, reason::REPLACEMENT_REQUESTED, "no longer cordoned")),
             )
         },
         Case {
-            request: None,
+            request: false,
             previous: Some(previous(Status::False, "over")),
             ..case("over already: left as it is", mhc, Act::Nothing, None)
         },
     ];
-    let now = at(T0);
-    let cases = cases.into_iter().chain([
-        Case {
-            short: Some("its workers have 1 of 2 Machines available (1 in all)"),
-            ..case(
-                "the Cluster misses a replacement not yet created: wait",
-                mhc,
-                Act::Nothing,
-                Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
-            )
-        },
-        Case {
-            short: Some("its workers have 1 of 2 Machines available (2 in all)"),
-            stopped: true,
-            ..case(
-                "the Cluster misses this very VM, stopped at the deadline: marked",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::DEADLINE_EXCEEDED, "marked")),
-            )
-        },
-    ]);
+    let cases = cases.into_iter().chain([Case {
+        short: Some("its workers have 1 of 2 Machines available (1 in all)"),
+        ..case(
+            "the Cluster misses a replacement not yet created: wait",
+            mhc,
+            Act::Nothing,
+            Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
+        )
+    }]);
     for c in cases {
         let me = machine("m-me", c.me);
-        let others: Vec<(capi::Machine, Option<Option<Timestamp>>)> = c
-            .others
-            .iter()
-            .map(|(n, m, d)| (machine(n, *m), d.map(|d| Some(at(d)))))
-            .collect();
-        let req = c.request.map(request);
+        let others: Vec<(capi::Machine, bool)> = c.others.iter().map(|(n, m, e)| (machine(n, *m), *e)).collect();
+        let req = c.request.then(request);
         let own = Own {
             machine: &me,
             request: req.as_ref(),
-            stopped_at_deadline: c.stopped,
             host: c.host,
             previous: c.previous.as_ref(),
             cluster_short: c.short,
@@ -362,9 +292,9 @@ fn what_an_evacuation_does_in_every_situation() {
             .collect();
         peers.push(Peer {
             machine: &me,
-            evacuating: req.as_ref().map(|r| r.deadline),
+            evacuating: req.is_some(),
         });
-        let d = decide(&own, &peers, now);
+        let d = decide(&own, &peers);
         assert_eq!(d.act, c.act, "{}: act", c.name);
         match (c.want, &d.condition) {
             (None, None) => {}
@@ -389,84 +319,52 @@ fn of_several_evacuating_machines_exactly_one_goes() {
         mhc: true,
         ..M::default()
     };
-    let deadlines = [
-        ("w1", "2026-01-01T01:00:00Z"),
-        ("w2", "2026-01-01T00:40:00Z"),
-        ("cp1", "2026-01-01T00:40:00Z"),
-    ];
-    let machines: Vec<capi::Machine> = deadlines.iter().map(|(n, _)| machine(n, mhc)).collect();
-    let requests: Vec<Request> = deadlines.iter().map(|(_, d)| request(d)).collect();
+    let machines: Vec<capi::Machine> = ["w1", "w2", "cp1"].iter().map(|n| machine(n, mhc)).collect();
+    let quiet = machine("a-not-cordoned", mhc);
+    let r = request();
     let peers: Vec<Peer<'_>> = machines
         .iter()
-        .zip(&requests)
-        .map(|(m, r)| Peer {
+        .map(|m| Peer {
             machine: m,
-            evacuating: Some(r.deadline),
+            evacuating: true,
         })
+        .chain([Peer {
+            machine: &quiet,
+            evacuating: false,
+        }])
         .collect();
     let going: Vec<&str> = machines
         .iter()
-        .zip(&requests)
-        .filter(|(m, r)| {
+        .filter(|m| {
             let own = Own {
                 machine: m,
-                request: Some(r),
-                stopped_at_deadline: false,
+                request: Some(&r),
                 host: Some("h1"),
                 previous: None,
                 cluster_short: None,
             };
-            decide(&own, &peers, at(T0)).act == Act::Mark
+            decide(&own, &peers).act == Act::Mark
         })
-        .map(|(m, _)| name(m))
+        .map(name)
         .collect();
-    assert_eq!(going, ["cp1"], "earliest deadline, then the first name");
+    assert_eq!(going, ["cp1"], "the first name of those on cordoned nodes");
 }
 
 #[test]
 fn a_paused_evacuation_waits_for_unpause() {
     let m = machine("m1", M::default());
-    let r = request("2026-01-01T01:00:00Z");
+    let r = request();
     let own = Own {
         machine: &m,
         request: Some(&r),
-        stopped_at_deadline: false,
         host: Some("h1"),
         previous: None,
         cluster_short: None,
     };
     let d = while_paused(&own, "Cluster spec.paused is set to true").unwrap();
     assert_eq!((d.status, d.reason), (Status::True, reason::WAITING_FOR_UNPAUSE));
-    assert!(
-        d.message
-            .starts_with("Kairon host h1 is in maintenance (deadline 2026-01-01T01:00:00Z)"),
-        "{}",
-        d.message
-    );
+    assert!(d.message.starts_with("Kairon node h1 is cordoned"), "{}", d.message);
     assert!(d.message.contains("spec.paused"), "{}", d.message);
     let quiet = Own { request: None, ..own };
     assert_eq!(while_paused(&quiet, "paused"), None, "nothing asked: nothing said");
-}
-
-#[test]
-fn looks_again_before_the_deadline() {
-    let r = request("2026-01-01T00:01:00Z");
-    let now = at(T0);
-    assert_eq!(
-        until_deadline(Some(&r), now, Duration::from_secs(300)),
-        Duration::from_secs(60)
-    );
-    assert_eq!(
-        until_deadline(Some(&r), now, Duration::from_secs(30)),
-        Duration::from_secs(30)
-    );
-    let past = request("2025-01-01T00:00:00Z");
-    assert_eq!(
-        until_deadline(Some(&past), now, Duration::from_secs(300)),
-        Duration::from_secs(5)
-    );
-    assert_eq!(
-        until_deadline(None, now, Duration::from_secs(300)),
-        Duration::from_secs(300)
-    );
 }

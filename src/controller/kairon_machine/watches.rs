@@ -72,6 +72,22 @@ pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
     )))
 }
 
+/// Whether Kairon's Nodes can be listed: without them (RBAC, a namespaced installation) cordons
+/// are not seen, which the log says once.
+async fn nodes_readable(api: kube::Api<k8s_openapi::api::core::v1::Node>) -> bool {
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(e) => {
+            tracing::warn!(
+                error = %crate::text::bounded(&e.to_string(), 256),
+                "Kairon's Nodes cannot be listed: cordoned Kairon nodes are not seen (no replacement off them) and \
+                 failure domains are not checked against node labels"
+            );
+            false
+        }
+    }
+}
+
 /// The Kairon APIs of identities, and the stream of KaironMachines their watches trigger.
 pub(crate) struct Remote {
     pub endpoints: Arc<Endpoints>,
@@ -130,6 +146,34 @@ pub(crate) fn controller(
         .modify(kairon::keep_what_is_read)
         .reflect(w)
         .touched_objects();
+    // Kairon's nodes (cluster-scoped), if the manager may list them: their cordons and labels.
+    let (nodes, w) = reflector::store();
+    let node_api = kairon.nodes();
+    let node_events = futures::stream::once(nodes_readable(node_api.clone()))
+        .flat_map(move |readable| {
+            if readable {
+                watcher(node_api.clone(), watcher::Config::default()).boxed()
+            } else {
+                futures::stream::empty().boxed()
+            }
+        })
+        .inspect_err(watch_error("nodes (Kairon)", &telemetry))
+        .default_backoff()
+        .modify(kairon::nodes::keep_what_is_read)
+        .reflect(w)
+        .touched_objects()
+        .predicate_filter(kairon::nodes::trigger, PredicateConfig::default());
+    let on_node_store = instances.clone();
+    // The KaironMachines whose VMs run on a node whose cordon or labels changed.
+    let on_node = move |node: k8s_openapi::api::core::v1::Node| {
+        let name = node.name_any();
+        on_node_store
+            .state()
+            .into_iter()
+            .filter(|vm| kairon::evacuation::host(vm).as_deref() == Some(name.as_str()))
+            .filter_map(|vm| kaironmachine_in(&vm, vm.metadata.namespace.as_deref()?))
+            .collect::<Vec<_>>()
+    };
     let kms = caches.kaironmachines.store();
     let kaironclusters = caches.kaironclusters.store();
 
@@ -171,6 +215,7 @@ pub(crate) fn controller(
         synced,
         fresh: caches.fresh.clone(),
         evacuating: evacuating.clone(),
+        nodes: Some(nodes),
     });
     let km_synced = caches.kaironmachines.synced();
     let km_store: Store<KaironMachine> = kms.clone();
@@ -231,6 +276,9 @@ pub(crate) fn controller(
             .boxed(),
         instance_events
             .filter_map(move |vm| mapped(vm.ok().and_then(of_own_namespace)))
+            .boxed(),
+        node_events
+            .flat_map(move |n| futures::stream::iter(n.ok().map(&on_node).into_iter().flatten()))
             .boxed(),
         triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()),
         requeue_rx.boxed(),

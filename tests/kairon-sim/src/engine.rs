@@ -5,10 +5,9 @@
 //!
 //! At most one Machine write and one guest operation are in flight per Machine. Host and
 //! address bookkeeping follows the Machines' statuses, and nothing is decided before the
-//! first full lists, so a restart picks up where the objects say. Hosts, migrations and
-//! maintenance: [`site`]; MachineSets: [`sets`].
+//! first full lists, so a restart picks up where the objects say. Nodes and
+//! migrations: [`site`]; MachineSets: [`sets`].
 
-mod maintenance;
 mod sets;
 mod site;
 
@@ -56,7 +55,7 @@ pub struct Options {
     pub guest_scripts_dir: Option<std::path::PathBuf>,
     /// A live migration's Running -> Succeeded.
     pub migration_delay: Duration,
-    /// Create, watch and keep the status of a Host object per host (maintenance).
+    /// Create a Node per host on Kairon's API server and honour its cordon.
     pub host_objects: bool,
     /// kairon-controller's tick: MachineSets are acted on this often, not on every change.
     pub machineset_interval: Duration,
@@ -139,15 +138,12 @@ impl Engine {
     }
 
     pub async fn run(mut self) {
-        if self.opts.host_objects {
-            self.site.watch_budgets(self.client.clone());
-        }
         let api: Api<Machine> = match &self.opts.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
         };
         let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
-        let (mut migration_events, mut host_events, mut node_events) = self.site_watches().await;
+        let (mut migration_events, mut node_events) = self.site_watches().await;
         let mut set_events = self.set_watch();
         let mut wake = Instant::now() + TICK;
         loop {
@@ -160,10 +156,6 @@ impl Engine {
                 Some(event) = migration_events.next() => match event {
                     Ok(event) => self.on_migration_event(event),
                     Err(e) => tracing::warn!(error = %e, "watching Kairon MachineMigrations"),
-                },
-                Some(event) = host_events.next() => match event {
-                    Ok(event) => self.on_host_event(event),
-                    Err(e) => tracing::warn!(error = %e, "watching Kairon Hosts"),
                 },
                 Some(event) = node_events.next() => match event {
                     Ok(event) => self.on_node_event(event),
@@ -431,8 +423,7 @@ impl Engine {
                     Ok(host) => {
                         tracing::info!(machine = %key, host = %host, "{from} -> Starting");
                         self.allocations.placement.assign(key, &host);
-                        let labels = self.allocations.placement.labels_of(&host).cloned();
-                        let status = sim::starting_status(&m, &host, labels, sim::new_runtime_id());
+                        let status = sim::starting_status(&m, &host, sim::new_runtime_id());
                         // As kairon-controller: bound to the node (`spec.nodeName` and its
                         // label), then started there by the node's agent.
                         let bind = sim::binding(&host);
@@ -500,7 +491,6 @@ impl Engine {
                     tracing::info!(machine = %key, node, "starting on the node it is bound to now");
                     self.allocations.placement.assign(key, node);
                     status.node_name = Some(node.to_string());
-                    status.host_labels = self.allocations.placement.labels_of(node).cloned();
                 }
                 tracing::info!(
                     machine = %key,

@@ -30,7 +30,6 @@ mod disruption;
 mod endpoint;
 mod engine;
 mod evacuate;
-mod evacuation;
 mod flags;
 mod fleet;
 mod guest;

@@ -16,14 +16,12 @@
 //!   full): `Blocked`. A Machine deleted or stopped under a live transfer: `Failed`. `Blocked`,
 //!   `Failed`, `Succeeded` and `Cancelled` are final.
 
-use std::collections::BTreeMap;
-
 use capkr::kairon::maintenance::{
     ADOPT_ONLY_ANNOTATION, ASSIGNED_NODE_LABEL, MIGRATION_ANNOTATION, MachineMigration, MachineMigrationStatus,
     migration_phase, migration_strategy,
 };
 use capkr::kairon::{Machine, MachineStatus, phase, power_state};
-use k8s_openapi::jiff::{RoundMode, SignedDuration, Timestamp, TimestampRound, Unit};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -301,17 +299,10 @@ pub fn machine_patch(mig: &MachineMigration, change: &MachineChange) -> Value {
 
 /// The VM as the target's agent reports it once adopted: the same VM, running on `target` with
 /// a new runtime id; phase, address and what runs in it unchanged.
-pub fn adopted_status(
-    m: &Machine,
-    target: &str,
-    labels: Option<&BTreeMap<String, String>>,
-    now: Timestamp,
-) -> MachineStatus {
+pub fn adopted_status(m: &Machine, target: &str, now: Timestamp) -> MachineStatus {
     let from = status_node(m).unwrap_or("-");
     let mut status = MachineStatus {
         node_name: Some(target.to_string()),
-        host_labels: labels.cloned(),
-        evacuation: None,
         runtime_id: Some(crate::sim::new_runtime_id()),
         ..m.status.clone().unwrap_or_default()
     };
@@ -321,17 +312,6 @@ pub fn adopted_status(
 }
 
 // --- time -------------------------------------------------------------------------------
-
-/// RFC 3339 to the second (truncated), as Kubernetes writes times.
-pub fn rfc3339(t: Timestamp) -> String {
-    t.round(TimestampRound::new().smallest(Unit::Second).mode(RoundMode::Trunc))
-        .unwrap_or(t)
-        .to_string()
-}
-
-pub fn parse_time(s: &str) -> Option<Timestamp> {
-    s.parse().ok()
-}
 
 /// `t + d`, saturating.
 pub fn after(t: Timestamp, d: std::time::Duration) -> Timestamp {

@@ -8,7 +8,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use capkr::kairon::budget::selects;
-use capkr::kairon::maintenance::host_matches;
 use capkr::kairon::{MachineSpec, Term, WeightedTerm};
 
 use crate::sim::Key;
@@ -18,6 +17,11 @@ use crate::sim::Key;
 pub struct Host {
     pub name: String,
     pub labels: BTreeMap<String, String>,
+}
+
+/// Whether a host's labels satisfy a Machine's `nodeSelector` (none: every host does).
+pub fn host_matches(selector: Option<&BTreeMap<String, String>>, host_labels: &BTreeMap<String, String>) -> bool {
+    selector.is_none_or(|s| s.iter().all(|(k, v)| host_labels.get(k) == Some(v)))
 }
 
 /// `spec.placement.nodeSelector`: the labels a host must have.
@@ -255,18 +259,6 @@ impl Placement {
 
     pub fn release(&mut self, key: &Key) {
         self.host_of.remove(key);
-    }
-
-    /// The VMs that hold a slot on `host`, in name order.
-    pub fn machines_on(&self, host: &str) -> Vec<&Key> {
-        let mut keys: Vec<&Key> = self
-            .host_of
-            .iter()
-            .filter(|(_, h)| h.as_str() == host)
-            .map(|(k, _)| k)
-            .collect();
-        keys.sort();
-        keys
     }
 
     pub fn labels_of(&self, host: &str) -> Option<&BTreeMap<String, String>> {

@@ -200,16 +200,6 @@ fn named_targets_must_be_known_schedulable_other_and_have_room() {
     assert_eq!(placement.check_target("h3", "h1"), Ok(()));
 }
 
-#[test]
-fn machines_on_a_host_are_listed_in_order() {
-    let mut placement = three_hosts(0);
-    placement.assign(&key("b"), "h1");
-    placement.assign(&key("a"), "h1");
-    placement.assign(&key("c"), "h2");
-    assert_eq!(placement.machines_on("h1"), vec![&key("a"), &key("b")]);
-    assert!(placement.machines_on("h3").is_empty());
-}
-
 fn term(weight: i32, labels: &[(&str, &str)], topology_key: &str) -> WeightedTerm {
     WeightedTerm {
         weight,

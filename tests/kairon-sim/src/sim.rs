@@ -2,7 +2,6 @@
 //! whether the timer of its current phase has run out, what to do next; and the statuses each
 //! transition writes. No I/O here; the engine feeds objects in and carries steps out.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -174,7 +173,6 @@ pub fn next_step(m: &Machine, due: bool) -> Step {
         Some(phase::RUNNING) if forced_failure(m).is_some() => Step::Fail,
         // The old model's host maintenance stops a VM at its evacuation deadline for good
         // (`crate::evacuation`); it is not powered on again.
-        Some(phase::STOPPED) if stopped_at_deadline(m) => Step::Wait,
         Some(p @ (phase::RUNNING | phase::PAUSED | phase::HALTED | phase::STOPPED)) => {
             if wanted == power::RUNNING {
                 if p == phase::RUNNING { Step::Wait } else { Step::PowerOn }
@@ -195,10 +193,6 @@ fn never_scheduled(m: &Machine) -> bool {
         Some(phase::PENDING) => m.status.as_ref().and_then(|s| s.node_name.as_deref()).is_none(),
         Some(_) => false,
     }
-}
-
-fn stopped_at_deadline(m: &Machine) -> bool {
-    m.status.as_ref().and_then(|s| s.reason.as_deref()) == Some(phase::EVACUATION_DEADLINE_EXCEEDED)
 }
 
 /// `spec.powerState`, with anything but Paused, Halted and Stopped read as Running.
@@ -293,17 +287,11 @@ pub fn binding(node: &str) -> serde_json::Value {
     })
 }
 
-pub fn starting_status(
-    m: &Machine,
-    host: &str,
-    host_labels: Option<BTreeMap<String, String>>,
-    runtime_id: String,
-) -> MachineStatus {
+pub fn starting_status(m: &Machine, host: &str, runtime_id: String) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::STARTING.to_string());
     status.node_name = Some(host.to_string());
     status.runtime_id = Some(runtime_id);
-    status.host_labels = host_labels;
     // kairon-controller only ever writes Scheduled=False: one from an earlier attempt stays.
     status
 }

@@ -41,7 +41,7 @@ pub fn status_patch<S: Serialize>(old: Option<&S>, new: &S) -> Result<Option<Val
 #[cfg(test)]
 mod tests {
     use super::*;
-    use capkr::kairon::{Evacuation, MachineStatus};
+    use capkr::kairon::MachineStatus;
     use serde_json::json;
 
     #[test]
@@ -85,18 +85,13 @@ mod tests {
     }
 
     #[test]
-    fn clearing_a_machines_node_runtime_and_evacuation_sends_nulls() {
+    fn clearing_a_machines_node_and_runtime_sends_nulls() {
         let old = MachineStatus {
             phase: Some("Running".into()),
             node_name: Some("h1".into()),
             runtime_id: Some("rt-1".into()),
             guest_ip: Some("10.42.0.2".into()),
             guest_ips: Some(vec!["10.42.0.2".into()]),
-            host_labels: Some([("zone".to_string(), "a".to_string())].into()),
-            evacuation: Some(Evacuation {
-                host_name: "h1".into(),
-                ..Default::default()
-            }),
             ..Default::default()
         };
         let new = MachineStatus {
@@ -108,9 +103,7 @@ mod tests {
         let patch = status_patch(Some(&old), &new).unwrap();
         assert_eq!(
             patch,
-            Some(
-                json!({"phase": "Stopped", "nodeName": null, "runtimeID": null, "hostLabels": null, "evacuation": null})
-            )
+            Some(json!({"phase": "Stopped", "nodeName": null, "runtimeID": null}))
         );
         // Kairon's names for what a placed and booted VM gets.
         let booted = MachineStatus {

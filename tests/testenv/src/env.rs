@@ -692,6 +692,31 @@ impl Env {
         self.start_own("kairon-sim", bin, extra_args)
     }
 
+    /// Runs `kairon-sim --kubeconfig <admin> evacuate <node> <args>` (what an operator's
+    /// `kaironctl evacuate` does) to its end; its standard output, or why it failed.
+    pub async fn kairon_evacuate(&self, node: &str, args: &[&str]) -> Result<String> {
+        let bin = own_binary("kairon-sim", "KAIRON_SIM_BIN")?;
+        let out = tokio::process::Command::new(bin)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_path())
+            .arg("evacuate")
+            .arg(node)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .await
+            .context("running kairon-sim evacuate")?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if !out.status.success() {
+            bail!(
+                "kairon-sim evacuate {node} {args:?}: {}\n{stdout}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(stdout)
+    }
+
     fn start_own<I, S>(&self, base: &str, bin: PathBuf, extra_args: I) -> Result<Process>
     where
         I: IntoIterator<Item = S>,

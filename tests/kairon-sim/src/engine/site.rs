@@ -1,22 +1,18 @@
 //! The engine's part that plays Kairon's hosts: MachineMigrations (always) and, with
-//! `--host-objects`, Host objects (their maintenance: [`super::maintenance`]). Watches feed
-//! in-memory views; the pure decisions of [`crate::migration`] and [`crate::evacuation`] run
-//! over the whole site after every change and at every tick; writes run as tasks, at most one
-//! in flight per object (a Machine's go through the engine's own write path, so they never
+//! `--host-objects`, a Node per host whose cordon (`spec.unschedulable`) keeps new VMs and
+//! migrations off it. Watches feed in-memory views; the pure decisions of [`crate::migration`]
+//! run over the whole site after every change and at every tick; writes run as tasks, at most
+//! one in flight per object (a Machine's go through the engine's own write path, so they never
 //! race its phase machine).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use capkr::kairon::budget::MachineDisruptionBudget;
-use capkr::kairon::maintenance::{Host, MachineMigration, migration_phase};
-use capkr::kairon::phase;
+use capkr::kairon::maintenance::{MachineMigration, migration_phase};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 
@@ -27,10 +23,6 @@ use crate::site_writes::{SiteWriter, Written};
 
 /// What a finished site write reports.
 pub(super) enum SiteDone {
-    Host {
-        name: String,
-        result: Written<Host>,
-    },
     Migration {
         key: Key,
         result: Written<MachineMigration>,
@@ -42,16 +34,12 @@ pub(super) struct Site {
     pub host_objects: bool,
     pub migration_delay: Duration,
     pub writer: SiteWriter,
-    pub(super) hosts: HashMap<String, Host>,
-    hosts_listing: Option<HashSet<String>>,
-    hosts_synced: bool,
     pub(super) migrations: HashMap<Key, MachineMigration>,
     migrations_listing: Option<HashSet<Key>>,
     migrations_synced: bool,
     /// Nodes with `spec.unschedulable` (cordoned), and those of a listing under way.
     pub(super) cordoned_nodes: HashSet<String>,
     nodes_listing: Option<HashSet<String>>,
-    pub(super) busy_hosts: HashSet<String>,
     pub(super) busy_migrations: HashSet<Key>,
     /// When the migrations this process started began, to the sub-second (`startTimestamp`
     /// is to the second; after a restart it is what there is).
@@ -59,9 +47,6 @@ pub(super) struct Site {
     retry_at: Option<Instant>,
     /// Something changed: decide again.
     pub dirty: bool,
-    /// Kairon's MachineDisruptionBudgets, every namespace's (a watch's cache), with
-    /// `--host-objects`.
-    pub(super) budgets: Option<Store<MachineDisruptionBudget>>,
 }
 
 impl Site {
@@ -70,36 +55,21 @@ impl Site {
             host_objects,
             migration_delay,
             writer,
-            hosts: HashMap::new(),
-            hosts_listing: None,
-            hosts_synced: !host_objects,
             migrations: HashMap::new(),
             migrations_listing: None,
             migrations_synced: false,
             cordoned_nodes: HashSet::new(),
             nodes_listing: None,
-            busy_hosts: HashSet::new(),
             busy_migrations: HashSet::new(),
             started: HashMap::new(),
             retry_at: None,
             dirty: true,
-            budgets: None,
         }
-    }
-
-    /// Starts the watch of MachineDisruptionBudgets the maintenance decides with.
-    pub fn watch_budgets(&mut self, client: Client) {
-        let (store, writer) = reflector::store::<MachineDisruptionBudget>();
-        let stream = reflector(writer, watcher(Api::all(client), watcher::Config::default()))
-            .default_backoff()
-            .for_each(|_| std::future::ready(()));
-        tokio::spawn(stream);
-        self.budgets = Some(store);
     }
 
     /// Nothing is decided before the first full lists, so a restart starts from the objects.
     pub fn synced(&self) -> bool {
-        self.hosts_synced && self.migrations_synced
+        self.migrations_synced
     }
 
     pub fn retry_at(&self) -> Option<Instant> {
@@ -126,9 +96,8 @@ pub(super) type Events<K> = BoxStream<'static, Result<watcher::Event<K>, watcher
 
 impl Engine {
     /// The watches on MachineMigrations (as wide as the one on Machines) and, with
-    /// `--host-objects`, on Hosts and Nodes, once a Host object and a Node exist per host
-    /// (retried until it works).
-    pub(super) async fn site_watches(&self) -> (Events<MachineMigration>, Events<Host>, Events<Node>) {
+    /// `--host-objects`, on Nodes, once a Node exists per host (retried until it works).
+    pub(super) async fn site_watches(&self) -> (Events<MachineMigration>, Events<Node>) {
         let migrations: Api<MachineMigration> = match &self.opts.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),
@@ -137,26 +106,16 @@ impl Engine {
             .default_backoff()
             .boxed();
         if !self.site.host_objects {
-            return (
-                migrations,
-                futures::stream::pending().boxed(),
-                futures::stream::pending().boxed(),
-            );
+            return (migrations, futures::stream::pending().boxed());
         }
         let hosts = self.allocations.placement.hosts().to_vec();
-        while let Err(e) = self.site.writer.ensure_hosts(&hosts).await {
-            tracing::warn!(error = %e, "creating Host objects; retrying");
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        }
         while let Err(e) = self.site.writer.ensure_nodes(&hosts).await {
             tracing::warn!(error = %e, "creating Nodes; retrying");
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
         let nodes = Api::<Node>::all(self.client.clone());
-        let hosts = Api::<Host>::all(self.client.clone());
         (
             migrations,
-            watcher(hosts, watcher::Config::default()).default_backoff().boxed(),
             watcher(nodes, watcher::Config::default()).default_backoff().boxed(),
         )
     }
@@ -186,45 +145,6 @@ impl Engine {
         }
         self.site.dirty = true;
         self.refresh_cordoned();
-    }
-
-    pub(super) fn on_host_event(&mut self, event: watcher::Event<Host>) {
-        let site = &mut self.site;
-        match event {
-            watcher::Event::Init => site.hosts_listing = Some(HashSet::new()),
-            watcher::Event::InitApply(h) => {
-                if let Some(seen) = site.hosts_listing.as_mut() {
-                    seen.insert(h.name_any());
-                }
-                self.store_host(h);
-            }
-            watcher::Event::InitDone => {
-                let seen = site.hosts_listing.take().unwrap_or_default();
-                site.hosts.retain(|name, _| seen.contains(name));
-                site.hosts_synced = true;
-            }
-            watcher::Event::Apply(h) => self.store_host(h),
-            watcher::Event::Delete(h) => {
-                if site.hosts.remove(&h.name_any()).is_some() {
-                    tracing::warn!(host = %h.name_any(), "Host object deleted: the host counts as schedulable");
-                }
-            }
-        }
-        self.site.dirty = true;
-        self.refresh_cordoned();
-    }
-
-    fn store_host(&mut self, h: Host) {
-        let name = h.name_any();
-        if self.allocations.placement.labels_of(&name).is_none() {
-            return; // another simulator's, or nobody's
-        }
-        if let Some(current) = self.site.hosts.get(&name)
-            && is_older(&h, current)
-        {
-            return;
-        }
-        self.site.hosts.insert(name, h);
     }
 
     pub(super) fn on_migration_event(&mut self, event: watcher::Event<MachineMigration>) {
@@ -263,15 +183,6 @@ impl Engine {
     pub(super) fn on_site_done(&mut self, done: SiteDone) {
         self.site.dirty = true;
         match done {
-            SiteDone::Host { name, result } => {
-                self.site.busy_hosts.remove(&name);
-                match result {
-                    Written::Object(h) => self.store_host(*h),
-                    Written::Gone => {}
-                    Written::Failed(e) => self.site_write_failed(&format!("Host {name}"), &e),
-                }
-                self.refresh_cordoned();
-            }
             SiteDone::Migration { key, result } => {
                 self.site.busy_migrations.remove(&key);
                 match result {
@@ -290,17 +201,9 @@ impl Engine {
         self.site.retry_at = Some(Instant::now() + RETRY_AFTER_ERROR);
     }
 
-    /// Hosts nothing new goes to: a cordoned Node, a Host `spec.unschedulable` or in
-    /// maintenance (the older model).
+    /// Hosts nothing new goes to: cordoned Nodes.
     fn refresh_cordoned(&mut self) {
-        let cordoned: BTreeSet<String> = self
-            .site
-            .hosts
-            .iter()
-            .filter(|(_, h)| h.spec.unschedulable == Some(true) || h.spec.maintenance.is_some())
-            .map(|(name, _)| name.clone())
-            .chain(self.site.cordoned_nodes.iter().cloned())
-            .collect();
+        let cordoned: BTreeSet<String> = self.site.cordoned_nodes.iter().cloned().collect();
         self.allocations.placement.set_cordoned(cordoned);
     }
 
@@ -338,10 +241,6 @@ impl Engine {
         self.refresh_cordoned();
         self.refresh_reserved();
         self.step_migrations(now);
-        if self.site.host_objects {
-            self.step_hosts(now);
-        }
-        self.write_host_labels();
     }
 
     fn step_migrations(&mut self, now: Timestamp) {
@@ -406,10 +305,7 @@ impl Engine {
                         tracing::info!(machine = %vm_key, migration = %key, change = ?change, "migration writes its Machine");
                         let patch = migration::machine_patch(&mig, &change);
                         let adopted = match &change {
-                            MachineChange::Adopt { target } => {
-                                let labels = self.allocations.placement.labels_of(target).cloned();
-                                Some(migration::adopted_status(&m, target, labels.as_ref(), now))
-                            }
+                            MachineChange::Adopt { target } => Some(migration::adopted_status(&m, target, now)),
                             _ => None,
                         };
                         let writer = self.writer.clone();
@@ -423,35 +319,6 @@ impl Engine {
             };
             let writer = self.site.writer.clone();
             self.spawn_migration_write(key, async move { writer.migration_status(&mig, &status).await });
-        }
-    }
-
-    /// `status.hostLabels` names the labels of the VM's node: set when placed and migrated,
-    /// and on Machines placed before the simulator wrote it.
-    fn write_host_labels(&mut self) {
-        let stale: Vec<(Key, String)> = self
-            .machines
-            .iter()
-            .filter(|(k, m)| {
-                !self.busy.contains(*k)
-                    && m.metadata.deletion_timestamp.is_none()
-                    && matches!(crate::sim::phase_of(m), Some(phase::STARTING | phase::RUNNING))
-            })
-            .filter_map(|(k, m)| {
-                let status = m.status.as_ref()?;
-                let host = status.node_name.as_deref()?;
-                let labels = self.allocations.placement.labels_of(host)?;
-                (status.host_labels.as_ref() != Some(labels)).then(|| (k.clone(), host.to_string()))
-            })
-            .collect();
-        for (key, host) in stale {
-            let Some(m) = self.machines.get(&key).cloned() else {
-                continue;
-            };
-            let mut status = m.status.clone().unwrap_or_default();
-            status.host_labels = self.allocations.placement.labels_of(&host).cloned();
-            let writer = self.writer.clone();
-            self.spawn_write(&key, async move { writer.write_status(&m, &status).await });
         }
     }
 
