@@ -1,7 +1,8 @@
-//! Kairon's hosts as the maintenance tests use them: the simulator with Host objects of the
-//! rig's own (names unique to the test's namespace), live migrations, MachineHealthChecks over
-//! the control plane and the workers, and a watch that records, for every Kairon Machine
-//! deleted, how many evictable Pods its Node still had at that moment.
+//! Kairon's hosts as the maintenance tests use them: the simulator with Nodes of the rig's own
+//! (names unique to the test's namespace; Kairon's hosts are its cluster's Nodes), cordons,
+//! live migrations, MachineHealthChecks over the control plane and the workers, and a watch
+//! that records, for every Kairon Machine deleted, how many evictable Pods its Node still had
+//! at that moment.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -18,10 +19,6 @@ use crate::templates_support::*;
 
 pub fn kairon(kind: &str, plural: &str) -> ApiResource {
     gvk("kairon.zyvor.dev", "v1alpha1", kind, plural)
-}
-
-pub fn hosts_resource() -> ApiResource {
-    kairon("Host", "hosts")
 }
 
 pub fn migrations_resource() -> ApiResource {
@@ -137,21 +134,22 @@ pub async fn create_health_checks(rig: &GuestRig, md: &str, total: u64) {
 }
 
 pub async fn merge_patch(rig: &GuestRig, r: &ApiResource, name: &str, patch: Value) {
-    let api: Api<DynamicObject> = if r.kind == "Host" {
-        Api::all_with(rig.env.client(), r)
-    } else {
-        rig.api(r)
-    };
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch.clone()))
+    rig.api(r)
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch.clone()))
         .await
         .unwrap_or_else(|e| panic!("patching {} {name} with {patch}: {e}", r.kind));
 }
 
-pub async fn host(rig: &GuestRig, host: &str) -> DynamicObject {
-    Api::<DynamicObject>::all_with(rig.env.client(), &hosts_resource())
-        .get(host)
+/// Cordons (or uncordons) Kairon's Node `node`, as `kubectl cordon` does.
+pub async fn cordon(rig: &GuestRig, node: &str, on: bool) {
+    Api::<k8s_openapi::api::core::v1::Node>::all(rig.env.client())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": on}})),
+        )
         .await
-        .unwrap_or_else(|e| panic!("Host {host}: {e}"))
+        .unwrap_or_else(|e| panic!("cordoning Node {node}: {e}"));
 }
 
 /// `lastTransitionTime` of the `Ready` condition of each object, by name.

@@ -47,8 +47,8 @@ impl Default for DemoOptions {
                 "1s",
                 "--boot-delay",
                 "2s",
-                // Hosts in the two failure domains of the sample KaironCluster, as Host objects
-                // an operator can put into maintenance.
+                // Hosts in the two failure domains of the sample KaironCluster, as Nodes of
+                // Kairon's cluster that an operator can cordon and evacuate.
                 "--host-objects",
                 "--hosts",
                 "kairon-node-1:topology.kairon.zyvor.dev/zone=zone-a,\
@@ -449,6 +449,9 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
         env.binaries().clusterctl.display()
     );
     let workload_kc = env.dir().join("demo-workload.kubeconfig");
+    let sim = crate::own_binary("kairon-sim", "KAIRON_SIM_BIN")
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "kairon-sim".into());
     say(&format!(
         "\nTry (the files go away when the demo stops):\n  \
          {kubectl} --kubeconfig {kc} get clusters,kubeadmcontrolplanes,machines.cluster.x-k8s.io,kaironmachines -n {NAMESPACE}\n  \
@@ -464,17 +467,21 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
          {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=1\n\
          Each worker that goes is drained first: its Pods are evicted one at a time, as the \
          PodDisruptionBudget allows, and Running again on the remaining Nodes; then its VM is deleted.\n\n\
-         Host maintenance (docs/kairon-api.md): Kairon moves VMs off a host live; one it cannot move \
-         is replaced through CAPI, its Node drained first. Mark a VM as one that cannot move, put \
-         its host into maintenance and watch:\n  \
-         {kubectl} --kubeconfig {kc} get hosts.kairon.zyvor.dev\n  \
-         {kubectl} --kubeconfig {kc} annotate machines.kairon.zyvor.dev -n {NAMESPACE} <a worker VM> sim.kairon.zyvor.dev/not-migratable=true\n  \
-         {kubectl} --kubeconfig {kc} patch hosts.kairon.zyvor.dev <its host> --type merge \
-         -p '{{\"spec\":{{\"maintenance\":{{\"reason\":\"demo\",\"evacuationGracePeriodSeconds\":600}}}}}}'\n  \
+         Host maintenance (README, \"Host maintenance\"): Kairon's hosts are the Nodes of its cluster \
+         (here the management cluster's). Move a VM live, as an operator's MachineMigration does (the \
+         same VM on another node; nothing in the cluster notices):\n  \
+         {kubectl} --kubeconfig {kc} get nodes -L topology.kairon.zyvor.dev/zone\n  \
+         {kubectl} --kubeconfig {kc} create -n {NAMESPACE} -f - <<EOF\n  \
+         {{\"apiVersion\":\"kairon.zyvor.dev/v1alpha1\",\"kind\":\"MachineMigration\",\"metadata\":{{\"name\":\"move-1\"}},\
+         \"spec\":{{\"machineName\":\"<a VM>\",\"strategy\":\"live\"}}}}\n  EOF\n\
+         Empty a node as `kaironctl evacuate` does: Kairon skips the cluster's VMs (the provider's \
+         MachineDisruptionBudgets allow it no cold migration, which would recreate them on fresh disks) \
+         and the provider has CAPI replace their Machines, one at a time, Nodes drained first:\n  \
+         {kubectl} --kubeconfig {kc} cordon <a node>\n  \
+         {sim} --kubeconfig {kc} evacuate <the node> --wait\n  \
          {kubectl} --kubeconfig {kc} get machines.kairon.zyvor.dev -n {NAMESPACE} -o wide --watch\n  \
-         {kubectl} --kubeconfig {kc} get events -n {NAMESPACE} --watch   # InstanceMigrated, EvacuationRequested, ...\n\
-         The other VMs on the host move live (same VM, new host, nothing in the cluster notices); the \
-         marked one's Machine is replaced. The Host is InMaintenance once empty.\n\n\
+         {kubectl} --kubeconfig {kc} get events -n {NAMESPACE} --watch   # EvacuationRequested, ReplacementRequested, ...\n\
+         `evacuate --wait` ends once the node is empty; uncordon it with `kubectl uncordon`.\n\n\
          Create clusters of your own from the shipped templates (flavors: default, md-remediation, \
          topology). Each cluster needs its own control-plane endpoint address: 127.{o}.100.2, \
          127.{o}.100.3, ... are free (VMs get addresses from {pool}):\n  \
