@@ -101,6 +101,8 @@ struct World {
     instances: Vec<kairon::Machine>,
     /// Kairon's nodes h1 (cordoned or not) and h2.
     h1_cordoned: bool,
+    /// `--evacuation-grace-period` (none unless a test says so).
+    grace: Duration,
 }
 
 /// Runs one reconcile of `km` against a mock API server driven by `server`; events are
@@ -117,7 +119,10 @@ where
         kairon: kairon::Instances::new(client.clone()),
         endpoints: None,
         kaironclusters: filled(vec![]).0,
-        settings: Settings::default(),
+        settings: Settings {
+            evacuation_grace_period: world.grace,
+            ..Settings::default()
+        },
         machines: filled(world.machines).0,
         clusters: filled(vec![world.cluster]).0,
         instances: filled(world.instances).0,
@@ -159,6 +164,7 @@ async fn a_live_migration_writes_the_host_and_one_event() {
         cluster: cluster(false),
         instances: vec![vm("h2")],
         h1_cordoned: false,
+        grace: Duration::ZERO,
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -211,6 +217,7 @@ async fn a_cordoned_node_marks_the_machine_once_and_steady_state_writes_nothing(
             cluster: cluster(false),
             instances: vec![vm("h1")],
             h1_cordoned: true,
+            grace: Duration::ZERO,
         }
     };
     let km_json = serde_json::to_value(&km).unwrap();
@@ -270,6 +277,7 @@ async fn an_evacuation_waits_while_another_machine_of_the_cluster_is_being_repla
         cluster: cluster(false),
         instances: vec![vm("h1")],
         h1_cordoned: true,
+        grace: Duration::ZERO,
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -297,6 +305,7 @@ async fn a_paused_evacuation_writes_only_status() {
         cluster: cluster(true),
         instances: vec![vm("h1")],
         h1_cordoned: true,
+        grace: Duration::ZERO,
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -317,4 +326,32 @@ async fn a_paused_evacuation_writes_only_status() {
     // Said once: the pause writes nothing more.
     let km = with_sent_status(km, &sent.lock().unwrap());
     run(km, world(), |mut h| async move { expect_no_more(&mut h).await }).await;
+}
+
+#[tokio::test]
+async fn a_cordoned_node_first_waits_its_grace_period_writing_the_status_alone() {
+    let km = provisioned_on(vm("h1"));
+    let world = World {
+        machines: vec![machine("m1")],
+        cluster: cluster(false),
+        instances: vec![vm("h1")],
+        h1_cordoned: true,
+        grace: Duration::from_secs(60),
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km, world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
+        let evacuation = condition(&body["status"], EVACUATION);
+        assert_eq!(
+            (evacuation["status"].as_str(), evacuation["reason"].as_str()),
+            (Some("True"), Some(reason::WAITING_FOR_MIGRATION))
+        );
+        assert!(
+            evacuation["message"].as_str().unwrap().contains("for 60s"),
+            "{evacuation}"
+        );
+        assert_eq!(event(&mut h).await.0, "EvacuationRequested");
+        expect_no_more(&mut h).await;
+    })
+    .await;
 }

@@ -112,6 +112,9 @@ pub mod reason {
     // KaironMachine: Evacuation (True: under way; the VM's Kairon node is cordoned)
     /// The Cluster or the KaironMachine is paused: nothing is marked or deleted.
     pub const WAITING_FOR_UNPAUSE: &str = "WaitingForUnpause";
+    /// The node was cordoned a moment ago: the operator may still migrate the VM live
+    /// (`--evacuation-grace-period`) before its Machine is replaced.
+    pub const WAITING_FOR_MIGRATION: &str = "WaitingForMigration";
     /// Another Machine of the cluster is being replaced (or goes first): one at a time.
     pub const WAITING_FOR_TURN: &str = "WaitingForTurn";
     /// No MachineHealthCheck selects the Machine and it is not one the provider may delete

@@ -35,7 +35,13 @@ pub struct Settings {
     /// its client has a read timeout (`--kairon-kubeconfig`), so that a quiet watch never
     /// meets it.
     pub kairon_watch_timeout: Option<u32>,
+    /// How long a VM may stay on a cordoned Kairon node before its Machine is replaced through
+    /// CAPI: the time an operator has to migrate it live instead.
+    pub evacuation_grace_period: Duration,
 }
+
+/// [`Settings::evacuation_grace_period`] by default.
+pub const EVACUATION_GRACE_PERIOD: Duration = Duration::from_secs(60);
 
 /// KaironMachinePools reconciled at once.
 pub(crate) const POOL_CONCURRENCY: u16 = 5;
@@ -54,6 +60,7 @@ impl Default for Settings {
             streaming_lists: false,
             kairon_streaming_lists: false,
             kairon_watch_timeout: None,
+            evacuation_grace_period: EVACUATION_GRACE_PERIOD,
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct Args {
     #[arg(long, default_value = "10m", value_parser = parse_duration, help_heading = WATCHING)]
     pub sync_period: Duration,
 
+    /// How long a VM may stay on a cordoned Kairon node before its Machine is replaced through
+    /// CAPI: the time an operator has to migrate it live instead (Go duration syntax).
+    #[arg(long, default_value = "60s", value_parser = parse_duration, help_heading = WATCHING)]
+    pub evacuation_grace_period: Duration,
+
     /// KaironMachine reconciles at once in each of two lanes: machines on their way to a
     /// Kairon Machine (finalizer, bootstrap data, create, providerID), and all others (status,
     /// deletion), which never queue behind the first. [default: 10]
@@ -353,6 +358,7 @@ impl Args {
             kairon_streaming_lists: false,
             kairon_watch_timeout: (!self.kairon_kubeconfig.is_empty())
                 .then_some(controller::endpoint_trust::WATCH_TIMEOUT_SECS),
+            evacuation_grace_period: self.evacuation_grace_period,
         }
     }
 

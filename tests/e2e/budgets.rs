@@ -1,9 +1,10 @@
 //! The disruption budgets a cluster keeps on Kairon, on the real control plane: a cluster of
 //! one control plane and a MachineDeployment gets a MachineDisruptionBudget over its
 //! control-plane VM and one over the deployment's VMs, each selecting exactly those VMs as
-//! Kairon matches selectors (`key: ""` holds on a Machine without the key); the
-//! deployment's follows its size and `maxUnavailable`; a budget of another management cluster
-//! with the same name is left alone; and deleting the cluster deletes its budgets.
+//! Kairon matches selectors (`key: ""` holds on a Machine without the key), and none allowing a
+//! disruption; the deployment's covers the VMs it grows by; a budget of another management
+//! cluster with the same name as one of ours would have is left alone; and deleting the
+//! cluster deletes its budgets.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -40,11 +41,7 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
                 let by_name: BTreeMap<String, MachineDisruptionBudget> =
                     list.items.into_iter().map(|b| (b.name_any(), b)).collect();
                 Ok::<_, kube::Error>(
-                    (by_name.contains_key(&cp_name)
-                        && by_name
-                            .get(&md_name)
-                            .is_some_and(|b| b.spec.max_unavailable.as_deref() == Some("1")))
-                    .then_some(by_name),
+                    (by_name.contains_key(&cp_name) && by_name.contains_key(&md_name)).then_some(by_name),
                 )
             },
         )
@@ -71,6 +68,11 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
     assert_eq!(md_vms.len(), 2, "the deployment's budget selects its two VMs");
     assert!(md_vms.iter().all(|vm| !vm.labels().contains_key(labels::CONTROL_PLANE)));
     assert!(cp.spec.min_available.is_none() && mdb.spec.min_available.is_none());
+    assert_eq!(
+        (cp.spec.max_unavailable.as_deref(), mdb.spec.max_unavailable.as_deref()),
+        (Some("0"), Some("0")),
+        "Kairon may cold-migrate none of the cluster's VMs"
+    );
     eprintln!(
         "budgets: {cp_name} maxUnavailable {:?}, {md_name} maxUnavailable {:?}",
         cp.spec.max_unavailable, mdb.spec.max_unavailable
@@ -89,7 +91,8 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
     .unwrap();
     budgets.create(&Default::default(), &foreign_budget).await.unwrap();
 
-    // The deployment grows to 4 with maxUnavailable 50%: its budget follows (2 of 4).
+    // The deployment grows to 4 with maxUnavailable 50%: its budget covers the new VMs and
+    // still allows no disruption.
     rig.machine_deployments()
         .patch(
             &md,
@@ -99,11 +102,15 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
         )
         .await
         .unwrap();
-    rig.wait("the deployment's budget at 2 of 4", UP, || async {
-        let b = budgets.get(&md_name).await?;
-        Ok::<_, kube::Error>((b.spec.max_unavailable.as_deref() == Some("2")).then_some(()))
-    })
-    .await;
+    rig.wait_running(5, UP).await;
+    let all = vms.list(&ListParams::default()).await.unwrap().items;
+    let b = budgets.get(&md_name).await.unwrap();
+    let covered = all
+        .iter()
+        .filter(|vm| selects(&b.spec.selector, vm.metadata.labels.as_ref()))
+        .count();
+    assert_eq!(covered, 4, "the deployment's budget selects its four VMs");
+    assert_eq!(b.spec.max_unavailable.as_deref(), Some("0"));
     let theirs = budgets.get(&foreign).await.unwrap();
     assert_eq!(
         theirs.spec.min_available.as_deref(),

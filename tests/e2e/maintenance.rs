@@ -352,8 +352,9 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
 }
 
 /// A worker on a cordoned node is replaced through CAPI (its MachineSet's; no
-/// MachineHealthCheck, so the provider deletes the Machine and CAPI drains it first) while
-/// Kairon's `evacuate --wait` skips it and waits: the node ends empty with no VM migrated.
+/// MachineHealthCheck, so the provider deletes the Machine and CAPI drains it first), after a
+/// grace period of 5 s, while Kairon's `evacuate --wait` skips it and waits: the node ends
+/// empty with no VM migrated.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cordoned_nodes_worker_is_replaced_through_capi_while_evacuate_waits() {
     let ns = "e2e-maintenance-cordon-worker";
@@ -362,6 +363,7 @@ async fn a_cordoned_nodes_worker_is_replaced_through_capi_while_evacuate_waits()
         cp_failure_domain: Some("zone-a"),
         md_failure_domain: Some("zone-b"),
         sim_args: own_nodes(ns),
+        manager_args: vec!["--evacuation-grace-period=5s".into()],
         ..RigOptions::new("e2e_maintenance_cordon_worker")
     })
     .await;

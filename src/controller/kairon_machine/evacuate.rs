@@ -97,10 +97,13 @@ pub(super) async fn follow(
     let host = vm_evacuation::host(vm);
     let previous = evacuation_condition(km);
     let short = scope.cluster.as_ref().and_then(|c| c.machines_short());
+    let grace = ctx.settings.evacuation_grace_period;
     let own = Own {
         machine,
         request: request.as_ref(),
         host: host.as_deref(),
+        grace_left: evacuation::grace_left(previous, grace, k8s_openapi::jiff::Timestamp::now()),
+        grace,
         previous,
         cluster_short: short.as_deref(),
     };
@@ -218,6 +221,8 @@ pub(super) fn while_paused(scope: &Scope, ctx: &Context, why: &str) -> Option<De
         machine,
         request: request.as_ref(),
         host: host.as_deref(),
+        grace_left: None,
+        grace: ctx.settings.evacuation_grace_period,
         previous: evacuation_condition(km),
         cluster_short: None,
     };

@@ -15,7 +15,9 @@
 //! MachineSet is deleted by us (CAPI still drains it and the MachineSet replaces it); a
 //! control-plane Machine never is: only its owner knows quorum.
 //!
-//! One Machine per cluster at a time: the first by name of those on cordoned nodes goes, and
+//! First a grace period (`--evacuation-grace-period`, counted from when the Evacuation condition
+//! turned True): an operator emptying a node by live migrations cordons it first, and a VM
+//! migrated off meanwhile is only followed. Then one Machine per cluster at a time: the first by name of those on cordoned nodes goes, and
 //! only when no other Machine of the cluster is being deleted, is marked and not yet acted on,
 //! or has no Node yet (a replacement still coming up), and the Cluster counts as many
 //! available Machines as it wants (a replacement not yet created). Every reconcile computes
@@ -39,6 +41,10 @@ pub(super) struct Own<'a> {
     pub request: Option<&'a Request>,
     /// The node the VM runs on now.
     pub host: Option<&'a str>,
+    /// What is left of the grace period the operator has to migrate the VM live, if any.
+    pub grace_left: Option<Duration>,
+    /// The grace period as configured (for the message).
+    pub grace: Duration,
     /// The KaironMachine's Evacuation condition as it is.
     pub previous: Option<&'a Condition>,
     /// Why the machine's Cluster is not whole (a replacement still coming up, as the Cluster
@@ -127,6 +133,20 @@ fn marked(me: &str) -> String {
     )
 }
 
+/// What is left of `grace` for a VM on a cordoned node: counted from when the Evacuation
+/// condition turned True (`previous`), or from now when it is not True yet. `None`: over.
+pub(super) fn grace_left(
+    previous: Option<&Condition>,
+    grace: Duration,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<Duration> {
+    let since = previous
+        .filter(|c| c.status == Status::True.as_str())
+        .map_or(now, |c| c.last_transition_time.0);
+    let elapsed = Duration::try_from(now.duration_since(since)).unwrap_or(Duration::ZERO);
+    grace.checked_sub(elapsed).filter(|left| !left.is_zero())
+}
+
 /// How long to wait before looking again for a turn, and once the Machine is on its way.
 const SOON: Duration = Duration::from_secs(30);
 const LATER: Duration = Duration::from_secs(300);
@@ -195,6 +215,18 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
             ),
             Act::Nothing,
             Some(later),
+        );
+    }
+    if let Some(left) = own.grace_left {
+        return in_progress(
+            reason::WAITING_FOR_MIGRATION,
+            format!(
+                "Machine {me} is replaced through CAPI once its VM has been on the cordoned node for {}s, unless it is \
+                 migrated off first",
+                own.grace.as_secs()
+            ),
+            Act::Nothing,
+            Some(left.max(Duration::from_secs(1))),
         );
     }
     let others = || peers.iter().filter(|p| name(p.machine) != me);

@@ -76,6 +76,8 @@ struct Case {
     previous: Option<Condition>,
     /// Why the Cluster is not whole, as it counts its Machines.
     short: Option<&'static str>,
+    /// Seconds left of the grace period.
+    grace_left: Option<u64>,
     /// Other Machines of the cluster: name, shape, whether their VM's node is cordoned.
     others: Vec<(&'static str, M, bool)>,
     act: Act,
@@ -91,6 +93,7 @@ fn case(name: &'static str, me: M, act: Act, want: Option<(Status, &'static str,
         host: Some("h1"),
         previous: None,
         short: None,
+        grace_left: None,
         others: vec![],
         act,
         want,
@@ -183,6 +186,35 @@ fn what_an_evacuation_does_in_every_situation() {
                 mhc,
                 Act::Nothing,
                 Some((Status::True, reason::WAITING_FOR_TURN, "new has no Node yet")),
+            )
+        },
+        Case {
+            grace_left: Some(20),
+            ..case(
+                "cordoned a moment ago: the operator may still migrate it",
+                mhc,
+                Act::Nothing,
+                Some((
+                    Status::True,
+                    reason::WAITING_FOR_MIGRATION,
+                    "unless it is migrated off first",
+                )),
+            )
+        },
+        Case {
+            grace_left: Some(20),
+            ..case(
+                "no health check is said at once, grace or not",
+                M {
+                    cp: true,
+                    ..M::default()
+                },
+                Act::Nothing,
+                Some((
+                    Status::True,
+                    reason::NO_MACHINE_HEALTH_CHECK,
+                    "create a MachineHealthCheck",
+                )),
             )
         },
         Case {
@@ -280,6 +312,8 @@ fn what_an_evacuation_does_in_every_situation() {
             machine: &me,
             request: req.as_ref(),
             host: c.host,
+            grace_left: c.grace_left.map(Duration::from_secs),
+            grace: Duration::from_secs(60),
             previous: c.previous.as_ref(),
             cluster_short: c.short,
         };
@@ -340,6 +374,8 @@ fn of_several_evacuating_machines_exactly_one_goes() {
                 machine: m,
                 request: Some(&r),
                 host: Some("h1"),
+                grace_left: None,
+                grace: Duration::from_secs(60),
                 previous: None,
                 cluster_short: None,
             };
@@ -358,6 +394,8 @@ fn a_paused_evacuation_waits_for_unpause() {
         machine: &m,
         request: Some(&r),
         host: Some("h1"),
+        grace_left: None,
+        grace: Duration::from_secs(60),
         previous: None,
         cluster_short: None,
     };
@@ -367,4 +405,35 @@ fn a_paused_evacuation_waits_for_unpause() {
     assert!(d.message.contains("spec.paused"), "{}", d.message);
     let quiet = Own { request: None, ..own };
     assert_eq!(while_paused(&quiet, "paused"), None, "nothing asked: nothing said");
+}
+
+#[test]
+fn the_grace_period_counts_from_when_the_condition_turned_true() {
+    let now: Timestamp = "2026-01-01T00:01:00Z".parse().unwrap();
+    let grace = Duration::from_secs(60);
+    assert_eq!(grace_left(None, grace, now), Some(grace), "first seen: all of it");
+    let since = |s: &str, status: Status| {
+        let mut c = vec![];
+        conditions::set(
+            &mut c,
+            Decided::new(EVACUATION, status, reason::WAITING_FOR_MIGRATION, "m"),
+            None,
+            &Time(s.parse().unwrap()),
+        );
+        c.remove(0)
+    };
+    assert_eq!(
+        grace_left(Some(&since("2026-01-01T00:00:30Z", Status::True)), grace, now),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(
+        grace_left(Some(&since("2026-01-01T00:00:00Z", Status::True)), grace, now),
+        None
+    );
+    assert_eq!(
+        grace_left(Some(&since("2026-01-01T00:00:00Z", Status::False)), grace, now),
+        Some(grace),
+        "an evacuation that was over starts again"
+    );
+    assert_eq!(grace_left(None, Duration::ZERO, now), None, "no grace period");
 }
