@@ -6,10 +6,11 @@
 //!   KaironMachine follows the node, says `InstanceInFailureDomain=False` (then True again,
 //!   from the Nodes' labels), publishes one `InstanceMigrated` event per move and a Warning
 //!   when the VM leaves its failure domain; Ready never flips and nothing is replaced.
-//! - A cordoned node with a control-plane VM and no MachineHealthCheck: the evacuation is
-//!   blocked (`NoMachineHealthCheck`, a Warning), the Machine is never deleted by the
-//!   provider; `kaironctl evacuate` (the simulator's) skips the VM, its control-plane budget
-//!   allowing no disruption, and makes no migration; uncordoned, the evacuation is over.
+//! - A cordoned node with a control-plane VM and no MachineHealthCheck, and another VM of no
+//!   cluster beside it, with Kairon's cordon evacuation on: Kairon cold-migrates the other VM
+//!   off the node and skips the control plane (its budget allows no disruption), and so does
+//!   `kaironctl evacuate` (the simulator's); the evacuation is blocked (`NoMachineHealthCheck`,
+//!   a Warning), the Machine is never deleted by the provider; uncordoned, it is over.
 //! - A cordoned node with a worker: `evacuate --wait` skips it (its MachineDeployment's
 //!   budget) while the provider has CAPI replace its Machine; the node ends empty, no VM was
 //!   migrated, and `evacuate --wait` ends.
@@ -255,9 +256,11 @@ async fn a_live_migration_out_of_the_failure_domain_is_reported_and_nothing_is_r
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_evacuate_skips_it() {
     let ns = "e2e-maintenance-cordon-cp";
+    let mut sim_args = own_nodes(ns);
+    sim_args.push("--cordon-evacuation".into());
     let rig = Rig::start(RigOptions {
         workers: 0,
-        sim_args: own_nodes(ns),
+        sim_args,
         ..RigOptions::new("e2e_maintenance_cordon_cp")
     })
     .await;
@@ -274,7 +277,54 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
         Ok::<_, kube::Error>(budgets.get_opt(&budget).await?.map(|_| ()))
     })
     .await;
+    // A VM of no cluster (no label a budget selects), moved beside the control plane.
+    let other: capkr::kairon::Machine = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+        "metadata": {"name": "not-a-node", "namespace": ns},
+        "spec": {"resources": {"cpu": "1", "memory": "1Gi"}}}))
+    .unwrap();
+    vms.create(&PostParams::default(), &other).await.unwrap();
+    let placed = rig
+        .wait("the other VM running", UP, || async {
+            let vm = vms.get("not-a-node").await?;
+            let running = vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            Ok::<_, kube::Error>(running.then(|| vm_node(&vm)).flatten())
+        })
+        .await;
+    if placed != node {
+        migrate(&rig, "beside-the-control-plane", "not-a-node", &node).await;
+        rig.wait("the other VM beside the control plane", MOVED, || async {
+            let vm = vms.get("not-a-node").await?;
+            Ok::<_, kube::Error>((vm_node(&vm).as_deref() == Some(node.as_str())).then_some(()))
+        })
+        .await;
+    }
     cordon(&rig, &node, true).await;
+    // Kairon's cordon evacuation moves the other VM, cold, and never the control plane.
+    let moved_to = rig
+        .wait("the other VM cold-migrated off the cordoned node", UP, || async {
+            let vm = vms.get("not-a-node").await?;
+            let running = vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            Ok::<_, kube::Error>(vm_node(&vm).filter(|n| running && *n != node))
+        })
+        .await;
+    let by_cordon: Vec<DynamicObject> = migrations(&rig)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|m| m.name_any().starts_with(&format!("cordon-evacuate-{node}-")))
+        .collect();
+    assert_eq!(
+        by_cordon
+            .iter()
+            .map(|m| m.data["spec"]["machineName"].clone())
+            .collect::<Vec<_>>(),
+        vec![json!("not-a-node")],
+        "cordon evacuation migrated the other VM (to {moved_to}) and not the control plane"
+    );
+    assert_eq!(by_cordon[0].data["spec"]["strategy"], "cold");
 
     // Blocked, loudly: a single control-plane Machine no MachineHealthCheck selects.
     let kms = rig.kms();
@@ -314,16 +364,17 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
     let held = format!("machine {ns}/{cp}: skipped: MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed");
     assert!(said.contains(&held), "evacuate said: {said}");
     let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
-    assert!(made.is_empty(), "no migration: {made:?}");
+    let of_cp: Vec<String> = made
+        .iter()
+        .filter(|m| m.data["spec"]["machineName"] == cp.as_str())
+        .map(|m| m.name_any())
+        .collect();
+    assert!(of_cp.is_empty(), "no migration of the control plane: {of_cp:?}");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let all = vms.list(&ListParams::default()).await.unwrap().items;
-    assert_eq!(all.len(), 1, "one VM");
-    assert_eq!(all[0].metadata.uid.as_deref(), Some(uid.as_str()), "the same VM");
+    let vm = vms.get(&cp).await.unwrap();
+    assert_eq!(vm.metadata.uid.as_deref(), Some(uid.as_str()), "the same VM");
     assert_eq!(
-        (
-            all[0].status.as_ref().and_then(|s| s.phase.as_deref()),
-            vm_node(&all[0])
-        ),
+        (vm.status.as_ref().and_then(|s| s.phase.as_deref()), vm_node(&vm)),
         (Some("Running"), Some(node.clone())),
         "still running where it was"
     );
@@ -348,6 +399,7 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
         })
         .await;
     assert_eq!(cond(&over, READY).map(|c| c.status.as_str()), Some("True"));
+    let _ = vms.delete("not-a-node", &DeleteParams::default()).await;
     remove_nodes(&rig).await;
 }
 

@@ -57,6 +57,8 @@ pub struct Options {
     pub migration_delay: Duration,
     /// Create a Node per host on Kairon's API server and honour its cordon.
     pub host_objects: bool,
+    /// Kairon's cordon evacuation: cold migrations off cordoned nodes, under the budgets.
+    pub cordon_evacuation: bool,
     /// kairon-controller's tick: MachineSets are acted on this often, not on every change.
     pub machineset_interval: Duration,
 }
@@ -138,6 +140,9 @@ impl Engine {
     }
 
     pub async fn run(mut self) {
+        if self.opts.cordon_evacuation {
+            self.site.evacuate_cordoned(self.client.clone());
+        }
         let api: Api<Machine> = match &self.opts.namespace {
             Some(ns) => Api::namespaced(self.client.clone(), ns),
             None => Api::all(self.client.clone()),

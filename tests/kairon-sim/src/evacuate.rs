@@ -104,9 +104,37 @@ pub fn plan_pass(
 
 /// The migration `evacuate` makes for `machine`.
 pub fn evacuation_migration(node: &str, machine: &Key, strategy: &str, now: Timestamp) -> MachineMigration {
+    named_migration("evacuate", node, machine, strategy, now)
+}
+
+/// On a Machine: when cordon evacuation last made a migration of it (RFC 3339).
+pub const CORDON_ATTEMPT_ANNOTATION: &str = "kairon.zyvor.dev/cordon-evacuate-attempted-at";
+/// Cordon evacuation tries a Machine again at most this often.
+pub const CORDON_RETRY: Duration = Duration::from_secs(120);
+
+/// What cordon evacuation (`--cordon-evacuation`) does in one pass over a cordoned node: the
+/// Machines [`plan_pass`] lets through, but none it tried less than [`CORDON_RETRY`] ago.
+pub fn cordon_candidates(pass: &Pass, machines: &[Machine], now: Timestamp) -> Vec<Key> {
+    let recent = |key: &Key| {
+        machines
+            .iter()
+            .find(|m| Key::of(m) == *key)
+            .and_then(|m| m.annotations().get(CORDON_ATTEMPT_ANNOTATION).cloned())
+            .and_then(|t| t.parse::<Timestamp>().ok())
+            .is_some_and(|t| crate::migration::after(t, CORDON_RETRY) > now)
+    };
+    pass.migrate.iter().filter(|k| !recent(k)).cloned().collect()
+}
+
+/// The migration cordon evacuation makes for `machine`.
+pub fn cordon_migration(node: &str, machine: &Key, now: Timestamp) -> MachineMigration {
+    named_migration("cordon-evacuate", node, machine, migration_strategy::COLD, now)
+}
+
+fn named_migration(prefix: &str, node: &str, machine: &Key, strategy: &str, now: Timestamp) -> MachineMigration {
     let stamp = now.strftime("%Y%m%d%H%M%S");
     let mut mig = MachineMigration::new(
-        &format!("evacuate-{node}-{}-{stamp}", machine.name),
+        &format!("{prefix}-{node}-{}-{stamp}", machine.name),
         MachineMigrationSpec {
             machine_name: machine.name.clone(),
             strategy: Some(strategy.to_string()),
@@ -280,6 +308,29 @@ mod tests {
         let mut b = budget("w", "1");
         b.spec.max_unavailable = None;
         assert!(plan_pass("h1", &[vm("a", "h1", "Running", "w")], &[], &[b]).is_err());
+    }
+
+    #[test]
+    fn cordon_evacuation_tries_a_machine_again_only_after_a_while() {
+        let t = |s: &str| s.parse::<Timestamp>().unwrap();
+        let mut tried = vm("a", "h1", "Running", "w");
+        tried
+            .annotations_mut()
+            .insert(CORDON_ATTEMPT_ANNOTATION.into(), "2026-01-01T00:00:00Z".into());
+        let machines = vec![tried, vm("b", "h1", "Running", "w")];
+        let pass = plan_pass("h1", &machines, &[], &[]).unwrap();
+        assert_eq!(
+            cordon_candidates(&pass, &machines, t("2026-01-01T00:01:00Z")),
+            vec![key("b")],
+            "a tried a minute ago"
+        );
+        assert_eq!(
+            cordon_candidates(&pass, &machines, t("2026-01-01T00:02:00Z")),
+            vec![key("a"), key("b")]
+        );
+        let m = cordon_migration("h1", &key("a"), t("2026-01-01T00:02:00Z"));
+        assert_eq!(m.name_any(), "cordon-evacuate-h1-a-20260101000200");
+        assert_eq!(m.spec.strategy.as_deref(), Some("cold"));
     }
 
     #[test]

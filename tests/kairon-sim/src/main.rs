@@ -136,6 +136,11 @@ struct Args {
     /// maintenance. Off by default: simulators sharing an API server would share host names.
     #[arg(long)]
     host_objects: bool,
+    /// Kairon's cordon evacuation (off in Kairon by default): every Machine on a cordoned Node
+    /// gets a cold MachineMigration, under the MachineDisruptionBudgets, tried again at most
+    /// every 2 minutes.
+    #[arg(long, requires = "host_objects")]
+    cordon_evacuation: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -199,6 +204,7 @@ async fn main() -> anyhow::Result<()> {
         guest_scripts_dir: args.guest_scripts_dir,
         migration_delay: args.migration_delay,
         host_objects: args.host_objects,
+        cordon_evacuation: args.cordon_evacuation,
         machineset_interval: args.machineset_interval,
     };
     let allocations = Allocations {

@@ -75,6 +75,19 @@ impl SiteWriter {
         Ok(())
     }
 
+    /// Creates `mig` (an evacuation's); one of that name that exists already is fine.
+    pub async fn create_migration(&self, mig: &MachineMigration) -> Result<(), kube::Error> {
+        match self
+            .migrations(&mig.namespace().unwrap_or_default())
+            .create(&post_params(), mig)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn migration_status(
         &self,
         mig: &MachineMigration,

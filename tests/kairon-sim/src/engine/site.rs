@@ -8,15 +8,19 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use capkr::kairon::budget::MachineDisruptionBudget;
 use capkr::kairon::maintenance::{MachineMigration, migration_phase};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
+use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
 
 use super::{Done, Engine, RETRY_AFTER_ERROR};
+use crate::evacuate;
 use crate::migration::{self, MachineChange, MigrationStep, after, is_under_way, next_migration_step};
 use crate::sim::Key;
 use crate::site_writes::{SiteWriter, Written};
@@ -35,6 +39,10 @@ pub(super) struct Site {
     pub migration_delay: Duration,
     pub writer: SiteWriter,
     pub(super) migrations: HashMap<Key, MachineMigration>,
+    /// Kairon's cordon evacuation (`--cordon-evacuation`): its budgets (every namespace's, a
+    /// watch's cache) and when it last looked.
+    pub(super) cordon_evacuation: Option<Store<MachineDisruptionBudget>>,
+    last_cordon_pass: Option<Instant>,
     migrations_listing: Option<HashSet<Key>>,
     migrations_synced: bool,
     /// Nodes with `spec.unschedulable` (cordoned), and those of a listing under way.
@@ -56,6 +64,8 @@ impl Site {
             migration_delay,
             writer,
             migrations: HashMap::new(),
+            cordon_evacuation: None,
+            last_cordon_pass: None,
             migrations_listing: None,
             migrations_synced: false,
             cordoned_nodes: HashSet::new(),
@@ -65,6 +75,16 @@ impl Site {
             retry_at: None,
             dirty: true,
         }
+    }
+
+    /// Turns Kairon's cordon evacuation on: the budgets it applies are watched from now on.
+    pub fn evacuate_cordoned(&mut self, client: kube::Client) {
+        let (store, writer) = reflector::store::<MachineDisruptionBudget>();
+        let stream = reflector(writer, watcher(Api::all(client), watcher::Config::default()))
+            .default_backoff()
+            .for_each(|_| std::future::ready(()));
+        tokio::spawn(stream);
+        self.cordon_evacuation = Some(store);
     }
 
     /// Nothing is decided before the first full lists, so a restart starts from the objects.
@@ -241,6 +261,57 @@ impl Engine {
         self.refresh_cordoned();
         self.refresh_reserved();
         self.step_migrations(now);
+        self.step_cordon_evacuation(now);
+    }
+
+    /// Kairon's cordon evacuation, at most once a second: every cordoned node is evacuated as
+    /// `evacuate` does it (cold, every namespace's budgets), each Machine tried again at most
+    /// every two minutes (the annotation [`evacuate::CORDON_ATTEMPT_ANNOTATION`]).
+    fn step_cordon_evacuation(&mut self, now: Timestamp) {
+        let Some(budgets) = self.site.cordon_evacuation.clone() else {
+            return;
+        };
+        if self
+            .site
+            .last_cordon_pass
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.site.last_cordon_pass = Some(Instant::now());
+        let mut nodes: Vec<String> = self.site.cordoned_nodes.iter().cloned().collect();
+        nodes.sort();
+        let machines: Vec<capkr::kairon::Machine> = self.machines.values().cloned().collect();
+        let migrations: Vec<MachineMigration> = self.site.migrations.values().cloned().collect();
+        let budgets: Vec<MachineDisruptionBudget> = budgets.state().iter().map(|b| (**b).clone()).collect();
+        for node in nodes {
+            let pass = match evacuate::plan_pass(&node, &machines, &migrations, &budgets) {
+                Ok(pass) => pass,
+                Err(why) => {
+                    tracing::warn!(node = %node, why = %why, "cordon evacuation: pass stopped");
+                    continue;
+                }
+            };
+            for key in evacuate::cordon_candidates(&pass, &machines, now) {
+                if self.busy.contains(&key) {
+                    continue;
+                }
+                let Some(m) = self.machines.get(&key).cloned() else {
+                    continue;
+                };
+                let mig = evacuate::cordon_migration(&node, &key, now);
+                tracing::info!(machine = %key, node = %node, migration = %mig.name_any(), "cordon evacuation: migration made");
+                let (site, writer) = (self.site.writer.clone(), self.writer.clone());
+                let stamp =
+                    json!({"metadata": {"annotations": {evacuate::CORDON_ATTEMPT_ANNOTATION: now.to_string()}}});
+                self.spawn_write(&key, async move {
+                    if let Err(e) = site.create_migration(&mig).await {
+                        return crate::machines::WriteResult::Failed(e);
+                    }
+                    writer.migrate(&m, &stamp, None).await
+                });
+            }
+        }
     }
 
     fn step_migrations(&mut self, now: Timestamp) {
