@@ -15,15 +15,15 @@
 //! MachineSet is deleted by us (CAPI still drains it and the MachineSet replaces it); a
 //! control-plane Machine never is: only its owner knows quorum.
 //!
-//! First a grace period (`--evacuation-grace-period`, counted from when the Evacuation condition
-//! turned True): an operator emptying a node by live migrations cordons it first, and a VM
-//! migrated off meanwhile is only followed. Then one Machine per cluster at a time: the first by name of those on cordoned nodes goes, and
-//! only when no other Machine of the cluster is being deleted, is marked and not yet acted on,
-//! or has no Node yet (a replacement still coming up), and the Cluster counts as many
-//! available Machines as it wants (a replacement not yet created). Every reconcile computes
-//! the same answer from the same caches, so no lock is needed; a moment of stale cache may let
-//! two go, which the owners' own guards (KCP one at a time, MachineSet `maxInFlight`) still
-//! hold.
+//! First a grace period (`--evacuation-grace-period`, counted from when the Evacuation
+//! condition turned True): an operator emptying a node by live migrations cordons it first, and
+//! a VM migrated off meanwhile is only followed. Then one Machine per cluster at a time: the
+//! first by name of those on cordoned nodes goes, and only when no other Machine of the cluster
+//! is being deleted, is marked and not yet acted on, or has no Node yet (a replacement still
+//! coming up), and the Cluster counts as many available Machines as it wants (a replacement
+//! not yet created). Every reconcile computes the same answer from the same caches, so no lock
+//! is needed; a moment of stale cache may let two go, which the owners' own guards (KCP one at
+//! a time, MachineSet `maxInFlight`) still hold.
 
 use std::time::Duration;
 
