@@ -61,6 +61,8 @@ pub(crate) mod reason {
     pub(crate) const ROLLING_OUT: &str = "RollingOut";
     /// KaironMachinePool: an instance's Machine was deleted (scale-in, replacement, rollout).
     pub(crate) const MACHINE_DELETED: &str = "MachineDeleted";
+    /// Warning: the pool's VMs keep failing; replacing them backs off.
+    pub(crate) const BROKEN_REPLACEMENTS_BACK_OFF: &str = "BrokenReplacementsBackOff";
     /// Normal: a live migration moved the VM to another Kairon host.
     pub(crate) const INSTANCE_MIGRATED: &str = "InstanceMigrated";
     /// Warning: the VM's host no longer satisfies its failure domain's host selector.

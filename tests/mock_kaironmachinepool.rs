@@ -344,6 +344,7 @@ fn context(client: Client, w: World) -> Arc<Context> {
         settings: Settings::default(),
         events: capkr::events::Events::disabled(),
         metrics: capkr::metrics::Metrics::new(),
+        broken_backoff: Default::default(),
     })
 }
 

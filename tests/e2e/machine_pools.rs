@@ -699,3 +699,53 @@ async fn a_pool_scaled_to_0_goes_with_its_cluster() {
         started.elapsed().as_secs_f64()
     );
 }
+
+/// A pool whose VMs keep failing (each new member's runtime fails as soon as it runs, as with
+/// a bad image) replaces them ever more slowly: the first at once, then after 10 s, 20 s, …
+/// (issue 40, finding 4), not create, fail, delete without end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_whose_vms_keep_failing_replaces_them_ever_more_slowly() {
+    let (rig, pool) = rig_with_pool("e2e_pool_backoff", 1, false).await;
+    wait_pool_running(&rig, &pool, 1).await;
+    let vms = rig.vms();
+    let fail = json!({"metadata": {"annotations": {"sim.kairon.zyvor.dev/fail": "BadImage"}}});
+    let started = Instant::now();
+    // When each member was made to fail, by UID.
+    let mut failed: BTreeMap<String, f64> = BTreeMap::new();
+    while started.elapsed() < Duration::from_secs(75) {
+        for (name, vm) in pool_members(&rig, &pool).await {
+            let uid = vm.metadata.uid.clone().unwrap_or_default();
+            let running = vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+            if running && vm.metadata.deletion_timestamp.is_none() && !failed.contains_key(&uid) {
+                vms.patch(&name, &PatchParams::default(), &Patch::Merge(&fail))
+                    .await
+                    .unwrap_or_else(|e| rig.fail(format!("failing {name}: {e}")));
+                failed.insert(uid, started.elapsed().as_secs_f64());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let mut at: Vec<f64> = failed.into_values().collect();
+    at.sort_by(f64::total_cmp);
+    let gaps: Vec<f64> = at.windows(2).map(|w| w[1] - w[0]).collect();
+    eprintln!("pool VMs failed at {at:.1?} s (gaps {gaps:.1?})");
+    assert!(at.len() >= 3, "the failed VMs were replaced: {at:.1?}");
+    assert!(
+        at.len() <= 6,
+        "replacing failed VMs backs off: {} failed VMs in 75 s ({at:.1?})",
+        at.len()
+    );
+    assert!(
+        gaps.last().is_some_and(|g| *g >= 15.0),
+        "each replacement waits longer than the one before: gaps {gaps:.1?}"
+    );
+    let events = rig.env.client();
+    let warned = Api::<k8s_openapi::api::events::v1::Event>::namespaced(events, &rig.ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .any(|e| e.reason.as_deref() == Some("BrokenReplacementsBackOff"));
+    assert!(warned, "a Warning says the pool backs off");
+}

@@ -11,7 +11,6 @@ pub mod pods;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use capkr_testenv::flavors::{GuestNetwork, guest_delay_args, guest_simulator_args};
@@ -58,18 +57,19 @@ pub fn kcp_resource() -> ApiResource {
 }
 
 /// The loopback network of one test: VMs get addresses from `127.<octet>.0.0/20`, the
-/// control-plane endpoint (kube-vip's address) is `127.<octet>.100.1`. Distinct per test
-/// process and per call, so parallel tests never share an address.
+/// control-plane endpoint (kube-vip's address) is `127.<octet>.100.1`. Distinct per call and
+/// across the test processes running on the machine (claimed), so parallel tests never share
+/// an address.
 pub struct Network {
     pub octet: u32,
 }
 
 impl Network {
+    /// An octet claimed for this process (`GuestNetwork::pick`): no other test binary running
+    /// beside it uses it.
     pub fn new() -> Network {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
         Network {
-            octet: 20 + (std::process::id() * 7 + n * 31) % 230,
+            octet: GuestNetwork::pick().octet,
         }
     }
     pub fn endpoint_ip(&self) -> String {

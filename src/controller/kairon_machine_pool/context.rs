@@ -42,6 +42,8 @@ pub struct Context {
     pub settings: Settings,
     pub events: Events,
     pub metrics: Arc<Metrics>,
+    /// When each pool may next replace a broken VM.
+    pub broken_backoff: super::broken_backoff::BrokenBackoff,
 }
 
 /// One pool and what it belongs to, from the caches.

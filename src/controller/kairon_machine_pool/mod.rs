@@ -3,6 +3,7 @@
 //! [`instances`] which KaironMachine stands for each VM of its set, [`gather`] the plan's
 //! instances from what the caches hold.
 
+pub mod broken_backoff;
 mod context;
 mod delete;
 pub mod gather;

@@ -72,6 +72,8 @@ pub struct PlanInput<'a> {
     /// The sum of `spec.replicas` over all the pool's sets, the current one included.
     pub all_replicas: i32,
     pub instances: &'a [Instance],
+    /// Broken VMs are not replaced now: replacing them backs off.
+    pub hold_broken: bool,
 }
 
 /// Why a Machine is deleted.
@@ -103,6 +105,10 @@ pub struct PoolPlan {
     pub delete_machines: Vec<(String, Why)>,
     /// Instances not yet at the current template and not being deleted: the pool is rolling.
     pub outdated: usize,
+    /// Broken VMs left for later: replacing them backs off.
+    pub broken_held: usize,
+    /// As many instances as wanted, every one available, none broken.
+    pub whole: bool,
 }
 
 /// Decides the next step of a pool.
@@ -140,6 +146,7 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         };
         match why {
             Some(Why::Vanished) => plan.delete_machines.push((i.name.clone(), Why::Vanished)),
+            Some(Why::Broken) if input.hold_broken => plan.broken_held += 1,
             Some(why) if replacing < replace_cap => {
                 replacing += 1;
                 plan.delete_machines.push((i.name.clone(), why));
@@ -162,6 +169,10 @@ pub fn plan_pool(input: &PlanInput<'_>) -> PoolPlan {
         .filter(|i| i.vm.as_ref().is_some_and(|v| v.outdated))
         .count();
     plan.outdated = outdated_live;
+    plan.whole = live.len() >= usize::try_from(desired).unwrap_or(0)
+        && live
+            .iter()
+            .all(|i| i.machine.as_ref().is_some_and(|m| m.available) && !i.vm.as_ref().is_some_and(|v| v.broken));
     let surge = usize::try_from(input.max_surge.max(0)).unwrap_or(0).min(outdated_live);
     let target = usize::try_from(desired).unwrap_or(0) + surge;
 

@@ -116,6 +116,7 @@ fn plan_pool_table() {
             set_replicas: c.set.0,
             all_replicas: c.set.1,
             instances: &insts,
+            hold_broken: false,
         });
         assert_eq!(got.set_replicas, c.want_replicas, "{}: replicas", c.name);
         let created: Vec<&str> = got.create_kaironmachines.iter().map(String::as_str).collect();
@@ -175,4 +176,35 @@ fn the_autoscaler_annotation_counts_unless_it_is_false() {
     assert!(replicas_managed_externally(with("external-autoscaler").as_ref()));
     assert!(!replicas_managed_externally(with("false").as_ref()));
     assert!(!replicas_managed_externally(None));
+}
+
+/// Backing off, a broken VM waits and the plan says so; the pool is whole only with every
+/// instance available and none broken.
+#[test]
+fn broken_vms_wait_while_replacing_them_backs_off() {
+    let insts = instances("a:bkm b:rkm");
+    let input = PlanInput {
+        desired: 2,
+        max_surge: 1,
+        max_unavailable: 0,
+        set_replicas: 2,
+        all_replicas: 2,
+        instances: &insts,
+        ..Default::default()
+    };
+    let now = plan_pool(&input);
+    assert_eq!(now.delete_machines, vec![("a".to_string(), Why::Broken)]);
+    assert_eq!((now.broken_held, now.whole), (0, false));
+    let held = plan_pool(&PlanInput {
+        hold_broken: true,
+        ..input.clone()
+    });
+    assert!(held.delete_machines.is_empty(), "{held:?}");
+    assert_eq!((held.broken_held, held.whole), (1, false));
+    let fine = instances("a:rkm b:rkm");
+    let whole = plan_pool(&PlanInput {
+        instances: &fine,
+        ..input
+    });
+    assert!(whole.whole, "{whole:?}");
 }

@@ -14,7 +14,7 @@
 //! 8. `spec.providerIDList` and the status, each written only when it differs.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
@@ -138,13 +138,39 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         Err(e) => return Err(e),
     };
     let mut machines = ctx.machines_of(&scope, &mp.name_any());
-    let mut plan = plan_for(&scope, &mp, &sets, &machines, &ctx);
+    let backoff_key = format!("{}/{}/{}", scope.link.namespace, scope.link.name, scope.link.uid);
+    let backing_off = ctx.broken_backoff.wait(&backoff_key, Instant::now());
+    let mut plan = plan_for(&scope, &mp, &sets, &machines, &ctx, backing_off.is_some());
     if plan.delete_machines.iter().any(|(_, why)| *why == Why::ScaleIn) {
         // Whoever scales a pool in marks its choice (`delete-machine`) just before lowering the
         // MachinePool; the cache of Machines may not show the mark yet when the MachinePool's
         // change arrives. The victims are chosen from the Machines as the API server has them.
         machines = ctx.list_machines_of(&scope, &mp.name_any()).await?;
-        plan = plan_for(&scope, &mp, &sets, &machines, &ctx);
+        plan = plan_for(&scope, &mp, &sets, &machines, &ctx, backing_off.is_some());
+    }
+    let broken_now = plan
+        .delete_machines
+        .iter()
+        .filter(|(_, why)| *why == Why::Broken)
+        .count();
+    if broken_now > 0 {
+        let (in_a_row, next) = ctx.broken_backoff.replaced(&backoff_key, broken_now, Instant::now());
+        if in_a_row > 1 {
+            ctx.events
+                .warning(
+                    pool,
+                    event::BROKEN_REPLACEMENTS_BACK_OFF,
+                    "Replace",
+                    format!(
+                        "{in_a_row} failed VMs of the pool replaced since it was last whole: the next one is replaced \
+                         after {}s at the earliest",
+                        next.as_secs()
+                    ),
+                )
+                .await;
+        }
+    } else if plan.whole {
+        ctx.broken_backoff.whole(&backoff_key);
     }
     let busy = match carry_out_plan(&scope, &mp, &sets, &plan, &machines, &data, &ctx).await? {
         Ok(busy) => busy,
@@ -154,10 +180,12 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         }
     };
     let changed = write_status(&ctx, &scope, Some(&sets.current), None, None).await?;
-    Ok(if busy || changed {
-        Action::requeue(BUSY_REQUEUE)
-    } else {
-        Action::requeue(ctx.settings.sync_period)
+    Ok(match backing_off.filter(|_| plan.broken_held > 0) {
+        // A broken VM waits for its turn: looked at again when the wait is over.
+        Some(wait) if !busy && !changed => Action::requeue(wait.max(STALE_REQUEUE)),
+        Some(wait) => Action::requeue(wait.clamp(STALE_REQUEUE, BUSY_REQUEUE)),
+        None if busy || changed => Action::requeue(BUSY_REQUEUE),
+        None => Action::requeue(ctx.settings.sync_period),
     })
 }
 
@@ -233,7 +261,14 @@ async fn read_config_metadata(
 }
 
 /// The plan for the pool, from the caches.
-fn plan_for(s: &Scope, mp: &MachinePool, sets: &PoolSets, machines: &[Arc<capi::Machine>], ctx: &Context) -> PoolPlan {
+fn plan_for(
+    s: &Scope,
+    mp: &MachinePool,
+    sets: &PoolSets,
+    machines: &[Arc<capi::Machine>],
+    ctx: &Context,
+    hold_broken: bool,
+) -> PoolPlan {
     let pool = s.pool.as_ref();
     let members: Vec<_> = sets.all().flat_map(|set| ctx.members_of(set)).collect();
     let kms = ctx.kaironmachines_of(s);
@@ -256,6 +291,7 @@ fn plan_for(s: &Scope, mp: &MachinePool, sets: &PoolSets, machines: &[Arc<capi::
         set_replicas: sets.current.spec.replicas,
         all_replicas: sets.all().map(|set| set.spec.replicas.max(0)).sum(),
         instances: &instances,
+        hold_broken,
     })
 }
 

@@ -191,6 +191,7 @@ pub(crate) fn controller(
         settings: settings.clone(),
         events: telemetry.recorder("kaironmachinepool"),
         metrics: telemetry.metrics.clone(),
+        broken_backoff: Default::default(),
     });
     for s in &ctx.synced {
         telemetry.caches.register(s);

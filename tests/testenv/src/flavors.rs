@@ -20,15 +20,25 @@ pub struct GuestNetwork {
     pub octet: u32,
 }
 
+/// Where the octets in use are claimed, one file per octet naming the claiming process.
+const OCTET_CLAIMS: &str = "capkr-test-octets";
+/// Octets handed out: `20..250`.
+const FIRST_OCTET: u32 = 20;
+const OCTETS: u32 = 230;
+
 impl GuestNetwork {
-    /// An octet unlikely to be used by another environment on this machine.
+    /// An octet no other live process on this machine holds (test binaries run side by side,
+    /// and two of them on one endpoint address see each other's clusters), claimed for this
+    /// process until it exits.
     pub fn pick() -> GuestNetwork {
         let seed = std::process::id()
             ^ std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.subsec_nanos())
                 .unwrap_or(0);
-        GuestNetwork { octet: 20 + seed % 230 }
+        GuestNetwork {
+            octet: claim_octet(&std::env::temp_dir().join(OCTET_CLAIMS), seed),
+        }
     }
     pub fn address_pool(&self) -> String {
         format!("127.{}.0.0/20", self.octet)
@@ -36,6 +46,37 @@ impl GuestNetwork {
     pub fn endpoint_ip(&self, n: u32) -> String {
         format!("127.{}.100.{n}", self.octet)
     }
+}
+
+/// Claims an octet under `dir`, trying from `seed` on: a claim is a file created exclusively,
+/// holding the claiming process's id; a claim whose process is gone is taken over. When every
+/// octet is held, the seed's own (as before claims existed).
+pub fn claim_octet(dir: &Path, seed: u32) -> u32 {
+    let _ = std::fs::create_dir_all(dir);
+    let me = std::process::id();
+    for i in 0..OCTETS {
+        let octet = FIRST_OCTET + (seed.wrapping_add(i)) % OCTETS;
+        let path = dir.join(octet.to_string());
+        let claimed = std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
+        match claimed {
+            Ok(mut f) => {
+                use std::io::Write;
+                let _ = write!(f, "{me}");
+                return octet;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let holder: Option<u32> = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+                let alive = holder.is_some_and(|pid| pid != me && Path::new(&format!("/proc/{pid}")).exists());
+                // Ours from an earlier call, or left by a process that is gone: not this one
+                // (another call of this process holds it), and a dead one's is taken over.
+                if !alive && holder != Some(me) && std::fs::write(&path, me.to_string()).is_ok() {
+                    return octet;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+    FIRST_OCTET + seed % OCTETS
 }
 
 /// The `kairon-sim` delays the real-control-plane tests use (the rig, the templates rig, the
@@ -166,5 +207,25 @@ impl ClusterctlRepo {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod octet_tests {
+    use super::*;
+
+    #[test]
+    fn octets_are_claimed_once_and_a_dead_process_s_claim_is_taken_over() {
+        let dir = std::env::temp_dir().join(format!("capkr-octet-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let a = claim_octet(&dir, 5);
+        let b = claim_octet(&dir, 5);
+        assert_eq!(a, FIRST_OCTET + 5);
+        assert_ne!(a, b, "a second claim gets another octet");
+        // A claim by a live process (pid 1) is skipped; one by a process that is gone is taken.
+        std::fs::write(dir.join((FIRST_OCTET + 40).to_string()), "1").unwrap();
+        std::fs::write(dir.join((FIRST_OCTET + 41).to_string()), "4294967295").unwrap();
+        assert_eq!(claim_octet(&dir, 40), FIRST_OCTET + 41);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

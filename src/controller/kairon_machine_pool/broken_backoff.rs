@@ -1,0 +1,84 @@
+//! Replacing a pool's broken VMs backs off (issue: a bad image or a host that kills every new
+//! VM would otherwise mean create, fail, delete, without end). The first broken VM after the
+//! pool was last whole is replaced at once; each one after it waits twice as long as the one
+//! before (10 s, 20 s, 40 s, … at most 5 min) while VMs keep failing; a pool whole again (every
+//! instance available, none broken) starts over. In memory, per pool (by UID): a restarted
+//! manager replaces the next broken VM at once and backs off from there.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The wait after the first replacement of a run of failures.
+pub const BASE: Duration = Duration::from_secs(10);
+/// The longest wait.
+pub const CAP: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug)]
+struct Step {
+    /// Broken VMs replaced since the pool was last whole.
+    replaced: u32,
+    /// No broken VM is replaced before this.
+    next: Instant,
+}
+
+/// The backoff of every pool, by UID.
+#[derive(Debug, Default)]
+pub struct BrokenBackoff(Mutex<HashMap<String, Step>>);
+
+impl BrokenBackoff {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Step>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long the pool must wait before it replaces a broken VM; `None`: not at all.
+    pub fn wait(&self, pool: &str, now: Instant) -> Option<Duration> {
+        let step = *self.lock().get(pool)?;
+        step.next.checked_duration_since(now).filter(|d| !d.is_zero())
+    }
+
+    /// Records `n` broken VMs replaced now; returns how many were replaced in the run so far
+    /// and how long the next must wait.
+    pub fn replaced(&self, pool: &str, n: usize, now: Instant) -> (u32, Duration) {
+        let mut all = self.lock();
+        let step = all.entry(pool.to_string()).or_insert(Step { replaced: 0, next: now });
+        step.replaced = step.replaced.saturating_add(u32::try_from(n).unwrap_or(u32::MAX));
+        let delay = delay_after(step.replaced);
+        step.next = now + delay;
+        (step.replaced, delay)
+    }
+
+    /// The pool is whole: the next broken VM is replaced at once.
+    pub fn whole(&self, pool: &str) {
+        self.lock().remove(pool);
+    }
+}
+
+/// The wait after `replaced` broken VMs in a run: `BASE`, doubled for each one after the first.
+fn delay_after(replaced: u32) -> Duration {
+    let doublings = replaced.saturating_sub(1).min(16);
+    BASE.saturating_mul(1 << doublings).min(CAP)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failure_doubles_the_wait_up_to_the_cap_and_a_whole_pool_starts_over() {
+        let b = BrokenBackoff::default();
+        let t0 = Instant::now();
+        assert_eq!(b.wait("p", t0), None, "the first broken VM goes at once");
+        assert_eq!(b.replaced("p", 1, t0), (1, Duration::from_secs(10)));
+        assert_eq!(b.wait("p", t0 + Duration::from_secs(4)), Some(Duration::from_secs(6)));
+        assert_eq!(b.wait("p", t0 + Duration::from_secs(10)), None);
+        let t1 = t0 + Duration::from_secs(10);
+        assert_eq!(b.replaced("p", 1, t1), (2, Duration::from_secs(20)));
+        assert_eq!(b.replaced("p", 2, t1), (4, Duration::from_secs(80)));
+        assert_eq!(b.replaced("p", 10, t1).1, CAP);
+        assert_eq!(b.wait("other", t1), None, "per pool");
+        b.whole("p");
+        assert_eq!(b.wait("p", t1), None);
+        assert_eq!(b.replaced("p", 1, t1), (1, BASE));
+    }
+}
