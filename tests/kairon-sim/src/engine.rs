@@ -432,7 +432,7 @@ impl Engine {
                         // As kairon-controller: bound to the node (`spec.nodeName` and its
                         // label), then started there by the node's agent.
                         let bind = sim::binding(&host);
-                        self.spawn_write(key, async move { writer.migrate(&m, &bind, Some(&status)).await });
+                        self.spawn_write(key, async move { writer.patch_machine(&m, &bind, Some(&status)).await });
                         return;
                     }
                     Err(unschedulable) => {

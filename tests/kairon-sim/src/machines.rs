@@ -120,7 +120,12 @@ impl MachineWriter {
     /// to a node or migrates it (`patch`, without a resourceVersion: it is added), then, if
     /// given, writes `status` on what that returned (the target's agent reporting an adopted
     /// VM). Always a patch, `--full-update` or not.
-    pub async fn migrate(&self, m: &Machine, patch: &serde_json::Value, status: Option<&MachineStatus>) -> WriteResult {
+    pub async fn patch_machine(
+        &self,
+        m: &Machine,
+        patch: &serde_json::Value,
+        status: Option<&MachineStatus>,
+    ) -> WriteResult {
         let key = Key::of(m);
         let mut patch = patch.clone();
         patch["metadata"]["resourceVersion"] = json!(m.resource_version());

@@ -308,7 +308,7 @@ impl Engine {
                     if let Err(e) = site.create_migration(&mig).await {
                         return crate::machines::WriteResult::Failed(e);
                     }
-                    writer.migrate(&m, &stamp, None).await
+                    writer.patch_machine(&m, &stamp, None).await
                 });
             }
         }
@@ -380,10 +380,9 @@ impl Engine {
                             _ => None,
                         };
                         let writer = self.writer.clone();
-                        self.spawn_write(
-                            &vm_key,
-                            async move { writer.migrate(&m, &patch, adopted.as_ref()).await },
-                        );
+                        self.spawn_write(&vm_key, async move {
+                            writer.patch_machine(&m, &patch, adopted.as_ref()).await
+                        });
                     }
                     continue;
                 }
