@@ -9,7 +9,8 @@
 //! - A cordoned node with a control-plane VM and no MachineHealthCheck, and another VM of no
 //!   cluster beside it, with Kairon's cordon evacuation on: Kairon cold-migrates the other VM
 //!   off the node and skips the control plane (its budget allows no disruption), and so does
-//!   `kaironctl evacuate` (the simulator's); the evacuation is blocked (`NoMachineHealthCheck`,
+//!   `kaironctl evacuate` (the simulator's), and so does Kairon's admission webhook refuse an
+//!   operator's live migration of it; the evacuation is blocked (`NoMachineHealthCheck`,
 //!   a Warning), the Machine is never deleted by the provider; uncordoned, it is over.
 //! - A cordoned node with a worker: `evacuate --wait` skips it (its MachineDeployment's
 //!   budget) while the provider has CAPI replace its Machine; the node ends empty, no VM was
@@ -258,6 +259,7 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
     let ns = "e2e-maintenance-cordon-cp";
     let mut sim_args = own_nodes(ns);
     sim_args.push("--cordon-evacuation".into());
+    sim_args.push("--admission-webhook".into());
     let rig = Rig::start(RigOptions {
         workers: 0,
         sim_args,
@@ -370,6 +372,23 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
         .map(|m| m.name_any())
         .collect();
     assert!(of_cp.is_empty(), "no migration of the control plane: {of_cp:?}");
+    // Kairon's admission webhook refuses an operator's live migration of it for the same
+    // reason (the cordon evacuation's migration of the other VM went through it above).
+    let live: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineMigration",
+        "metadata": {"name": "live-cp", "namespace": ns},
+        "spec": {"machineName": cp, "strategy": "live"},
+    }))
+    .unwrap();
+    match migrations(&rig).create(&PostParams::default(), &live).await {
+        Err(kube::Error::Api(e)) => assert!(
+            e.message
+                .contains(&format!("MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed")),
+            "refused for its budget: {}",
+            e.message
+        ),
+        other => rig.fail(format!("a live migration of the control plane was not refused: {other:?}")),
+    }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let vm = vms.get(&cp).await.unwrap();
     assert_eq!(vm.metadata.uid.as_deref(), Some(uid.as_str()), "the same VM");

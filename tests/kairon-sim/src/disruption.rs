@@ -11,9 +11,39 @@ use std::collections::BTreeSet;
 
 use capkr::kairon::Machine;
 use capkr::kairon::budget::{MachineDisruptionBudget, desired_healthy, selects};
+use capkr::kairon::maintenance::{MachineMigration, migration_phase};
 use kube::ResourceExt;
 
+use crate::migration::migration_phase_of;
 use crate::sim::{Key, phase_of};
+
+/// The Machines a migration is moving: one a controller has started (it has a phase) and not
+/// finished. The budgets count these as disrupted.
+pub fn moving(migrations: &[MachineMigration]) -> BTreeSet<Key> {
+    migrations
+        .iter()
+        .filter(|m| migration_phase_of(m).is_some() && !migration_phase::is_final(migration_phase_of(m)))
+        .map(|m| Key {
+            namespace: m.namespace().unwrap_or_default(),
+            name: m.spec.machine_name.clone(),
+        })
+        .collect()
+}
+
+/// The admission webhook's decision on a new migration of `machine`: the budgets, Machines and
+/// migrations given are those of the Machine's namespace only (the webhook reads no other).
+/// `Err`: the refusal, in Kairon's words.
+pub fn admit_migration(
+    budgets: &[MachineDisruptionBudget],
+    machines: &[Machine],
+    migrations: &[MachineMigration],
+    machine: &Machine,
+) -> Result<(), String> {
+    let budgets: Vec<&MachineDisruptionBudget> = budgets.iter().collect();
+    let machines: Vec<&Machine> = machines.iter().collect();
+    let mut allowances = allowances(&budgets, &machines, &moving(migrations))?;
+    admit(&mut allowances, machine)
+}
 
 /// One budget's allowance for one pass.
 #[derive(Clone, Debug, PartialEq)]
@@ -155,6 +185,37 @@ mod tests {
         assert!(
             admit(&mut all, &worker).is_err(),
             "the worker counts as the budget's too"
+        );
+    }
+
+    #[test]
+    fn the_webhook_counts_a_started_migration_as_a_disruption() {
+        use capkr::kairon::maintenance::{MachineMigrationSpec, MachineMigrationStatus};
+        let (a, b) = (vm("a", &[("md", "x")], "Running"), vm("b", &[("md", "x")], "Running"));
+        let one = budget("one", &[("md", "x")], "1");
+        let mig = |phase: Option<&str>| {
+            let mut m = MachineMigration::new(
+                "move-b",
+                MachineMigrationSpec {
+                    machine_name: "b".into(),
+                    ..Default::default()
+                },
+            );
+            m.metadata.namespace = Some("ns".into());
+            m.status = phase.map(|p| MachineMigrationStatus {
+                phase: Some(p.into()),
+                ..Default::default()
+            });
+            m
+        };
+        let (vms, budgets) = ([a.clone(), b.clone()], [one]);
+        assert_eq!(admit_migration(&budgets, &vms, &[], &a), Ok(()));
+        assert_eq!(admit_migration(&budgets, &vms, &[mig(None)], &a), Ok(()), "not started yet");
+        assert!(admit_migration(&budgets, &vms, &[mig(Some("Running"))], &a).is_err());
+        assert_eq!(
+            admit_migration(&budgets, &vms, &[mig(Some("Succeeded"))], &a),
+            Ok(()),
+            "finished"
         );
     }
 }

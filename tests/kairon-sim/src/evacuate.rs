@@ -75,11 +75,7 @@ pub fn plan_pass(
         .filter(|m| !migration_phase::is_final(migration_phase_of(m)))
         .map(migration_of)
         .collect();
-    let moving: BTreeSet<Key> = migrations
-        .iter()
-        .filter(|m| migration_phase_of(m).is_some() && !migration_phase::is_final(migration_phase_of(m)))
-        .map(migration_of)
-        .collect();
+    let moving = disruption::moving(migrations);
     let all: Vec<&Machine> = machines.iter().collect();
     let budgets: Vec<&MachineDisruptionBudget> = budgets.iter().collect();
     let mut allowances = disruption::allowances(&budgets, &all, &moving)?;

@@ -50,6 +50,7 @@ mod sim;
 mod site_writes;
 mod static_pods;
 mod status_patch;
+mod webhook;
 mod workload;
 
 use std::path::PathBuf;
@@ -132,8 +133,9 @@ struct Args {
     /// A live migration's Running -> Succeeded (the VM's nodeName changes then).
     #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
     migration_delay: Duration,
-    /// Create (or adopt) a cluster-scoped Host object per --hosts entry and play its
-    /// maintenance. Off by default: simulators sharing an API server would share host names.
+    /// Keep a Node per --hosts entry on the Kairon API server (created or adopted), as Kairon's
+    /// hosts are; a cordoned one (`spec.unschedulable`) takes no new VM and no migration. Off
+    /// by default: simulators sharing an API server would share node names.
     #[arg(long)]
     host_objects: bool,
     /// Kairon's cordon evacuation (off in Kairon by default): every Machine on a cordoned Node
@@ -141,6 +143,11 @@ struct Args {
     /// every 2 minutes.
     #[arg(long, requires = "host_objects")]
     cordon_evacuation: bool,
+    /// Kairon's optional admission webhook (off in Kairon by default): a MachineMigration
+    /// create a MachineDisruptionBudget of its namespace does not allow is refused. Served on
+    /// 127.0.0.1 and registered with the Kairon API server (limited to --namespace if given).
+    #[arg(long)]
+    admission_webhook: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -211,14 +218,19 @@ async fn main() -> anyhow::Result<()> {
         placement: Placement::new(hosts, args.host_capacity),
         pool,
     };
+    let webhook = match args.admission_webhook {
+        true => Some(webhook::Webhook::start(kairon.clone(), opts.namespace.as_deref()).await?),
+        false => None,
+    };
     let engine = Engine::new(kairon, client, opts, allocations);
-    tokio::select! {
-        () = engine.run() => anyhow::bail!("the Machine watch ended"),
-        signal = shutdown_signal() => {
-            tracing::info!(signal = signal?, "shutting down");
-            Ok(())
-        }
+    let outcome = tokio::select! {
+        () = engine.run() => Err(anyhow::anyhow!("the Machine watch ended")),
+        signal = shutdown_signal() => signal.map(|s| tracing::info!(signal = s, "shutting down")),
+    };
+    if let Some(webhook) = webhook {
+        webhook.stop().await;
     }
+    outcome
 }
 
 async fn management_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<Client> {
