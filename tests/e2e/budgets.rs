@@ -3,8 +3,9 @@
 //! control-plane VM and one over the deployment's VMs, each selecting exactly those VMs as
 //! Kairon matches selectors (`key: ""` holds on a Machine without the key), and none allowing a
 //! disruption; the deployment's covers the VMs it grows by; a budget of another management
-//! cluster with the same name as one of ours would have is left alone; and deleting the
-//! cluster deletes its budgets.
+//! cluster with the same name as one of ours would have is left alone; a paused cluster's
+//! budgets stay as they are (nothing written, nothing deleted, nothing put back) until it is
+//! unpaused; and deleting the cluster deletes its budgets.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -117,6 +118,59 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
         Some("3"),
         "another's budget is untouched"
     );
+
+    // Paused (as `clusterctl move` pauses it): the budgets stay as they are, and the provider
+    // does not touch them even when a reconcile runs, not even to put back one deleted by hand;
+    // unpaused, it does.
+    rig.set_paused(true).await;
+    let kcs = rig.kcs();
+    let kc_name = rig.cluster.clone();
+    rig.wait("the KaironCluster Paused", UP, || async {
+        let kc = kcs.get(&kc_name).await?;
+        let paused = kc
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .and_then(|c| capkr::api::conditions::get(c, capkr::api::conditions::PAUSED))
+            .is_some_and(|c| c.status == "True");
+        Ok::<_, kube::Error>(paused.then_some(()))
+    })
+    .await;
+    let versions = |list: Vec<MachineDisruptionBudget>| -> BTreeMap<String, String> {
+        list.into_iter()
+            .map(|b| (b.name_any(), b.resource_version().unwrap_or_default()))
+            .collect()
+    };
+    let before = versions(budgets.list(&ListParams::default()).await.unwrap().items);
+    let nudge = |n: u32| {
+        let kcs = kcs.clone();
+        let name = kc_name.clone();
+        async move {
+            kcs.patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {"e2e.capkr/nudge": n.to_string()}}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    nudge(1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let paused_list = versions(budgets.list(&ListParams::default()).await.unwrap().items);
+    assert_eq!(paused_list, before, "a paused cluster's budgets stay as they were");
+    budgets.delete(&cp_name, &DeleteParams::default()).await.unwrap();
+    nudge(2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        budgets.get_opt(&cp_name).await.unwrap().is_none(),
+        "nothing is written for a paused cluster"
+    );
+    rig.set_paused(false).await;
+    rig.wait("the control plane's budget back once unpaused", UP, || async {
+        Ok::<_, kube::Error>(budgets.get_opt(&cp_name).await?.map(|_| ()))
+    })
+    .await;
 
     // The cluster goes, and its budgets with it; another's stays.
     rig.clusters()
