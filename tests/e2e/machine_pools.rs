@@ -119,12 +119,20 @@ pub(crate) fn pool_vm_spec(image: &str) -> String {
 /// a MachinePool `<cluster>-mp-0` of `replicas` on a KaironMachinePool whose Kairon MachineSet
 /// (of its current revision) exists and is provisioned; returns the rig and the pool's name.
 pub(crate) async fn rig_with_pool(name: &'static str, replicas: usize, audit: bool) -> (Rig, String) {
-    let rig = Rig::start(RigOptions {
-        workers: 0,
-        audit,
-        ..RigOptions::new(name)
-    })
-    .await;
+    rig_with_pool_from(
+        RigOptions {
+            workers: 0,
+            audit,
+            ..RigOptions::new(name)
+        },
+        replicas,
+    )
+    .await
+}
+
+/// [`rig_with_pool`] from a rig of the given options (no workers).
+pub(crate) async fn rig_with_pool_from(options: RigOptions, replicas: usize) -> (Rig, String) {
+    let rig = Rig::start(options).await;
     rig.wait_running(1, UP).await;
     let pool = format!("{}-mp-0", rig.cluster);
     rig.env

@@ -15,7 +15,10 @@
 //! - A cordoned node with a worker: `evacuate --wait` skips it (its MachineDeployment's
 //!   budget) while the provider has CAPI replace its Machine; the node ends empty, no VM was
 //!   migrated, and `evacuate --wait` ends.
+//! - A cordoned node with members of a MachinePool: the same, the pool making the
+//!   replacements on other nodes.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::common::{Rig, RigOptions};
@@ -507,6 +510,109 @@ async fn a_cordoned_nodes_worker_is_replaced_through_capi_while_evacuate_waits()
     );
     eprintln!(
         "cordoned {node} ({} VM(s): {on_node:?}): evacuate --wait ended {:.1}s after the cordon",
+        on_node.len(),
+        emptied.as_secs_f64()
+    );
+    remove_nodes(&rig).await;
+}
+
+/// The members of a MachinePool (no MachineHealthCheck) on a cordoned node are replaced
+/// through CAPI as a MachineDeployment's are: the provider deletes their Machines, CAPI drains
+/// them, the KaironMachinePool releases each VM from its Kairon MachineSet and makes another
+/// on an uncordoned node; `evacuate --wait` skips them (the pool's budget) and ends with the
+/// node empty; the members elsewhere are untouched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
+    use crate::machine_pools::{pool_machines, pool_members, rig_with_pool_from, wait_pool_running};
+    let ns = "e2e-maintenance-cordon-pool";
+    let (rig, pool) = rig_with_pool_from(
+        RigOptions {
+            workers: 0,
+            cp_failure_domain: Some("zone-a"),
+            sim_args: own_nodes(ns),
+            manager_args: vec!["--evacuation-grace-period=5s".into()],
+            ..RigOptions::new("e2e_maintenance_cordon_pool")
+        },
+        3,
+    )
+    .await;
+    assert_eq!(rig.ns, ns);
+    let machines_before: Vec<String> = wait_pool_running(&rig, &pool, 3)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    let members = pool_members(&rig, &pool).await;
+    let cp_node = format!("{ns}-h1");
+    let Some(node) = members
+        .values()
+        .filter_map(vm_node)
+        .find(|n| *n != cp_node)
+    else {
+        rig.fail(format!("every pool member is on the control plane's node {cp_node}"))
+    };
+    let on_node: BTreeSet<String> = members
+        .iter()
+        .filter(|(_, vm)| vm_node(vm).as_deref() == Some(node.as_str()))
+        .map(|(name, _)| name.clone())
+        .collect();
+    let elsewhere: BTreeMap<String, String> = members
+        .iter()
+        .filter(|(name, _)| !on_node.contains(*name))
+        .map(|(name, vm)| (name.clone(), vm.metadata.uid.clone().unwrap()))
+        .collect();
+    let budget = format!("mp-{pool}");
+    let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
+    rig.wait("the pool's budget", UP, || async {
+        Ok::<_, kube::Error>(budgets.get_opt(&budget).await?.map(|_| ()))
+    })
+    .await;
+
+    let started = std::time::Instant::now();
+    cordon(&rig, &node, true).await;
+    let said = rig
+        .env
+        .kairon_evacuate(&node, &["--wait", "--interval", "2s", "--timeout", "4m"])
+        .await
+        .unwrap_or_else(|e| rig.fail(e));
+    let emptied = started.elapsed();
+    assert!(said.contains(&format!("node {node} is empty")), "evacuate said: {said}");
+    assert!(
+        said.contains(&format!("MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed")),
+        "the members were skipped for the pool's budget: {said}"
+    );
+    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
+    assert!(made.is_empty(), "no VM migrated: {made:?}");
+
+    let machines_after: Vec<String> = wait_pool_running(&rig, &pool, 3)
+        .await
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
+    let after = pool_members(&rig, &pool).await;
+    for (name, vm) in &after {
+        assert_ne!(vm_node(vm).as_deref(), Some(node.as_str()), "{name} placed on the cordoned node");
+    }
+    for (name, uid) in &elsewhere {
+        assert_eq!(
+            after.get(name).and_then(|vm| vm.metadata.uid.as_ref()),
+            Some(uid),
+            "{name}, not on the cordoned node, untouched"
+        );
+    }
+    for gone in &on_node {
+        assert!(!after.contains_key(gone), "{gone} replaced");
+    }
+    assert_eq!(after.len(), 3, "the pool whole again: {:?}", after.keys());
+    let kept = machines_after.iter().filter(|m| machines_before.contains(m)).count();
+    assert_eq!(
+        kept,
+        elsewhere.len(),
+        "only the Machines of the cordoned node's members replaced: before {machines_before:?}, after {machines_after:?}"
+    );
+    assert_eq!(pool_machines(&rig, &pool).await.len(), 3);
+    eprintln!(
+        "cordoned {node} ({} pool member(s): {on_node:?}): evacuate --wait ended {:.1}s after the cordon",
         on_node.len(),
         emptied.as_secs_f64()
     );

@@ -171,7 +171,7 @@ pub(super) async fn follow(
                 Err(e) => return Err(Error::write("Machine deletion")(e)),
             }
             info!(machine = %name, "deleted the Machine (no MachineHealthCheck selects it): its Kairon node is cordoned");
-            replacement_requested(km, ctx, "delete", format!("deleted Machine {name}, which no MachineHealthCheck selects, so that its MachineSet replaces it: its Kairon node is cordoned")).await;
+            replacement_requested(km, ctx, "delete", format!("deleted Machine {name}, which no MachineHealthCheck selects, so that its {} replaces it: its Kairon node is cordoned", machine.controller_kind().unwrap_or("owner"))).await;
         }
     }
     let under_way = decision

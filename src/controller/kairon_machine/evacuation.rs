@@ -12,8 +12,8 @@
 //! MachineSet deletes it, KubeadmControlPlane removes its etcd member first, checking
 //! quorum); CAPI drains the Node (PodDisruptionBudgets, `nodeDrainTimeout`) before the
 //! KaironMachine, and so the VM, is deleted. Without a MachineHealthCheck a worker of a
-//! MachineSet is deleted by us (CAPI still drains it and the MachineSet replaces it); a
-//! control-plane Machine never is: only its owner knows quorum.
+//! MachineSet or a MachinePool is deleted by us (CAPI still drains it and its owner replaces
+//! it); a control-plane Machine never is: only its owner knows quorum.
 //!
 //! First a grace period (`--evacuation-grace-period`, counted from when the Evacuation
 //! condition turned True): an operator emptying a node by live migrations cordons it first, and
@@ -95,9 +95,11 @@ fn can_be_replaced(m: &capi::Machine) -> bool {
     !m.skips_remediation() && (m.has_health_check() || deleted_without_health_check(m))
 }
 
-/// Without a MachineHealthCheck, only a MachineSet's worker is deleted by the provider.
+/// Without a MachineHealthCheck, the provider deletes only a worker whose owner makes another
+/// in its place: a MachineSet's, or a MachinePool's (its KaironMachinePool releases the VM from
+/// its Kairon MachineSet and raises the set again).
 fn deleted_without_health_check(m: &capi::Machine) -> bool {
-    !m.is_control_plane() && m.controller_kind() == Some("MachineSet")
+    !m.is_control_plane() && matches!(m.controller_kind(), Some("MachineSet" | "MachinePool"))
 }
 
 fn name(m: &capi::Machine) -> &str {
@@ -270,7 +272,10 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
     } else {
         in_progress(
             reason::REPLACEMENT_REQUESTED,
-            format!("no MachineHealthCheck selects Machine {me}: it is deleted, and its MachineSet replaces it"),
+            format!(
+                "no MachineHealthCheck selects Machine {me}: it is deleted, and its {} replaces it",
+                m.controller_kind().unwrap_or("owner")
+            ),
             Act::Delete,
             Some(later),
         )

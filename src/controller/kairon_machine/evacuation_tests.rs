@@ -7,6 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 #[derive(Clone, Copy, Default)]
 struct M {
     cp: bool,
+    pool: bool,
     mhc: bool,
     no_node: bool,
     marked: bool,
@@ -17,7 +18,11 @@ struct M {
 
 fn machine(name: &str, m: M) -> capi::Machine {
     let mut machine = capi::Machine::new(name, MachineSpec::default());
-    let owner = if m.cp { "KubeadmControlPlane" } else { "MachineSet" };
+    let owner = match (m.cp, m.pool) {
+        (true, _) => "KubeadmControlPlane",
+        (false, true) => "MachinePool",
+        (false, false) => "MachineSet",
+    };
     machine.metadata.owner_references = Some(vec![OwnerReference {
         kind: owner.into(),
         controller: Some(true),
@@ -129,6 +134,15 @@ fn what_an_evacuation_does_in_every_situation() {
             M::default(),
             Act::Delete,
             Some((Status::True, reason::REPLACEMENT_REQUESTED, "is deleted")),
+        ),
+        case(
+            "a MachinePool worker without one is deleted",
+            M {
+                pool: true,
+                ..M::default()
+            },
+            Act::Delete,
+            Some((Status::True, reason::REPLACEMENT_REQUESTED, "its MachinePool replaces it")),
         ),
         case(
             "a control plane without one is never deleted",
