@@ -385,12 +385,15 @@ async fn a_cordoned_control_plane_without_a_health_check_is_blocked_loudly_and_e
     .unwrap();
     match migrations(&rig).create(&PostParams::default(), &live).await {
         Err(kube::Error::Api(e)) => assert!(
-            e.message
-                .contains(&format!("MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed")),
+            e.message.contains(&format!(
+                "MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed"
+            )),
             "refused for its budget: {}",
             e.message
         ),
-        other => rig.fail(format!("a live migration of the control plane was not refused: {other:?}")),
+        other => rig.fail(format!(
+            "a live migration of the control plane was not refused: {other:?}"
+        )),
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let vm = vms.get(&cp).await.unwrap();
@@ -544,11 +547,7 @@ async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
         .collect();
     let members = pool_members(&rig, &pool).await;
     let cp_node = format!("{ns}-h1");
-    let Some(node) = members
-        .values()
-        .filter_map(vm_node)
-        .find(|n| *n != cp_node)
-    else {
+    let Some(node) = members.values().filter_map(vm_node).find(|n| *n != cp_node) else {
         rig.fail(format!("every pool member is on the control plane's node {cp_node}"))
     };
     let on_node: BTreeSet<String> = members
@@ -578,7 +577,9 @@ async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
     let emptied = started.elapsed();
     assert!(said.contains(&format!("node {node} is empty")), "evacuate said: {said}");
     assert!(
-        said.contains(&format!("MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed")),
+        said.contains(&format!(
+            "MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed"
+        )),
         "the members were skipped for the pool's budget: {said}"
     );
     let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
@@ -591,7 +592,11 @@ async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
         .collect();
     let after = pool_members(&rig, &pool).await;
     for (name, vm) in &after {
-        assert_ne!(vm_node(vm).as_deref(), Some(node.as_str()), "{name} placed on the cordoned node");
+        assert_ne!(
+            vm_node(vm).as_deref(),
+            Some(node.as_str()),
+            "{name} placed on the cordoned node"
+        );
     }
     for (name, uid) in &elsewhere {
         assert_eq!(

@@ -142,7 +142,11 @@ fn what_an_evacuation_does_in_every_situation() {
                 ..M::default()
             },
             Act::Delete,
-            Some((Status::True, reason::REPLACEMENT_REQUESTED, "its MachinePool replaces it")),
+            Some((
+                Status::True,
+                reason::REPLACEMENT_REQUESTED,
+                "its MachinePool replaces it",
+            )),
         ),
         case(
             "a control plane without one is never deleted",

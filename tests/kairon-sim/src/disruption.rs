@@ -210,7 +210,11 @@ mod tests {
         };
         let (vms, budgets) = ([a.clone(), b.clone()], [one]);
         assert_eq!(admit_migration(&budgets, &vms, &[], &a), Ok(()));
-        assert_eq!(admit_migration(&budgets, &vms, &[mig(None)], &a), Ok(()), "not started yet");
+        assert_eq!(
+            admit_migration(&budgets, &vms, &[mig(None)], &a),
+            Ok(()),
+            "not started yet"
+        );
         assert!(admit_migration(&budgets, &vms, &[mig(Some("Running"))], &a).is_err());
         assert_eq!(
             admit_migration(&budgets, &vms, &[mig(Some("Succeeded"))], &a),

@@ -170,8 +170,8 @@ async fn judge(client: &Client, request: &Value) -> Result<(), String> {
     if request["operation"] != "CREATE" || request["resource"]["resource"] != "machinemigrations" {
         return Ok(());
     }
-    let migration: MachineMigration = serde_json::from_value(request["object"].clone())
-        .map_err(|e| format!("decode MachineMigration: {e}"))?;
+    let migration: MachineMigration =
+        serde_json::from_value(request["object"].clone()).map_err(|e| format!("decode MachineMigration: {e}"))?;
     let ns = request["namespace"].as_str().unwrap_or_default();
     let lp = ListParams::default();
     let budgets = Api::<MachineDisruptionBudget>::namespaced(client.clone(), ns)
