@@ -2,7 +2,8 @@
 //! artefact. The tests that need a management cluster share one (`Env::shared`): the server-side
 //! dry run of every flavor, the chart's RBAC with a manager acting as its ServiceAccount, and the
 //! release's ValidatingAdmissionPolicy, each in namespaces of its own; `clusterctl init`, which
-//! installs CAPI's own components into its cluster, has one of its own.
+//! installs CAPI's own components into its cluster, and the Cluster API Operator, which
+//! installs and upgrades ours cluster-wide, have one of their own.
 
 #[path = "../distribution_support/mod.rs"]
 mod distribution_support;
@@ -10,6 +11,7 @@ mod distribution_support;
 mod admission;
 mod clusterctl;
 mod helm;
+mod operator;
 
 /// The management cluster the tests of this binary share: CAPI's managers with their webhooks
 /// (the flavors' dry run needs them).
