@@ -15,9 +15,10 @@
 //! components are only the `capi-system` namespace and a Deployment standing for them
 //! (reported available, as they run).
 //!
-//! Then a Machine is provisioned by that manager, the provider is upgraded through the
-//! operator (`spec.version` to a second release of the assets), the new manager takes over
-//! and reconciles, and the VM is the same one (same UID).
+//! Then a cluster of the default flavor comes up with that manager (its control-plane VM
+//! running etcd and kube-apiserver for real), the provider is upgraded through the operator
+//! (`spec.version` to a second release of the assets), the new manager takes over and
+//! reconciles, and the VM is the same one (same UID), the Cluster still Available.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -25,8 +26,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::distribution_support::*;
+use capkr_testenv::flavors::{GuestNetwork, guest_delay_args, guest_simulator_args};
 use capkr_testenv::{
-    Env, EnvOptions, Process, ProcessSpec, api_resource, capi_resource, free_port, http_get, own_binary, wait_for,
+    Env, EnvOptions, KUBERNETES_VERSION, Process, ProcessSpec, api_resource, capi_resource, free_port, http_get,
+    machine_image, own_binary, wait_for,
 };
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -403,29 +406,52 @@ async fn the_cluster_api_operator_installs_and_upgrades_the_provider_keeping_its
         Some(&"infrastructure-kairon".to_string())
     );
 
-    // A Machine provisioned by that manager, as its ServiceAccount.
+    // A cluster of the default flavor (`clusterctl generate cluster`, one control plane, whose
+    // VM runs etcd and kube-apiserver for real) brought up by that manager, as its
+    // ServiceAccount.
     env.create_namespace(NS).await.unwrap();
-    let workload = env.workload_cluster(NS, CLUSTER).await.unwrap();
-    let _sim = env
-        .start_simulator(["--provision-delay", "300ms", "--boot-delay", "700ms"])
-        .unwrap();
-    env.apply(&one_machine(&workload.host, workload.port), Some(NS))
-        .await
-        .unwrap();
+    let net = GuestNetwork::pick();
+    let mut sim_args = guest_delay_args();
+    sim_args.extend(guest_simulator_args(env.binaries(), &env.dir().join("guests"), &net).unwrap());
+    let _sim = env.start_simulator(sim_args).unwrap();
+    let mut generate = repo.clusterctl();
+    generate
+        .args(["generate", "cluster", CLUSTER, "--infrastructure"])
+        .arg(format!("kairon:{VERSION}"))
+        .args(["--target-namespace", NS, "--kubernetes-version", KUBERNETES_VERSION])
+        .args(["--control-plane-machine-count", "1", "--worker-machine-count", "0"])
+        .env("CONTROL_PLANE_ENDPOINT_IP", format!("127.{}.100.1", net.octet))
+        .env("KAIRON_MACHINE_IMAGE", machine_image());
+    env.apply(&stdout(&run_ok(&mut generate)), Some(NS)).await.unwrap();
     let machines: Api<DynamicObject> = Api::namespaced_with(env.client(), NS, &capi_resource("Machine", "machines"));
-    let machine = format!("{CLUSTER}-control-plane-0");
+    let clusters: Api<DynamicObject> = Api::namespaced_with(env.client(), NS, &capi_resource("Cluster", "clusters"));
     let running =
         |m: &DynamicObject| m.data["status"]["phase"] == "Running" && m.data["status"]["nodeRef"]["name"].is_string();
-    let up = wait_for("the Machine Running with a nodeRef", UP, || async {
-        let m = machines.get(&machine).await?;
-        Ok::<_, kube::Error>(running(&m).then_some(m))
-    })
+    let available = |c: &DynamicObject| {
+        c.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Available" && c["status"] == "True"))
+    };
+    let up = wait_for(
+        "the default flavor's cluster Available, its Machine Running with a Node",
+        UP,
+        || async {
+            let ms = machines.list(&Default::default()).await?.items;
+            let cluster = clusters.get(CLUSTER).await?;
+            Ok::<_, kube::Error>(
+                (ms.len() == 1 && running(&ms[0]) && available(&cluster)).then(|| ms[0].metadata.name.clone().unwrap()),
+            )
+        },
+    )
     .await;
-    if let Err(e) = up {
-        env.dump();
-        let log = std::fs::read_to_string(first.log_path()).unwrap_or_default();
-        panic!("{e:#}\n--- manager log (tail):\n{}", tail(&log, 80));
-    }
+    let machine = match up {
+        Ok(m) => m,
+        Err(e) => {
+            env.dump();
+            let log = std::fs::read_to_string(first.log_path()).unwrap_or_default();
+            panic!("{e:#}\n--- manager log (tail):\n{}", tail(&log, 80));
+        }
+    };
     let vms: Api<capkr::kairon::Machine> = Api::namespaced(env.client(), NS);
     let vm_uid = vms.get(&machine).await.unwrap().metadata.uid.unwrap();
     assert!(reconciles(first_metrics).await > 0.0, "the first manager reconciled");
@@ -483,6 +509,12 @@ async fn the_cluster_api_operator_installs_and_upgrades_the_provider_keeping_its
     }
     let m = machines.get(&machine).await.unwrap();
     assert!(running(&m), "the Machine still Running: {}", m.data["status"]);
+    let cluster = clusters.get(CLUSTER).await.unwrap();
+    assert!(
+        available(&cluster),
+        "the Cluster still Available: {}",
+        cluster.data["status"]
+    );
     let vm = vms.get(&machine).await.unwrap();
     assert_eq!(vm.metadata.uid.as_deref(), Some(vm_uid.as_str()), "the same VM");
     assert!(vm.metadata.deletion_timestamp.is_none());
@@ -505,13 +537,4 @@ async fn the_cluster_api_operator_installs_and_upgrades_the_provider_keeping_its
 fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
-}
-
-/// One control-plane Machine of a Cluster (a plain Machine with a KubeadmConfig), no workers.
-fn one_machine(host: &str, port: u16) -> String {
-    let shape = capkr_testenv::cluster::ClusterOptions {
-        workers: 0,
-        ..Default::default()
-    };
-    capkr_testenv::cluster::cluster_yaml(NS, CLUSTER, host, port, &shape)
 }
