@@ -802,9 +802,16 @@ async fn release_records_of_gone_members_are_forgotten() {
     set.metadata.annotations.get_or_insert_default().extend([
         (release_record("gone-uid"), "pool-x".to_string()),
         (release_record("pool-c-uid"), "pool-c".to_string()),
+        (release_record("pool-d-uid"), "pool-d".to_string()),
     ]);
     // c is released and not deleted yet: its record stays.
     w.members.push(released(member("pool-c", &set, Some("token-1"))));
+    // d's member is gone but its KaironMachine is still being deleted: its record stays (its
+    // release may yet look for it, and must not lower the set twice).
+    let mut d = km("pool-d", true);
+    d.metadata.deletion_timestamp = Some(at(1_700_000_300));
+    d.metadata.finalizers = Some(vec![capkr::api::MACHINE_FINALIZER.to_string()]);
+    w.kms.push(d);
     w.sets = vec![set.clone()];
     let p = pool(&w);
     let answer = serde_json::to_value(&set).unwrap();

@@ -45,7 +45,7 @@ pub(crate) use fingerprint::endpoint_fingerprint;
 pub(crate) use observe::{Holder, Ownership, ownership};
 pub use set_client::{
     MachineSets, SetCreated, SetError, keep_set_what_is_read, machine_set_from_value, read_set, release_record,
-    released_members,
+    released_members, released_name,
 };
 pub use types::{
     CloudInit, CloudInitFile, Image, ImageSource, Machine, MachineSpec, MachineStatus, Network, Placement, Resources,

@@ -335,6 +335,11 @@ pub fn release_record(uid: &str) -> String {
     format!("{RELEASE_RECORD_PREFIX}{uid}")
 }
 
+/// The name of released member `uid`, as `set`'s record of it says.
+pub fn released_name<'a>(set: &'a MachineSet, uid: &str) -> Option<&'a str> {
+    set.annotations().get(&release_record(uid)).map(String::as_str)
+}
+
 /// The members (uids) whose release `set` records.
 pub fn released_members(set: &MachineSet) -> Vec<String> {
     set.annotations()

@@ -173,6 +173,20 @@ async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> 
             .await?
             .filter(|now| now.metadata.uid.as_deref() == Some(uid))
         else {
+            // Labelled released (by this release, now or in an earlier try) and gone before its
+            // set was lowered: Kairon deleted it as outdated. Its set still counts it, and
+            // Kairon would make another member in its place: lowered now. No record means it
+            // was never lowered: a record is kept while the member's KaironMachine exists.
+            if marked || is_released(vm) {
+                match sets.release(&set, uid, &name).await {
+                    Ok(()) => {
+                        info!(instance = %name, set = %set_name, "released the Kairon Machine from its MachineSet (Kairon deleted it first)");
+                        return Ok(None);
+                    }
+                    Err(kairon::SetError::Stale { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
             info!(instance = %name, set = %set_name, "the Kairon Machine went while its release waited; nothing to release");
             return Ok(Some(Action::requeue(Duration::from_secs(1))));
         };

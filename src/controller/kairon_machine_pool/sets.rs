@@ -4,6 +4,7 @@
 //! sets of older revisions deleted ([`tidy_sets`]).
 
 use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::info;
 
@@ -13,12 +14,12 @@ use crate::api::conditions::{Decided, reason};
 use crate::controller::error::Error;
 use crate::events::reason as event;
 use crate::kairon::machineset::MachineSet;
-use crate::kairon::released_members;
 use crate::kairon::set_desired::{
     SetInputs, desired_machine_set, desired_template, machine_set_provider_id, revision, set_name,
 };
 use crate::kairon::set_observe::{awaits_start, is_released, set_ownership};
 use crate::kairon::{Deletion, Ownership, SetCreated, SetError};
+use crate::kairon::{released_members, released_name};
 
 /// The pool's sets: the current revision's and those of older revisions still there.
 pub(crate) struct PoolSets {
@@ -182,9 +183,11 @@ pub(super) async fn release_excess(sets: &PoolSets, ctx: &Context) -> Result<Vec
     Ok(released)
 }
 
-/// Forgets the release records of members that are gone, and deletes sets of older revisions
-/// that have nothing left (no replicas, no member): Kairon's set finalizer would delete any
-/// member still there, undrained.
+/// Forgets the release records of members that are gone with their KaironMachines (while a
+/// KaironMachine is still being deleted, its record says its set was lowered for it: its
+/// release, which may find the member already deleted by Kairon, must not lower it twice), and
+/// deletes sets of older revisions that have nothing left (no replicas, no member): Kairon's
+/// set finalizer would delete any member still there, undrained.
 pub(super) async fn tidy_sets(s: &Scope, sets: &PoolSets, ctx: &Context) -> Result<bool, Error> {
     let mut busy = false;
     for set in sets.all() {
@@ -195,6 +198,8 @@ pub(super) async fn tidy_sets(s: &Scope, sets: &PoolSets, ctx: &Context) -> Resu
                 !members
                     .iter()
                     .any(|vm| vm.metadata.uid.as_deref() == Some(uid.as_str()))
+                    && released_name(set, uid)
+                        .is_none_or(|name| ctx.kaironmachines.get(&ObjectRef::new(name).within(&s.ns)).is_none())
             })
             .collect();
         if !gone.is_empty() {
