@@ -29,6 +29,13 @@ if [[ -x "$OUT/capd-manager" && -d "$OUT/crd" ]]; then
   exit 0
 fi
 command -v go >/dev/null || die "Go is required to build CAPD's manager"
+# One build at a time per cache dir (.ci/run builds it in the background while the benchmark
+# test may ask for it): a concurrent caller waits, then finds it built.
+if command -v flock >/dev/null; then
+  exec 9>"$CACHE/.capd.lock"
+  flock 9
+  if [[ -x "$OUT/capd-manager" && -d "$OUT/crd" ]]; then echo "$OUT"; exit 0; fi
+fi
 export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" GOWORK=off
 tmp=$(mktemp -d "$CACHE/capd-$HASH.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
