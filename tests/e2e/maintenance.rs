@@ -105,6 +105,36 @@ fn host(km: &KaironMachine) -> Option<&str> {
     km.status.as_ref()?.instance.as_ref()?.host.as_deref()
 }
 
+/// Waits for `budget`, cordons `node` and runs `evacuate --wait` on it: it must end with the
+/// node empty, having skipped VMs for `budget` (0 disruptions allowed) and migrated none.
+/// How long from the cordon to the node empty.
+async fn cordon_and_wait_for_empty(rig: &Rig, node: &str, budget: &str) -> Duration {
+    let ns = rig.ns.as_str();
+    let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
+    rig.wait("the budget", UP, || async {
+        Ok::<_, kube::Error>(budgets.get_opt(budget).await?.map(|_| ()))
+    })
+    .await;
+    let started = std::time::Instant::now();
+    cordon(rig, node, true).await;
+    let said = rig
+        .env
+        .kairon_evacuate(node, &["--wait", "--interval", "2s", "--timeout", "4m"])
+        .await
+        .unwrap_or_else(|e| rig.fail(e));
+    let emptied = started.elapsed();
+    assert!(said.contains(&format!("node {node} is empty")), "evacuate said: {said}");
+    assert!(
+        said.contains(&format!(
+            "MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed"
+        )),
+        "skipped for its budget: {said}"
+    );
+    let made = migrations(rig).list(&ListParams::default()).await.unwrap().items;
+    assert!(made.is_empty(), "no VM migrated: {made:?}");
+    emptied
+}
+
 /// Our events on KaironMachine `km` with `reason`.
 async fn events(rig: &Rig, km: &str, reason: &str) -> Vec<Event> {
     let api: Api<Event> = Api::namespaced(rig.env.client(), &rig.ns);
@@ -461,29 +491,7 @@ async fn a_cordoned_nodes_worker_is_replaced_through_capi_while_evacuate_waits()
         .collect();
     let uids_before: Vec<String> = all.iter().filter_map(|vm| vm.metadata.uid.clone()).collect();
     let budget = format!("md-{}-md-0", rig.cluster);
-    let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
-    rig.wait("the deployment's budget", UP, || async {
-        Ok::<_, kube::Error>(budgets.get_opt(&budget).await?.map(|_| ()))
-    })
-    .await;
-
-    let started = std::time::Instant::now();
-    cordon(&rig, &node, true).await;
-    let said = rig
-        .env
-        .kairon_evacuate(&node, &["--wait", "--interval", "2s", "--timeout", "4m"])
-        .await
-        .unwrap_or_else(|e| rig.fail(e));
-    let emptied = started.elapsed();
-    assert!(said.contains(&format!("node {node} is empty")), "evacuate said: {said}");
-    assert!(
-        said.contains(&format!(
-            "MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed"
-        )),
-        "the worker was skipped for its budget: {said}"
-    );
-    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
-    assert!(made.is_empty(), "no VM migrated: {made:?}");
+    let emptied = cordon_and_wait_for_empty(&rig, &node, &budget).await;
     let now = vms.list(&ListParams::default()).await.unwrap().items;
     for gone in &on_node {
         assert!(
@@ -560,30 +568,7 @@ async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
         .filter(|(name, _)| !on_node.contains(*name))
         .map(|(name, vm)| (name.clone(), vm.metadata.uid.clone().unwrap()))
         .collect();
-    let budget = format!("mp-{pool}");
-    let budgets: Api<capkr::kairon::budget::MachineDisruptionBudget> = Api::namespaced(rig.env.client(), ns);
-    rig.wait("the pool's budget", UP, || async {
-        Ok::<_, kube::Error>(budgets.get_opt(&budget).await?.map(|_| ()))
-    })
-    .await;
-
-    let started = std::time::Instant::now();
-    cordon(&rig, &node, true).await;
-    let said = rig
-        .env
-        .kairon_evacuate(&node, &["--wait", "--interval", "2s", "--timeout", "4m"])
-        .await
-        .unwrap_or_else(|e| rig.fail(e));
-    let emptied = started.elapsed();
-    assert!(said.contains(&format!("node {node} is empty")), "evacuate said: {said}");
-    assert!(
-        said.contains(&format!(
-            "MachineDisruptionBudget {ns}/{budget} has 0 disruptions allowed"
-        )),
-        "the members were skipped for the pool's budget: {said}"
-    );
-    let made = migrations(&rig).list(&ListParams::default()).await.unwrap().items;
-    assert!(made.is_empty(), "no VM migrated: {made:?}");
+    let emptied = cordon_and_wait_for_empty(&rig, &node, &format!("mp-{pool}")).await;
 
     let machines_after: Vec<String> = wait_pool_running(&rig, &pool, 3)
         .await
