@@ -89,8 +89,16 @@ const DIGEST_FORM: &str = "image.digest must be sha256: followed by 64 lowercase
 const URL: &str = "image.httpURL must be an http:// or https:// URL";
 const PATH: &str = "image.path must be an absolute path";
 const ONE_SIZE: &str = "exactly one of resources and instanceTypeName must be set";
-const BRIDGE: &str = "network.bridge is required with network.mode tap and only with it";
-const MODE: &str = "network.mode must be user or tap";
+const BRIDGE: &str = "network.bridge is only used with network.mode tap";
+const BRIDGE_NETNS: &str = "network.bridge is not used with network.netns: true";
+const NETNS: &str = "network.netns is only used with network.mode tap";
+const STATIC_NETWORK: &str = "network.staticNetwork needs network.mode tap with network.netns: true";
+const LEARN_IP: &str = "network.learnIP is only used with network.mode tap";
+const PARENT: &str = "network.parent is required with network.mode macvtap and only used with it";
+const MACVTAP_MODE_ONLY: &str = "network.macvtapMode is only used with network.mode macvtap";
+const MACVTAP_MODE: &str = "network.macvtapMode must be bridge, vepa, private or passthru";
+const MAC: &str = "network.mac must be six hex octets separated by : or -";
+const MODE: &str = "network.mode must be user, tap or macvtap";
 const ANTI_AFFINITY: &str = "placement.controlPlaneAntiAffinity must be Preferred, Required or None";
 
 #[test]
@@ -239,9 +247,29 @@ fn kaironmachine_image_resources_network_placement_table() {
         ),
         ("network user", network(json!({"mode": "user"})), None),
         (
-            "network tap without bridge",
+            "network tap without bridge (the node's default bridge)",
             network(json!({"mode": "tap"})),
-            Some(("spec.network", BRIDGE)),
+            None,
+        ),
+        (
+            "network tap on a bridge with learnIP",
+            network(json!({"mode": "tap", "bridge": "br0", "learnIP": true})),
+            None,
+        ),
+        (
+            "network tap in a netns with a static address and a MAC",
+            network(json!({"mode": "tap", "netns": true, "staticNetwork": true, "mac": "52:54:00:12:34:56"})),
+            None,
+        ),
+        (
+            "a hyphenated MAC",
+            network(json!({"mode": "tap", "bridge": "br0", "mac": "52-54-00-12-34-56"})),
+            None,
+        ),
+        (
+            "network macvtap on a parent",
+            network(json!({"mode": "macvtap", "parent": "eth1", "macvtapMode": "bridge"})),
+            None,
         ),
         (
             "bridge with network user",
@@ -254,8 +282,63 @@ fn kaironmachine_image_resources_network_placement_table() {
             Some(("spec.network", BRIDGE)),
         ),
         (
-            "network macvtap",
+            "bridge and netns",
+            network(json!({"mode": "tap", "bridge": "br0", "netns": true})),
+            Some(("spec.network", BRIDGE_NETNS)),
+        ),
+        (
+            "netns with network user",
+            network(json!({"mode": "user", "netns": true})),
+            Some(("spec.network", NETNS)),
+        ),
+        (
+            "staticNetwork without netns",
+            network(json!({"mode": "tap", "bridge": "br0", "staticNetwork": true})),
+            Some(("spec.network", STATIC_NETWORK)),
+        ),
+        (
+            "learnIP with network user",
+            network(json!({"mode": "user", "learnIP": true})),
+            Some(("spec.network", LEARN_IP)),
+        ),
+        (
+            "learnIP with macvtap (Kairon learns no address there)",
+            network(json!({"mode": "macvtap", "parent": "eth1", "learnIP": true})),
+            Some(("spec.network", LEARN_IP)),
+        ),
+        (
+            "macvtap without a parent",
             network(json!({"mode": "macvtap"})),
+            Some(("spec.network", PARENT)),
+        ),
+        (
+            "parent with network tap",
+            network(json!({"mode": "tap", "bridge": "br0", "parent": "eth1"})),
+            Some(("spec.network", PARENT)),
+        ),
+        (
+            "macvtapMode with network tap",
+            network(json!({"mode": "tap", "bridge": "br0", "macvtapMode": "bridge"})),
+            Some(("spec.network", MACVTAP_MODE_ONLY)),
+        ),
+        (
+            "macvtapMode unknown",
+            network(json!({"mode": "macvtap", "parent": "eth1", "macvtapMode": "shared"})),
+            Some(("spec.network.macvtapMode", MACVTAP_MODE)),
+        ),
+        (
+            "a MAC of five octets",
+            network(json!({"mode": "tap", "bridge": "br0", "mac": "52:54:00:12:34"})),
+            Some(("spec.network.mac", MAC)),
+        ),
+        (
+            "a MAC of mixed separators",
+            network(json!({"mode": "tap", "bridge": "br0", "mac": "52:54-00:12:34:56"})),
+            Some(("spec.network.mac", MAC)),
+        ),
+        (
+            "network mode none",
+            network(json!({"mode": "none"})),
             Some(("spec.network.mode", MODE)),
         ),
         (
@@ -332,6 +415,9 @@ fn kaironmachine_spec_is_immutable_except_providerid() {
         ("network added", tapped.clone(), good_spec(), &["spec.network"]),
         ("network removed", good_spec(), tapped.clone(), &["spec.network"]),
         ("network.bridge", with(tapped.clone(), "network.bridge", json!("br1")), tapped.clone(), &["spec.network"]),
+        ("network.learnIP", with(tapped.clone(), "network.learnIP", json!(true)), tapped.clone(), &["spec.network"]),
+        ("guestAgent added", with(good_spec(), "guestAgent", json!({"enabled": true})), good_spec(), &["spec.guestAgent"]),
+        ("guestAgent.enabled", with(good_spec(), "guestAgent", json!({"enabled": false})), with(good_spec(), "guestAgent", json!({"enabled": true})), &["spec.guestAgent"]),
         ("placement added", placed.clone(), good_spec(), &["spec.placement"]),
         ("placement removed", good_spec(), placed.clone(), &["spec.placement"]),
         ("placement.nodeSelector", with(placed.clone(), "placement.nodeSelector", json!({"a": "c"})), placed.clone(), &["spec.placement"]),
@@ -447,9 +533,18 @@ fn template_must_not_carry_a_providerid() {
             ONE_SOURCE,
         ),
         (
-            with(good_spec(), "network", json!({"mode": "tap"})),
+            with(good_spec(), "network", json!({"mode": "user", "bridge": "br0"})),
             "spec.template.spec.network",
             BRIDGE,
+        ),
+        (
+            with(
+                good_spec(),
+                "network",
+                json!({"mode": "tap", "bridge": "br0", "mac": "52:54:00:12:34:56"}),
+            ),
+            "spec.template.spec.network.mac",
+            "spec.template.spec.network.mac must not be set: every KaironMachine made from the template would have the same MAC address",
         ),
     ] {
         let got = failures("kaironmachinetemplates", &t(spec), None);
@@ -707,6 +802,8 @@ fn kaironmachinepool_rules_table() {
         ("template cpu 0", with(base.clone(), "template.resources.cpu", json!(0)), None, Some(CPU)),
         ("template without resources or instance type", with(base.clone(), "template.resources", Value::Null), None, Some(ONE_SIZE)),
         ("template httpURL without digest", with(base.clone(), "template.image", json!({"httpURL": "https://images.example/u.qcow2"})), None, Some(DIGEST_WITH_URL)),
+        ("template with a MAC", with(base.clone(), "template.network", json!({"mode": "tap", "bridge": "br0", "mac": "52:54:00:12:34:56"})), None, Some("spec.template.network.mac must not be set: every VM of the pool would have the same MAC address")),
+        ("template with macvtap but no parent", with(base.clone(), "template.network", json!({"mode": "macvtap"})), None, Some(PARENT)),
         ("surge 0, unavailable 1", strategy(json!({"maxSurge": 0, "maxUnavailable": 1})), None, None),
         ("surge 0 alone (unavailable defaults to 0)", strategy(json!({"maxSurge": 0})), None, Some("must not both be 0")),
         ("both 0", strategy(json!({"maxSurge": 0, "maxUnavailable": 0})), None, Some("must not both be 0")),

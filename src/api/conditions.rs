@@ -78,6 +78,13 @@ pub mod reason {
     /// pinning); Kairon keeps trying, and its reason and message say why.
     pub const INSTANCE_NOT_SCHEDULED: &str = "InstanceNotScheduled";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
+    /// The VM runs, Kairon reports no address for it and its Machine has no Node: on its
+    /// network Kairon learns no address (user mode; a bridged tap without `learnIP`, `netns`
+    /// or the guest agent), or has not learnt it yet. The message names the mode and the fix.
+    pub const INSTANCE_ADDRESS_UNKNOWN: &str = "InstanceAddressUnknown";
+    /// A control-plane machine on a network no other VM can reach (Kairon's user mode, a NAT
+    /// of the VM's own): no VM is made; the template must be fixed and rolled out.
+    pub const CONTROL_PLANE_NETWORK_UNREACHABLE: &str = "ControlPlaneNetworkUnreachable";
     /// Kairon reports phase Unknown: FluxVM says the runtime is in a state Kairon does not know
     /// (it failed, among others) and Kairon does not restart it. The VM does not run; not
     /// terminal.

@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("has(self.spec.resources) == has(oldSelf.spec.resources) && (!has(self.spec.resources) || self.spec.resources == oldSelf.spec.resources)").message("spec.resources is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.resources"),
     validation = Rule::new("has(self.spec.instanceTypeName) == has(oldSelf.spec.instanceTypeName) && (!has(self.spec.instanceTypeName) || self.spec.instanceTypeName == oldSelf.spec.instanceTypeName)").message("spec.instanceTypeName is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.instanceTypeName"),
     validation = Rule::new("has(self.spec.network) == has(oldSelf.spec.network) && (!has(self.spec.network) || self.spec.network == oldSelf.spec.network)").message("spec.network is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.network"),
+    validation = Rule::new("has(self.spec.guestAgent) == has(oldSelf.spec.guestAgent) && (!has(self.spec.guestAgent) || self.spec.guestAgent == oldSelf.spec.guestAgent)").message("spec.guestAgent is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.guestAgent"),
     validation = Rule::new("has(self.spec.placement) == has(oldSelf.spec.placement) && (!has(self.spec.placement) || self.spec.placement == oldSelf.spec.placement)").message("spec.placement is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.placement"),
     validation = Rule::new("has(self.spec.evictionStrategy) == has(oldSelf.spec.evictionStrategy) && (!has(self.spec.evictionStrategy) || self.spec.evictionStrategy == oldSelf.spec.evictionStrategy)").message("spec.evictionStrategy is immutable: create a new KaironMachineTemplate and roll out instead").field_path(".spec.evictionStrategy"),
 )]
@@ -67,9 +68,14 @@ pub struct KaironMachineSpec {
     pub instance_type_name: Option<String>,
 
     /// How the VM's network interface is attached (Kairon's `spec.network`): Kairon's
-    /// user-mode network when absent.
+    /// user-mode network (a NAT of the VM's own, reachable by no other VM) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<MachineNetwork>,
+
+    /// The VM's guest agent (Kairon's `spec.guestAgent`): with `enabled`, Kairon reads the
+    /// guest's addresses from qemu-guest-agent when it knows none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent: Option<GuestAgent>,
 
     /// Which Kairon nodes may run the VM (Kairon's `spec.placement`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -155,26 +161,81 @@ impl MachineResources {
     }
 }
 
-/// How the VM's network interface is attached, in the shape of Kairon's `spec.network`.
+/// How the VM's network interface is attached, in the shape of Kairon's `spec.network`
+/// (`docs/kairon-api.md`, "Networks"). Only `tap` on a bridge and `macvtap` give VMs a shared
+/// network on which peers and a kube-vip address can be reached; `user` is a NAT of each VM's
+/// own.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[x_kube(validation = Rule::new("(has(self.mode) && self.mode == 'tap') == has(self.bridge)").message("network.bridge is required with network.mode tap and only with it"))]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.bridge) || (has(self.mode) && self.mode == 'tap')").message("network.bridge is only used with network.mode tap"))]
+#[x_kube(validation = Rule::new("!has(self.bridge) || !has(self.netns) || !self.netns").message("network.bridge is not used with network.netns: true (a netns VM is routed through its own namespace, on no host bridge): set one of them"))]
+#[x_kube(validation = Rule::new("!has(self.netns) || !self.netns || (has(self.mode) && self.mode == 'tap')").message("network.netns is only used with network.mode tap"))]
+#[x_kube(validation = Rule::new("!has(self.staticNetwork) || !self.staticNetwork || (has(self.mode) && self.mode == 'tap' && has(self.netns) && self.netns)").message("network.staticNetwork needs network.mode tap with network.netns: true"))]
+#[x_kube(validation = Rule::new("!has(self.learnIP) || !self.learnIP || (has(self.mode) && self.mode == 'tap')").message("network.learnIP is only used with network.mode tap"))]
+#[x_kube(validation = Rule::new("(has(self.mode) && self.mode == 'macvtap') == has(self.parent)").message("network.parent is required with network.mode macvtap and only used with it"))]
+#[x_kube(validation = Rule::new("!has(self.macvtapMode) || (has(self.mode) && self.mode == 'macvtap')").message("network.macvtapMode is only used with network.mode macvtap"))]
 pub struct MachineNetwork {
-    /// `user` (Kairon's default: user-mode networking behind the node) or `tap` (a tap device
-    /// on `bridge`).
+    /// `user` (Kairon's default: a NAT of the VM's own, reachable by no other VM; it reports no
+    /// address), `tap` (a tap device on `bridge`, or in a network namespace of its own with
+    /// `netns`) or `macvtap` (directly on the host NIC `parent`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self in ['user', 'tap']").message("network.mode must be user or tap"))]
+    #[x_kube(validation = Rule::new("self in ['user', 'tap', 'macvtap']").message("network.mode must be user, tap or macvtap"))]
     pub mode: Option<String>,
 
-    /// The bridge on the Kairon node the tap device is attached to.
+    /// tap: the bridge on the Kairon node the tap device joins (the node's default bridge, if
+    /// it has one, when absent). VMs on bridges of the same name share one network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 15))]
     pub bridge: Option<String>,
+
+    /// tap: a network namespace of the VM's own, with an address Kairon assigns and reports.
+    /// Routed, not bridged: no address announced by ARP (a kube-vip VIP) reaches other VMs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<bool>,
+
+    /// tap with netns: the guest gets its netns address from cloud-init rather than DHCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_network: Option<bool>,
+
+    /// The guest NIC's MAC address (six octets, `:` or `-` separated). Kairon makes one for a
+    /// netns VM when absent. Not in templates: every VM made from one would share it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$') || self.matches('^[0-9A-Fa-f]{2}(-[0-9A-Fa-f]{2}){5}$')").message("network.mac must be six hex octets separated by : or -, like 52:54:00:12:34:56"))]
+    pub mac: Option<String>,
+
+    /// tap: when Kairon knows no address of the guest, report the one FluxVM learns from its
+    /// ARP or neighbour advertisements or its DHCP lease. Without it (or netns, or the guest
+    /// agent) a bridged VM reports no address.
+    #[serde(default, rename = "learnIP", skip_serializing_if = "Option::is_none")]
+    pub learn_ip: Option<bool>,
+
+    /// macvtap: the host NIC on the Kairon node the macvtap device sits on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 15))]
+    pub parent: Option<String>,
+
+    /// macvtap: `bridge`, `vepa`, `private` (VMs on the same parent cannot reach each other)
+    /// or `passthru`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['bridge', 'vepa', 'private', 'passthru']").message("network.macvtapMode must be bridge, vepa, private or passthru"))]
+    pub macvtap_mode: Option<String>,
 }
 
 /// Values of `spec.network.mode`.
 pub mod network_mode {
     pub const USER: &str = "user";
     pub const TAP: &str = "tap";
+    pub const MACVTAP: &str = "macvtap";
+}
+
+/// The VM's guest agent (Kairon's `spec.guestAgent`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct GuestAgent {
+    /// kairon-node asks qemu-guest-agent in the guest for its addresses when Kairon knows
+    /// none (the image must run it). In user mode it reports the NAT's own address, which
+    /// no other VM can reach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
 }
 
 /// Which Kairon nodes may run a KaironMachine's VM.

@@ -57,6 +57,7 @@ pub struct KaironMachinePoolSpec {
     /// What each VM of the pool is: the fields of a KaironMachine's spec. A change rolls the
     /// pool (every VM replaced, by `strategy`).
     #[x_kube(validation = Rule::new("!has(self.providerID)").message("spec.template.providerID must not be set: the controller writes it on each KaironMachine of the pool"))]
+    #[x_kube(validation = Rule::new("!has(self.network) || !has(self.network.mac)").message("spec.template.network.mac must not be set: every VM of the pool would have the same MAC address"))]
     pub template: KaironMachineSpec,
 
     /// How VMs are replaced when the template changes.

@@ -45,6 +45,7 @@ pub struct KaironMachineTemplateSpec {
 /// The object cloned for each Machine.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.spec.providerID)").message("spec.template.spec.providerID must not be set: the controller writes it on each KaironMachine").field_path(".spec.providerID"))]
+#[x_kube(validation = Rule::new("!has(self.spec.network) || !has(self.spec.network.mac)").message("spec.template.spec.network.mac must not be set: every KaironMachine made from the template would have the same MAC address").field_path(".spec.network.mac"))]
 pub struct KaironMachineTemplateResource {
     /// Labels and annotations for the cloned KaironMachines.
     #[serde(default, skip_serializing_if = "Option::is_none")]

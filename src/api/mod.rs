@@ -20,7 +20,7 @@ pub use kairon_cluster::{
 };
 pub use kairon_cluster_identity::{AllowedNamespaces, KaironClusterIdentity, KaironClusterIdentitySpec};
 pub use kairon_machine::{
-    DeprecatedStatus, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
+    DeprecatedStatus, GuestAgent, Initialization, InstanceRef, KaironMachine, KaironMachineSpec, KaironMachineStatus,
     MachineAddress, MachineImage, MachineNetwork, MachinePlacement, MachineResources, V1Beta1Status, anti_affinity,
     network_mode,
 };

@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::types::{Image, ImageSource, Network, Placement, Resources, Term, WeightedTerm};
+use super::types::{GuestAgent, Image, ImageSource, Network, Placement, Resources, Term, WeightedTerm};
 use super::{CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX, labels};
 use crate::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec, anti_affinity};
 
@@ -192,10 +192,19 @@ pub(crate) fn kairon_spec(
             memory: Some(kairon_memory(&r.memory.0)),
         }),
         instance_type_name: shape.instance_type_name.clone(),
+        // What the user wrote, field by field; what Kairon derives (a netns MAC, a tap
+        // name) is left to Kairon.
         network: shape.network.as_ref().map(|n| Network {
             mode: n.mode.clone(),
             bridge: n.bridge.clone(),
+            netns: n.netns,
+            static_network: n.static_network,
+            mac: n.mac.clone(),
+            learn_ip: n.learn_ip,
+            parent: n.parent.clone(),
+            macvtap_mode: n.macvtap_mode.clone(),
         }),
+        guest_agent: shape.guest_agent.as_ref().map(|g| GuestAgent { enabled: g.enabled }),
         placement: (placement != Placement::default()).then_some(placement),
         cloud_init,
         ..Default::default()

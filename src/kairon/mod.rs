@@ -11,6 +11,7 @@
 //!   KaironMachinePool: which set a pool should have ([`set_desired`]), what a set and its
 //!   members mean for the pool ([`set_observe`]), how sets are read and written
 //!   ([`MachineSets`]);
+//! - [`network`]: what Kairon's network modes mean for a cluster (pure);
 //! - [`maintenance`]: Kairon's hosts and migrations, which the provider sees only through a
 //!   Machine's status (its host, the host's labels, an evacuation request), read by
 //!   [`evacuation`] (pure).
@@ -27,6 +28,7 @@ pub(crate) mod fixtures;
 mod gate;
 pub mod machineset;
 pub mod maintenance;
+pub mod network;
 pub mod nodes;
 pub mod observe;
 pub mod ownership;
@@ -48,8 +50,8 @@ pub use set_client::{
     released_members, released_name,
 };
 pub use types::{
-    CloudInit, CloudInitFile, Image, ImageSource, Machine, MachineSpec, MachineStatus, Network, Placement, Resources,
-    Term, UserData, WeightedTerm, phase, power_state,
+    CloudInit, CloudInitFile, GuestAgent, Image, ImageSource, Machine, MachineSpec, MachineStatus, Network, Placement,
+    Resources, Term, UserData, WeightedTerm, phase, power_state,
 };
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's schema has

@@ -195,6 +195,21 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
     Decided::new(INSTANCE_PROVISIONED, status, r, message)
 }
 
+/// The `InstanceProvisioned` condition of a running VM for which Kairon reports no address
+/// and whose Machine has no Node: why, by its network, and the fix.
+pub(crate) fn unaddressed_condition(vm: &Machine) -> Decided {
+    let name = bounded(&vm.name_any(), MAX_NAME);
+    Decided::new(
+        INSTANCE_PROVISIONED,
+        Status::False,
+        reason::INSTANCE_ADDRESS_UNKNOWN,
+        format!(
+            "Kairon Machine {name} is running but Kairon reports no address for it and no Node has joined: {}",
+            super::network::why_no_address(&vm.spec)
+        ),
+    )
+}
+
 /// Kairon's `Scheduled=False` as `reason: message` (bounded and cleaned as read), if any.
 fn not_scheduled(vm: &Machine) -> Option<String> {
     let c = vm

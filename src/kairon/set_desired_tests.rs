@@ -16,6 +16,7 @@ fn shape() -> KaironMachineSpec {
         network: Some(MachineNetwork {
             mode: Some("tap".into()),
             bridge: Some("storage".into()),
+            ..Default::default()
         }),
         ..Default::default()
     }

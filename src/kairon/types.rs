@@ -51,6 +51,8 @@ pub struct MachineSpec {
     pub resources: Option<Resources>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_agent: Option<GuestAgent>,
     /// Guest customization, applied once when the runtime is created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_init: Option<CloudInit>,
@@ -108,14 +110,45 @@ pub struct Resources {
 }
 
 /// `spec.network`: how the guest's NIC is attached (`mode` `user`, the default, `tap` or
-/// `macvtap`; `bridge` for tap).
+/// `macvtap`), with what each mode takes; the subset the provider writes (see
+/// `docs/kairon-api.md`, "Networks"). What Kairon derives itself (a netns MAC, a tap name) is
+/// never written.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Network {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<String>,
+    /// tap: the host bridge the tap device joins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bridge: Option<String>,
+    /// tap: a network namespace of the VM's own, with an address FluxVM assigns and reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<bool>,
+    /// tap + netns: the netns address given to the guest by cloud-init instead of DHCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub static_network: Option<bool>,
+    /// The guest NIC's MAC address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// Report the address FluxVM learns from the guest's ARP, neighbour advertisements or DHCP
+    /// lease when Kairon has none otherwise.
+    #[serde(default, rename = "learnIP", skip_serializing_if = "Option::is_none")]
+    pub learn_ip: Option<bool>,
+    /// macvtap: the host NIC the macvtap device sits on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// macvtap: `bridge`, `vepa`, `private` or `passthru`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub macvtap_mode: Option<String>,
+}
+
+/// `spec.guestAgent`: qemu-guest-agent in the image, which kairon-node asks for the guest's
+/// addresses when FluxVM knows none.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GuestAgent {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
 }
 
 /// `spec.placement`: which Kairon nodes may run the VM.

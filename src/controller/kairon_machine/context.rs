@@ -305,7 +305,8 @@ pub(super) async fn write_status_with(
     // elsewhere keeps the endpoint that holds it.
     let seen = matches!(
         input,
-        StatusInput::Live(Observed::Instance(_)) | StatusInput::Deleting(Observed::Instance(_))
+        StatusInput::Live(Observed::Instance(_) | Observed::InstanceWithoutNode(_))
+            | StatusInput::Deleting(Observed::Instance(_) | Observed::InstanceWithoutNode(_))
     );
     if let (Some(target), Some(instance), true) = (target, next.instance.as_mut(), seen) {
         instance.identity_ref = target.identity.clone();

@@ -46,6 +46,21 @@ pub(super) async fn create_instance(
             format!("waiting for the infrastructure of Cluster {}", scope.cluster_name),
         );
     }
+    // Before any VM: a control plane no peer could reach would only time out in kubeadm.
+    if machine.is_control_plane()
+        && let Some(why) = kairon::network::control_plane_unreachable(scope.km.spec.network.as_ref())
+    {
+        return Ok(Step::Stop(
+            Observed::Waiting(Decided::new(
+                INSTANCE_PROVISIONED,
+                Status::False,
+                reason::CONTROL_PLANE_NETWORK_UNREACHABLE,
+                why,
+            )),
+            // The spec is immutable: nothing but a new KaironMachine changes the verdict.
+            Action::await_change(),
+        ));
+    }
     let Some(secret_name) = machine.data_secret_name() else {
         if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
             return waiting(

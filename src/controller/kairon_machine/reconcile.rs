@@ -91,7 +91,11 @@ pub async fn reconcile(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Acti
                 Some(after) if after < ctx.settings.sync_period => Action::requeue(after),
                 _ => ctx.resync(),
             };
-            (Observed::Instance(Box::new(vm)), action, m.conditions)
+            let observed = match machine.has_node() {
+                true => Observed::Instance(Box::new(vm)),
+                false => Observed::InstanceWithoutNode(Box::new(vm)),
+            };
+            (observed, action, m.conditions)
         }
         Ok(Step::Stop(observed, action)) => (observed, action, vec![]),
         Err(Error::Kairon(e @ KaironError::Create { .. })) => {

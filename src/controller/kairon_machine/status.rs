@@ -19,6 +19,9 @@ pub enum Observed {
     },
     /// The instance, as Kairon reports it.
     Instance(Box<kairon::Machine>),
+    /// The instance, as Kairon reports it, of a Machine that has no Node yet: a VM running
+    /// without an address then says what its network needs.
+    InstanceWithoutNode(Box<kairon::Machine>),
     /// The instance existed (our providerID names it) and is gone.
     Gone,
     /// A Kairon Machine with our name belongs to someone else.
@@ -85,9 +88,12 @@ pub fn next_status(
                     "Kairon Machine {name} exists but does not belong to this KaironMachine ({why}); it is left alone"
                 ),
             ),
-            Observed::Instance(vm) => {
+            Observed::Instance(vm) | Observed::InstanceWithoutNode(vm) => {
                 status.instance = Some(observe::instance_ref(vm));
                 let addresses = observe::addresses(vm);
+                let unaddressed = matches!(observed, Observed::InstanceWithoutNode(_))
+                    && observe::is_running(vm)
+                    && !addresses.iter().any(|a| a.type_ == "InternalIP");
                 if !addresses.is_empty() {
                     status.addresses = Some(addresses);
                 }
@@ -99,7 +105,14 @@ pub fn next_status(
                         provisioned: Some(true),
                     });
                 }
-                observe::instance_condition(vm)
+                if unaddressed {
+                    // Provisioned all the same (the VM runs, and a Node may still come from a
+                    // control plane it reaches), but not Ready: a cluster on a network that
+                    // cannot carry it says so here rather than time out in kubeadm.
+                    observe::unaddressed_condition(vm)
+                } else {
+                    observe::instance_condition(vm)
+                }
             }
         };
         let ready = if deleting {

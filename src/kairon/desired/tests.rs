@@ -255,15 +255,56 @@ fn a_tap_network_is_a_tap_on_that_bridge() {
     k.spec.network = Some(MachineNetwork {
         mode: Some("tap".into()),
         bridge: Some("br-storage".into()),
+        ..Default::default()
     });
     let m = desired_kairon_machine(&k, "demo", false, CloudInit::default(), None);
     assert_eq!(
         m.spec.network,
         Some(Network {
             mode: Some("tap".into()),
-            bridge: Some("br-storage".into())
+            bridge: Some("br-storage".into()),
+            ..Default::default()
         })
     );
+    assert_eq!(m.spec.guest_agent, None);
+}
+
+#[test]
+fn every_network_field_the_user_wrote_is_copied_and_nothing_is_derived() {
+    #[rustfmt::skip]
+    let cases: [(&str, MachineNetwork, Option<bool>, Network); 3] = [
+        (
+            "bridged tap learning its address, with the guest agent",
+            MachineNetwork { mode: Some("tap".into()), bridge: Some("br0".into()), learn_ip: Some(true), ..Default::default() },
+            Some(true),
+            Network { mode: Some("tap".into()), bridge: Some("br0".into()), learn_ip: Some(true), ..Default::default() },
+        ),
+        (
+            // No MAC made up: Kairon derives a netns VM's own.
+            "netns with a static address",
+            MachineNetwork { mode: Some("tap".into()), netns: Some(true), static_network: Some(true), ..Default::default() },
+            None,
+            Network { mode: Some("tap".into()), netns: Some(true), static_network: Some(true), ..Default::default() },
+        ),
+        (
+            "macvtap with a MAC of the user's",
+            MachineNetwork { mode: Some("macvtap".into()), parent: Some("eth1".into()), macvtap_mode: Some("private".into()), mac: Some("52:54:00:aa:bb:cc".into()), ..Default::default() },
+            Some(false),
+            Network { mode: Some("macvtap".into()), parent: Some("eth1".into()), macvtap_mode: Some("private".into()), mac: Some("52:54:00:aa:bb:cc".into()), ..Default::default() },
+        ),
+    ];
+    for (name, network, agent, want) in cases {
+        let mut k = km("m");
+        k.spec.network = Some(network);
+        k.spec.guest_agent = agent.map(|enabled| crate::api::GuestAgent { enabled: Some(enabled) });
+        let m = desired_kairon_machine(&k, "demo", false, CloudInit::default(), None);
+        assert_eq!(m.spec.network, Some(want), "{name}");
+        assert_eq!(
+            m.spec.guest_agent,
+            agent.map(|enabled| crate::kairon::GuestAgent { enabled: Some(enabled) }),
+            "{name}"
+        );
+    }
 }
 
 #[test]

@@ -11,6 +11,37 @@ fn vm(phase: &str) -> Box<kairon::Machine> {
     Box::new(kairon::fixtures::vm(Some(phase)))
 }
 
+/// A running VM in user mode, as Kairon reports it: no address.
+fn unaddressed() -> Box<kairon::Machine> {
+    let mut m = vm("Running");
+    if let Some(status) = m.status.as_mut() {
+        status.guest_ip = None;
+        status.guest_ips = None;
+    }
+    m
+}
+
+#[test]
+fn a_running_vm_without_an_address_names_its_mode_and_the_fix() {
+    let s = next_status(
+        None,
+        StatusInput::Live(&Observed::InstanceWithoutNode(unaddressed())),
+        None,
+        &at(10),
+    );
+    let c = cond(&s, READY);
+    assert!(
+        c.message.contains("no address") && c.message.contains("network mode user") && c.message.contains("learnIP"),
+        "{}",
+        c.message
+    );
+    assert!(
+        s.addresses
+            .as_ref()
+            .is_some_and(|a| a.iter().all(|a| a.type_ != "InternalIP"))
+    );
+}
+
 fn cond<'a>(s: &'a KaironMachineStatus, t: &str) -> &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
     conditions::get(s.conditions.as_deref().unwrap(), t).unwrap_or_else(|| panic!("no {t} condition"))
 }
@@ -69,6 +100,38 @@ fn status_from_every_observation() {
             ready: ("True", reason::READY),
             instance: ("True", reason::PROVISIONED),
             provisioned: true,
+            failure_reason: None,
+        },
+        Case {
+            name: "running with an address, no Node yet",
+            observed: Observed::InstanceWithoutNode(vm("Running")),
+            ready: ("True", reason::READY),
+            instance: ("True", reason::PROVISIONED),
+            provisioned: true,
+            failure_reason: None,
+        },
+        Case {
+            name: "running without an address, no Node yet: provisioned, not ready, says why",
+            observed: Observed::InstanceWithoutNode(unaddressed()),
+            ready: ("False", reason::INSTANCE_ADDRESS_UNKNOWN),
+            instance: ("False", reason::INSTANCE_ADDRESS_UNKNOWN),
+            provisioned: true,
+            failure_reason: None,
+        },
+        Case {
+            name: "running without an address, with a Node: the cluster formed",
+            observed: Observed::Instance(unaddressed()),
+            ready: ("True", reason::READY),
+            instance: ("True", reason::PROVISIONED),
+            provisioned: true,
+            failure_reason: None,
+        },
+        Case {
+            name: "starting without an address, no Node yet: still provisioning",
+            observed: Observed::InstanceWithoutNode(vm("Starting")),
+            ready: ("False", reason::INSTANCE_PROVISIONING),
+            instance: ("False", reason::INSTANCE_PROVISIONING),
+            provisioned: false,
             failure_reason: None,
         },
         Case {
