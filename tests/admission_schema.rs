@@ -2,6 +2,7 @@
 //! invalid specs are rejected with messages that name the field, and updates of immutable
 //! fields are rejected — the CRDs' OpenAPI schema and CEL rules doing the work.
 
+use capkr::api::{MachineNetwork, network_mode};
 use capkr_testenv::{CapiManagers, Env, EnvOptions, infrastructure_resource, machine_image};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -83,7 +84,8 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
     let digest_with_url = "image.digest is required with image.httpURL";
     let whole_cpu = "resources.cpu must be a whole number of at least 1";
     let one_size = "exactly one of resources and instanceTypeName must be set";
-    let bridge = "network.bridge is required with network.mode tap and only with it";
+    let bridge = "network.bridge is only used with network.mode tap";
+    let parent = "network.parent is required with network.mode macvtap and only used with it";
     // (kind, spec, field path the message must name, phrase it must contain)
     let cases: Vec<(&str, Value, &str, &str)> = vec![
         (
@@ -225,7 +227,12 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
             "spec.network.bridge",
             "",
         ),
-        ("KaironMachine", network(json!({"mode": "tap"})), "spec.network", bridge),
+        (
+            "KaironMachine",
+            network(json!({"mode": "macvtap"})),
+            "spec.network",
+            parent,
+        ),
         (
             "KaironMachine",
             network(json!({"mode": "user", "bridge": "br0"})),
@@ -234,9 +241,21 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         (
             "KaironMachine",
-            network(json!({"mode": "macvtap"})),
+            network(json!({"mode": "none"})),
             "spec.network.mode",
-            "network.mode must be user or tap",
+            "network.mode must be user, tap or macvtap",
+        ),
+        (
+            "KaironMachine",
+            network(json!({"mode": "tap", "bridge": "br0", "staticNetwork": true})),
+            "spec.network",
+            "network.staticNetwork needs network.mode tap with network.netns: true",
+        ),
+        (
+            "KaironMachine",
+            network(json!({"mode": "tap", "bridge": "br0", "mac": "52:54:00:12:34"})),
+            "spec.network.mac",
+            "network.mac must be six hex octets separated by : or -",
         ),
         (
             "KaironMachine",
@@ -370,9 +389,9 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         (
             "KaironMachinePool",
-            json!({"template": with(machine_spec(), &["network"], json!({"mode": "tap"}))}),
+            json!({"template": with(machine_spec(), &["network"], json!({"mode": "macvtap"}))}),
             "spec.template.network",
-            bridge,
+            parent,
         ),
         (
             "KaironMachinePool",
@@ -443,6 +462,19 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         ),
         ("typed", typed),
         ("tap", network(json!({"mode": "tap", "bridge": "br0"}))),
+        (
+            "tap-learning",
+            network(json!({"mode": "tap", "bridge": "br0", "learnIP": true})),
+        ),
+        (
+            "netns",
+            network(json!({"mode": "tap", "netns": true, "staticNetwork": true, "mac": "52-54-00-12-34-56"})),
+        ),
+        (
+            "macvtap",
+            network(json!({"mode": "macvtap", "parent": "eth1", "macvtapMode": "bridge"})),
+        ),
+        ("agent", with(machine_spec(), &["guestAgent"], json!({"enabled": true}))),
         ("user", network(json!({"mode": "user"}))),
         ("required", required),
         (
@@ -651,19 +683,58 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
     assert_eq!(written.data["status"]["infrastructureMachineKind"], "KaironMachine");
 }
 
+/// The network each case's VM gets: the shipped flavors' (a bridged tap learning its
+/// address) for control planes and joining workers, a netns with a static address, and a
+/// private macvtap with the user's MAC: every network field the provider writes.
+fn network_of(fixture: &str) -> MachineNetwork {
+    match fixture {
+        "worker-files" => MachineNetwork {
+            mode: Some(network_mode::TAP.into()),
+            netns: Some(true),
+            static_network: Some(true),
+            ..Default::default()
+        },
+        "worker-user" => MachineNetwork {
+            mode: Some(network_mode::MACVTAP.into()),
+            parent: Some("eth1".into()),
+            macvtap_mode: Some("private".into()),
+            mac: Some("52:54:00:12:34:56".into()),
+            ..Default::default()
+        },
+        _ => MachineNetwork {
+            mode: Some(network_mode::TAP.into()),
+            bridge: Some("br0".into()),
+            learn_ip: Some(true),
+            ..Default::default()
+        },
+    }
+}
+
+/// What [`network_of`] becomes on the Kairon Machine: the same fields, as Kairon spells them.
+fn sent_network(fixture: &str) -> Value {
+    match fixture {
+        "worker-files" => json!({"mode": "tap", "netns": true, "staticNetwork": true}),
+        "worker-user" => {
+            json!({"mode": "macvtap", "parent": "eth1", "macvtapMode": "private", "mac": "52:54:00:12:34:56"})
+        }
+        _ => json!({"mode": "tap", "bridge": "br0", "learnIP": true}),
+    }
+}
+
 /// Kairon's published Machine schema (our own fixture of it, written from the field list of
 /// `charts/kairon/crds/machines.yaml` in zyvorai/kairon: no unknown field kept, strict field
 /// validation refusing one) takes, unchanged, the whole Kairon Machine the provider creates —
 /// each image source (a MachineImage, a path, an http URL with its digest), resources or an
 /// instance type, placement (a failure domain's node selector, the control planes' preferred or
-/// required anti-affinity), a tap network, and the `spec.cloudInit` the bootstrap bridge makes of the
+/// required anti-affinity), each network mode with every network field the provider writes
+/// and the guest agent, and the `spec.cloudInit` the bootstrap bridge makes of the
 /// bootstrap data CABPK v1.14.2's templates write: every field it sets exists there with the
 /// type it has.
 #[tokio::test(flavor = "multi_thread")]
 async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes() {
     use capkr::api::{
-        FailureDomainSpec, KaironMachine, KaironMachineSpec, MachineImage, MachineNetwork, MachinePlacement,
-        MachineResources, anti_affinity, network_mode,
+        FailureDomainSpec, GuestAgent, KaironMachine, KaironMachineSpec, MachineImage, MachinePlacement,
+        MachineResources, anti_affinity,
     };
     use capkr::kairon::cloud_init::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, translate_cloud_config};
     use capkr::kairon::desired_kairon_machine;
@@ -731,10 +802,8 @@ async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes
                 image: image.clone(),
                 resources: instance_type.is_none().then(|| MachineResources::new(2, "4Gi")),
                 instance_type_name: instance_type.map(String::from),
-                network: (!control_plane).then(|| MachineNetwork {
-                    mode: Some(network_mode::TAP.into()),
-                    bridge: Some("br0".into()),
-                }),
+                network: Some(network_of(fixture)),
+                guest_agent: control_plane.then_some(GuestAgent { enabled: Some(true) }),
                 placement: Some(MachinePlacement {
                     node_selector: Some([("kairon.zyvor.dev/pool".to_string(), "general".to_string())].into()),
                     control_plane_anti_affinity: spread.map(String::from),
@@ -775,11 +844,12 @@ async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes
                 "{case}: {sent}"
             ),
         }
-        if control_plane {
-            assert!(sent.get("network").is_none(), "{case}: {sent}");
-        } else {
-            assert_eq!(sent["network"], json!({"mode": "tap", "bridge": "br0"}), "{case}");
-        }
+        assert_eq!(sent["network"], sent_network(fixture), "{case}");
+        assert_eq!(
+            sent.get("guestAgent"),
+            control_plane.then(|| json!({"enabled": true})).as_ref(),
+            "{case}"
+        );
         if let Some(url) = &image.http_url {
             assert_eq!(
                 sent["image"],

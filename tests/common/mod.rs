@@ -387,11 +387,18 @@ impl Drop for Rig {
 
 /// The port a process started by the environment serves `flag` on (`--health-addr`,
 /// `--metrics-bind-address`: the environment picks free ones).
-/// The smallest KaironMachine spec the tests create by hand (1 CPU, 1Gi, image `img`, 10Gi disk).
+/// The smallest KaironMachine spec the tests create by hand (1 CPU, 1Gi, image `img`, 10Gi disk),
+/// on the shipped flavors' network (a tap device on bridge `br0`, learning its address).
 pub fn km_spec() -> capkr::api::KaironMachineSpec {
     capkr::api::KaironMachineSpec {
         image: capkr::api::MachineImage::from_image_ref("img", Some("10Gi")),
         resources: Some(capkr::api::MachineResources::new(1, "1Gi")),
+        network: Some(capkr::api::MachineNetwork {
+            mode: Some(capkr::api::network_mode::TAP.into()),
+            bridge: Some("br0".into()),
+            learn_ip: Some(true),
+            ..Default::default()
+        }),
         ..Default::default()
     }
 }

@@ -171,6 +171,7 @@ async fn create_machine(client: &Client, ns: &str, i: usize) -> Result<(String, 
         "spec": {
             "image": {"imageRef": format!("ubuntu-2404-kube-{VERSION}"), "diskSize": "20Gi"},
             "resources": {"cpu": 2, "memory": "4Gi"},
+            "network": {"mode": "tap", "bridge": "br0", "learnIP": true},
         },
     }))?;
     kms.create(&PostParams::default(), &km)

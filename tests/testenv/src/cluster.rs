@@ -88,13 +88,19 @@ impl Infrastructure {
       topology.kairon.zyvor.dev/zone: zone-b"#
             ),
             machine_spec: format!(
-                "  image:\n    imageRef: {}\n    diskSize: 20Gi\n  resources:\n    cpu: 2\n    memory: 4Gi",
+                "  image:\n    imageRef: {}\n    diskSize: 20Gi\n  resources:\n    cpu: 2\n    memory: 4Gi\n{NETWORK}",
                 machine_image()
             ),
             provider_id: true,
         }
     }
 }
+
+/// The shipped flavors' network, as a machine spec's lines (indented as under a machine): a
+/// tap device on the bridge `br0` the cluster's VMs share, learning their addresses, with the
+/// guest agent on (README, "Networking on Kairon").
+pub const NETWORK: &str =
+    "  network:\n    mode: tap\n    bridge: br0\n    learnIP: true\n  guestAgent:\n    enabled: true";
 
 /// The cluster's objects (CAPI v1beta2) on Kairon, with the control plane endpoint at
 /// `host:port`.

@@ -195,6 +195,23 @@ fn columns(header: &[&str], cells: &[Vec<String>]) -> String {
     out.join("\n")
 }
 
+/// A Kairon Machine's network as Kairon reads its spec: the mode (`user` when absent) and
+/// where it attaches (`tap/br0`, `tap/netns`, `macvtap/eth1`).
+fn network_of(spec: &Value) -> String {
+    let network = &spec["network"];
+    let mode = network["mode"].as_str().unwrap_or("user");
+    let on = match mode {
+        "tap" if network["netns"].as_bool() == Some(true) => Some("netns"),
+        "tap" => network["bridge"].as_str(),
+        "macvtap" => network["parent"].as_str(),
+        _ => None,
+    };
+    match on {
+        Some(on) => format!("{mode}/{on}"),
+        None => mode.to_string(),
+    }
+}
+
 /// The Kairon Machines of `namespace` as Kairon shows them (its printer columns, with the
 /// image), and the spec the provider wrote on the first control plane's: image, resources,
 /// placement and network as they are, `cloudInit` only counted (it holds the cluster's
@@ -219,11 +236,15 @@ pub async fn kairon_machines_summary(env: &Env, namespace: &str) -> Result<Strin
                 text(&spec["resources"]["cpu"]),
                 text(&spec["resources"]["memory"]),
                 text(&spec["image"]["imageRef"]),
+                network_of(spec),
                 text(&status["guestIP"]),
             ]
         })
         .collect();
-    let mut out = columns(&["NAME", "NODE", "PHASE", "CPU", "MEMORY", "IMAGE", "IP"], &cells);
+    let mut out = columns(
+        &["NAME", "NODE", "PHASE", "CPU", "MEMORY", "IMAGE", "NETWORK", "IP"],
+        &cells,
+    );
     let control_plane = vms.iter().find(|vm| {
         vm.metadata
             .labels
@@ -521,6 +542,29 @@ mod tests {
         );
         let table = columns(&["NAME", "IP"], &[vec!["vm-1".into(), "-".into()]]);
         assert_eq!(table, "NAME  IP\nvm-1  -");
+    }
+
+    #[test]
+    fn the_network_column_shows_the_mode_and_where_it_attaches() {
+        let cases = [
+            (serde_json::json!({}), "user"),
+            (serde_json::json!({"network": {"mode": "user"}}), "user"),
+            (
+                serde_json::json!({"network": {"mode": "tap", "bridge": "br0", "learnIP": true}}),
+                "tap/br0",
+            ),
+            (
+                serde_json::json!({"network": {"mode": "tap", "netns": true}}),
+                "tap/netns",
+            ),
+            (
+                serde_json::json!({"network": {"mode": "macvtap", "parent": "eth1"}}),
+                "macvtap/eth1",
+            ),
+        ];
+        for (spec, want) in cases {
+            assert_eq!(network_of(&spec), want, "{spec}");
+        }
     }
 
     #[test]
