@@ -214,7 +214,8 @@ async fn steady_state_makes_no_request() {
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
-    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
+    // The Machine has no Node yet: what the last reconcile saw of the VM, as this one sees it.
+    let km = with_status(km, Observed::InstanceWithoutNode(Box::new(vm("Running"))));
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -264,6 +265,62 @@ async fn waiting_for_bootstrap_data_reads_nothing_and_writes_status_once() {
     run(km, world, |mut h| async move { expect_no_more(&mut h).await })
         .await
         .unwrap();
+}
+
+/// A control plane in Kairon's user mode (no `spec.network`) would be reachable by no peer:
+/// no Secret is read and no VM created, the condition names the fix; once written, the
+/// same verdict writes nothing. On a bridge, the same Machine reads its bootstrap data.
+#[tokio::test]
+async fn a_control_plane_in_user_mode_gets_no_vm_and_says_why() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.network = None;
+    let mut m = machine();
+    m.metadata.labels = Some([("cluster.x-k8s.io/control-plane".to_string(), String::new())].into());
+    let world = || World {
+        machines: vec![m.clone()],
+        clusters: vec![cluster(false)],
+        instances: vec![],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    run(km.clone(), world(), move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
+        let c = condition(&body["status"], INSTANCE_PROVISIONED);
+        assert_eq!(c["reason"], reason::CONTROL_PLANE_NETWORK_UNREACHABLE);
+        assert!(
+            c["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("user mode") && m.contains("tap")),
+            "{c}"
+        );
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .unwrap();
+
+    let unreachable = Observed::Waiting(Decided::new(
+        INSTANCE_PROVISIONED,
+        Status::False,
+        reason::CONTROL_PLANE_NETWORK_UNREACHABLE,
+        capkr::kairon::network::control_plane_unreachable(None).unwrap_or_default(),
+    ));
+    run(with_status(km.clone(), unreachable), world(), |mut h| async move {
+        expect_no_more(&mut h).await
+    })
+    .await
+    .unwrap();
+
+    // The same control plane on a bridge goes on to its bootstrap data.
+    km.spec.network = Some(capkr::api::MachineNetwork {
+        mode: Some("tap".into()),
+        bridge: Some("br0".into()),
+        ..Default::default()
+    });
+    run(km, world(), move |mut h| async move {
+        expect(&mut h, "GET", SECRET_PATH, 404, json!({"kind": "Status", "code": 404})).await;
+    })
+    .await
+    .ok();
 }
 
 #[tokio::test]
@@ -329,7 +386,8 @@ async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreat
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
-    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
+    // The Machine has no Node yet: what the last reconcile saw of the VM, as this one sees it.
+    let km = with_status(km, Observed::InstanceWithoutNode(Box::new(vm("Running"))));
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],

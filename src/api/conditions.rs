@@ -78,9 +78,10 @@ pub mod reason {
     /// pinning); Kairon keeps trying, and its reason and message say why.
     pub const INSTANCE_NOT_SCHEDULED: &str = "InstanceNotScheduled";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
-    /// The VM runs, Kairon reports no address for it and its Machine has no Node: on its
-    /// network Kairon learns no address (user mode; a bridged tap without `learnIP`, `netns`
-    /// or the guest agent), or has not learnt it yet. The message names the mode and the fix.
+    /// The VM runs and Kairon reports no address for it: on its network Kairon learns none
+    /// (user mode; a bridged tap without `learnIP`, `netns` or the guest agent), or has not
+    /// learnt it yet. The message names the mode and the fix. `InstanceProvisioned` False (and
+    /// so Ready) while the Machine has no Node, True once one joined.
     pub const INSTANCE_ADDRESS_UNKNOWN: &str = "InstanceAddressUnknown";
     /// A control-plane machine on a network no other VM can reach (Kairon's user mode, a NAT
     /// of the VM's own): no VM is made; the template must be fixed and rolled out.

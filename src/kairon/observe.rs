@@ -195,19 +195,28 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
     Decided::new(INSTANCE_PROVISIONED, status, r, message)
 }
 
-/// The `InstanceProvisioned` condition of a running VM for which Kairon reports no address
-/// and whose Machine has no Node: why, by its network, and the fix.
-pub(crate) fn unaddressed_condition(vm: &Machine) -> Decided {
+/// The `InstanceProvisioned` condition of a running VM for which Kairon reports no address:
+/// why, by its network, and the fix. False while its Machine has no Node (the cluster may
+/// be unable to form on that network); True once a Node `joined` (the cluster formed, but
+/// the Machine's addresses lack the VM's).
+pub(crate) fn unaddressed_condition(vm: &Machine, joined: bool) -> Decided {
     let name = bounded(&vm.name_any(), MAX_NAME);
-    Decided::new(
-        INSTANCE_PROVISIONED,
-        Status::False,
-        reason::INSTANCE_ADDRESS_UNKNOWN,
-        format!(
-            "Kairon Machine {name} is running but Kairon reports no address for it and no Node has joined: {}",
-            super::network::why_no_address(&vm.spec)
+    let why = super::network::why_no_address(&vm.spec);
+    let (status, message) = match joined {
+        false => (
+            Status::False,
+            format!(
+                "Kairon Machine {name} is running but Kairon reports no address for it and no Node has joined: {why}"
+            ),
         ),
-    )
+        true => (
+            Status::True,
+            format!(
+                "Kairon Machine {name} is running and its Node joined, but Kairon reports no address for it: {why}"
+            ),
+        ),
+    };
+    Decided::new(INSTANCE_PROVISIONED, status, reason::INSTANCE_ADDRESS_UNKNOWN, message)
 }
 
 /// Kairon's `Scheduled=False` as `reason: message` (bounded and cleaned as read), if any.

@@ -358,14 +358,7 @@ async fn a_worker_without_bootstrap_data_waits_for_it_once_the_control_plane_is_
     }))
     .unwrap();
     let m = rig.machines().create(&PostParams::default(), &m).await.unwrap();
-    let mut km = KaironMachine::new(
-        "late",
-        KaironMachineSpec {
-            image: capkr::api::MachineImage::from_image_ref("img", Some("10Gi")),
-            resources: Some(capkr::api::MachineResources::new(1, "1Gi")),
-            ..Default::default()
-        },
-    );
+    let mut km = KaironMachine::new("late", crate::common::km_spec());
     km.metadata.labels = Some([("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone())].into());
     km.metadata.owner_references = Some(vec![OwnerReference {
         api_version: "cluster.x-k8s.io/v1beta2".into(),

@@ -91,9 +91,8 @@ pub fn next_status(
             Observed::Instance(vm) | Observed::InstanceWithoutNode(vm) => {
                 status.instance = Some(observe::instance_ref(vm));
                 let addresses = observe::addresses(vm);
-                let unaddressed = matches!(observed, Observed::InstanceWithoutNode(_))
-                    && observe::is_running(vm)
-                    && !addresses.iter().any(|a| a.type_ == "InternalIP");
+                let unaddressed = observe::is_running(vm) && !addresses.iter().any(|a| a.type_ == "InternalIP");
+                let joined = matches!(observed, Observed::Instance(_));
                 if !addresses.is_empty() {
                     status.addresses = Some(addresses);
                 }
@@ -107,9 +106,10 @@ pub fn next_status(
                 }
                 if unaddressed {
                     // Provisioned all the same (the VM runs, and a Node may still come from a
-                    // control plane it reaches), but not Ready: a cluster on a network that
-                    // cannot carry it says so here rather than time out in kubeadm.
-                    observe::unaddressed_condition(vm)
+                    // control plane it reaches). Without a Node not Ready: a cluster on a
+                    // network that cannot carry it says so here rather than time out in
+                    // kubeadm. With one, Ready, and the missing address still said.
+                    observe::unaddressed_condition(vm, joined)
                 } else {
                     observe::instance_condition(vm)
                 }

@@ -119,10 +119,10 @@ fn status_from_every_observation() {
             failure_reason: None,
         },
         Case {
-            name: "running without an address, with a Node: the cluster formed",
+            name: "running without an address, with a Node: the cluster formed, the address still missing",
             observed: Observed::Instance(unaddressed()),
             ready: ("True", reason::READY),
-            instance: ("True", reason::PROVISIONED),
+            instance: ("True", reason::INSTANCE_ADDRESS_UNKNOWN),
             provisioned: true,
             failure_reason: None,
         },
