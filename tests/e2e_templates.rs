@@ -10,6 +10,8 @@ mod addons;
 mod distribution_support;
 #[path = "e2e_templates/machine_pools.rs"]
 mod machine_pools;
+#[path = "e2e_templates/networks.rs"]
+mod networks;
 mod templates_support;
 #[path = "e2e_templates/upgrade.rs"]
 mod upgrade;

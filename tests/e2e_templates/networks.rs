@@ -1,0 +1,263 @@
+//! The shipped default flavor on Kairon's networks, as the simulator plays them
+//! (`tests/kairon-sim/README.md`, "Networks"): without `spec.network` (Kairon's user mode, a
+//! NAT of each VM's own) no cluster forms and the KaironMachines say why; on a bridge without
+//! `learnIP` or the guest agent the cluster forms but Kairon reports no address, and a rollout
+//! to the flavor's own network brings the addresses.
+
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::templates_support::*;
+
+/// The generated `yaml` with the `spec.network`/`spec.guestAgent` lines of the
+/// KaironMachineTemplate `template` replaced by `network` (spec lines, indented as in the
+/// template; empty: Kairon's default user mode).
+fn with_network(yaml: &str, template: &str, network: &str) -> String {
+    let docs: Vec<String> = yaml
+        .split("\n---\n")
+        .map(|doc| {
+            if !doc.contains("kind: KaironMachineTemplate") || !doc.contains(&format!("\n  name: {template}\n")) {
+                return doc.to_string();
+            }
+            let start = doc
+                .find("\n      network:\n")
+                .unwrap_or_else(|| panic!("{template} has a network block"));
+            let end = doc[start..]
+                .find("\n      evictionStrategy:")
+                .map(|i| start + i)
+                .unwrap_or_else(|| panic!("{template} has evictionStrategy after its network"));
+            format!("{}\n{network}{}", &doc[..start], &doc[end..])
+                .replace("\n\n      evictionStrategy:", "\n      evictionStrategy:")
+        })
+        .collect();
+    let out = docs.join("\n---\n");
+    assert_ne!(out, yaml, "the network of {template} was not replaced");
+    out
+}
+
+/// A bridged tap on the flavor's bridge, learning nothing: Kairon reports no address.
+const TAP_ONLY: &str = "      network:\n        mode: tap\n        bridge: br0";
+
+fn kairon_machines() -> kube::api::ApiResource {
+    gvk("kairon.zyvor.dev", "v1alpha1", "Machine", "machines")
+}
+
+/// `reason` and `message` of a condition of `obj`.
+fn reason_of(obj: &DynamicObject, type_: &str) -> (String, String) {
+    let c = condition(obj, type_).cloned().unwrap_or(Value::Null);
+    (
+        c["reason"].as_str().unwrap_or_default().to_string(),
+        c["message"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn internal_ips(obj: &DynamicObject) -> Vec<String> {
+    obj.data["status"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["type"] == "InternalIP")
+        .filter_map(|a| a["address"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn has_node(m: &DynamicObject) -> bool {
+    !m.data["status"]["nodeRef"].is_null()
+}
+
+/// The default flavor without `spec.network` (Kairon's user mode): the control plane would be
+/// reachable by no one, so it gets no VM, and its KaironMachine says so with the fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_in_kairons_user_mode_gets_no_control_plane_vm_and_says_why() {
+    let rig = GuestRig::start("templates_user_network").await;
+    let yaml = rig.generate("", 1, 1);
+    let cp_template = format!("{}-control-plane", rig.cluster);
+    let md_template = format!("{}-md-0", rig.cluster);
+    let yaml = with_network(&with_network(&yaml, &cp_template, ""), &md_template, "");
+    rig.kubectl_apply(&yaml);
+    rig.wait(
+        "the control plane's KaironMachine refused its network",
+        Duration::from_secs(120),
+        || async {
+            let kms = rig.list(&kaironmachines()).await;
+            let cp = kms
+                .iter()
+                .find(|km| is_control_plane(km))
+                .ok_or("no control-plane KaironMachine yet")?;
+            let (reason, message) = reason_of(cp, "Ready");
+            if reason != "ControlPlaneNetworkUnreachable" || !message.contains("user mode") || !message.contains("tap")
+            {
+                return Err(format!("Ready: {reason}: {message}"));
+            }
+            Ok(())
+        },
+    )
+    .await;
+    // Nothing was made on Kairon, then or later.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let vms = rig.list(&kairon_machines()).await;
+    assert!(
+        vms.is_empty(),
+        "Kairon Machines made for a user-mode control plane: {vms:?}"
+    );
+    let machines = rig.machines().await;
+    assert!(machines.iter().all(|m| !has_node(m)), "a Node joined: {machines:?}");
+}
+
+/// Workers in user mode cannot reach the control plane's kube-vip address (on the bridge):
+/// their VMs run, report no address and never join, and each KaironMachine says why. The
+/// control plane, on a bridge without `learnIP` or the guest agent, forms without an address
+/// Kairon reports, and says so too. New templates on the flavor's own network (learnIP and
+/// the guest agent), rolled out, bring addresses and Nodes to every Machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_brings_addresses() {
+    let rig = GuestRig::start("templates_networks").await;
+    let generated = rig.generate("", 1, 1);
+    let cp_template = format!("{}-control-plane", rig.cluster);
+    let md_template = format!("{}-md-0", rig.cluster);
+    let yaml = with_network(&with_network(&generated, &cp_template, TAP_ONLY), &md_template, "");
+    rig.kubectl_apply(&yaml);
+
+    // The control plane forms on the bridge; Kairon reports no address for it.
+    rig.wait(
+        "the control plane's Node, no address reported",
+        Duration::from_secs(300),
+        || async {
+            let machines = rig.machines().await;
+            let cp = machines
+                .iter()
+                .find(|m| is_control_plane(m))
+                .ok_or("no control-plane Machine")?;
+            if !has_node(cp) {
+                return Err("the control plane has no Node yet".into());
+            }
+            let kms = rig.list(&kaironmachines()).await;
+            let km = kms
+                .iter()
+                .find(|km| is_control_plane(km))
+                .ok_or("no control-plane KaironMachine")?;
+            let (reason, message) = reason_of(km, "InstanceProvisioned");
+            if reason != "InstanceAddressUnknown" || !message.contains("learnIP") {
+                return Err(format!("control plane InstanceProvisioned: {reason}: {message}"));
+            }
+            if !is_true(km, "Ready") || !internal_ips(km).is_empty() {
+                return Err(format!(
+                    "control plane not Ready, or with an address: {:?}",
+                    km.data["status"]
+                ));
+            }
+            Ok(())
+        },
+    )
+    .await;
+    // The worker's VM runs, in user mode: no address, and the kube-vip address unreachable.
+    rig.wait(
+        "the worker running without an address, saying why",
+        Duration::from_secs(120),
+        || async {
+            let kms = rig.list(&kaironmachines()).await;
+            let km = kms
+                .iter()
+                .find(|km| !is_control_plane(km))
+                .ok_or("no worker KaironMachine")?;
+            let (reason, message) = reason_of(km, "Ready");
+            if reason != "InstanceAddressUnknown" || !message.contains("network mode user") {
+                return Err(format!("worker Ready: {reason}: {message}"));
+            }
+            if km.data["status"]["initialization"]["provisioned"] != json!(true) {
+                return Err("the worker is not provisioned".into());
+            }
+            Ok(())
+        },
+    )
+    .await;
+    let vms = rig.list(&kairon_machines()).await;
+    assert_eq!(vms.len(), 2, "{vms:?}");
+    for vm in &vms {
+        assert_eq!(vm.data["status"]["phase"], "Running", "{vm:?}");
+        assert!(
+            vm.data["status"]["guestIP"].is_null(),
+            "Kairon reports no address here: {vm:?}"
+        );
+    }
+    // kubeadm join keeps failing in the worker: no Node, however long.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let machines = rig.machines().await;
+    let worker = machines
+        .iter()
+        .find(|m| !is_control_plane(m))
+        .expect("a worker Machine");
+    assert!(!has_node(worker), "a user-mode worker joined: {worker:?}");
+
+    // New templates on the flavor's network, rolled out.
+    let templates = rig.api(&kaironmachinetemplates());
+    for name in [&cp_template, &md_template] {
+        let old = templates.get(name).await.expect("the template");
+        let mut spec = old.data["spec"].clone();
+        spec["template"]["spec"]["network"] = json!({"mode": "tap", "bridge": "br0", "learnIP": true});
+        spec["template"]["spec"]["guestAgent"] = json!({"enabled": true});
+        let mut new = DynamicObject::new(&format!("{name}-learning"), &kaironmachinetemplates()).within(&rig.ns);
+        new.data = json!({ "spec": spec });
+        templates
+            .create(&Default::default(), &new)
+            .await
+            .expect("a new template");
+    }
+    rig.patch_kcp(
+        &format!("{}-control-plane", rig.cluster),
+        json!({"spec": {"machineTemplate": {"spec": {"infrastructureRef": {"name": format!("{cp_template}-learning")}}}}}),
+    )
+    .await;
+    let mds: Api<DynamicObject> = rig.api(&capi("MachineDeployment", "machinedeployments"));
+    mds.patch(
+        &format!("{}-md-0", rig.cluster),
+        &PatchParams::default(),
+        &Patch::Merge(
+            json!({"spec": {"template": {"spec": {"infrastructureRef": {"name": format!("{md_template}-learning")}}}}}),
+        ),
+    )
+    .await
+    .expect("pointing the MachineDeployment at the new template");
+    rig.wait(
+        "every Machine rolled out, with an address and a Node",
+        Duration::from_secs(400),
+        || async {
+            let machines = rig.machines().await;
+            if machines.len() != 2 {
+                return Err(format!("{} Machines", machines.len()));
+            }
+            let kms = rig.list(&kaironmachines()).await;
+            for m in &machines {
+                let name = name(m);
+                let km = kms
+                    .iter()
+                    .find(|k| crate::templates_support::name(k) == name)
+                    .ok_or(format!("no KaironMachine {name}"))?;
+                let template = km
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("cluster.x-k8s.io/cloned-from-name"))
+                    .cloned()
+                    .unwrap_or_default();
+                if !template.ends_with("-learning") {
+                    return Err(format!("{name} is still from {template}"));
+                }
+                if !has_node(m) || internal_ips(m).is_empty() {
+                    return Err(format!(
+                        "{name}: Node {}, addresses {:?}",
+                        m.data["status"]["nodeRef"], m.data["status"]["addresses"]
+                    ));
+                }
+                let (reason, message) = reason_of(km, "InstanceProvisioned");
+                if reason != "Provisioned" {
+                    return Err(format!("{name} InstanceProvisioned: {reason}: {message}"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await;
+}
