@@ -10,12 +10,15 @@
 //! secrets: it is never logged, and no `Debug` here shows it.
 
 use std::fmt;
+use std::net::Ipv4Addr;
 
 use capkr::kairon::{Machine, MachineSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use crate::guest::{self, MetaData};
+use crate::hosts::keeps_unreported_address;
+use crate::network::Attachment;
 use crate::sim::Key;
 use crate::workload::NodeFacts;
 
@@ -52,9 +55,10 @@ pub fn boot_input(m: &Machine) -> Option<BootInput> {
     })
 }
 
-/// What the guest of `m` registers as, from what it boots from; `None` (logged) if it cannot
-/// boot a kubelet. Never logs the user-data.
-pub fn node_facts(m: &Machine) -> Option<NodeFacts> {
+/// What the guest of `m` registers as, from what it boots from, with `address` its own
+/// address (the pool's, which the engine gave it at boot: Kairon may report none, or slirp's);
+/// `None` (logged) if it cannot boot a kubelet. Never logs the user-data.
+pub fn node_facts(m: &Machine, address: Option<Ipv4Addr>) -> Option<NodeFacts> {
     let key = Key::of(m);
     let Some(boot) = boot_input(m) else {
         tracing::warn!(machine = %key, "no cloudInit: no kubelet will register a Node");
@@ -76,7 +80,8 @@ pub fn node_facts(m: &Machine) -> Option<NodeFacts> {
         identity,
         kubelet_version,
         machine_uid: m.uid().unwrap_or_default(),
-        internal_ip: guest_address(m),
+        internal_ip: address.map(|a| a.to_string()),
+        attachment: Attachment::of(&m.spec),
         hostname: boot.meta.local_hostname,
         cpus: cpus(resources.and_then(|r| r.cpu.as_deref())),
         memory: quantity(resources.and_then(|r| r.memory.as_deref()), DEFAULT_MEMORY),
@@ -93,9 +98,10 @@ pub fn guest_address(m: &Machine) -> Option<String> {
         .or_else(|| status.guest_ips.as_ref()?.first().cloned())
 }
 
-/// Whether the Machine reports an address, i.e. its guest booted.
-pub fn has_address(m: &Machine) -> bool {
-    guest_address(m).is_some()
+/// Whether the Machine's guest booted and may have registered a Node: it reports an address,
+/// or its VM is up, paused or failed (most networks report no address).
+pub fn guest_ran(m: &Machine) -> bool {
+    guest_address(m).is_some() || keeps_unreported_address(crate::sim::phase_of(m))
 }
 
 /// The image's name as kubelet's version is read from it: `spec.image.imageRef`, else its

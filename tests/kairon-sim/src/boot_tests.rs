@@ -1,5 +1,5 @@
 use capkr::kairon::cloud_init::{CloudInit, CloudInitFile};
-use capkr::kairon::{Image, MachineStatus, Resources};
+use capkr::kairon::{Image, MachineStatus, Network, Resources, phase};
 
 use super::*;
 
@@ -40,7 +40,7 @@ fn no_cloud_init_or_an_empty_one_gives_no_seed() {
         ..Default::default()
     });
     assert_eq!(boot_input(&m), None, "an empty cloudInit gives the guest no seed");
-    assert!(node_facts(&m).is_none());
+    assert!(node_facts(&m, None).is_none());
     m.spec.cloud_init = None;
     assert_eq!(boot_input(&m), None);
 }
@@ -118,18 +118,53 @@ fn node_facts_take_resources_disk_image_and_address() {
         guest_ips: Some(vec!["10.0.0.7".into()]),
         ..Default::default()
     });
-    let facts = node_facts(&m).expect("facts");
+    // The InternalIP is the address the engine gave the guest, not what Kairon reports.
+    let facts = node_facts(&m, Some("10.42.0.3".parse().unwrap())).expect("facts");
     assert_eq!(facts.cpus, 3);
     assert_eq!(facts.memory.0, "6Gi");
     assert_eq!(facts.disk.0, "40Gi");
-    assert_eq!(facts.internal_ip.as_deref(), Some("10.0.0.7"));
+    assert_eq!(facts.internal_ip.as_deref(), Some("10.42.0.3"));
+    assert_eq!(facts.attachment, Attachment::User);
     assert_eq!(facts.hostname, "vm-a");
     assert_eq!(facts.machine_uid, "uid-a");
     assert_eq!(image_name(&m.spec), "ubuntu-2404-kube-v1.34.1");
+    assert_eq!(node_facts(&m, None).expect("facts").internal_ip, None);
 
     m.status.as_mut().expect("status").guest_ip = Some("10.0.0.9".into());
     assert_eq!(guest_address(&m).as_deref(), Some("10.0.0.9"), "guestIP first");
-    assert!(has_address(&m));
+    assert!(guest_ran(&m));
+    m.spec.network = Some(Network {
+        mode: Some("tap".into()),
+        bridge: Some("br0".into()),
+        ..Default::default()
+    });
+    assert_eq!(
+        node_facts(&m, None).expect("facts").attachment,
+        Attachment::Bridge("br0".into())
+    );
+}
+
+#[test]
+fn a_guest_ran_if_it_reports_an_address_or_its_vm_is_up() {
+    let cases = [
+        (Some(phase::RUNNING), None, true),
+        (Some(phase::PAUSED), None, true),
+        (Some(phase::UNKNOWN), None, true),
+        (Some(phase::STARTING), None, false),
+        (Some(phase::HALTED), None, false),
+        (Some(phase::STOPPED), None, false),
+        (None, None, false),
+        (Some(phase::STOPPED), Some("10.42.0.4"), true),
+    ];
+    for (p, ip, want) in cases {
+        let mut m = machine(MachineSpec::default());
+        m.status = Some(MachineStatus {
+            phase: p.map(str::to_string),
+            guest_ip: ip.map(str::to_string),
+            ..Default::default()
+        });
+        assert_eq!(guest_ran(&m), want, "{p:?} {ip:?}");
+    }
 }
 
 #[test]

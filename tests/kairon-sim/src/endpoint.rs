@@ -2,6 +2,11 @@
 //! address that reaches a live API server of that cluster. kube-vip moves the address to
 //! another control-plane VM when its holder goes away; here each new connection goes to the
 //! first backend that accepts, and a backend is dropped when its VM stops.
+//!
+//! The listener stands for the VIP as the outside sees it (the management cluster, KWOK): a
+//! VIP announced by ARP from a VM in a NAT or a netns is seen by nobody outside
+//! ([`outside_reaches_vip`]), so only backends whose VM sits on a bridge or a macvtap parent
+//! are forwarded to, and with none of them a connection is closed at once.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -9,17 +14,26 @@ use std::sync::{Arc, Mutex};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use crate::network::{Attachment, describe, outside_reaches_vip};
+
+struct Backend {
+    uid: String,
+    address: SocketAddr,
+    /// Whether its VM's network carries the VIP to the outside.
+    carries_vip: bool,
+}
+
 /// A listening endpoint; dropping it closes the port.
 pub struct Endpoint {
     pub address: SocketAddr,
-    backends: Arc<Mutex<Vec<(String, SocketAddr)>>>,
+    backends: Arc<Mutex<Vec<Backend>>>,
     task: JoinHandle<()>,
 }
 
 impl Endpoint {
     pub async fn listen(address: SocketAddr) -> std::io::Result<Endpoint> {
         let listener = TcpListener::bind(address).await?;
-        let backends: Arc<Mutex<Vec<(String, SocketAddr)>>> = Arc::default();
+        let backends: Arc<Mutex<Vec<Backend>>> = Arc::default();
         let shared = backends.clone();
         let task = tokio::spawn(async move {
             loop {
@@ -30,7 +44,8 @@ impl Endpoint {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .iter()
-                    .map(|(_, a)| *a)
+                    .filter(|b| b.carries_vip)
+                    .map(|b| b.address)
                     .collect();
                 tokio::spawn(forward(client, candidates));
             }
@@ -43,19 +58,33 @@ impl Endpoint {
         })
     }
 
-    /// Adds (or keeps) the API server of the VM `uid`.
-    pub fn add_backend(&self, uid: &str, backend: SocketAddr) {
+    /// Adds (or keeps) the API server of the VM `uid`, whose NIC is on `attachment`.
+    pub fn add_backend(&self, uid: &str, backend: SocketAddr, attachment: &Attachment) {
         let mut b = self.backends.lock().unwrap_or_else(|e| e.into_inner());
-        if !b.iter().any(|(u, _)| u == uid) {
-            b.push((uid.to_string(), backend));
+        if b.iter().any(|x| x.uid == uid) {
+            return;
+        }
+        let carries_vip = outside_reaches_vip(std::slice::from_ref(attachment));
+        b.push(Backend {
+            uid: uid.to_string(),
+            address: backend,
+            carries_vip,
+        });
+        if carries_vip {
             tracing::info!(endpoint = %self.address, backend = %backend, "endpoint backend added");
+        } else {
+            tracing::info!(
+                endpoint = %self.address, backend = %backend,
+                "endpoint backend added, but the VIP it announces from {} is not reachable from outside: not forwarded to",
+                describe(attachment)
+            );
         }
     }
 
     /// Removes the VM's API server; returns how many backends are left.
     pub fn remove_backend(&self, uid: &str) -> usize {
         let mut b = self.backends.lock().unwrap_or_else(|e| e.into_inner());
-        b.retain(|(u, _)| u != uid);
+        b.retain(|x| x.uid != uid);
         b.len()
     }
 }
@@ -74,7 +103,8 @@ async fn forward(mut client: TcpStream, candidates: Vec<SocketAddr>) {
             return;
         }
     }
-    // No live API server: the connection is refused, as an unheld VIP would be.
+    // No live API server the outside reaches: the connection is closed, as an unheld (or
+    // unseen) VIP would not answer.
 }
 
 #[cfg(test)]
@@ -113,8 +143,9 @@ mod tests {
         let free = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         let ep = Endpoint::listen(free).await.unwrap();
         assert_eq!(ask(free).await, None, "no backend: nothing answers");
-        ep.add_backend("vm-a", a);
-        ep.add_backend("vm-b", b);
+        let br0 = Attachment::Bridge("br0".into());
+        ep.add_backend("vm-a", a, &br0);
+        ep.add_backend("vm-b", b, &br0);
         assert_eq!(ask(free).await, Some(b'a'));
         // The first VM's API server dies before the simulator notices: the next one answers.
         task_a.abort();
@@ -125,5 +156,25 @@ mod tests {
         drop(ep);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(TcpListener::bind(free).await.is_ok(), "port freed");
+    }
+
+    #[tokio::test]
+    async fn a_backend_whose_vip_the_outside_cannot_see_is_not_forwarded_to() {
+        let (user, _task_user) = echo_server(b'u').await;
+        let (netns, _task_netns) = echo_server(b'n').await;
+        let (macvtap, _task_macvtap) = echo_server(b'm').await;
+        let free = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let ep = Endpoint::listen(free).await.unwrap();
+        ep.add_backend("vm-user", user, &Attachment::User);
+        ep.add_backend("vm-netns", netns, &Attachment::Netns);
+        assert_eq!(ask(free).await, None, "a VIP in a NAT or a netns: closed at once");
+        let private = Attachment::Macvtap {
+            parent: "eth1".into(),
+            private: true,
+        };
+        ep.add_backend("vm-macvtap", macvtap, &private);
+        assert_eq!(ask(free).await, Some(b'm'), "on the parent's L2: reached");
+        assert_eq!(ep.remove_backend("vm-macvtap"), 2);
+        assert_eq!(ask(free).await, None);
     }
 }

@@ -6,8 +6,10 @@
 //! At most one Machine write and one guest operation are in flight per Machine. Host and
 //! address bookkeeping follows the Machines' statuses, and nothing is decided before the
 //! first full lists, so a restart picks up where the objects say. Nodes and
-//! migrations: [`site`]; MachineSets: [`sets`].
+//! migrations: [`site`]; MachineSets: [`sets`]; a guest's address and whether its join gets
+//! through its network: [`joins`].
 
+mod joins;
 mod sets;
 mod site;
 
@@ -104,6 +106,8 @@ pub struct Engine {
     busy: HashSet<Key>,
     guests: HashMap<Key, Guest>,
     guests_busy: HashSet<Key>,
+    /// What each Machine's user-data says of its kubeadm role, by uid (read once).
+    roles: joins::Roles,
     dirty: BTreeSet<Key>,
     /// Keys seen in the current (re)list; `None` outside a list.
     listing: Option<HashSet<Key>>,
@@ -133,6 +137,7 @@ impl Engine {
             busy: HashSet::new(),
             guests: HashMap::new(),
             guests_busy: HashSet::new(),
+            roles: HashMap::new(),
             dirty: BTreeSet::new(),
             listing: None,
             synced: false,
@@ -246,6 +251,9 @@ impl Engine {
         self.sets.member_deleted(key);
         let Some(m) = self.machines.remove(key) else { return };
         self.allocations.release(key);
+        if let Some(uid) = m.uid() {
+            self.roles.remove(&uid);
+        }
         self.timers.remove(key);
         self.retry_at.remove(key);
         tracing::info!(machine = %key, "Machine deleted");
@@ -530,27 +538,30 @@ impl Engine {
             *guest = Guest::new(uid.clone());
         }
         let step = next_kubelet_step(&m, guest, now);
+        let node = guest.node.clone();
         let (workloads, fleet, scripts) = (self.workloads.clone(), self.fleet.clone(), self.scripts.clone());
         match step {
             KubeletStep::Idle => {}
-            KubeletStep::PowerOn => {
-                tracing::info!(machine = %key, "the VM runs again: its kubelet starts");
-                *guest = Guest::new(uid.clone());
+            KubeletStep::PowerOn | KubeletStep::Register => {
+                // kubeadm (on a first boot) and kubelet go through the guest's network: no
+                // Node while what they must reach is out of its reach.
+                let address = self.guest_address(key);
+                if !self.join_gets_through(key, &m, address) {
+                    return;
+                }
+                if step == KubeletStep::PowerOn {
+                    tracing::info!(machine = %key, "the VM runs again: its kubelet starts");
+                    self.guests.insert(key.clone(), Guest::new(uid.clone()));
+                }
                 let ready = sim::node_should_be_ready(&m);
-                self.spawn_guest(key.clone(), uid, register(workloads, fleet, scripts, m, ready));
-            }
-            KubeletStep::Register => {
-                let ready = sim::node_should_be_ready(&m);
-                self.spawn_guest(key.clone(), uid, register(workloads, fleet, scripts, m, ready));
+                self.spawn_guest(key.clone(), uid, register(workloads, fleet, scripts, m, address, ready));
             }
             KubeletStep::SetReady(ready) => {
-                let node = guest.node.clone();
                 let since = Timestamp::now();
                 tracing::info!(machine = %key, ready, "Node Ready changes");
                 self.spawn_guest(key.clone(), uid, post_status(workloads, m, node, ready, since));
             }
             KubeletStep::Stop => {
-                let node = guest.node.clone();
                 self.spawn_guest(key.clone(), uid, stop(workloads, fleet, scripts, m, node));
             }
         }

@@ -1,5 +1,6 @@
 //! The processes of simulated control-plane VMs: for each, a real etcd, kube-apiserver,
-//! kube-controller-manager and kube-scheduler bound to the VM's own loopback address, with
+//! kube-controller-manager and kube-scheduler bound to the VM's own loopback address (the
+//! pool's, whatever Kairon reports: a user-mode VM's stands in for slirp's `10.0.2.15`), with
 //! certificates signed by the cluster's CAs from its bootstrap data (`kairon-guest certs`),
 //! plus kubelet's port-forward endpoint (`kairon-guest kubelet`); and per cluster the kube-vip
 //! endpoint ([`crate::endpoint`]) and the KWOK controller that plays its kubelets
@@ -24,6 +25,7 @@ use crate::endpoint::Endpoint;
 use crate::kubeadm::{ControlPlanePlan, first_service_ip};
 use crate::kubeadm_objects;
 use crate::kwok::{self, ClusterKwok};
+use crate::network::{describe, outside_reaches_guest};
 use crate::procs::{ProcessError, Supervised, run, spawn, tally_guest_api_server};
 use crate::static_pods::{
     ETCD_CLIENT_PORT, ETCD_PEER_PORT, admin_kubeconfig, apiserver_args, controller_manager_args, scheduler_args,
@@ -156,7 +158,7 @@ impl Fleet {
                         settle(vm, facts, plan).await?;
                     }
                     drop(vms);
-                    self.serve_endpoint(uid, cluster, plan, api).await?;
+                    self.serve_endpoint(uid, cluster, facts, plan, api).await?;
                     return self.ensure_kwok(uid, cluster, plan, api).await;
                 }
                 Some(false) => {
@@ -187,7 +189,16 @@ impl Fleet {
             took = ?started.elapsed(),
             "control plane up (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet endpoint)"
         );
-        self.serve_endpoint(uid, cluster, plan, api).await?;
+        if plan.vip.is_none() && !outside_reaches_guest(&facts.attachment) {
+            // Without kube-vip nothing stands between the outside and the VM's loopback
+            // address, so this is not played, only said.
+            tracing::info!(
+                vm = vm_name, address = %ip,
+                "no kube-vip: the API server is served on the VM's address, which in Kairon the outside would not reach from {}",
+                describe(&facts.attachment)
+            );
+        }
+        self.serve_endpoint(uid, cluster, facts, plan, api).await?;
         self.ensure_kwok(uid, cluster, plan, api).await
     }
 
@@ -363,10 +374,14 @@ impl Fleet {
         Ok(())
     }
 
+    /// kube-vip of VM `uid` announces the VIP: its API server becomes a backend of the
+    /// cluster's endpoint, which forwards to it only if its network (`facts.attachment`) lets
+    /// the outside see the VIP.
     async fn serve_endpoint(
         &self,
         uid: &str,
         cluster: &ClusterRef,
+        facts: &NodeFacts,
         plan: &ControlPlanePlan,
         api: SocketAddr,
     ) -> Result<(), FleetError> {
@@ -383,7 +398,7 @@ impl Fleet {
             endpoints.insert(cluster.clone(), endpoint);
         }
         if let Some(endpoint) = endpoints.get(cluster) {
-            endpoint.add_backend(uid, api);
+            endpoint.add_backend(uid, api, &facts.attachment);
         }
         Ok(())
     }

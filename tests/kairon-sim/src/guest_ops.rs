@@ -2,21 +2,22 @@
 //! the engine: register the Node, post its status, stop its kubelet, remove it. Errors become a retry after a
 //! while, never a failure of the Machine, as a kubelet would keep trying.
 
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use capkr::kairon::{Machine, labels, phase};
+use capkr::kairon::{Machine, labels};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::boot::{BootInput, boot_input, has_address, node_facts};
+use crate::boot::{BootInput, boot_input, guest_ran, node_facts};
 use crate::fleet::{ClusterRef, Fleet, FleetError, Stopped};
 use crate::guest;
 use crate::kubeadm::control_plane_plan;
 use crate::kubeadm_objects::delete_mirror_pods;
 use crate::kubelet::{GuestOutcome, RegisteredNode};
 use crate::scripts::{GuestScripts, Progress};
-use crate::sim::{self, Key};
+use crate::sim::Key;
 use crate::workload::{NodeFacts, WorkloadError, Workloads, desired_node, node_status};
 
 /// Back-off after a failed workload API call.
@@ -77,15 +78,20 @@ async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, clust
     }
 }
 
+/// The guest's kubelet registers its Node (with `address`, the guest's own, as its
+/// InternalIP), after what runs before it: its pre-kubeadm scripts, and on a control-plane VM
+/// with `--guest-bin-dir` the control plane's processes. Whether its `kubeadm join` gets
+/// through its network is the engine's to decide before (see [`crate::join_reach`]).
 pub async fn register(
     workloads: Arc<Workloads>,
     fleet: Option<Arc<Fleet>>,
     scripts: Option<Arc<GuestScripts>>,
     m: Machine,
+    address: Option<Ipv4Addr>,
     ready: bool,
 ) -> GuestOutcome {
     let key = Key::of(&m);
-    let Some(facts) = node_facts(&m) else {
+    let Some(facts) = node_facts(&m, address) else {
         return GuestOutcome::Unbootable;
     };
     // cloud-init's runcmd: the pre-kubeadm commands first; kubeadm (and so everything below)
@@ -203,8 +209,8 @@ pub async fn stop(
     let (cluster, name) = match known {
         Some(node) => (node.cluster.clone(), node.name().to_string()),
         // Not registered by this process (it restarted since): the Node the guest had, if any.
-        None => match (cluster_of(&m), has_address(&m)) {
-            (Some(cluster), true) => match node_facts(&m) {
+        None => match (cluster_of(&m), guest_ran(&m)) {
+            (Some(cluster), true) => match node_facts(&m, None) {
                 Some(facts) => (cluster, facts.identity.node_name),
                 None => return GuestOutcome::Stopped,
             },
@@ -258,12 +264,11 @@ pub async fn remove_node(
         None => {
             // Not registered by this process (e.g. after a restart): resolve it again,
             // quietly, unless the Machine ever ran.
-            let ran = has_address(&m) || sim::phase_of(&m) == Some(phase::RUNNING);
             let Some(cluster) = cluster_of(&m) else { return };
-            if !ran {
+            if !guest_ran(&m) {
                 return;
             }
-            let Some(facts) = node_facts(&m) else { return };
+            let Some(facts) = node_facts(&m, None) else { return };
             (cluster, facts.identity.node_name, facts.identity.provider_id)
         }
     };

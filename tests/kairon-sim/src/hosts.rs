@@ -1,12 +1,14 @@
 //! What machines hold: a slot on a host ([`crate::placement`]) and an address from the pool.
 //! Pure bookkeeping; the engine keeps it in line with what the Machines' statuses say, so it
-//! is rebuilt from the objects after a restart.
+//! is rebuilt from the objects after a restart (but for the addresses Kairon does not report,
+//! see [`Allocations::observe`]).
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 
 use capkr::kairon::{Machine, phase};
 
+use crate::network::{Reported, reports_address};
 use crate::placement::Placement;
 use crate::sim::Key;
 
@@ -110,6 +112,17 @@ impl AddressPool {
         self.lease.remove(key);
     }
 
+    /// The address `key` holds, if any.
+    #[cfg(test)]
+    pub fn address_of(&self, key: &Key) -> Option<Ipv4Addr> {
+        self.address_of.get(key).map(|a| Ipv4Addr::from(*a))
+    }
+
+    /// Who holds `addr`, if anyone.
+    pub fn holder(&self, addr: Ipv4Addr) -> Option<&Key> {
+        self.owner.get(&u32::from(addr))
+    }
+
     pub fn in_use(&self) -> usize {
         self.owner.len()
     }
@@ -127,21 +140,30 @@ impl Allocations {
     /// while the VM runs there ([`holds_host`]), an address while the Machine reports one
     /// (Kairon clears it when the VM is halted or stopped; a VM the old model's maintenance
     /// stopped keeps it until it is deleted), so an address never shows on two Machines.
+    ///
+    /// Kairon reports no address for most networks ([`reports_address`]), yet the guest has
+    /// one: a VM that is up ([`keeps_unreported_address`]) and reports none keeps the address
+    /// it was given, in memory only (after a restart of the simulator it gets a new one). Only
+    /// a reported address of the guest's own is read: slirp's `10.0.2.15`, which every
+    /// user-mode guest with the guest agent shows, is no pool address.
     pub fn observe(&mut self, key: &Key, machine: &Machine) -> Option<Key> {
         let status = machine.status.as_ref();
-        let holds_host = holds_host(status.and_then(|s| s.phase.as_deref()));
+        let phase = status.and_then(|s| s.phase.as_deref());
         match status.and_then(|s| s.node_name.as_deref()) {
-            Some(host) if holds_host => self.placement.assign(key, host),
+            Some(host) if holds_host(phase) => self.placement.assign(key, host),
             _ => self.placement.release(key),
         }
         // `guestIP`, else the first of `guestIPs`, that is the pool's.
-        let address = status
+        let reported = (reports_address(&machine.spec) == Reported::Own)
+            .then_some(status)
+            .flatten()
             .into_iter()
             .flat_map(|s| s.guest_ip.iter().chain(s.guest_ips.iter().flatten()))
             .filter_map(|a| a.parse::<Ipv4Addr>().ok())
             .find(|a| self.pool.contains(*a));
-        match address {
+        match reported {
             Some(addr) => self.pool.claim(key, addr),
+            None if keeps_unreported_address(phase) => None,
             None => {
                 self.pool.release(key);
                 None
@@ -156,6 +178,13 @@ impl Allocations {
     }
 }
 
+/// Whether a VM in this phase still has the address it booted with when Kairon shows none:
+/// it is up (Running), paused in place, or its runtime failed (Kairon keeps a reported address
+/// then too); a halted or stopped VM gave it up, one still booting has none yet.
+pub fn keeps_unreported_address(phase: Option<&str>) -> bool {
+    matches!(phase, Some(phase::RUNNING | phase::PAUSED | phase::UNKNOWN))
+}
+
 /// Whether a VM in this phase occupies its host: a paused VM keeps its VMM process (and so its
 /// share of the host), as kairon-controller counts it; a halted or stopped one does not.
 pub fn holds_host(phase: Option<&str>) -> bool {
@@ -168,6 +197,7 @@ pub fn holds_host(phase: Option<&str>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use capkr::kairon::{GuestAgent, MachineSpec, MachineStatus, Network};
 
     fn key(name: &str) -> Key {
         Key {
@@ -248,6 +278,116 @@ mod tests {
         for (p, want) in cases {
             assert_eq!(holds_host(p), want, "{p:?}");
         }
+    }
+
+    fn machine(phase: &str, network: Option<Network>, agent: bool, guest_ip: Option<&str>) -> Machine {
+        let mut m = Machine::new(
+            "m",
+            MachineSpec {
+                network,
+                guest_agent: agent.then_some(GuestAgent { enabled: Some(true) }),
+                ..Default::default()
+            },
+        );
+        m.status = Some(MachineStatus {
+            phase: Some(phase.into()),
+            node_name: Some("kairon-node-1".into()),
+            guest_ip: guest_ip.map(str::to_string),
+            guest_ips: guest_ip.map(|a| vec![a.to_string()]),
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn an_unreported_address_is_kept_while_the_vm_is_up() {
+        let netns = Network {
+            mode: Some("tap".into()),
+            netns: Some(true),
+            ..Default::default()
+        };
+        // What the status shows of the address allocated at boot (10.0.0.2), and whether the
+        // books keep it for the Machine afterwards.
+        let cases: Vec<(&str, Machine, bool)> = vec![
+            (
+                "user mode, Running: nothing shown, kept",
+                machine(phase::RUNNING, None, false, None),
+                true,
+            ),
+            (
+                "user mode, Paused: kept",
+                machine(phase::PAUSED, None, false, None),
+                true,
+            ),
+            (
+                "user mode, runtime failed: kept",
+                machine(phase::UNKNOWN, None, false, None),
+                true,
+            ),
+            (
+                "user mode, Halted: given up",
+                machine(phase::HALTED, None, false, None),
+                false,
+            ),
+            (
+                "user mode, Stopped: given up",
+                machine(phase::STOPPED, None, false, None),
+                false,
+            ),
+            (
+                "user mode, booting again after an error: none yet",
+                machine(phase::ERROR, None, false, None),
+                false,
+            ),
+            (
+                "user mode + agent: slirp's address is none of the pool's, the VM's kept",
+                machine(phase::RUNNING, None, true, Some("10.0.2.15")),
+                true,
+            ),
+            (
+                "netns, Running, reported",
+                machine(phase::RUNNING, Some(netns.clone()), false, Some("10.0.0.2")),
+                true,
+            ),
+            (
+                "netns, Halted: cleared",
+                machine(phase::HALTED, Some(netns), false, None),
+                false,
+            ),
+        ];
+        for (name, m, kept) in cases {
+            // A pool holding slirp's address too: it must still not be read as the guest's.
+            let mut books = Allocations {
+                placement: Placement::new(crate::flags::default_hosts(), 0),
+                pool: AddressPool::new("10.0.0.0/8").unwrap(),
+            };
+            let a = books.pool.allocate(&key("m"));
+            assert_eq!(a, Some("10.0.0.2".parse().unwrap()));
+            assert_eq!(books.observe(&key("m"), &m), None, "{name}");
+            let want = kept.then(|| "10.0.0.2".parse().unwrap());
+            assert_eq!(books.pool.address_of(&key("m")), want, "{name}");
+            assert_eq!(books.pool.holder("10.0.2.15".parse().unwrap()), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_reported_address_is_claimed_after_a_restart() {
+        let mut books = Allocations {
+            placement: Placement::new(crate::flags::default_hosts(), 0),
+            pool: AddressPool::new("10.42.0.0/16").unwrap(),
+        };
+        let learned = Network {
+            mode: Some("tap".into()),
+            bridge: Some("br0".into()),
+            learn_ip: Some(true),
+            ..Default::default()
+        };
+        let m = machine(phase::RUNNING, Some(learned), false, Some("10.42.0.9"));
+        books.observe(&key("m"), &m);
+        assert_eq!(books.pool.holder("10.42.0.9".parse().unwrap()), Some(&key("m")));
+        // Not reported: nothing to rebuild from; the guest gets an address when it needs one.
+        books.observe(&key("n"), &machine(phase::RUNNING, None, false, None));
+        assert_eq!(books.pool.address_of(&key("n")), None);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub struct Guest {
     pub unbootable: bool,
     /// The VM failed or went away: its kubelet no longer runs.
     pub stopped: bool,
+    /// What its `kubeadm join` does not reach, while it does not (logged once).
+    pub join_blocked: Option<String>,
 }
 
 impl Guest {
@@ -54,6 +56,7 @@ impl Guest {
             retry_at: None,
             unbootable: false,
             stopped: false,
+            join_blocked: None,
         }
     }
 
@@ -182,6 +185,7 @@ mod tests {
                 },
                 machine_uid: "u".into(),
                 internal_ip: None,
+                attachment: crate::network::Attachment::User,
                 hostname: "m".into(),
                 kubelet_version: "v1.36.3".into(),
                 cpus: 1,

@@ -10,6 +10,8 @@
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure); [`cloud_init`]: the
 //!   NoCloud seed Kairon renders from a structured cloudInit (pure);
 //! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
+//! - [`network`]: the guest's network (`spec.network`): which address Kairon reports, what
+//!   reaches what (pure); [`join_reach`]: whether a guest's `kubeadm join` gets through (pure);
 //! - [`machines`], [`site_writes`], [`machineset_writes`], [`workload`], [`guest_ops`]: writes to the management
 //!   and the workload API servers ([`status_patch`]: what a status write sends);
 //! - [`kubeadm`], [`fleet`], [`static_pods`], [`procs`], [`endpoint`], [`kubeadm_objects`]:
@@ -35,6 +37,7 @@ mod fleet;
 mod guest;
 mod guest_ops;
 mod hosts;
+mod join_reach;
 mod kubeadm;
 mod kubeadm_objects;
 mod kubelet;
@@ -43,6 +46,7 @@ mod machines;
 mod machineset;
 mod machineset_writes;
 mod migration;
+mod network;
 mod placement;
 mod procs;
 mod scripts;

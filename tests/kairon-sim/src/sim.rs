@@ -10,6 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use crate::network::{Reported, SLIRP_GUEST_ADDRESS, reports_address};
+
 /// kairon-node's finalizer (`internal/agent/agent.go`): the VM is torn down before the
 /// Machine goes away.
 pub const FINALIZER: &str = "kairon.zyvor.dev/runtime-cleanup";
@@ -129,8 +131,9 @@ pub enum Step {
     /// Choose a host: `Starting` with a new runtime there, or, as kairon-controller,
     /// stay `Pending` with `Scheduled=False` (`Unschedulable`) and try again later.
     Place,
-    /// Finish booting: `Running` with the guest's address, or `Error` (forced or random), which
-    /// is tried again after another boot delay, as kairon-node retries a failed reconcile.
+    /// Finish booting: `Running` (with the guest's address where Kairon reports one), or
+    /// `Error` (forced or random), which is tried again after another boot delay, as
+    /// kairon-node retries a failed reconcile.
     Boot,
     /// A running Machine was told to fail by annotation: FluxVM reports the runtime failed,
     /// which Kairon shows as phase `Unknown` and does not repair.
@@ -312,11 +315,19 @@ pub fn unschedulable_status(m: &Machine, message: &str, now: Timestamp) -> Machi
     status
 }
 
-pub fn running_status(m: &Machine, internal_ip: &str, now: Timestamp) -> MachineStatus {
+/// Booted, with `address` its own (the pool's). `guestIP`/`guestIPs` say only what Kairon
+/// would know of it ([`reports_address`]): the address itself, slirp's for a user-mode guest
+/// with the guest agent, or nothing.
+pub fn running_status(m: &Machine, address: &str, now: Timestamp) -> MachineStatus {
     let mut status = base_status(m);
     status.phase = Some(phase::RUNNING.to_string());
-    status.guest_ip = Some(internal_ip.to_string());
-    status.guest_ips = Some(vec![internal_ip.to_string()]);
+    let reported = match reports_address(&m.spec) {
+        Reported::Own => Some(address),
+        Reported::SlirpAddress => Some(SLIRP_GUEST_ADDRESS),
+        Reported::None => None,
+    };
+    status.guest_ip = reported.map(str::to_string);
+    status.guest_ips = reported.map(|a| vec![a.to_string()]);
     status.message = None;
     set_condition(&mut status, CONDITION_READY, true, REASON_RECONCILED, "", now);
     status

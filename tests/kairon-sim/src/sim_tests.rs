@@ -1,4 +1,5 @@
 use super::*;
+use capkr::kairon::{GuestAgent, Network};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
 
@@ -110,6 +111,12 @@ fn a_machine_created_stopped_or_halted_is_left_alone_until_it_is_asked_to_run() 
 fn power_states_write_what_kairon_node_writes() {
     let now = Timestamp::UNIX_EPOCH;
     let mut m = machine(Some(phase::RUNNING), true, false, &[]);
+    // A netns guest: Kairon reports its address, and shows when it is kept.
+    m.spec.network = Some(Network {
+        mode: Some("tap".into()),
+        netns: Some(true),
+        ..Default::default()
+    });
     let running = running_status(&m, "10.0.0.5", now);
     let runtime = Some("rt-1".to_string());
     m.status = Some(MachineStatus {
@@ -294,8 +301,11 @@ fn statuses_carry_what_each_phase_promises() {
     };
     let running = running_status(&m, "10.42.0.7", now);
     assert_eq!(running.phase.as_deref(), Some(phase::RUNNING));
-    assert_eq!(running.guest_ip.as_deref(), Some("10.42.0.7"));
-    assert_eq!(running.guest_ips, Some(vec!["10.42.0.7".to_string()]));
+    assert_eq!(
+        (running.guest_ip.as_deref(), running.guest_ips.as_ref()),
+        (None, None),
+        "user mode (no spec.network): Kairon has no address to report"
+    );
     assert_eq!(running.runtime_id.as_deref(), Some("rt-1"), "the same runtime boots");
     let types: BTreeMap<String, String> = running
         .conditions
@@ -309,6 +319,59 @@ fn statuses_carry_what_each_phase_promises() {
         "Kairon never writes Scheduled=True"
     );
     assert_eq!(types.get(CONDITION_READY).map(String::as_str), Some("True"));
+}
+
+#[test]
+fn a_running_status_reports_the_address_only_where_kairon_knows_it() {
+    let now = Timestamp::UNIX_EPOCH;
+    let tap = |learn_ip: Option<bool>| Network {
+        mode: Some("tap".into()),
+        bridge: Some("br0".into()),
+        learn_ip,
+        ..Default::default()
+    };
+    let netns = Network {
+        mode: Some("tap".into()),
+        netns: Some(true),
+        ..Default::default()
+    };
+    let macvtap = Network {
+        mode: Some("macvtap".into()),
+        parent: Some("eth1".into()),
+        learn_ip: Some(true),
+        ..Default::default()
+    };
+    let agent = Some(GuestAgent { enabled: Some(true) });
+    type Case = (&'static str, Option<Network>, Option<GuestAgent>, Option<&'static str>);
+    let cases: Vec<Case> = vec![
+        ("no network: user mode, no lease", None, None, None),
+        (
+            "user mode + guest agent: slirp's address",
+            None,
+            agent.clone(),
+            Some("10.0.2.15"),
+        ),
+        (
+            "user mode, agent disabled",
+            None,
+            Some(GuestAgent { enabled: Some(false) }),
+            None,
+        ),
+        ("tap on a bridge: not learned", Some(tap(None)), None, None),
+        ("tap on a bridge, learnIP false", Some(tap(Some(false))), None, None),
+        ("tap + learnIP", Some(tap(Some(true))), None, Some("10.42.0.7")),
+        ("tap + guest agent", Some(tap(None)), agent, Some("10.42.0.7")),
+        ("tap + netns: always", Some(netns), None, Some("10.42.0.7")),
+        ("macvtap + learnIP", Some(macvtap), None, Some("10.42.0.7")),
+    ];
+    for (name, network, guest_agent, want) in cases {
+        let mut m = machine(Some(phase::STARTING), true, false, &[]);
+        m.spec.network = network;
+        m.spec.guest_agent = guest_agent;
+        let running = running_status(&m, "10.42.0.7", now);
+        assert_eq!(running.guest_ip.as_deref(), want, "{name}");
+        assert_eq!(running.guest_ips, want.map(|a| vec![a.to_string()]), "{name}");
+    }
 }
 
 #[test]

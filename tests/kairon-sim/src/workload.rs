@@ -21,6 +21,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::guest::GuestIdentity;
+use crate::network::Attachment;
 use crate::sim::FIELD_MANAGER;
 
 /// kubelet version reported when neither the image name nor the kubeadm config says.
@@ -250,7 +251,10 @@ pub struct NodeFacts {
     pub identity: GuestIdentity,
     /// The Kairon Machine's uid (the VM's instance-id).
     pub machine_uid: String,
+    /// The guest's own address (see [`crate::boot::node_facts`]): its `InternalIP`.
     pub internal_ip: Option<String>,
+    /// Its NIC's network: which VIP it can carry for whom (see [`crate::endpoint`]).
+    pub attachment: Attachment,
     pub hostname: String,
     /// What kubelet reports as `nodeInfo.kubeletVersion`: see [`crate::guest::kubelet_version`].
     pub kubelet_version: String,
@@ -407,6 +411,7 @@ mod tests {
             },
             machine_uid: "uid-1".into(),
             internal_ip: Some("10.42.0.9".into()),
+            attachment: Attachment::User,
             hostname: "demo-md-0-abc".into(),
             kubelet_version: "v1.36.4".into(),
             cpus: 2,
