@@ -104,9 +104,10 @@ pub enum Reported {
     SlirpAddress,
 }
 
-/// A netns address is FluxVM's own, so always known; on a bridge or a macvtap parent only
-/// FluxVM's learning (`learnIP`) or the guest agent tell it; user mode has nothing but the
-/// guest agent, which reports slirp's address (`projectNetworkStatus`).
+/// A netns address is FluxVM's own, so always known; on a bridge only FluxVM's learning
+/// (`learnIP`, its VM edge) or the guest agent tell it, on a macvtap parent only the guest
+/// agent; user mode has nothing but the guest agent, which reports slirp's address
+/// (`projectNetworkStatus`).
 pub fn reports_address(spec: &MachineSpec) -> Reported {
     let learn_ip = spec.network.as_ref().and_then(|n| n.learn_ip) == Some(true);
     let agent = spec.guest_agent.as_ref().and_then(|a| a.enabled) == Some(true);
@@ -114,7 +115,9 @@ pub fn reports_address(spec: &MachineSpec) -> Reported {
         Attachment::Netns => Reported::Own,
         Attachment::User if agent => Reported::SlirpAddress,
         Attachment::User => Reported::None,
-        Attachment::Bridge(_) | Attachment::Macvtap { .. } if learn_ip || agent => Reported::Own,
+        // learnIP is FluxVM's VM edge, on a tap only: macvtap has no edge hook.
+        Attachment::Bridge(_) if learn_ip || agent => Reported::Own,
+        Attachment::Macvtap { .. } if agent => Reported::Own,
         // No network: no lease, nothing to learn.
         Attachment::Bridge(_) | Attachment::Macvtap { .. } | Attachment::Unattached => Reported::None,
     }
@@ -295,7 +298,12 @@ mod tests {
             ("netns: always", Some(netns.clone()), None, Reported::Own),
             ("netns, agent off", Some(netns), Some(false), Reported::Own),
             ("macvtap: not learned", Some(mvt.clone()), None, Reported::None),
-            ("macvtap + learnIP", Some(learn(mvt.clone())), None, Reported::Own),
+            (
+                "macvtap + learnIP: no edge hook",
+                Some(learn(mvt.clone())),
+                None,
+                Reported::None,
+            ),
             ("macvtap + agent", Some(mvt), Some(true), Reported::Own),
         ];
         for (name, network, agent, want) in cases {
