@@ -11,34 +11,39 @@ use serde_json::{Value, json};
 
 use crate::templates_support::*;
 
-/// The generated `yaml` with the `spec.network`/`spec.guestAgent` lines of the
-/// KaironMachineTemplate `template` replaced by `network` (spec lines, indented as in the
-/// template; empty: Kairon's default user mode).
-fn with_network(yaml: &str, template: &str, network: &str) -> String {
-    let docs: Vec<String> = yaml
-        .split("\n---\n")
-        .map(|doc| {
-            if !doc.contains("kind: KaironMachineTemplate") || !doc.contains(&format!("\n  name: {template}\n")) {
-                return doc.to_string();
-            }
-            let start = doc
-                .find("\n      network:\n")
-                .unwrap_or_else(|| panic!("{template} has a network block"));
-            let end = doc[start..]
-                .find("\n      evictionStrategy:")
-                .map(|i| start + i)
-                .unwrap_or_else(|| panic!("{template} has evictionStrategy after its network"));
-            format!("{}\n{network}{}", &doc[..start], &doc[end..])
-                .replace("\n\n      evictionStrategy:", "\n      evictionStrategy:")
-        })
-        .collect();
-    let out = docs.join("\n---\n");
-    assert_ne!(out, yaml, "the network of {template} was not replaced");
-    out
+/// The generated `yaml` (clusterctl writes it with its keys sorted, comments dropped) with
+/// `spec.network` and `spec.guestAgent` of the KaironMachineTemplate `template` replaced:
+/// `network` `None` for Kairon's default user mode (neither field), else that network and no
+/// guest agent. Written back as JSON documents, which kubectl reads as YAML.
+fn with_network(yaml: &str, template: &str, network: Option<Value>) -> String {
+    let mut docs = capkr_testenv::parse_yaml_documents(yaml).expect("the generated YAML parses");
+    let mut replaced = false;
+    for doc in &mut docs {
+        if doc["kind"] != "KaironMachineTemplate" || doc["metadata"]["name"] != template {
+            continue;
+        }
+        let spec = doc["spec"]["template"]["spec"]
+            .as_object_mut()
+            .expect("a KaironMachineTemplate has spec.template.spec");
+        assert!(
+            spec.contains_key("network"),
+            "{template} comes with the flavor's network"
+        );
+        spec.remove("guestAgent");
+        match &network {
+            Some(n) => spec.insert("network".into(), n.clone()),
+            None => spec.remove("network"),
+        };
+        replaced = true;
+    }
+    assert!(replaced, "no KaironMachineTemplate {template} in the generated YAML");
+    docs.iter().map(Value::to_string).collect::<Vec<_>>().join("\n---\n")
 }
 
 /// A bridged tap on the flavor's bridge, learning nothing: Kairon reports no address.
-const TAP_ONLY: &str = "      network:\n        mode: tap\n        bridge: br0";
+fn tap_only() -> Option<Value> {
+    Some(json!({"mode": "tap", "bridge": "br0"}))
+}
 
 fn kairon_machines() -> kube::api::ApiResource {
     gvk("kairon.zyvor.dev", "v1alpha1", "Machine", "machines")
@@ -75,7 +80,7 @@ async fn a_cluster_in_kairons_user_mode_gets_no_control_plane_vm_and_says_why() 
     let yaml = rig.generate("", 1, 1);
     let cp_template = format!("{}-control-plane", rig.cluster);
     let md_template = format!("{}-md-0", rig.cluster);
-    let yaml = with_network(&with_network(&yaml, &cp_template, ""), &md_template, "");
+    let yaml = with_network(&with_network(&yaml, &cp_template, None), &md_template, None);
     rig.kubectl_apply(&yaml);
     rig.wait(
         "the control plane's KaironMachine refused its network",
@@ -117,7 +122,7 @@ async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_br
     let generated = rig.generate("", 1, 1);
     let cp_template = format!("{}-control-plane", rig.cluster);
     let md_template = format!("{}-md-0", rig.cluster);
-    let yaml = with_network(&with_network(&generated, &cp_template, TAP_ONLY), &md_template, "");
+    let yaml = with_network(&with_network(&generated, &cp_template, tap_only()), &md_template, None);
     rig.kubectl_apply(&yaml);
 
     // The control plane forms on the bridge; Kairon reports no address for it.
