@@ -336,8 +336,8 @@ async fn scale_then_delete_the_cluster() {
 /// `WaitingForControlPlaneInitialized` until its data came.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_without_bootstrap_data_waits_for_it_once_the_control_plane_is_up() {
-    use capkr::api::conditions::reason;
     use capkr::api::KaironMachine;
+    use capkr::api::conditions::reason;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::api::{DynamicObject, PostParams};
     use serde_json::json;
