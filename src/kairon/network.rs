@@ -90,7 +90,7 @@ mod tests {
     fn spec(network: Option<Network>, agent: bool) -> MachineSpec {
         MachineSpec {
             network,
-            guest_agent: agent.then(|| GuestAgent { enabled: Some(true) }),
+            guest_agent: agent.then_some(GuestAgent { enabled: Some(true) }),
             ..Default::default()
         }
     }

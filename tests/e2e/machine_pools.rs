@@ -112,7 +112,10 @@ pub(crate) async fn release_pre_drain_hook(rig: &Rig, name: &str) {
 
 /// The VM shape of the test pools.
 pub(crate) fn pool_vm_spec(image: &str) -> String {
-    format!("  image:\n    imageRef: {image}\n    diskSize: 20Gi\n  resources:\n    cpu: 2\n    memory: 4Gi")
+    format!(
+        "  image:\n    imageRef: {image}\n    diskSize: 20Gi\n  resources:\n    cpu: 2\n    memory: 4Gi\n{}",
+        capkr_testenv::NETWORK
+    )
 }
 
 /// A rig (namespace `name`, manager, simulator) whose cluster has its control plane running and

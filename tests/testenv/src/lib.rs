@@ -42,7 +42,7 @@ mod wait;
 mod workload;
 
 pub use bins::{Binaries, own_binary, workspace_root};
-pub use cluster::{KUBERNETES_VERSION, SIMULATOR_HOSTS, machine_image};
+pub use cluster::{KUBERNETES_VERSION, NETWORK, SIMULATOR_HOSTS, machine_image};
 pub use env::{AUDIT_POLICY_METADATA, CAPI_E2E_ADMISSION_PLUGINS, CapiManagers, Env, EnvOptions};
 pub use kube_util::{
     FIELD_MANAGER, api_resource, apply_value, apply_yaml, capi_resource, client_from_kubeconfig_file, get_text,
