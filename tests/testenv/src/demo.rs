@@ -214,7 +214,7 @@ fn network_of(spec: &Value) -> String {
 
 /// The Kairon Machines of `namespace` as Kairon shows them (its printer columns, with the
 /// image), and the spec the provider wrote on the first control plane's: image, resources,
-/// placement and network as they are, `cloudInit` only counted (it holds the cluster's
+/// placement, network and guest agent as they are, `cloudInit` only counted (it holds the cluster's
 /// secrets).
 pub async fn kairon_machines_summary(env: &Env, namespace: &str) -> Result<String> {
     let client = env.client();
@@ -259,6 +259,7 @@ pub async fn kairon_machines_summary(env: &Env, namespace: &str) -> Result<Strin
             "resources",
             "instanceTypeName",
             "network",
+            "guestAgent",
             "placement",
             "nodeName",
         ] {
