@@ -78,6 +78,10 @@ pub mod reason {
     /// pinning); Kairon keeps trying, and its reason and message say why.
     pub const INSTANCE_NOT_SCHEDULED: &str = "InstanceNotScheduled";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
+    /// Kairon holds the Machine in Pending and says why in its `status.message`, with no
+    /// `Scheduled=False` (a MachineImage it waits for, of the wrong kind, or invalid): Kairon's
+    /// message, waited on.
+    pub const INSTANCE_WAITING_ON_KAIRON: &str = "InstanceWaitingOnKairon";
     /// The VM runs and Kairon reports no address for it: on its network Kairon learns none
     /// (user mode; a bridged tap without `learnIP`, `netns` or the guest agent), or has not
     /// learnt it yet. The message names the mode and the fix. `InstanceProvisioned` False (and

@@ -130,6 +130,15 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             reason::INSTANCE_NOT_SCHEDULED,
             format!("Kairon Machine {name} is not scheduled yet: {why}"),
         ),
+        // Pending with a message and no Scheduled=False: Kairon holds the Machine before it
+        // schedules it and says why (`internal/controller/machineimage.go`: the MachineImage
+        // an imageRef names is missing, of the wrong kind or invalid). A typo in the image
+        // name waits here, with Kairon's words, not as "being provisioned".
+        phase::PENDING if let Some(why) = kairon_message(vm) => (
+            Status::False,
+            reason::INSTANCE_WAITING_ON_KAIRON,
+            format!("Kairon Machine {name} is pending: {why}"),
+        ),
         phase::PENDING | phase::STARTING | phase::BLOCKED => (
             Status::False,
             reason::INSTANCE_PROVISIONING,

@@ -30,6 +30,40 @@ fn instance_condition_for_every_phase() {
     }
 }
 
+/// A Pending Machine Kairon holds before scheduling it says why in `status.message` alone
+/// (`internal/controller/machineimage.go`); the KaironMachine shows those words. A
+/// `Scheduled=False` says more and wins; a Pending without either is being provisioned.
+#[test]
+fn a_pending_machine_shows_what_kairon_waits_for() {
+    #[rustfmt::skip]
+    let cases = [
+        ("waiting for MachineImage \"ubuntu-2404-kube-v1.36.33\"", reason::INSTANCE_WAITING_ON_KAIRON),
+        ("MachineImage \"win\" is kind iso, need disk", reason::INSTANCE_WAITING_ON_KAIRON),
+        ("   ", reason::INSTANCE_PROVISIONING),
+    ];
+    for (message, want) in cases {
+        let mut m = vm(Some("Pending"));
+        m.status.as_mut().unwrap().message = Some(message.into());
+        let d = instance_condition(&m);
+        assert_eq!((d.status, d.reason), (Status::False, want), "{message:?}");
+        if want == reason::INSTANCE_WAITING_ON_KAIRON {
+            assert!(d.message.ends_with(message), "{}", d.message);
+        }
+    }
+    let mut unplaced = vm(Some("Pending"));
+    let status = unplaced.status.as_mut().unwrap();
+    status.message = Some("waiting for MachineImage \"x\"".into());
+    status.conditions = Some(vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        type_: super::super::KAIRON_SCHEDULED.into(),
+        status: "False".into(),
+        reason: "QuotaBlocked".into(),
+        message: "over quota".into(),
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        observed_generation: None,
+    }]);
+    assert_eq!(instance_condition(&unplaced).reason, reason::INSTANCE_NOT_SCHEDULED);
+}
+
 /// None of Kairon's phases is terminal: Error is reported with Kairon's message and waited
 /// on, an unknown phase is named; the steps of bringing a VM up are recorded as one.
 #[test]
