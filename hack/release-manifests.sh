@@ -8,7 +8,7 @@
 #
 # The directory is a valid version folder of a clusterctl local repository
 # (<repo>/infrastructure-kairon/<version>/). Inputs are the committed config/ files; the
-# components get clusterctl variables (documented in README.md, "Install"):
+# components get clusterctl variables (documented in docs/install.md):
 #
 #   KAIRON_SYNC_PERIOD     --sync-period     (default 10m)
 #   KAIRON_LOG_VERBOSITY   --v               (default 0)
@@ -17,7 +17,7 @@
 # The image is NOT a clusterctl variable: clusterctl parses every container image as an image
 # reference before substituting variables in `generate provider --describe/--raw` and fails
 # on `${...}` ("couldn't parse image name"). It is a canonical name chosen here, which users
-# change with clusterctl's `images:` override (README, "Install"):
+# change with clusterctl's `images:` override (docs/install.md):
 #   IMAGE             the whole reference (default $IMAGE_REPOSITORY:$VERSION)
 #   IMAGE_REPOSITORY  default ghcr.io/zyvor/cluster-api-provider-kairon
 #   VERSION           default v<version in Cargo.toml>

@@ -1,5 +1,5 @@
-//! The manager's flags as operators read them and as CAPI's tooling passes them: the README
-//! documents every flag of `capkr-manager --help` with its default; the flags of clusterctl's
+//! The manager's flags as operators read them and as CAPI's tooling passes them: the flag table
+//! (docs/operations.md) documents every flag of `capkr-manager --help` with its default; the flags of clusterctl's
 //! components, of CAPI's own managers and those the Cluster API Operator (v0.29.0,
 //! `internal/controller/component_customizer.go`) adds are accepted, with CAPI's meaning, by a
 //! manager that then serves `/readyz` against a real API server; an unknown feature gate or
@@ -13,15 +13,15 @@ use capkr_testenv::{CapiManagers, Env, EnvOptions, free_port, http_get, own_bina
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
-/// Every flag of `capkr-manager --help` has a row in the README's flag table, and the default
-/// the README gives is the one `--help` shows where `--help` shows one; the row names the
+/// Every flag of `capkr-manager --help` has a row in the flag table (docs/operations.md), and the default
+/// the table gives is the one `--help` shows where `--help` shows one; the row names the
 /// flag's other names (`[aliases: ...]`) too.
 #[test]
-fn readme_documents_every_manager_flag_with_its_default() {
+fn the_flag_table_documents_every_manager_flag_with_its_default() {
     let manager = own_binary("capkr-manager", "CAPKR_MANAGER_BIN").unwrap();
     let out = std::process::Command::new(manager).arg("--help").output().unwrap();
     let help = String::from_utf8(out.stdout).unwrap();
-    let readme = std::fs::read_to_string(capkr_testenv::workspace_root().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(capkr_testenv::workspace_root().join("docs/operations.md")).unwrap();
     let mut flags = 0;
     // `--help` entries: "      --flag <VALUE>" or "  -v, --v <V>", then the help text up to
     // the next entry, where clap shows "[default: x]". Headings ("Leader election:") end an
@@ -54,7 +54,7 @@ fn readme_documents_every_manager_flag_with_its_default() {
         let row = readme
             .lines()
             .find(|l| l.starts_with(&format!("| `{readme_flag}` |")))
-            .unwrap_or_else(|| panic!("README has no row for {readme_flag}"));
+            .unwrap_or_else(|| panic!("docs/operations.md has no row for {readme_flag}"));
         if let Some(default) = entry
             .split("[default: ")
             .nth(1)
@@ -65,7 +65,7 @@ fn readme_documents_every_manager_flag_with_its_default() {
             let cells: Vec<&str> = row.split('|').map(str::trim).collect();
             assert!(
                 cells[2].contains(&format!("`{default}`")),
-                "README row of {readme_flag} gives default {:?}, --help says {default:?}",
+                "the row of {readme_flag} gives default {:?}, --help says {default:?}",
                 cells[2]
             );
         }
@@ -76,7 +76,7 @@ fn readme_documents_every_manager_flag_with_its_default() {
         for alias in aliases.into_iter().flat_map(|a| a.split(", ")) {
             assert!(
                 row.contains(&format!("`{alias}`")),
-                "README row of {readme_flag} does not name its alias {alias}: {row}"
+                "the row of {readme_flag} does not name its alias {alias}: {row}"
             );
         }
         flags += 1;

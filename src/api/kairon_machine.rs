@@ -83,7 +83,7 @@ pub struct KaironMachineSpec {
 
     /// Deprecated and ignored: Kairon has no eviction strategy. A VM on a cordoned Kairon node
     /// is replaced through CAPI whatever this says, and an operator's live migration is
-    /// followed (README, "Host maintenance"). Still accepted so that manifests setting it
+    /// followed (docs/host-maintenance.md). Still accepted so that manifests setting it
     /// apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self in ['LiveMigrateIfPossible', 'External']").message("evictionStrategy must be LiveMigrateIfPossible or External"))]

@@ -129,7 +129,7 @@ fn generate_provider_describes_exactly_the_documented_variables() {
         "--describe",
     ])));
     let listed = listed(&out, "Variables:");
-    let documented: BTreeSet<String> = documented_variables("### Provider variables").into_iter().collect();
+    let documented: BTreeSet<String> = documented_variables("## Provider variables").into_iter().collect();
     assert_eq!(listed, documented, "clusterctl --describe output:\n{out}");
     assert!(out.contains("TargetNamespace:    capkr-system"), "{out}");
 
@@ -174,10 +174,10 @@ fn generate_provider_describes_exactly_the_documented_variables() {
 #[test]
 fn generate_cluster_lists_exactly_the_documented_variables_for_every_flavor() {
     let repo = LocalRepo::new();
-    let documented: BTreeSet<String> = documented_variables("### Cluster template variables")
+    let documented: BTreeSet<String> = documented_variables("## Cluster template variables")
         .into_iter()
         .collect();
-    let identity: BTreeSet<String> = documented_variables("### Identity flavor variables")
+    let identity: BTreeSet<String> = documented_variables("## Identity flavor variables")
         .into_iter()
         .collect();
     assert!(!identity.is_empty());

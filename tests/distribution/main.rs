@@ -10,6 +10,7 @@ mod distribution_support;
 
 mod admission;
 mod clusterctl;
+mod docs;
 mod helm;
 mod operator;
 

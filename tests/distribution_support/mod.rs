@@ -146,11 +146,11 @@ impl LocalRepo {
     }
 }
 
-/// The names in the first column (`` `NAME` ``) of the Markdown table under `heading` in README.md.
+/// The names in the first column (`` `NAME` ``) of the Markdown table under `heading` in docs/install.md.
 pub fn documented_variables(heading: &str) -> Vec<String> {
-    let readme = read(&root().join("README.md"));
+    let readme = read(&root().join("docs/install.md"));
     let mut lines = readme.lines().skip_while(|l| l.trim() != heading);
-    assert!(lines.next().is_some(), "README.md has no heading {heading:?}");
+    assert!(lines.next().is_some(), "docs/install.md has no heading {heading:?}");
     let mut names: Vec<String> = lines
         .take_while(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with("| `"))

@@ -98,7 +98,7 @@ impl Infrastructure {
 
 /// The shipped flavors' network, as a machine spec's lines (indented as under a machine): a
 /// tap device on the bridge `br0` the cluster's VMs share, learning their addresses, with the
-/// guest agent on (README, "Networking on Kairon").
+/// guest agent on (docs/kaironmachine.md, "Networking on Kairon").
 pub const NETWORK: &str =
     "  network:\n    mode: tap\n    bridge: br0\n    learnIP: true\n  guestAgent:\n    enabled: true";
 

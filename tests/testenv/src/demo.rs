@@ -489,7 +489,7 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
          {kubectl} --kubeconfig {kc} scale machinedeployment {CLUSTER}-md-0 -n {NAMESPACE} --replicas=1\n\
          Each worker that goes is drained first: its Pods are evicted one at a time, as the \
          PodDisruptionBudget allows, and Running again on the remaining Nodes; then its VM is deleted.\n\n\
-         Host maintenance (README, \"Host maintenance\"): Kairon's hosts are the Nodes of its cluster \
+         Host maintenance (docs/host-maintenance.md): Kairon's hosts are the Nodes of its cluster \
          (here the management cluster's). Move a VM live, as an operator's MachineMigration does (the \
          same VM on another node; nothing in the cluster notices):\n  \
          {kubectl} --kubeconfig {kc} get nodes -L topology.kairon.zyvor.dev/zone\n  \
