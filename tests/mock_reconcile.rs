@@ -75,6 +75,7 @@ where
         kaironclusters: filled(vec![]).0,
         settings: Settings::default(),
         machines,
+        health_checks: filled(vec![]).0,
         clusters,
         instances,
         synced: vec![capkr::controller::Synced::ready()],

@@ -36,9 +36,11 @@ fn kaironmachine() -> KaironMachine {
     km
 }
 
-/// A worker Machine of a MachineSet with its Node, selected by a MachineHealthCheck.
+/// A worker Machine of a MachineSet with its Node, selected by a MachineHealthCheck
+/// ([`health_check`]).
 fn machine(name: &str) -> capi::Machine {
     let mut m = mock_support::machine(NS, name);
+    m.metadata.labels = Some([(capi::DEPLOYMENT_NAME_LABEL.to_string(), "md".to_string())].into());
     m.metadata.owner_references = Some(vec![OwnerReference {
         kind: "MachineSet".into(),
         controller: Some(true),
@@ -50,8 +52,25 @@ fn machine(name: &str) -> capi::Machine {
             type_: capi::HEALTH_CHECK_SUCCEEDED.into(),
             status: "True".into(),
         }]),
+        phase: None,
     });
     m
+}
+
+/// The MachineHealthCheck over the cluster's MachineDeployment `md`.
+fn health_check() -> capi::MachineHealthCheck {
+    let mut c = capi::MachineHealthCheck::new(
+        "md-unhealthy",
+        capi::MachineHealthCheckSpec {
+            cluster_name: "demo".into(),
+            selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some([(capi::DEPLOYMENT_NAME_LABEL.to_string(), "md".to_string())].into()),
+                match_expressions: None,
+            },
+        },
+    );
+    c.metadata.namespace = Some(NS.into());
+    c
 }
 
 fn cluster(paused: bool) -> capi::Cluster {
@@ -103,6 +122,8 @@ struct World {
     h1_cordoned: bool,
     /// `--evacuation-grace-period` (none unless a test says so).
     grace: Duration,
+    /// The MachineHealthChecks there are now.
+    health_checks: Vec<capi::MachineHealthCheck>,
 }
 
 /// Runs one reconcile of `km` against a mock API server driven by `server`; events are
@@ -124,6 +145,7 @@ where
             ..Settings::default()
         },
         machines: filled(world.machines).0,
+        health_checks: filled(world.health_checks).0,
         clusters: filled(vec![world.cluster]).0,
         instances: filled(world.instances).0,
         synced: vec![capkr::controller::Synced::ready()],
@@ -165,6 +187,7 @@ async fn a_live_migration_writes_the_host_and_one_event() {
         instances: vec![vm("h2")],
         h1_cordoned: false,
         grace: Duration::ZERO,
+        health_checks: vec![health_check()],
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -218,6 +241,7 @@ async fn a_cordoned_node_marks_the_machine_once_and_steady_state_writes_nothing(
             instances: vec![vm("h1")],
             h1_cordoned: true,
             grace: Duration::ZERO,
+            health_checks: vec![health_check()],
         }
     };
     let km_json = serde_json::to_value(&km).unwrap();
@@ -278,6 +302,7 @@ async fn an_evacuation_waits_while_another_machine_of_the_cluster_is_being_repla
         instances: vec![vm("h1")],
         h1_cordoned: true,
         grace: Duration::ZERO,
+        health_checks: vec![health_check()],
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -306,6 +331,7 @@ async fn a_paused_evacuation_writes_only_status() {
         instances: vec![vm("h1")],
         h1_cordoned: true,
         grace: Duration::ZERO,
+        health_checks: vec![health_check()],
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -337,6 +363,7 @@ async fn a_cordoned_node_first_waits_its_grace_period_writing_the_status_alone()
         instances: vec![vm("h1")],
         h1_cordoned: true,
         grace: Duration::from_secs(60),
+        health_checks: vec![health_check()],
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -348,6 +375,53 @@ async fn a_cordoned_node_first_waits_its_grace_period_writing_the_status_alone()
         );
         assert!(
             evacuation["message"].as_str().unwrap().contains("for 60s"),
+            "{evacuation}"
+        );
+        assert_eq!(event(&mut h).await.0, "EvacuationRequested");
+        expect_no_more(&mut h).await;
+    })
+    .await;
+}
+
+/// A worker marked while a MachineHealthCheck selected it, whose check is gone since (its
+/// `HealthCheckSucceeded` condition left behind on the Machine): nobody acts on the mark, so
+/// the provider deletes the Machine (its MachineSet replaces it, CAPI drains it) instead of
+/// waiting for ever.
+#[tokio::test]
+async fn a_marked_worker_whose_machine_health_check_is_gone_is_deleted() {
+    let km = provisioned_on(vm("h1"));
+    let mut marked = machine("m1");
+    marked.metadata.annotations = Some(
+        [
+            (capi::REMEDIATE_MACHINE_ANNOTATION.to_string(), String::new()),
+            (
+                capi::EVACUATION_ANNOTATION.to_string(),
+                "Kairon node h1 cordoned".to_string(),
+            ),
+        ]
+        .into(),
+    );
+    let world = World {
+        machines: vec![marked, machine("m2")],
+        cluster: cluster(false),
+        instances: vec![vm("h1")],
+        h1_cordoned: true,
+        grace: Duration::ZERO,
+        health_checks: vec![],
+    };
+    let km_json = serde_json::to_value(&km).unwrap();
+    let machine_json = serde_json::to_value(machine("m1")).unwrap();
+    run(km, world, move |mut h| async move {
+        expect(&mut h, "DELETE", MACHINE_PATH, 200, machine_json).await;
+        assert_eq!(event(&mut h).await.0, "ReplacementRequested");
+        let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
+        let evacuation = condition(&body["status"], EVACUATION);
+        assert_eq!(evacuation["reason"], reason::REPLACEMENT_REQUESTED);
+        assert!(
+            evacuation["message"]
+                .as_str()
+                .unwrap()
+                .contains("no MachineHealthCheck selects Machine m1"),
             "{evacuation}"
         );
         assert_eq!(event(&mut h).await.0, "EvacuationRequested");

@@ -80,6 +80,7 @@ fn context(client: Client, instances: Vec<kairon::Machine>) -> Arc<Context> {
         kaironclusters: filled(vec![]).0,
         settings: Settings::default(),
         machines: filled(vec![mock_support::machine(NS, "m1")]).0,
+        health_checks: filled(vec![]).0,
         clusters: filled(vec![mock_support::provisioned_cluster(NS, false)]).0,
         instances: filled(instances).0,
         synced: vec![capkr::controller::Synced::ready()],

@@ -126,6 +126,26 @@ impl Cluster {
         })
     }
 
+    /// How many Machines the Cluster misses: per control plane and workers, those it wants
+    /// that are not available.
+    pub(crate) fn machines_missing(&self) -> u32 {
+        let Some(status) = self.status.as_ref() else {
+            return 0;
+        };
+        [&status.control_plane, &status.workers]
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                Some(
+                    r.desired_replicas?
+                        .saturating_sub(r.available_replicas.unwrap_or(0))
+                        .max(0),
+                )
+            })
+            .map(|n| u32::try_from(n).unwrap_or(0))
+            .sum()
+    }
+
     fn init(&self) -> Option<&ClusterInitialization> {
         self.status.as_ref()?.initialization.as_ref()
     }

@@ -40,6 +40,9 @@ pub struct MachineStatus {
     pub node_ref: Option<MachineNodeReference>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<super::ClusterCondition>>,
+    /// `Failed` is the one phase read: such a Machine never gets a Node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
 }
 
 /// `status.nodeRef` (v1beta2: the Node's name).
@@ -57,8 +60,9 @@ pub const SKIP_REMEDIATION_ANNOTATION: &str = "cluster.x-k8s.io/skip-remediation
 /// Our annotation beside [`REMEDIATE_MACHINE_ANNOTATION`]: why the Machine was marked (the
 /// Kairon host in maintenance and Kairon's deadline).
 pub const EVACUATION_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/kairon-evacuation";
-/// The Machine condition a MachineHealthCheck sets on every Machine it selects: its presence
-/// says that one covers the Machine.
+/// The Machine condition a MachineHealthCheck sets on every Machine it selects. CAPI leaves it
+/// in place when the MachineHealthCheck goes: whether one selects a Machine now is read from
+/// the MachineHealthChecks themselves ([`super::MachineHealthCheck::selects`]).
 pub const HEALTH_CHECK_SUCCEEDED: &str = "HealthCheckSucceeded";
 /// The Machine condition its owner sets while it remediates the Machine.
 pub const OWNER_REMEDIATED: &str = "OwnerRemediated";
@@ -69,17 +73,20 @@ pub(crate) const READ_MACHINE_ANNOTATIONS: [&str; 3] = [
     EVACUATION_ANNOTATION,
 ];
 /// The Machine conditions the cache keeps.
-const READ_MACHINE_CONDITIONS: [&str; 2] = [HEALTH_CHECK_SUCCEEDED, OWNER_REMEDIATED];
+const READ_MACHINE_CONDITIONS: [&str; 1] = [OWNER_REMEDIATED];
+/// How long a Machine may be without its Node before it counts as never getting one: the
+/// node startup timeout a MachineHealthCheck has by default in CAPI (10 minutes).
+pub const NODE_STARTUP: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// What the Machine cache keeps: the spec view, the control-plane and cluster labels, deletion,
-/// the remediation annotations, the controller owner, whether the Node is known and the
-/// remediation conditions (type and status). Everything else goes before the object is
-/// stored: at thousands of Machines their status and managedFields are most of their weight.
+/// What the Machine cache keeps: the spec view, the labels (which MachineHealthCheck selects
+/// it), deletion, the remediation annotations, the controller owner, whether the Node is known,
+/// the `Failed` phase and the owner's remediation condition (type and status). Everything else
+/// goes before the object is stored: at thousands of Machines their status and managedFields
+/// are most of their weight.
 pub(crate) fn keep_what_is_read(m: &mut Machine) {
     let meta = &mut m.metadata;
     meta.managed_fields = None;
     meta.finalizers = None;
-    super::retain_keys(&mut meta.labels, &[CONTROL_PLANE_LABEL]);
     super::retain_keys(&mut meta.annotations, &READ_MACHINE_ANNOTATIONS);
     if let Some(refs) = meta.owner_references.as_mut() {
         refs.retain(|r| r.controller == Some(true));
@@ -103,10 +110,11 @@ pub(crate) fn keep_what_is_read(m: &mut Machine) {
         if let Some(n) = status.node_ref.as_mut() {
             n.name = String::new();
         }
+        status.phase = status.phase.take().filter(|p| p == "Failed");
     }
     if m.status
         .as_ref()
-        .is_some_and(|s| s.node_ref.is_none() && s.conditions.is_none())
+        .is_some_and(|s| s.node_ref.is_none() && s.conditions.is_none() && s.phase.is_none())
     {
         m.status = None;
     }
@@ -195,10 +203,18 @@ impl Machine {
             .map(|c| c.status.as_str())
     }
 
-    /// Whether a MachineHealthCheck selects the Machine: every one sets `HealthCheckSucceeded`
-    /// on the Machines it covers.
-    pub fn has_health_check(&self) -> bool {
-        self.condition(HEALTH_CHECK_SUCCEEDED).is_some()
+    /// Whether the Machine will never get a Node: it has none and is being deleted, has failed,
+    /// or has been without one for longer than [`NODE_STARTUP`] (a MachineHealthCheck would
+    /// have replaced it by then; without one, nothing will). `now`: the time to judge by.
+    pub fn never_gets_a_node(&self, now: k8s_openapi::jiff::Timestamp) -> bool {
+        if self.has_node() {
+            return false;
+        }
+        let failed = self.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
+        let old = self.metadata.creation_timestamp.as_ref().is_some_and(|t| {
+            std::time::Duration::try_from(now.duration_since(t.0)).is_ok_and(|age| age > NODE_STARTUP)
+        });
+        self.is_deleting() || failed || old
     }
 
     /// Whether the Machine is marked for remediation (`cluster.x-k8s.io/remediate-machine`).
@@ -262,24 +278,43 @@ mod tests {
         };
         m.status = Some(MachineStatus {
             node_ref: Some(MachineNodeReference { name: "n1".into() }),
-            conditions: Some(vec![cond("Ready"), cond(HEALTH_CHECK_SUCCEEDED)]),
+            conditions: Some(vec![
+                cond("Ready"),
+                cond(HEALTH_CHECK_SUCCEEDED),
+                cond(OWNER_REMEDIATED),
+            ]),
+            phase: Some("Running".into()),
         });
         let mut cached = m.clone();
         keep_what_is_read(&mut cached);
         assert_eq!(cached.is_control_plane(), m.is_control_plane());
         assert_eq!(cached.controller_kind(), Some("KubeadmControlPlane"));
-        assert!(cached.has_node() && cached.has_health_check() && cached.is_marked_for_remediation());
+        assert!(cached.has_node() && cached.is_marked_for_remediation());
+        assert_eq!(cached.condition(OWNER_REMEDIATED), Some("True"));
         assert!(!cached.skips_remediation());
         assert_eq!(cached.metadata.annotations.as_ref().map(|a| a.len()), Some(2));
-        assert_eq!(cached.metadata.labels.as_ref().map(|l| l.len()), Some(1));
+        assert_eq!(
+            cached.metadata.labels, m.metadata.labels,
+            "every label: MachineHealthChecks select by them"
+        );
         assert_eq!(cached.metadata.owner_references.as_ref().map(|o| o.len()), Some(1));
-        assert_eq!(cached.condition("Ready"), None, "only the remediation conditions");
+        assert_eq!(
+            cached.condition("Ready"),
+            None,
+            "only the owner's remediation condition"
+        );
+        assert_eq!(
+            cached.condition(HEALTH_CHECK_SUCCEEDED),
+            None,
+            "stale once its check is gone"
+        );
+        assert_eq!(cached.status.as_ref().unwrap().phase, None, "only Failed is kept");
         assert!(cached.metadata.finalizers.is_none());
 
         let mut bare = Machine::new("m2", MachineSpec::default());
         bare.status = Some(MachineStatus::default());
         keep_what_is_read(&mut bare);
         assert_eq!(bare.status, None, "no empty status is kept");
-        assert!(!bare.has_node() && !bare.has_health_check());
+        assert!(!bare.has_node());
     }
 }

@@ -6,12 +6,15 @@
 
 pub mod bootstrap;
 mod cluster;
+mod health_check;
 mod machine;
 mod machine_pool;
 
 /// The control-plane endpoint type is ours and CAPI's alike (`APIEndpoint`).
 pub use crate::api::APIEndpoint;
 pub use cluster::{Cluster, ClusterCondition, ClusterInitialization, ClusterSpec, ClusterStatus};
+pub(crate) use health_check::keep_what_is_read as keep_what_is_read_of_health_check;
+pub use health_check::{MachineHealthCheck, MachineHealthCheckSpec, selected as selected_by_health_check};
 pub(crate) use machine::keep_what_is_read as keep_what_is_read_of_machine;
 pub use machine::{
     Bootstrap, EVACUATION_ANNOTATION, HEALTH_CHECK_SUCCEEDED, Machine, MachineNodeReference, MachineSpec,

@@ -17,6 +17,9 @@
 //!   migrated, and `evacuate --wait` ends.
 //! - A cordoned node with members of a MachinePool: the same, the pool making the
 //!   replacements on other nodes.
+//! - A cordoned node with a worker whose MachineHealthCheck was deleted before (its condition
+//!   left on the Machine): the provider deletes the Machine rather than mark it for a check
+//!   that is gone, and the node empties.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -606,5 +609,68 @@ async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
         on_node.len(),
         emptied.as_secs_f64()
     );
+    remove_nodes(&rig).await;
+}
+
+/// A worker on a cordoned node whose MachineHealthCheck was deleted before (CAPI leaves its
+/// `HealthCheckSucceeded` condition on the Machine): no check will act on a
+/// `remediate-machine` mark, so the provider deletes the Machine (CAPI drains it, its
+/// MachineSet replaces it) and `evacuate --wait` ends with the node empty, instead of the
+/// worker being marked and the node never emptied.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cordoned_nodes_worker_whose_health_check_is_gone_is_still_replaced() {
+    let ns = "e2e-maintenance-mhc-gone";
+    let rig = Rig::start(RigOptions {
+        workers: 1,
+        health_check: true,
+        cp_failure_domain: Some("zone-a"),
+        md_failure_domain: Some("zone-b"),
+        sim_args: own_nodes(ns),
+        manager_args: vec!["--evacuation-grace-period=5s".into()],
+        ..RigOptions::new("e2e_maintenance_mhc_gone")
+    })
+    .await;
+    assert_eq!(rig.ns, ns);
+    let machines = rig.wait_running(2, UP).await;
+    let worker = machines
+        .iter()
+        .map(|m| m.name_any())
+        .find(|n| !n.contains("control-plane"))
+        .expect("a worker Machine");
+    rig.wait("the MachineHealthCheck covers the worker", UP, || async {
+        let m = rig.machines().get(&worker).await?;
+        Ok::<_, kube::Error>(crate::common::condition(&m, "HealthCheckSucceeded").map(|_| ()))
+    })
+    .await;
+    let mhcs: Api<DynamicObject> = Api::namespaced_with(
+        rig.env.client(),
+        &rig.ns,
+        &capkr_testenv::capi_resource("MachineHealthCheck", "machinehealthchecks"),
+    );
+    mhcs.delete(&format!("{}-md-0", rig.cluster), &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| rig.fail(format!("deleting the MachineHealthCheck: {e}")));
+    rig.wait("the MachineHealthCheck gone", UP, || async {
+        Ok::<_, kube::Error>(mhcs.list(&ListParams::default()).await?.items.is_empty().then_some(()))
+    })
+    .await;
+    let m = rig.machines().get(&worker).await.unwrap();
+    assert!(
+        crate::common::condition(&m, "HealthCheckSucceeded").is_some(),
+        "CAPI leaves the condition behind: {}",
+        m.data["status"]
+    );
+    let vm = rig.vms().get(&worker).await.unwrap();
+    let node = vm_node(&vm).expect("placed");
+    cordon_and_wait_for_empty(&rig, &node, &format!("md-{}-md-0", rig.cluster)).await;
+    let deleted = events(&rig, &worker, "ReplacementRequested").await;
+    assert!(
+        deleted.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("which no MachineHealthCheck selects"))),
+        "the provider deleted the Machine, not marked it: {deleted:?}"
+    );
+    rig.wait_running(2, UP).await;
     remove_nodes(&rig).await;
 }

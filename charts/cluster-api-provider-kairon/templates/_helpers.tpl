@@ -44,6 +44,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [cluster.x-k8s.io]
   resources: [machinedeployments]
   verbs: [list]
+# CAPI MachineHealthChecks: watched, which of them selects a Machine on a cordoned Kairon node.
+- apiGroups: [cluster.x-k8s.io]
+  resources: [machinehealthchecks]
+  verbs: [list, watch]
 # CAPI Machines: read; marked for remediation (patch) or deleted (a MachineSet's worker without
 # a MachineHealthCheck) when Kairon asks for their VM to leave a host in maintenance.
 - apiGroups: [cluster.x-k8s.io]

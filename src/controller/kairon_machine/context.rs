@@ -45,6 +45,8 @@ pub struct Context {
     pub kaironclusters: Store<KaironCluster>,
     pub settings: Settings,
     pub machines: Store<capi::Machine>,
+    /// MachineHealthChecks: which of them selects a Machine now (host maintenance).
+    pub health_checks: Store<capi::MachineHealthCheck>,
     pub clusters: Store<capi::Cluster>,
     pub instances: Store<kairon::Machine>,
     /// First lists of `machines`, `clusters`, `instances` and `kaironclusters`.

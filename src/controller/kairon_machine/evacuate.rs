@@ -1,6 +1,6 @@
 //! Host maintenance for one KaironMachine, the I/O around the pure decisions of
 //! [`super::evacuation`]: what a reconcile reads for them (the cluster's Machines and their VMs,
-//! Kairon's nodes, the failure domain, all from caches), the one write to the owner Machine (a
+//! its MachineHealthChecks, Kairon's nodes, the failure domain, all from caches), the one write to the owner Machine (a
 //! metadata-only merge patch marking it for remediation, or, as a fallback, its deletion), and
 //! the events and metrics of what a status write changed: a migration, a VM out of its
 //! failure domain, an evacuation's steps.
@@ -96,16 +96,22 @@ pub(super) async fn follow(
     let request = vm_evacuation::request(vm, node.as_deref());
     let host = vm_evacuation::host(vm);
     let previous = evacuation_condition(km);
-    let short = scope.cluster.as_ref().and_then(|c| c.machines_short());
+    let short = scope
+        .cluster
+        .as_ref()
+        .and_then(|c| Some((c.machines_short()?, c.machines_missing())));
     let grace = ctx.settings.evacuation_grace_period;
+    let now = k8s_openapi::jiff::Timestamp::now();
     let own = Own {
         machine,
         request: request.as_ref(),
         host: host.as_deref(),
-        grace_left: evacuation::grace_left(previous, grace, k8s_openapi::jiff::Timestamp::now()),
+        grace_left: evacuation::grace_left(previous, grace, now),
         grace,
         previous,
-        cluster_short: short.as_deref(),
+        cluster_short: short.as_ref().map(|(why, missing)| (why.as_str(), *missing)),
+        health_checked: false,
+        now,
     };
     let quiet = own.request.is_none() && previous.is_none_or(|c| c.status != "True");
     if quiet {
@@ -113,11 +119,17 @@ pub(super) async fn follow(
         return Ok(out);
     }
     let machines = cluster_machines(&ctx.machines, &scope.ns, &machine.spec.cluster_name);
+    let checks = health_checks(&ctx.health_checks, &scope.ns, &machine.spec.cluster_name);
+    let own = Own {
+        health_checked: capi::selected_by_health_check(checks.iter().map(AsRef::as_ref), machine),
+        ..own
+    };
     let peers: Vec<Peer<'_>> = machines
         .iter()
         .map(|m| Peer {
             machine: m,
             evacuating: evacuating(m, &scope.ns, &target.store, nodes),
+            health_checked: capi::selected_by_health_check(checks.iter().map(AsRef::as_ref), m),
         })
         .collect();
     let decision = evacuation::decide(&own, &peers);
@@ -225,6 +237,8 @@ pub(super) fn while_paused(scope: &Scope, ctx: &Context, why: &str) -> Option<De
         grace: ctx.settings.evacuation_grace_period,
         previous: evacuation_condition(km),
         cluster_short: None,
+        health_checked: false,
+        now: k8s_openapi::jiff::Timestamp::now(),
     };
     evacuation::while_paused(&own, why)
 }
@@ -242,6 +256,19 @@ fn cluster_machines(machines: &Store<capi::Machine>, ns: &str, cluster: &str) ->
         .state()
         .into_iter()
         .filter(|m| m.metadata.namespace.as_deref() == Some(ns) && m.spec.cluster_name == cluster)
+        .collect()
+}
+
+/// The MachineHealthChecks of `cluster` in `ns`, from the cache.
+fn health_checks(
+    checks: &Store<capi::MachineHealthCheck>,
+    ns: &str,
+    cluster: &str,
+) -> Vec<Arc<capi::MachineHealthCheck>> {
+    checks
+        .state()
+        .into_iter()
+        .filter(|c| c.metadata.namespace.as_deref() == Some(ns) && c.spec.cluster_name == cluster)
         .collect()
 }
 

@@ -21,7 +21,11 @@
 //! first by name of those on cordoned nodes goes, and only when no other Machine of the cluster
 //! is being deleted, is marked and not yet acted on, or has no Node yet (a replacement still
 //! coming up), and the Cluster counts as many available Machines as it wants (a replacement
-//! not yet created). Every reconcile computes the same answer from the same caches, so no lock
+//! not yet created). A Machine that will never get a Node (failed, deleted before it had one,
+//! without one for longer than a Node takes to start) holds no turn, and a shortfall such
+//! Machines explain does not either. "A MachineHealthCheck selects it" is read from the
+//! MachineHealthChecks (a cache of them), never from the Machine's `HealthCheckSucceeded`
+//! condition, which CAPI leaves behind when the check goes. Every reconcile computes the same answer from the same caches, so no lock
 //! is needed; a moment of stale cache may let two go, which the owners' own guards (KCP one at
 //! a time, MachineSet `maxInFlight`) still hold.
 
@@ -48,8 +52,12 @@ pub(super) struct Own<'a> {
     /// The KaironMachine's Evacuation condition as it is.
     pub previous: Option<&'a Condition>,
     /// Why the machine's Cluster is not whole (a replacement still coming up, as the Cluster
-    /// counts its Machines), if it is not.
-    pub cluster_short: Option<&'a str>,
+    /// counts its Machines), if it is not, and how many Machines it misses.
+    pub cluster_short: Option<(&'a str, u32)>,
+    /// A MachineHealthCheck selects the Machine now.
+    pub health_checked: bool,
+    /// The time to judge a peer's wait for its Node by.
+    pub now: k8s_openapi::jiff::Timestamp,
 }
 
 /// A Machine of the same cluster (the machine's own among them), and whether its VM's node is
@@ -58,6 +66,8 @@ pub(super) struct Own<'a> {
 pub(super) struct Peer<'a> {
     pub machine: &'a capi::Machine,
     pub evacuating: bool,
+    /// A MachineHealthCheck selects it now.
+    pub health_checked: bool,
 }
 
 /// What to do to the Machine.
@@ -89,10 +99,10 @@ impl Decision {
     }
 }
 
-/// Whether the provider can get the Machine replaced: a MachineHealthCheck selects it, or it
-/// is a worker of a MachineSet (deleted by us when none does).
-fn can_be_replaced(m: &capi::Machine) -> bool {
-    !m.skips_remediation() && (m.has_health_check() || deleted_without_health_check(m))
+/// Whether the provider can get the Machine replaced: a MachineHealthCheck selects it now, or
+/// it is a worker of a MachineSet (deleted by us when none does).
+fn can_be_replaced(m: &capi::Machine, health_checked: bool) -> bool {
+    !m.skips_remediation() && (health_checked || deleted_without_health_check(m))
 }
 
 /// Without a MachineHealthCheck, the provider deletes only a worker whose owner makes another
@@ -106,12 +116,18 @@ fn name(m: &capi::Machine) -> &str {
     m.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// Why another Machine of the cluster holds the turn: being deleted, marked and not yet
-/// acted on, or still coming up.
-fn holds_the_turn(m: &capi::Machine) -> Option<&'static str> {
-    if m.is_deleting() {
+/// Why another Machine of the cluster holds the turn: being deleted with its Node (drained),
+/// marked and not yet acted on by the MachineHealthCheck that selects it, or still coming up.
+/// A Machine that will never get a Node (failed, deleted before it had one, or without one for
+/// longer than a Node takes to start) holds nothing: waiting for it would wait for ever, and
+/// with the cluster's budgets forbidding Kairon's own evacuation, the node would never empty.
+fn holds_the_turn(p: &Peer<'_>, now: k8s_openapi::jiff::Timestamp) -> Option<&'static str> {
+    let m = p.machine;
+    if m.never_gets_a_node(now) {
+        None
+    } else if m.is_deleting() {
         Some("is being deleted")
-    } else if m.is_marked_for_remediation() {
+    } else if m.is_marked_for_remediation() && p.health_checked {
         Some("is marked for remediation")
     } else if !m.has_node() {
         Some("has no Node yet")
@@ -193,7 +209,10 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
             None,
         );
     }
-    if m.is_marked_for_remediation() {
+    // Marked, and a MachineHealthCheck selects it: that one acts. Marked without one (it was
+    // deleted since, or stopped selecting the Machine), nobody acts on the mark: decided again
+    // below, as if unmarked.
+    if m.is_marked_for_remediation() && own.health_checked {
         return in_progress(reason::REPLACEMENT_REQUESTED, marked(me), Act::Nothing, Some(later));
     }
     if m.skips_remediation() {
@@ -207,13 +226,13 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
             Some(later),
         );
     }
-    if !can_be_replaced(m) {
+    if !can_be_replaced(m, own.health_checked) {
         return in_progress(
             reason::NO_MACHINE_HEALTH_CHECK,
             format!(
-                "no MachineHealthCheck selects Machine {me} (it has no {} condition), and only its owner may \
-                 replace a control-plane Machine: create a MachineHealthCheck for it",
-                capi::HEALTH_CHECK_SUCCEEDED
+                "no MachineHealthCheck selects Machine {me} (of cluster {}), and only its owner may replace a \
+                 control-plane Machine: create a MachineHealthCheck for it",
+                m.spec.cluster_name
             ),
             Act::Nothing,
             Some(later),
@@ -233,7 +252,7 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
     }
     let others = || peers.iter().filter(|p| name(p.machine) != me);
     let mut holders: Vec<(&str, &str)> = others()
-        .filter_map(|p| holds_the_turn(p.machine).map(|why| (name(p.machine), why)))
+        .filter_map(|p| holds_the_turn(p, own.now).map(|why| (name(p.machine), why)))
         .collect();
     holders.sort();
     if let Some((other, why)) = holders.first() {
@@ -246,7 +265,12 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
     }
     // Between a replaced Machine's going and its replacement's creation no Machine is deleting
     // or without a Node: the Cluster's own count of available Machines says it is not whole.
-    if let Some(why) = own.cluster_short {
+    // Machines that will never get a Node are missing for good: a shortfall they explain
+    // holds nothing.
+    let stuck = u32::try_from(others().filter(|p| p.machine.never_gets_a_node(own.now)).count()).unwrap_or(u32::MAX);
+    if let Some((why, missing)) = own.cluster_short
+        && (stuck == 0 || missing > stuck)
+    {
         return in_progress(
             reason::WAITING_FOR_TURN,
             format!("the Cluster is not whole: {why}; Machine {me} is replaced once it is (one at a time)"),
@@ -255,7 +279,7 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
         );
     }
     let first = others()
-        .filter(|p| p.evacuating && can_be_replaced(p.machine) && !p.machine.is_deleting())
+        .filter(|p| p.evacuating && can_be_replaced(p.machine, p.health_checked) && !p.machine.is_deleting())
         .map(|p| name(p.machine))
         .filter(|other| *other < me)
         .min();
@@ -267,7 +291,7 @@ pub(super) fn decide(own: &Own<'_>, peers: &[Peer<'_>]) -> Decision {
             Some(soon),
         );
     }
-    if m.has_health_check() {
+    if own.health_checked {
         in_progress(reason::REPLACEMENT_REQUESTED, marked(me), Act::Mark, Some(later))
     } else {
         in_progress(

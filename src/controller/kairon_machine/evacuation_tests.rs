@@ -8,8 +8,15 @@ use k8s_openapi::jiff::Timestamp;
 struct M {
     cp: bool,
     pool: bool,
+    /// A MachineHealthCheck selects it now.
     mhc: bool,
+    /// It has the `HealthCheckSucceeded` condition a MachineHealthCheck left behind.
+    stale: bool,
     no_node: bool,
+    /// Phase `Failed`.
+    failed: bool,
+    /// Created longer ago than a Node takes to start.
+    old: bool,
     marked: bool,
     ours: bool,
     deleting: bool,
@@ -47,14 +54,21 @@ fn machine(name: &str, m: M) -> capi::Machine {
     }
     machine.status = Some(MachineStatus {
         node_ref: (!m.no_node).then(|| MachineNodeReference { name: name.into() }),
-        conditions: m.mhc.then(|| {
+        conditions: (m.mhc || m.stale).then(|| {
             vec![ClusterCondition {
                 type_: capi::HEALTH_CHECK_SUCCEEDED.into(),
                 status: "True".into(),
             }]
         }),
+        phase: m.failed.then(|| "Failed".into()),
     });
+    let age = if m.old { 3600 } else { 60 };
+    machine.metadata.creation_timestamp = Some(Time(now() - k8s_openapi::jiff::SignedDuration::from_secs(age)));
     machine
+}
+
+fn now() -> Timestamp {
+    "2026-01-01T01:00:00Z".parse().unwrap()
 }
 
 fn request() -> Request {
@@ -79,8 +93,8 @@ struct Case {
     request: bool,
     host: Option<&'static str>,
     previous: Option<Condition>,
-    /// Why the Cluster is not whole, as it counts its Machines.
-    short: Option<&'static str>,
+    /// Why the Cluster is not whole, as it counts its Machines, and how many it misses.
+    short: Option<(&'static str, u32)>,
     /// Seconds left of the grace period.
     grace_left: Option<u64>,
     /// Other Machines of the cluster: name, shape, whether their VM's node is cordoned.
@@ -313,15 +327,136 @@ fn what_an_evacuation_does_in_every_situation() {
             ..case("over already: left as it is", mhc, Act::Nothing, None)
         },
     ];
-    let cases = cases.into_iter().chain([Case {
-        short: Some("its workers have 1 of 2 Machines available (1 in all)"),
-        ..case(
-            "the Cluster misses a replacement not yet created: wait",
-            mhc,
+    let never = M {
+        no_node: true,
+        old: true,
+        ..mhc
+    };
+    let cases = cases.into_iter().chain([
+        Case {
+            short: Some(("its workers have 1 of 2 Machines available (1 in all)", 1)),
+            ..case(
+                "the Cluster misses a replacement not yet created: wait",
+                mhc,
+                Act::Nothing,
+                Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
+            )
+        },
+        case(
+            "a worker marked while a MachineHealthCheck selected it, gone since, is deleted",
+            M {
+                marked: true,
+                ours: true,
+                stale: true,
+                ..M::default()
+            },
+            Act::Delete,
+            Some((Status::True, reason::REPLACEMENT_REQUESTED, "is deleted")),
+        ),
+        case(
+            "a control plane whose MachineHealthCheck is gone (its condition left behind) says so",
+            M {
+                cp: true,
+                stale: true,
+                ..M::default()
+            },
             Act::Nothing,
-            Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
-        )
-    }]);
+            Some((
+                Status::True,
+                reason::NO_MACHINE_HEALTH_CHECK,
+                "create a MachineHealthCheck",
+            )),
+        ),
+        case(
+            "a worker whose MachineHealthCheck is gone is deleted, not marked",
+            M {
+                stale: true,
+                ..M::default()
+            },
+            Act::Delete,
+            Some((Status::True, reason::REPLACEMENT_REQUESTED, "is deleted")),
+        ),
+        Case {
+            others: vec![(
+                "a-failed",
+                M {
+                    failed: true,
+                    no_node: true,
+                    ..mhc
+                },
+                false,
+            )],
+            ..case(
+                "a Machine that failed before its Node holds no turn",
+                mhc,
+                Act::Mark,
+                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
+            )
+        },
+        Case {
+            others: vec![("a-never", never, false)],
+            ..case(
+                "a Machine without a Node for longer than a Node takes holds no turn",
+                mhc,
+                Act::Mark,
+                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
+            )
+        },
+        Case {
+            others: vec![(
+                "a-gone",
+                M {
+                    deleting: true,
+                    no_node: true,
+                    ..mhc
+                },
+                false,
+            )],
+            ..case(
+                "a Machine deleted before it had a Node holds no turn",
+                mhc,
+                Act::Mark,
+                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
+            )
+        },
+        Case {
+            others: vec![(
+                "a-marked",
+                M {
+                    marked: true,
+                    stale: true,
+                    ..M::default()
+                },
+                false,
+            )],
+            ..case(
+                "a Machine marked with no MachineHealthCheck to act on it holds no turn",
+                mhc,
+                Act::Mark,
+                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
+            )
+        },
+        Case {
+            short: Some(("its workers have 1 of 2 Machines available (2 in all)", 1)),
+            others: vec![("a-never", never, false)],
+            ..case(
+                "a shortfall the Machines that never get a Node explain holds no turn",
+                mhc,
+                Act::Mark,
+                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
+            )
+        },
+        Case {
+            short: Some(("its workers have 1 of 3 Machines available (2 in all)", 2)),
+            others: vec![("a-never", never, false)],
+            ..case(
+                "a shortfall beyond them still waits for the replacement",
+                mhc,
+                Act::Nothing,
+                Some((Status::True, reason::WAITING_FOR_TURN, "1 of 3")),
+            )
+        },
+    ]);
     for c in cases {
         let me = machine("m-me", c.me);
         let others: Vec<(capi::Machine, bool)> = c.others.iter().map(|(n, m, e)| (machine(n, *m), *e)).collect();
@@ -334,17 +469,22 @@ fn what_an_evacuation_does_in_every_situation() {
             grace: Duration::from_secs(60),
             previous: c.previous.as_ref(),
             cluster_short: c.short,
+            health_checked: c.me.mhc,
+            now: now(),
         };
         let mut peers: Vec<Peer<'_>> = others
             .iter()
-            .map(|(m, e)| Peer {
+            .zip(&c.others)
+            .map(|((m, e), (_, shape, _))| Peer {
                 machine: m,
                 evacuating: *e,
+                health_checked: shape.mhc,
             })
             .collect();
         peers.push(Peer {
             machine: &me,
             evacuating: req.is_some(),
+            health_checked: c.me.mhc,
         });
         let d = decide(&own, &peers);
         assert_eq!(d.act, c.act, "{}: act", c.name);
@@ -379,10 +519,12 @@ fn of_several_evacuating_machines_exactly_one_goes() {
         .map(|m| Peer {
             machine: m,
             evacuating: true,
+            health_checked: true,
         })
         .chain([Peer {
             machine: &quiet,
             evacuating: false,
+            health_checked: true,
         }])
         .collect();
     let going: Vec<&str> = machines
@@ -396,6 +538,8 @@ fn of_several_evacuating_machines_exactly_one_goes() {
                 grace: Duration::from_secs(60),
                 previous: None,
                 cluster_short: None,
+                health_checked: true,
+                now: now(),
             };
             decide(&own, &peers).act == Act::Mark
         })
@@ -416,6 +560,8 @@ fn a_paused_evacuation_waits_for_unpause() {
         grace: Duration::from_secs(60),
         previous: None,
         cluster_short: None,
+        health_checked: false,
+        now: now(),
     };
     let d = while_paused(&own, "Cluster spec.paused is set to true").unwrap();
     assert_eq!((d.status, d.reason), (Status::True, reason::WAITING_FOR_UNPAUSE));

@@ -65,7 +65,7 @@ pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
         m.metadata.deletion_timestamp.is_some(),
         // An evacuation waits for these (see `evacuation`).
         m.has_node(),
-        m.has_health_check(),
+        m.never_gets_a_node(k8s_openapi::jiff::Timestamp::now()),
         m.is_marked_for_remediation(),
         m.skips_remediation(),
         m.controller_kind(),
@@ -116,7 +116,7 @@ pub(crate) fn controller(
     // A Machine gone (not only deleting) may end another Machine's wait for its turn to be
     // replaced; the predicate below never lets a deletion through (its hash is unchanged).
     let (gone_tx, gone_rx) = futures::channel::mpsc::unbounded::<(String, String)>();
-    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc)
+    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
         .inspect_err(watch_error("machines.cluster.x-k8s.io", &telemetry))
         .default_backoff()
         // Read: the spec view, the control-plane label, deletion, and what an evacuation
@@ -130,6 +130,22 @@ pub(crate) fn controller(
         })
         .touched_objects()
         .predicate_filter(machine_trigger, PredicateConfig::default());
+    // MachineHealthChecks: whether one selects a Machine now. Any change (a new one, one gone,
+    // a new selector) may change an evacuating machine's decision: those of its cluster.
+    let (health_checks, w) = reflector::store();
+    let health_check_events = watcher(settings.api::<capi::MachineHealthCheck>(&client), wc.clone())
+        .inspect_err(watch_error("machinehealthchecks.cluster.x-k8s.io", &telemetry))
+        .default_backoff()
+        .modify(capi::keep_what_is_read_of_health_check)
+        .reflect(w)
+        .filter_map(|event| {
+            futures::future::ready(match event {
+                Ok(watcher::Event::Apply(c) | watcher::Event::Delete(c)) => {
+                    Some((c.namespace().unwrap_or_default(), c.spec.cluster_name.clone()))
+                }
+                _ => None,
+            })
+        });
     let (instances, w) = reflector::store();
     // Streamed or paged, as `initial_lists` says why.
     let mut instance_wc = initial_lists(settings.kairon_streaming_lists).labels(&labels::managed_selector());
@@ -182,6 +198,7 @@ pub(crate) fn controller(
         caches.clusters.synced(),
         Synced::of(&instances),
         caches.kaironclusters.synced(),
+        Synced::of(&health_checks),
     ];
     telemetry.caches.register(&synced[0]);
     telemetry.caches.register(&synced[2]);
@@ -210,6 +227,7 @@ pub(crate) fn controller(
         kaironclusters,
         settings: settings.clone(),
         machines,
+        health_checks,
         clusters: caches.clusters.store(),
         instances,
         synced,
@@ -235,6 +253,7 @@ pub(crate) fn controller(
     // Machine is deleting, marked or has its Node decides whose turn it is to be replaced.
     let turns = evacuating.clone();
     let whole = evacuating.clone();
+    let checked = evacuating.clone();
     let on_machine = move |m: Option<capi::Machine>| {
         let Some(m) = m else { return vec![] };
         let mut refs: Vec<_> = kaironmachine_for_machine(&m).into_iter().collect();
@@ -259,6 +278,9 @@ pub(crate) fn controller(
             .boxed(),
         gone_rx
             .flat_map(move |(ns, cluster)| futures::stream::iter(evacuating.of_cluster(&ns, &cluster)))
+            .boxed(),
+        health_check_events
+            .flat_map(move |(ns, cluster)| futures::stream::iter(checked.of_cluster(&ns, &cluster)))
             .boxed(),
         // A Cluster becoming whole again (its replacement Machine available) is the next
         // evacuating machine's turn: those only, not every machine of the cluster.
