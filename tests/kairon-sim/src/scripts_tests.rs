@@ -193,3 +193,33 @@ async fn kubeadm_waits_for_the_commands_before_it_and_the_ones_after_run_on() {
     assert!(!alive, "the stopped VM's commands still run");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn cabpks_commands_reach_kubeadm_and_run_after_it_from_the_bridges_one_script() {
+    let dir = scratch("cabpk");
+    let scripts = GuestScripts::new(dir.clone());
+    for name in ["control-plane-init.yaml", "worker-join.yaml"] {
+        let path = format!("{}/testdata/cabpk/{name}", env!("CARGO_MANIFEST_DIR"));
+        let data = std::fs::read_to_string(&path).unwrap();
+        let ci = translate_cloud_config(&data, &GuestFacts::kairon("m"), DEFAULT_MAX_DECODED_BYTES).unwrap();
+        advance_until(&scripts, name, &ci, Progress::Done).await;
+        let root = guest_root(&dir, name);
+        assert!(
+            root.join(KUBEADM_CALLED.trim_start_matches('/')).exists(),
+            "{name}: kubeadm called"
+        );
+        // CABPK's `kubeadm … && echo success > /run/cluster-api/bootstrap-success.complete`.
+        let success = root.join("run/cluster-api/bootstrap-success.complete");
+        wait_for(&success).await;
+        assert!(success.exists(), "{name}: the command after kubeadm ran");
+    }
+    // The worker's `systemctl restart containerd` fails in the guest; the rest goes on.
+    let post = guest_root(&dir, "worker-join.yaml").join("run/post.log");
+    wait_for(&post).await;
+    assert_eq!(std::fs::read_to_string(post).unwrap(), "post-kubeadm\n");
+    let kube_vip = guest_root(&dir, "control-plane-init.yaml").join("etc/kubernetes/manifests/kube-vip.yaml");
+    assert!(kube_vip.exists(), "the flavor's sed edits the guest's file");
+    scripts.stop("control-plane-init.yaml").await;
+    scripts.stop("worker-join.yaml").await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
