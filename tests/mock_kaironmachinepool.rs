@@ -691,7 +691,7 @@ async fn a_member_to_start_without_its_secret_is_not_started_and_the_pool_says_w
 fn runcmd_script(ci: &Value) -> String {
     assert_eq!(
         ci["runCmd"],
-        json!([format!("'{RUNCMD_SCRIPT}'")]),
+        json!([format!("sh '{RUNCMD_SCRIPT}'")]),
         "one entry runs the script"
     );
     let files = ci["writeFiles"].as_array().expect("writeFiles");

@@ -172,7 +172,7 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         assert!(body["metadata"].get("ownerReferences").is_none());
         assert_eq!(
             body["spec"]["cloudInit"],
-            json!({"hostname": "m1", "runCmd": [format!("'{RUNCMD_SCRIPT}'")],
+            json!({"hostname": "m1", "runCmd": [format!("sh '{RUNCMD_SCRIPT}'")],
                 "writeFiles": [{"path": RUNCMD_SCRIPT, "content": "#!/bin/sh\nkubeadm join --token TOPSECRET\n", "permissions": "0700"}]}),
             "the bootstrap data as Kairon's structured cloudInit"
         );

@@ -17,7 +17,8 @@
 //!   shell-quoted word by word, no `set -e`. Kairon runs each `runCmd` entry in its own
 //!   `bash -lc`, where an `export` or `cd` would be lost before the next entry, so the same
 //!   script goes to the guest as a file ([`RUNCMD_SCRIPT`], mode 0700) and one `runCmd`
-//!   entry executes it: shell state holds from line to line, a failing line stops nothing,
+//!   entry runs it with `sh` (`/run` is `noexec` on Debian and Ubuntu guests: the file can be
+//!   read, not executed): shell state holds from line to line, a failing line stops nothing,
 //!   and line breaks (heredocs) and long commands need no special case;
 //! - **users**: one user with passwordless sudo maps onto Kairon's `user`, the only kind it
 //!   makes; any other user setting is an error;
@@ -153,8 +154,9 @@ pub fn translate_cloud_config(
     let commands = commands(config.get("runcmd"))?;
     if !commands.is_empty() {
         // cloud-init's cc_runcmd: one script, `#!/bin/sh` and a line per entry, mode 0700,
-        // executed by scripts_user; Kairon's runCmd entry executes it the same way.
-        run_cmd.push(shell_quote(RUNCMD_SCRIPT));
+        // which scripts_user executes, so `/bin/sh` runs it. Kairon's runCmd entry hands it to
+        // `sh` rather than executing it: Debian's and Ubuntu's `/run` is `noexec`.
+        run_cmd.push(format!("sh {}", shell_quote(RUNCMD_SCRIPT)));
         write_files.push(crate::kairon::cloud_init::CloudInitFile {
             path: RUNCMD_SCRIPT.into(),
             content: runcmd_script(&commands),

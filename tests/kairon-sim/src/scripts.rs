@@ -8,7 +8,9 @@
 //! layer of an overlay over the host's `/`, which the guest sees as its `/`. The commands run
 //! in a sandbox ([`SANDBOX`]): private mount, PID and UTS namespaces (`unshare`, the
 //! simulator runs as root), the overlay as root (`chroot`), fresh `/tmp` and `/run` from the
-//! VM's directory, a `/proc` with `/proc/sys` read-only, `/sys` read-only, a `/dev` with only
+//! VM's directory (`/run` `noexec`, as Debian's and Ubuntu's initramfs mounts it before
+//! handing it to the booted system: a file there can be read by a shell, not executed), a
+//! `/proc` with `/proc/sys` read-only, `/sys` read-only, a `/dev` with only
 //! `null`, `zero`, `full`, `random`, `urandom` and `tty`, and no capabilities at all
 //! (`setpriv`). So what a guest writes lands in its `root/` and never on the host; what needs
 //! a capability (mounts, sysctl, modules, network and firewall setup, `hostname`) fails; the
@@ -53,6 +55,7 @@ m=$vm/merged
 mount -t overlay overlay -o "lowerdir=/,upperdir=$vm/root,workdir=$vm/work" "$m"
 mount --bind "$vm/root/tmp" "$m/tmp"
 mount --bind "$vm/root/run" "$m/run"
+mount -o remount,bind,nodev,noexec,nosuid "$m/run"
 mount -t proc proc "$m/proc"
 mount --bind "$m/proc/sys" "$m/proc/sys"
 mount -o remount,bind,ro "$m/proc/sys"

@@ -126,14 +126,25 @@ async fn the_guest_never_touches_the_host() {
     let pid = std::process::id();
     let probe = format!("/capkr-sandbox-probe-{pid}");
     let ci = translated(&format!(
-        "  - touch {probe} /etc/capkr-sandbox-probe-{pid} /usr/bin/capkr-sandbox-probe-{pid}\n  - echo 3 > /proc/sys/vm/drop_caches || touch /tmp/sysctl-refused\n  - kill -0 {pid} || touch /tmp/host-pid-unseen\n  - mount -t tmpfs t /mnt || touch /tmp/mount-refused\n  - touch /tmp/done\n"
+        "  - touch {probe} /etc/capkr-sandbox-probe-{pid} /usr/bin/capkr-sandbox-probe-{pid}\n  - echo 3 > /proc/sys/vm/drop_caches || touch /tmp/sysctl-refused\n  - kill -0 {pid} || touch /tmp/host-pid-unseen\n  - mount -t tmpfs t /mnt || touch /tmp/mount-refused\n  - \"printf '#!/bin/sh\\\\ntouch /tmp/executed\\\\n' > /run/x && chmod 755 /run/x && /run/x || touch /tmp/run-noexec\"\n  - touch /tmp/done\n"
     ));
     advance_until(&scripts, "vm", &ci, Progress::Done).await;
     let root = guest_root(&dir, "vm");
     wait_for(&root.join("tmp/done")).await;
-    for refused in ["sysctl-refused", "host-pid-unseen", "mount-refused", "done"] {
+    for refused in [
+        "sysctl-refused",
+        "host-pid-unseen",
+        "mount-refused",
+        "run-noexec",
+        "done",
+    ] {
         assert!(root.join("tmp").join(refused).exists(), "{refused}");
     }
+    assert!(
+        std::fs::metadata(root.join("run/x")).is_ok_and(|m| m.permissions().mode() & 0o111 != 0),
+        "an executable script in /run"
+    );
+    assert!(!root.join("tmp/executed").exists(), "the guest's /run is noexec");
     let usr_bin = std::fs::canonicalize("/usr/bin").unwrap();
     for path in [
         probe.clone(),

@@ -31,7 +31,7 @@ fn renders_the_template_and_keeps_files_and_commands_in_order() {
         got,
         CloudInit {
             hostname: "md-0-x7k2p".into(),
-            run_cmd: vec![format!("'{RUNCMD_SCRIPT}'")],
+            run_cmd: vec![format!("sh '{RUNCMD_SCRIPT}'")],
             write_files: vec![
                 file(
                     "/run/kubeadm/kubeadm.yaml",
@@ -85,7 +85,7 @@ fn what_kairon_cannot_write_itself_becomes_commands_before_all_others() {
                 "mkdir -p '/etc' && cat '{0}' > '/etc/b' && chmod 0600 '/etc/b' && chown 'ops' '/etc/b'; rm -f '{0}'",
                 stage(4)
             ),
-            format!("'{RUNCMD_SCRIPT}'"),
+            format!("sh '{RUNCMD_SCRIPT}'"),
         ],
         "deferred entries come after all others, as cloud-init writes them in its final stage"
     );
@@ -474,9 +474,9 @@ fn runcmd_is_one_sh_script_as_cloud_init_writes_it() {
             continue;
         }
         assert_eq!(runcmd_script(&got), Some(*want), "{what}");
-        // Kairon's runCmd runs the script itself: the kernel reads its `#!/bin/sh`, as
-        // cloud-init's scripts_user executes it.
-        assert_eq!(got.run_cmd, [format!("'{RUNCMD_SCRIPT}'")], "{what}");
+        // Kairon's runCmd hands the script to `sh`, the interpreter its `#!/bin/sh` names
+        // when cloud-init's scripts_user executes it (`/run` is `noexec` on the guest).
+        assert_eq!(got.run_cmd, [format!("sh '{RUNCMD_SCRIPT}'")], "{what}");
     }
     let got = translate(&format!("#cloud-config\nruncmd:\n  - {long}\n")).unwrap();
     assert_eq!(runcmd_script(&got), Some(format!("#!/bin/sh\n{long}\n").as_str()));

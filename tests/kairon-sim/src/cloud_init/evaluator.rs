@@ -5,7 +5,7 @@
 //! `base64` and `flate2` (independent of the provider's decoder), deferred files after the
 //! others, then `runcmd`, where a command that only moves files (`cat`, `base64 -d`, `chmod`,
 //! `chown`, `mkdir -p`, `rm -f`, as the translation's staged writes are) is applied to the
-//! files rather than recorded, a line naming an executable file runs the file's text, and
+//! files rather than recorded, `sh <file>` runs the file's text, and
 //! Kairon's `[bash, -lc, X]` runs X. `runcmd` is one script, as cloud-init writes it: recorded
 //! as one command, unless its entries are all FluxVM's `[bash, -lc, X]` (each its own shell,
 //! played one by one). Files under the provider's staging directory are left out.
@@ -177,10 +177,9 @@ fn chown(state: &mut FileState, spec: &str) {
 
 /// Runs one runcmd line: applied to the files when it only moves files, else recorded.
 fn run(out: &mut Outcome, line: &str) {
-    // A line that only names an executable file executes it: the kernel reads its `#!`.
-    if let Some(script) = only_word(line)
+    // `sh <file>` runs the file's text.
+    if let Some(script) = line.strip_prefix("sh ").and_then(only_word)
         && let Some(file) = out.files.get(&script)
-        && file.mode & 0o100 != 0
     {
         let text = String::from_utf8(file.content.clone()).expect("script text");
         out.commands.push(text);

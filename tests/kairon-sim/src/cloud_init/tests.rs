@@ -91,7 +91,7 @@ fn files_in_every_encoding_with_owners_and_appends_land_as_written() {
     assert_eq!(file("/etc/motd.d/capkr").content, b"written after the append\n");
     assert_eq!(file("/etc/motd.d/capkr").owner, ("root".into(), "root".into()));
     // The heredoc is lines of the one runcmd script, which one runCmd entry executes.
-    assert_eq!(ci.run_cmd.last(), Some(&format!("'{RUNCMD_SCRIPT}'")));
+    assert_eq!(ci.run_cmd.last(), Some(&format!("sh '{RUNCMD_SCRIPT}'")));
     let script = ci
         .write_files
         .iter()
