@@ -17,6 +17,7 @@ use capkr::capi::{self, MachinePool};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine_pool::status::{Counted, Observed, pool_status};
 use capkr::controller::kairon_machine_pool::{Context, reconcile};
+use capkr::kairon::cloud_init::RUNCMD_SCRIPT;
 use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet, MachineSetStatus, TEMPLATE_HASH_LABEL};
 use capkr::kairon::set_desired::{
     POOL_ID_ANNOTATION, PoolLink, REVISION_LABEL, SetInputs, bootstrap_data_hash, desired_machine_set,
@@ -613,8 +614,8 @@ async fn a_member_awaiting_its_start_is_started_with_its_own_bootstrap_data() {
         let ci = &body["spec"]["cloudInit"];
         assert_eq!(ci["hostname"], "pool-c", "its own name");
         assert!(
-            ci["runCmd"].to_string().contains("--token tok-3f9a.SECRETSECRET01"),
-            "the join command: {ci}"
+            runcmd_script(ci).contains("--token tok-3f9a.SECRETSECRET01"),
+            "the join command, in the runcmd script"
         );
         assert_eq!(
             body["spec"].as_object().unwrap().len(),
@@ -686,6 +687,21 @@ async fn a_member_to_start_without_its_secret_is_not_started_and_the_pool_says_w
     .await;
 }
 
+/// The runcmd script of a Kairon cloudInit, which its one `runCmd` entry executes.
+fn runcmd_script(ci: &Value) -> String {
+    assert_eq!(
+        ci["runCmd"],
+        json!([format!("sh '{RUNCMD_SCRIPT}'")]),
+        "one entry runs the script"
+    );
+    let files = ci["writeFiles"].as_array().expect("writeFiles");
+    let script = files
+        .iter()
+        .find(|f| f["path"] == RUNCMD_SCRIPT)
+        .expect("the runcmd script");
+    script["content"].as_str().unwrap_or_default().to_string()
+}
+
 #[tokio::test]
 async fn a_rotated_token_changes_no_set_and_reaches_only_the_member_started_next() {
     // a and b were started with token-1; CABPK rotated the Secret's token in place since.
@@ -698,7 +714,7 @@ async fn a_rotated_token_changes_no_set_and_reaches_only_the_member_started_next
         let hash = &body["metadata"]["annotations"][BOOTSTRAP_DATA_HASH_ANNOTATION];
         assert_eq!(*hash, bootstrap_data_hash(&UserData(bootstrap("token-2"))));
         assert_ne!(*hash, bootstrap_data_hash(&UserData(bootstrap("token-1"))));
-        let commands = body["spec"]["cloudInit"]["runCmd"].to_string();
+        let commands = runcmd_script(&body["spec"]["cloudInit"]);
         assert!(
             commands.contains("token-2") && !commands.contains("token-1"),
             "{commands}"

@@ -11,6 +11,7 @@ use capkr::api::{KaironMachine, MACHINE_FINALIZER};
 use capkr::capi::{self, ContractVersionedObjectReference};
 use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
+use capkr::kairon::cloud_init::RUNCMD_SCRIPT;
 use capkr::kairon::{self, MachineStatus, labels};
 use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -172,7 +173,8 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         assert!(body["metadata"].get("ownerReferences").is_none());
         assert_eq!(
             body["spec"]["cloudInit"],
-            json!({"hostname": "m1", "runCmd": ["kubeadm join --token TOPSECRET"]}),
+            json!({"hostname": "m1", "runCmd": [format!("sh '{RUNCMD_SCRIPT}'")],
+                "writeFiles": [{"path": RUNCMD_SCRIPT, "content": "#!/bin/sh\nkubeadm join --token TOPSECRET\n", "permissions": "0700"}]}),
             "the bootstrap data as Kairon's structured cloudInit"
         );
         assert_eq!(body["spec"]["resources"]["cpu"], "2");
@@ -781,7 +783,10 @@ async fn a_bootstrap_secret_from_a_config_is_used_once_the_config_is_read_to_be_
             created,
         )
         .await;
-        assert_eq!(body["spec"]["cloudInit"]["runCmd"][0], "kubeadm join --token TOPSECRET");
+        assert_eq!(
+            body["spec"]["cloudInit"]["writeFiles"][0]["content"],
+            "#!/bin/sh\nkubeadm join --token TOPSECRET\n"
+        );
         expect(&mut h, "PATCH", KM_PATH, 200, km_json.clone()).await;
         expect(&mut h, "PATCH", &format!("{KM_PATH}/status"), 200, km_json).await;
         expect_no_more(&mut h).await;

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 
 mod translate;
 
-pub use translate::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, STAGING_DIR, TranslateError, translate_cloud_config};
+pub use translate::{
+    DEFAULT_MAX_DECODED_BYTES, GuestFacts, RUNCMD_SCRIPT, STAGING_DIR, TranslateError, translate_cloud_config,
+};
 
 /// Guest customization applied when the VM is first created.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Default, PartialEq, Eq)]

@@ -15,6 +15,7 @@ mod budgets;
 mod create_failures;
 mod events;
 mod faults;
+mod guest_commands;
 mod kairon_quirks;
 mod left_behind;
 mod lifecycle;

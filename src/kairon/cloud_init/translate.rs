@@ -12,12 +12,14 @@
 //!   are rendered here with the [`GuestFacts`], exactly as cloud-init would ([`jinja`]);
 //! - **files**: decoded, in order, with their modes; owners, appends, deferred and binary files
 //!   through commands at the head of `runCmd` ([`files`]);
-//! - **commands**: `runcmd` in order, list forms shell-quoted as cloud-init's `runcmd` script
-//!   has them. Kairon runs each by `bash -lc` in its own shell, where cloud-init runs them all
-//!   as lines of one `sh` script: a command cannot leave shell state (a `cd`, an unexported
-//!   variable) to the next one. A command FluxVM's single-quoted YAML line cannot carry (a
-//!   line break, as a heredoc has), or too long for one argument of `bash -lc`, is written to
-//!   a root-only file and sourced from there;
+//! - **commands**: cloud-init runs `runcmd` as one script (cc_runcmd writes it, scripts_user
+//!   executes it): `#!/bin/sh`, each string entry as a line as it is, each list entry
+//!   shell-quoted word by word, no `set -e`. Kairon runs each `runCmd` entry in its own
+//!   `bash -lc`, where an `export` or `cd` would be lost before the next entry, so the same
+//!   script goes to the guest as a file ([`RUNCMD_SCRIPT`], mode 0700) and one `runCmd`
+//!   entry runs it with `sh` (`/run` is `noexec` on Debian and Ubuntu guests: the file can be
+//!   read, not executed): shell state holds from line to line, a failing line stops nothing,
+//!   and line breaks (heredocs) and long commands need no special case;
 //! - **users**: one user with passwordless sudo maps onto Kairon's `user`, the only kind it
 //!   makes; any other user setting is an error;
 //! - **hostname** (`hostname`, `fqdn`): Kairon's `hostname`, by default the guest's
@@ -106,8 +108,8 @@ pub enum TranslateError {
     ConflictingHostname,
 }
 
-/// Longest command given to `bash -lc` as it is: Linux takes at most 128 KiB per argument.
-const MAX_INLINE_COMMAND_BYTES: usize = 64 * 1024;
+/// Where the guest gets `runcmd` as the one script cloud-init would have made of it.
+pub const RUNCMD_SCRIPT: &str = "/run/cluster-api-provider-kairon/runcmd";
 
 /// Top-level keys with no effect on a Kairon guest, and why.
 const IGNORED_KEYS: &[(&str, &str)] = &[
@@ -149,18 +151,17 @@ pub fn translate_cloud_config(
     let (user, ssh_authorized_keys) = user(config.get("users"))?.unwrap_or_default();
     let mut run_cmd = files.commands;
     let mut write_files = files.write_files;
-    for (i, command) in commands(config.get("runcmd"))?.into_iter().enumerate() {
-        if is_line_safe(&command) && command.len() <= MAX_INLINE_COMMAND_BYTES {
-            run_cmd.push(command);
-        } else {
-            let script = format!("{STAGING_DIR}/runcmd/{}", i + 1);
-            run_cmd.push(format!(". {}", shell_quote(&script)));
-            write_files.push(crate::kairon::cloud_init::CloudInitFile {
-                path: script,
-                content: command,
-                permissions: "0600".into(),
-            });
-        }
+    let commands = commands(config.get("runcmd"))?;
+    if !commands.is_empty() {
+        // cloud-init's cc_runcmd: one script, `#!/bin/sh` and a line per entry, mode 0700,
+        // which scripts_user executes, so `/bin/sh` runs it. Kairon's runCmd entry hands it to
+        // `sh` rather than executing it: Debian's and Ubuntu's `/run` is `noexec`.
+        run_cmd.push(format!("sh {}", shell_quote(RUNCMD_SCRIPT)));
+        write_files.push(crate::kairon::cloud_init::CloudInitFile {
+            path: RUNCMD_SCRIPT.into(),
+            content: runcmd_script(&commands),
+            permissions: "0700".into(),
+        });
     }
     Ok(CloudInit {
         hostname: hostname(&config, &facts.local_hostname)?,
@@ -244,6 +245,18 @@ fn commands(value: Option<&Value>) -> Result<Vec<String>, TranslateError> {
             _ => Err(invalid("has an entry that is neither a string nor a list")),
         })
         .collect()
+}
+
+/// The script cloud-init's cc_runcmd writes for these lines (its `util.shellify`): a
+/// `#!/bin/sh` line, then each line and a line break. No `set -e`: a failing line does not
+/// stop the next, and the script's status is the last line's.
+fn runcmd_script(lines: &[String]) -> String {
+    let mut script = String::from("#!/bin/sh\n");
+    for line in lines {
+        script.push_str(line);
+        script.push('\n');
+    }
+    script
 }
 
 /// cloud-init's hostname: `fqdn` wins and `hostname` defaults to its first label (and a

@@ -53,7 +53,7 @@ pub struct Options {
     pub boot_guest: bool,
     /// Run control-plane VMs' processes (see [`crate::fleet`]).
     pub guest_tools: Option<crate::fleet::GuestTools>,
-    /// Run the guests' pre-kubeadm scripts under this dir (see [`crate::scripts`]).
+    /// Run the guests' runcmd, sandboxed, under this dir (see [`crate::scripts`]).
     pub guest_scripts_dir: Option<std::path::PathBuf>,
     /// A live migration's Running -> Succeeded.
     pub migration_delay: Duration,

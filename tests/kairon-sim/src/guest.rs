@@ -258,7 +258,7 @@ fn render_expression(expr: &str, meta: &MetaData) -> String {
 }
 
 /// The decoded content of one `write_files` entry, if it can be decoded.
-fn file_content(file: &Value) -> Option<String> {
+pub fn file_content(file: &Value) -> Option<String> {
     let content = file.get("content").and_then(Value::as_str)?;
     let encoding = file
         .get("encoding")

@@ -79,7 +79,7 @@ async fn boot_control_plane(fleet: &Fleet, m: &Machine, facts: &NodeFacts, clust
 }
 
 /// The guest's kubelet registers its Node (with `address`, the guest's own, as its
-/// InternalIP), after what runs before it: its pre-kubeadm scripts, and on a control-plane VM
+/// InternalIP), after what runs before it: its runcmd up to kubeadm, and on a control-plane VM
 /// with `--guest-bin-dir` the control plane's processes. Whether its `kubeadm join` gets
 /// through its network is the engine's to decide before (see [`crate::join_reach`]).
 pub async fn register(
@@ -94,8 +94,8 @@ pub async fn register(
     let Some(facts) = node_facts(&m, address) else {
         return GuestOutcome::Unbootable;
     };
-    // cloud-init's runcmd: the pre-kubeadm commands first; kubeadm (and so everything below)
-    // waits for them.
+    // cloud-init's runcmd: the commands before kubeadm first; kubeadm (and so everything
+    // below) waits until the guest calls it.
     if let Some(scripts) = &scripts {
         let boot = boot_of(&m);
         if scripts
@@ -184,7 +184,7 @@ pub async fn post_status(
     }
 }
 
-/// Stops what ran in the VM: its pre-kubeadm scripts and a control plane's processes; what
+/// Stops what ran in the VM: its runcmd and a control plane's processes; what
 /// the fleet stopped, if it ran any.
 async fn stop_processes(fleet: Option<&Fleet>, scripts: Option<&GuestScripts>, m: &Machine) -> Option<Stopped> {
     let uid = m.uid()?;
@@ -194,7 +194,7 @@ async fn stop_processes(fleet: Option<&Fleet>, scripts: Option<&GuestScripts>, m
     fleet?.stop(&uid).await
 }
 
-/// The VM failed or was stopped: what ran in it stops (its pre-kubeadm scripts, a control plane's
+/// The VM failed or was stopped: what ran in it stops (its runcmd, a control plane's
 /// processes) and so does its kubelet, so KWOK no longer beats for its Node. The Node stays;
 /// the workload cluster's node lifecycle controller notices, as for a real VM that died.
 pub async fn stop(

@@ -20,8 +20,9 @@
 //!   the kube-vip endpoint, and what they leave in the workload cluster;
 //! - [`kwok`]: the KWOK controller per cluster that plays the kubelets (Leases, Pods);
 //! - [`addons`], [`addons_objects`]: the CoreDNS and kube-proxy addons `kubeadm init` installs;
-//! - [`scripts`]: with `--guest-scripts-dir`, the pre-kubeadm commands that run a script of
-//!   the user-data (a signal gate before kubeadm);
+//! - [`scripts`]: with `--guest-scripts-dir`, the guest's cloud-init `runcmd` run for real in
+//!   a sandbox (one `sh` script; FluxVM's entries each their own `bash -lc`); kubeadm waits
+//!   until the guest calls it;
 //! - [`engine`]: the watch-driven event loop tying them together.
 
 mod addons;
@@ -129,9 +130,9 @@ struct Args {
     /// Where control-plane VMs keep their data and logs.
     #[arg(long, requires = "guest_bin_dir")]
     guest_dir: Option<PathBuf>,
-    /// Run the guests' pre-kubeadm commands that call a script of their own user-data
-    /// (`./wait-signal.sh …`), each VM in its own dir under this one; kubeadm waits for them.
-    /// Other commands are never run. For test flavors that gate kubeadm on a signal.
+    /// Run the guests' cloud-init `runcmd` for real, as cloud-init runs it, each VM in a
+    /// sandbox whose disk is its own dir under this one; kubeadm waits until the guest calls
+    /// it. Nothing a guest writes reaches the host.
     #[arg(long)]
     guest_scripts_dir: Option<PathBuf>,
     /// A live migration's Running -> Succeeded (the VM's nodeName changes then).

@@ -1,111 +1,181 @@
-//! With `--guest-scripts-dir`: the guest runs, before kubeadm, the pre-kubeadm commands of its
-//! cloud-init `runcmd` that call a script its own `write_files` wrote (`./wait-signal.sh …`,
-//! as upstream's KCP remediation flavor gates kubeadm on a signal). Each VM gets a directory
-//! under the given one standing in for its root: the referenced scripts are written there,
-//! and the commands run there with `sh -c`, one after the other, as cloud-init's runcmd
-//! would. kubeadm (and so the Node, and on a control-plane VM its etcd and API server) waits
-//! until they have exited. The VM's commands are killed when its Machine goes.
+//! With `--guest-scripts-dir`: the guest runs its cloud-init `runcmd` for real, as cloud-init
+//! does (cc_runcmd writes one `#!/bin/sh` script of the entries, string entries as they are,
+//! list entries shell-quoted; scripts_user executes it from `/`), so FluxVM's
+//! `[bash, -lc, X]` entries are each their own `bash -lc`, and shell state does not pass
+//! from one to the next, exactly as on a Kairon guest.
 //!
-//! Any other command is not run: the test host is not the guest, and commands such as the
-//! shipped flavors' `sed -i … /etc/kubernetes/…` must never touch it. Only the scripts a
-//! command names are written out — never the kubeadm files, which hold the cluster's keys.
-//! Neither user-data nor command lines are logged.
+//! Each VM gets a directory under the given one. Its `root/` is the guest's disk: the upper
+//! layer of an overlay over the host's `/`, which the guest sees as its `/`. The commands run
+//! in a sandbox ([`SANDBOX`]): private mount, PID and UTS namespaces (`unshare`, the
+//! simulator runs as root), the overlay as root (`chroot`), fresh `/tmp` and `/run` from the
+//! VM's directory (`/run` `noexec`, as Debian's and Ubuntu's initramfs mounts it before
+//! handing it to the booted system: a file there can be read by a shell, not executed), a
+//! `/proc` with `/proc/sys` read-only, `/sys` read-only, a `/dev` with only
+//! `null`, `zero`, `full`, `random`, `urandom` and `tty`, and no capabilities at all
+//! (`setpriv`). So what a guest writes lands in its `root/` and never on the host; what needs
+//! a capability (mounts, sysctl, modules, network and firewall setup, `hostname`) fails; the
+//! guest sees only its own processes; the network is the host's, as a guest reaches the API
+//! servers. Before the commands start, the guest's `write_files` are written into `root/`
+//! (deferred ones last, appends appended; owners are not applied).
+//!
+//! kubeadm is the simulator's (the Node, and on a control-plane VM its etcd and API server):
+//! the guest's `kubeadm` is a stand-in on `PATH` (`/usr/local/sbin`) that records that the
+//! guest reached it, exits 0, and logs nothing of its arguments. kubeadm "runs" once the guest
+//! has called it, or once its commands have all exited. Other tools (`kubectl`, `systemctl`)
+//! are the host's own, seeing the guest's files and failing where they would need the host.
+//! The VM's commands are killed, and its directory removed, when its Machine goes.
+//!
+//! Neither user-data nor command lines are logged; the commands' output goes to the VM's
+//! `runcmd.log`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 use crate::guest::{self, MetaData};
 
-/// One pre-kubeadm command that runs a written script: the script's path as written
-/// (`/wait-signal.sh`), its content, and the command line as cloud-init would run it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScriptCommand {
-    pub script_path: String,
-    pub script: String,
-    pub command: String,
+/// Where cloud-init writes the runcmd script (`cloud.get_ipath("scripts")`).
+pub const RUNCMD_SCRIPT: &str = "/var/lib/cloud/instance/scripts/runcmd";
+/// What the guest's kubeadm stand-in touches when called.
+pub const KUBEADM_CALLED: &str = "/run/kairon-sim/kubeadm-called";
+
+/// The guest's `kubeadm`: the simulator plays what kubeadm does; this records the call.
+const KUBEADM_STAND_IN: &str = "#!/bin/sh\n# kairon-sim: kubeadm is played by the simulator\nmkdir -p /run/kairon-sim && : > /run/kairon-sim/kubeadm-called\n";
+
+/// `sh -c` script run by `unshare` with the VM's directory as `$1`: sets up the guest's view
+/// and executes its runcmd script with no capabilities.
+const SANDBOX: &str = r#"set -e
+vm=$1
+m=$vm/merged
+mount -t overlay overlay -o "lowerdir=/,upperdir=$vm/root,workdir=$vm/work" "$m"
+mount --bind "$vm/root/tmp" "$m/tmp"
+mount --bind "$vm/root/run" "$m/run"
+mount -o remount,bind,nodev,noexec,nosuid "$m/run"
+mount -t proc proc "$m/proc"
+mount --bind "$m/proc/sys" "$m/proc/sys"
+mount -o remount,bind,ro "$m/proc/sys"
+mount -t sysfs -o ro sysfs "$m/sys"
+mount -t tmpfs -o mode=755 tmpfs "$m/dev"
+for d in null zero full random urandom tty; do
+  : > "$m/dev/$d"
+  mount --bind "/dev/$d" "$m/dev/$d"
+done
+ln -s /proc/self/fd "$m/dev/fd"
+exec chroot "$m" setpriv --no-new-privs --bounding-set=-all --inh-caps=-all \
+  env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root \
+  sh -c 'cd / && exec "$0"' /var/lib/cloud/instance/scripts/runcmd
+"#;
+
+/// The guest's disk as the test host sees it: `root/` of the VM's directory.
+pub fn guest_root(dir: &Path, uid: &str) -> PathBuf {
+    dir.join(uid).join("root")
 }
 
-/// The pre-kubeadm commands of `user_data` that call a script written by its `write_files`,
-/// in order: the `runcmd` entries before the first that runs `kubeadm`, whose first word is
-/// `./<path>` or `/<path>` of a written file. An unreadable user-data has none.
-pub fn pre_kubeadm_scripts(user_data: &str, meta: &MetaData) -> Vec<ScriptCommand> {
-    let Ok(files) = guest::written_files(user_data, meta) else {
-        return Vec::new();
-    };
+/// What the guest's cloud-init does before running commands: its files (path, content, mode),
+/// in the order written, and the runcmd script, if there is a `runcmd`. An unreadable
+/// user-data has neither.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct GuestBoot {
+    pub files: Vec<GuestFile>,
+    pub runcmd: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub struct GuestFile {
+    pub path: String,
+    pub content: String,
+    pub mode: u32,
+    pub append: bool,
+}
+
+pub fn guest_boot(user_data: &str, meta: &MetaData) -> GuestBoot {
     let rendered = guest::render(user_data, meta);
-    let Ok(doc) = serde_saphyr::from_str::<serde_json::Value>(&rendered) else {
-        return Vec::new();
+    if !rendered.trim_start().starts_with("#cloud-config") {
+        return GuestBoot::default();
+    }
+    let Ok(doc) = serde_saphyr::from_str::<Value>(&rendered) else {
+        return GuestBoot::default();
     };
-    let commands: Vec<String> = doc
-        .get("runcmd")
-        .and_then(serde_json::Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    let entries = doc
+        .get("write_files")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let deferred = |f: &Value| f.get("defer").and_then(Value::as_bool) == Some(true);
+    let files = entries
         .iter()
-        .filter_map(|c| match c {
-            serde_json::Value::String(s) => Some(s.clone()),
-            // The list form (exec without a shell): a shell's `-c`/`-lc` command as that
-            // command (FluxVM writes each of Kairon's runCmd entries as `[bash, -lc, X]`),
-            // any other joined, as far as the first word goes.
-            serde_json::Value::Array(words) => {
-                let words: Vec<&str> = words.iter().filter_map(serde_json::Value::as_str).collect();
-                Some(match words.as_slice() {
-                    [shell, flag, command] if is_shell(shell) && matches!(*flag, "-c" | "-lc") => command.to_string(),
-                    _ => words.join(" "),
-                })
-            }
-            _ => None,
-        })
-        .collect();
-    commands
-        .iter()
-        .take_while(|c| !runs_kubeadm(c))
-        .filter_map(|c| {
-            let first = c.split_whitespace().next()?;
-            // cloud-init runs runcmd from `/`: `./x` is `/x`.
-            let path = first.strip_prefix('.').unwrap_or(first);
-            if !path.starts_with('/') || path.split('/').any(|part| part == "..") {
-                return None;
-            }
-            let (script_path, script) = files.iter().find(|(p, _)| p == path)?;
-            Some(ScriptCommand {
-                script_path: script_path.clone(),
-                script: script.clone(),
-                command: c.clone(),
+        .filter(|f| !deferred(f))
+        .chain(entries.iter().filter(|f| deferred(f)))
+        .filter_map(|f| {
+            let path = f.get("path")?.as_str()?;
+            let path = if path.starts_with('/') {
+                path.to_string()
+            } else {
+                format!("/{path}")
+            };
+            Some(GuestFile {
+                path,
+                content: guest::file_content(f)?,
+                mode: mode(f.get("permissions")),
+                append: f.get("append").and_then(Value::as_bool) == Some(true),
             })
         })
-        .collect()
+        .collect();
+    let runcmd = doc.get("runcmd").and_then(Value::as_array).map(|list| shellify(list));
+    GuestBoot { files, runcmd }
 }
 
-fn is_shell(word: &str) -> bool {
-    matches!(word, "bash" | "sh" | "/bin/bash" | "/bin/sh" | "/usr/bin/bash")
+/// cloud-init's `util.shellify`: `#!/bin/sh`, then a line per entry, a string as it is, a
+/// list's words each in single quotes.
+pub fn shellify(entries: &[Value]) -> String {
+    let mut script = String::from("#!/bin/sh\n");
+    for entry in entries {
+        match entry {
+            Value::String(s) => script.push_str(s),
+            Value::Array(words) => {
+                let quoted: Vec<String> = words
+                    .iter()
+                    .map(|w| {
+                        let text = w.as_str().map_or_else(|| w.to_string(), str::to_string);
+                        format!("'{}'", text.replace('\'', "'\\''"))
+                    })
+                    .collect();
+                script.push_str(&quoted.join(" "));
+            }
+            // cloud-init fails the module on anything else: no script runs.
+            _ => return "#!/bin/sh\n".into(),
+        }
+        script.push('\n');
+    }
+    script
 }
 
-fn runs_kubeadm(command: &str) -> bool {
-    command
-        .split(|ch: char| ch.is_whitespace() || ch == ';' || ch == '&' || ch == '|')
-        .any(|w| w == "kubeadm" || w.ends_with("/kubeadm"))
+/// A `permissions` value as cloud-init reads it (octal text or an integer), default 0644.
+fn mode(value: Option<&Value>) -> u32 {
+    match value {
+        Some(Value::String(s)) => u32::from_str_radix(s.trim().trim_start_matches("0o"), 8).unwrap_or(0o644),
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0o644),
+        _ => 0o644,
+    }
 }
 
-/// Where a VM's pre-kubeadm commands stand.
+/// Where a VM's commands stand.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Progress {
-    /// All have exited (or there are none): kubeadm may run.
+    /// The guest called kubeadm, or its commands have all exited (or there are none).
     Done,
-    /// One is still running.
+    /// Its commands run and have not reached kubeadm yet.
     Running,
 }
 
 struct VmScripts {
     dir: PathBuf,
-    pending: Vec<ScriptCommand>,
     running: Option<Child>,
-    /// Commands started so far, for the log.
-    started: usize,
 }
 
 impl Drop for VmScripts {
@@ -117,7 +187,7 @@ impl Drop for VmScripts {
     }
 }
 
-/// Kills the command's process group (the shell and what it started).
+/// Kills the command's process group (the sandbox and what runs in it).
 fn kill_group(child: &mut Child) {
     if let Some(pid) = child.id() {
         // SAFETY: kill(2) with a negative pid signals the process group we created for it.
@@ -128,7 +198,7 @@ fn kill_group(child: &mut Child) {
     let _ = child.start_kill();
 }
 
-/// The pre-kubeadm commands of every VM, keyed by Machine uid.
+/// The commands of every VM, keyed by Machine uid.
 pub struct GuestScripts {
     dir: PathBuf,
     vms: Mutex<HashMap<String, VmScripts>>,
@@ -142,41 +212,50 @@ impl GuestScripts {
         }
     }
 
-    /// Starts the VM's next command when the previous one has exited; `Done` once none is
-    /// left. Called again until it is. A command that cannot start is skipped (logged), as
-    /// cloud-init's runcmd goes on after a failing command.
+    /// Starts the VM's commands the first time; then `Done` once the guest called kubeadm or
+    /// its commands exited. Commands that cannot start are logged and count as exited.
     pub async fn advance(&self, uid: &str, machine: &str, user_data: &str, meta: &MetaData) -> Progress {
         let mut vms = self.vms.lock().await;
-        let vm = vms.entry(uid.to_string()).or_insert_with(|| VmScripts {
-            dir: self.dir.join(uid),
-            pending: pre_kubeadm_scripts(user_data, meta),
-            running: None,
-            started: 0,
-        });
-        loop {
-            if let Some(child) = &mut vm.running {
-                match child.try_wait() {
-                    Ok(None) => return Progress::Running,
-                    Ok(Some(status)) => {
-                        tracing::info!(machine, command = vm.started, %status, "guest pre-kubeadm command exited");
+        let vm = vms.entry(uid.to_string()).or_insert_with(|| {
+            let dir = self.dir.join(uid);
+            let running = match guest_boot(user_data, meta) {
+                GuestBoot { runcmd: None, .. } => None,
+                boot => match start(&dir, &boot) {
+                    Ok(child) => {
+                        tracing::info!(
+                            machine,
+                            "guest runs its runcmd script; kubeadm waits until it calls kubeadm"
+                        );
+                        Some(child)
                     }
-                    Err(e) => tracing::warn!(machine, error = %e, "waiting for a guest pre-kubeadm command"),
-                }
+                    Err(e) => {
+                        tracing::warn!(machine, error = %e, "guest runcmd script did not start");
+                        None
+                    }
+                },
+            };
+            VmScripts { dir, running }
+        });
+        if guest_root(&self.dir, uid)
+            .join(KUBEADM_CALLED.trim_start_matches('/'))
+            .exists()
+        {
+            return Progress::Done;
+        }
+        let Some(child) = &mut vm.running else {
+            return Progress::Done;
+        };
+        match child.try_wait() {
+            Ok(None) => Progress::Running,
+            Ok(Some(status)) => {
+                tracing::info!(machine, %status, "guest runcmd script exited without calling kubeadm");
                 vm.running = None;
+                Progress::Done
             }
-            if vm.pending.is_empty() {
-                return Progress::Done;
-            }
-            let next = vm.pending.remove(0);
-            vm.started += 1;
-            match start(&vm.dir, &next) {
-                Ok(child) => {
-                    tracing::info!(machine, command = vm.started, script = %next.script_path, "guest runs a pre-kubeadm command; kubeadm waits for it");
-                    vm.running = Some(child);
-                }
-                Err(e) => {
-                    tracing::warn!(machine, script = %next.script_path, error = %e, "guest pre-kubeadm command did not start")
-                }
+            Err(e) => {
+                tracing::warn!(machine, error = %e, "waiting for the guest runcmd script");
+                vm.running = None;
+                Progress::Done
             }
         }
     }
@@ -184,34 +263,50 @@ impl GuestScripts {
     /// The Machine is gone: its commands are killed and its directory removed.
     pub async fn stop(&self, uid: &str) {
         if self.vms.lock().await.remove(uid).is_some() {
-            tracing::info!(uid, "guest pre-kubeadm commands stopped");
+            tracing::info!(uid, "guest commands stopped");
         }
     }
 }
 
-/// Writes the script under `root` (standing in for `/`) and starts the command there, in its
-/// own process group; output goes to `root/runcmd.log`.
-fn start(root: &std::path::Path, cmd: &ScriptCommand) -> std::io::Result<Child> {
-    use std::os::unix::fs::PermissionsExt;
-    let script = root.join(cmd.script_path.trim_start_matches('/'));
-    if let Some(parent) = script.parent() {
-        std::fs::create_dir_all(parent)?;
+/// Writes the guest's files, its runcmd script and the kubeadm stand-in into `vm/root`, and
+/// starts the script in the sandbox, in its own process group; output goes to
+/// `vm/runcmd.log`.
+fn start(vm: &Path, boot: &GuestBoot) -> std::io::Result<Child> {
+    let root = vm.join("root");
+    for d in [vm.join("work"), vm.join("merged"), root.join("tmp"), root.join("run")] {
+        std::fs::create_dir_all(d)?;
     }
-    std::fs::write(&script, &cmd.script)?;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))?;
-    // `/x` in the command is the script under root; `./x` already is, from root.
-    let command = match cmd.command.strip_prefix(cmd.script_path.as_str()) {
-        Some(rest) => format!(".{}{rest}", cmd.script_path),
-        None => cmd.command.clone(),
-    };
+    std::fs::set_permissions(vm, std::fs::Permissions::from_mode(0o700))?;
+    std::fs::set_permissions(root.join("tmp"), std::fs::Permissions::from_mode(0o1777))?;
+    for f in &boot.files {
+        write(&root, &f.path, f.content.as_bytes(), f.mode, f.append)?;
+    }
+    if let Some(script) = &boot.runcmd {
+        write(&root, RUNCMD_SCRIPT, script.as_bytes(), 0o700, false)?;
+    }
+    write(
+        &root,
+        "/usr/local/sbin/kubeadm",
+        KUBEADM_STAND_IN.as_bytes(),
+        0o755,
+        false,
+    )?;
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(root.join("runcmd.log"))?;
-    Command::new("sh")
-        .arg("-c")
-        .arg(command)
-        .current_dir(root)
+        .open(vm.join("runcmd.log"))?;
+    Command::new("unshare")
+        .args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--uts",
+            "--propagation",
+            "private",
+        ])
+        .args(["sh", "-c", SANDBOX, "sandbox"])
+        .arg(vm)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -220,129 +315,46 @@ fn start(root: &std::path::Path, cmd: &ScriptCommand) -> std::io::Result<Child> 
         .spawn()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn meta() -> MetaData {
-        MetaData {
-            instance_id: "uid-1".into(),
-            local_hostname: "cp-1".into(),
-        }
+/// Writes `path` of the guest under `root`; a path leaving `root` is skipped.
+fn write(root: &Path, path: &str, content: &[u8], mode: u32, append: bool) -> std::io::Result<()> {
+    use std::io::Write;
+    let Some(file) = in_upper_layer(root, path) else {
+        return Ok(());
+    };
+    if let Some(parent) = file.parent() {
+        std::fs::create_dir_all(parent)?;
     }
-
-    /// User-data as CABPK writes it: files, then runcmd with the pre-kubeadm commands, kubeadm,
-    /// and the post-kubeadm commands.
-    fn user_data(runcmd: &str) -> String {
-        format!(
-            "## template: jinja\n#cloud-config\nwrite_files:\n-   path: /wait-signal.sh\n    permissions: '0777'\n    content: |\n      #!/bin/bash\n      exit 0\n-   path: /run/kubeadm/kubeadm.yaml\n    content: |\n      apiVersion: kubeadm.k8s.io/v1beta4\n      kind: InitConfiguration\nruncmd:\n{runcmd}"
-        )
-    }
-
-    #[test]
-    fn only_commands_running_a_written_script_before_kubeadm_are_picked() {
-        let cases: &[(&str, &str, &[&str])] = &[
-            (
-                "upstream's wait-signal, after a host-touching sed",
-                "  - \"sed -i 's#a#b#' /etc/kubernetes/manifests/kube-vip.yaml\"\n  - \"./wait-signal.sh \\\"tok\\\" \\\"https://127.0.0.1:6443\\\" \\\"ns\\\"\"\n  - 'kubeadm init --config /run/kubeadm/kubeadm.yaml  && echo success > /run/cluster-api/bootstrap-success.complete'\n",
-                &["./wait-signal.sh \"tok\" \"https://127.0.0.1:6443\" \"ns\""],
-            ),
-            (
-                "absolute path",
-                "  - /wait-signal.sh a\n  - kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml\n",
-                &["/wait-signal.sh a"],
-            ),
-            (
-                "after kubeadm: a post-kubeadm command",
-                "  - kubeadm init --config /run/kubeadm/kubeadm.yaml\n  - ./wait-signal.sh\n",
-                &[],
-            ),
-            (
-                "a file that is not a script the command names",
-                "  - ./other.sh\n  - cat /run/kubeadm/kubeadm.yaml\n  - kubeadm init\n",
-                &[],
-            ),
-            (
-                "path tricks",
-                "  - ./../wait-signal.sh\n  - .//run/../wait-signal.sh\n  - kubeadm init\n",
-                &[],
-            ),
-            (
-                "FluxVM's form of Kairon's runCmd: each command under bash -lc",
-                "  - [ bash, -lc, './wait-signal.sh \"tok\"' ]\n  - [ bash, -lc, 'kubeadm init' ]\n  - [ bash, -lc, './wait-signal.sh after' ]\n",
-                &["./wait-signal.sh \"tok\""],
-            ),
-            (
-                "another exec list is joined",
-                "  - [ /wait-signal.sh, a ]\n  - [ env, X=1, ./wait-signal.sh ]\n  - kubeadm join\n",
-                &["/wait-signal.sh a"],
-            ),
-            ("no runcmd", "  []\n", &[]),
-        ];
-        for (what, runcmd, want) in cases {
-            let got: Vec<String> = pre_kubeadm_scripts(&user_data(runcmd), &meta())
-                .into_iter()
-                .map(|c| c.command)
-                .collect();
-            assert_eq!(got, *want, "{what}");
-        }
-        let picked = pre_kubeadm_scripts(&user_data("  - ./wait-signal.sh\n  - kubeadm init\n"), &meta());
-        assert_eq!(picked[0].script_path, "/wait-signal.sh");
-        assert_eq!(picked[0].script, "#!/bin/bash\nexit 0\n");
-    }
-
-    #[test]
-    fn not_a_cloud_config_has_no_scripts() {
-        assert!(pre_kubeadm_scripts("{\"ignition\": {}}", &meta()).is_empty());
-        assert!(pre_kubeadm_scripts("#cloud-config\nwrite_files: [\n", &meta()).is_empty());
-    }
-
-    #[tokio::test]
-    async fn commands_run_in_order_in_the_vms_directory_and_are_killed_when_it_goes() {
-        let dir = std::env::temp_dir().join(format!("kairon-sim-scripts-{}", std::process::id()));
-        let scripts = GuestScripts::new(dir.clone());
-        // The script waits for a file in its directory, then writes another: kubeadm waits.
-        let data = "#cloud-config\nwrite_files:\n-   path: /gate.sh\n    content: |\n      #!/bin/sh\n      while [ ! -f go ]; do sleep 0.05; done\n      echo \"$1\" > passed\nruncmd:\n  - ./gate.sh first\n  - /gate.sh second\n  - kubeadm init\n";
-        let vm = dir.join("uid-1");
-        assert_eq!(scripts.advance("uid-1", "m", data, &meta()).await, Progress::Running);
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        assert_eq!(scripts.advance("uid-1", "m", data, &meta()).await, Progress::Running);
-        assert!(!vm.join("passed").exists());
-        std::fs::write(vm.join("go"), "").unwrap();
-        let mut progress = Progress::Running;
-        for _ in 0..100 {
-            progress = scripts.advance("uid-1", "m", data, &meta()).await;
-            if progress == Progress::Done {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        assert_eq!(progress, Progress::Done);
-        assert_eq!(std::fs::read_to_string(vm.join("passed")).unwrap(), "second\n");
-
-        // A VM whose command never ends: stopping it kills the command and removes its dir.
-        assert_eq!(scripts.advance("uid-2", "m", data, &meta()).await, Progress::Running);
-        let pid = {
-            let vms = scripts.vms.lock().await;
-            vms["uid-2"].running.as_ref().and_then(Child::id).unwrap()
-        };
-        scripts.stop("uid-2").await;
-        assert!(!dir.join("uid-2").exists());
-        let mut alive = true;
-        for _ in 0..50 {
-            // Gone, or a zombie not reaped yet.
-            alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-                stat.rsplit(')')
-                    .next()
-                    .is_some_and(|rest| !rest.trim_start().starts_with('Z'))
-            });
-            if !alive {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        assert!(!alive, "the stopped VM's command still runs");
-        scripts.stop("uid-1").await;
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(&file)?;
+    out.write_all(content)?;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode))
 }
+
+/// Where the guest's `path` is in the overlay's upper layer `root`. The lower layer is the
+/// host's `/`, whose directory symlinks (`/bin` → `usr/bin`, `/var/run` → `/run`) the guest
+/// follows: a real directory of that name in the upper layer would hide the link. So the
+/// deepest existing directory of the path is resolved on the host (read only) first.
+fn in_upper_layer(root: &Path, path: &str) -> Option<PathBuf> {
+    let guest = Path::new("/").join(path.trim_start_matches('/'));
+    if guest.components().any(|c| c == std::path::Component::ParentDir) {
+        return None;
+    }
+    let name = guest.file_name()?;
+    let mut existing = guest.parent()?.to_path_buf();
+    let mut rest = Vec::new();
+    while !existing.is_dir() {
+        rest.push(existing.file_name()?.to_owned());
+        existing = existing.parent()?.to_path_buf();
+    }
+    let mut resolved = std::fs::canonicalize(&existing).ok()?;
+    resolved.extend(rest.iter().rev());
+    Some(root.join(resolved.strip_prefix("/").ok()?).join(name))
+}
+
+#[cfg(test)]
+#[path = "scripts_tests.rs"]
+mod tests;

@@ -5,8 +5,10 @@
 //! `base64` and `flate2` (independent of the provider's decoder), deferred files after the
 //! others, then `runcmd`, where a command that only moves files (`cat`, `base64 -d`, `chmod`,
 //! `chown`, `mkdir -p`, `rm -f`, as the translation's staged writes are) is applied to the
-//! files rather than recorded, `. <file>` runs the file's text, and Kairon's `[bash, -lc, X]`
-//! runs X. Files under the provider's staging directory are left out.
+//! files rather than recorded, `sh <file>` runs the file's text, and
+//! Kairon's `[bash, -lc, X]` runs X. `runcmd` is one script, as cloud-init writes it: recorded
+//! as one command, unless its entries are all FluxVM's `[bash, -lc, X]` (each its own shell,
+//! played one by one). Files under the provider's staging directory are left out.
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -66,23 +68,20 @@ pub(super) fn evaluate(user_data: &str, meta: &guest::MetaData) -> Outcome {
     {
         write_entry(&mut out.files, f);
     }
-    for command in list("runcmd") {
-        let line = match command {
-            Value::String(s) => s,
-            Value::Array(words) => {
-                let words: Vec<String> = words.iter().map(|w| w.as_str().expect("word").to_string()).collect();
-                match words.as_slice() {
-                    [bash, flag, x] if bash == "bash" && flag == "-lc" => x.clone(),
-                    _ => words
-                        .iter()
-                        .map(|w| format!("'{}'", w.replace('\'', "'\\''")))
-                        .collect::<Vec<_>>()
-                        .join(" "),
-                }
-            }
-            other => panic!("runcmd entry {other}"),
-        };
-        run(&mut out, &line);
+    // cloud-init runs `runcmd` as one `sh` script. FluxVM's entries are each
+    // `[bash, -lc, X]`: lines of that script that are shells of their own, so each X runs
+    // alone (and is played here); any other script is recorded as the one command it is.
+    let entries = list("runcmd");
+    let own_shells: Option<Vec<String>> = entries
+        .iter()
+        .map(|e| match e.as_array().map(Vec::as_slice) {
+            Some([bash, flag, x]) if bash == "bash" && flag == "-lc" => x.as_str().map(str::to_string),
+            _ => None,
+        })
+        .collect();
+    match own_shells {
+        Some(lines) => lines.iter().for_each(|line| run(&mut out, line)),
+        None => out.commands.push(crate::scripts::shellify(&entries)),
     }
     out.files.retain(|path, _| !path.starts_with(STAGING_DIR));
     for u in list("users") {
@@ -178,7 +177,8 @@ fn chown(state: &mut FileState, spec: &str) {
 
 /// Runs one runcmd line: applied to the files when it only moves files, else recorded.
 fn run(out: &mut Outcome, line: &str) {
-    if let Some(script) = line.strip_prefix(". ").and_then(only_word)
+    // `sh <file>` runs the file's text.
+    if let Some(script) = line.strip_prefix("sh ").and_then(only_word)
         && let Some(file) = out.files.get(&script)
     {
         let text = String::from_utf8(file.content.clone()).expect("script text");

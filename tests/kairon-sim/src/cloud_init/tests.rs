@@ -10,7 +10,7 @@ use std::io::Write;
 use base64::Engine;
 use capkr::kairon::cloud_init::CloudInit;
 use capkr::kairon::cloud_init::{
-    DEFAULT_MAX_DECODED_BYTES, GuestFacts, STAGING_DIR, TranslateError, translate_cloud_config,
+    DEFAULT_MAX_DECODED_BYTES, GuestFacts, RUNCMD_SCRIPT, TranslateError, translate_cloud_config,
 };
 
 use super::evaluator::evaluate;
@@ -90,14 +90,14 @@ fn files_in_every_encoding_with_owners_and_appends_land_as_written() {
     );
     assert_eq!(file("/etc/motd.d/capkr").content, b"written after the append\n");
     assert_eq!(file("/etc/motd.d/capkr").owner, ("root".into(), "root".into()));
-    // The heredoc runs from a file, as one command.
-    assert!(
-        ci.run_cmd
-            .iter()
-            .any(|c| c.starts_with(". '") && c.contains(STAGING_DIR)),
-        "{:?}",
-        ci.run_cmd.len()
-    );
+    // The heredoc is lines of the one runcmd script, which one runCmd entry executes.
+    assert_eq!(ci.run_cmd.last(), Some(&format!("sh '{RUNCMD_SCRIPT}'")));
+    let script = ci
+        .write_files
+        .iter()
+        .find(|f| f.path == RUNCMD_SCRIPT)
+        .expect("the runcmd script");
+    assert!(script.content.starts_with("#!/bin/sh\n") && script.content.contains("<<"));
 }
 
 #[test]
