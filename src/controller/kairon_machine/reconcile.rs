@@ -157,7 +157,9 @@ async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx:
             )
             .await;
     }
-    if let Some(why) = stopped_running(before, next) {
+    if let Some((reason, why)) = lost_node(before, next) {
+        ctx.events.warning(km, reason, "Observe", why).await;
+    } else if let Some(why) = stopped_running(before, next) {
         ctx.events
             .warning(km, event::INSTANCE_NOT_RUNNING, "Observe", why)
             .await;
@@ -195,6 +197,23 @@ fn stopped_running(before: Option<&KaironMachineStatus>, next: &KaironMachineSta
         reason::INSTANCE_UNREADABLE,
     ];
     (was == "True" && now != "True" && !elsewhere.contains(&reason.as_str())).then(|| format!("{reason}: {message}"))
+}
+
+/// The Warning for a transition to Kairon losing the VM's node (`NodeUnreachable`) or an
+/// operator fencing it off (`Fenced`): its event reason and note, once per transition.
+fn lost_node(before: Option<&KaironMachineStatus>, next: &KaironMachineStatus) -> Option<(&'static str, String)> {
+    let instance = |s: &KaironMachineStatus| {
+        conditions::get(s.conditions.as_deref().unwrap_or_default(), INSTANCE_PROVISIONED)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (now, message) = instance(next)?;
+    let event = match now.as_str() {
+        reason::INSTANCE_HOST_UNREACHABLE => event::INSTANCE_HOST_UNREACHABLE,
+        reason::INSTANCE_FENCED => event::INSTANCE_FENCED,
+        _ => return None,
+    };
+    let was = before.and_then(instance).map(|(r, _)| r);
+    (was.as_deref() != Some(now.as_str())).then_some((event, message))
 }
 
 /// Ensures the Kairon Machine exists (when it may), is ours, and is named by our providerID.
