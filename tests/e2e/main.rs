@@ -25,3 +25,4 @@ mod power;
 mod resilience;
 mod smoke;
 mod trust;
+mod unreachable;

@@ -31,6 +31,7 @@ use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
 use crate::machineset_writes::SetWriter;
 use crate::placement::{FORBIDDEN, node_selector, preferred_anti_affinity, required_anti_affinity};
+use crate::reachability;
 use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::site_writes::SiteWriter;
@@ -372,6 +373,24 @@ impl Engine {
                 continue;
             }
             self.retry_at.remove(&key);
+            if let Some(ready) = self.site.ready_nodes.as_ref() {
+                // kairon-controller keeps NodeUnreachable; kairon-node on a dead node does
+                // nothing (the VM's guest is left as it was: a partition, as far as it knows).
+                if let Some(status) = reachability::reachability_status(&m, ready, Timestamp::now()) {
+                    if !self.busy.contains(&key) {
+                        let node = m.spec.node_name.clone().unwrap_or_default();
+                        tracing::info!(machine = %key, node, "NodeUnreachable changes");
+                        let writer = self.writer.clone();
+                        let m = m.clone();
+                        self.spawn_write(&key, async move { writer.write_status(&m, &status).await });
+                    }
+                    continue;
+                }
+                if reachability::on_a_dead_node(&m, ready) {
+                    self.timers.remove(&key);
+                    continue;
+                }
+            }
             if !self.busy.contains(&key) {
                 let due = self.timer_due(&key, &m, now);
                 self.act(&key, m.clone(), sim::next_step(&m, due));

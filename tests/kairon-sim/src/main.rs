@@ -22,6 +22,8 @@
 //! - [`addons`], [`addons_objects`]: the CoreDNS and kube-proxy addons `kubeadm init` installs;
 //! - [`scripts`]: with `--guest-scripts-dir`, the pre-kubeadm commands that run a script of
 //!   the user-data (a signal gate before kubeadm);
+//! - [`reachability`]: Kairon hosts that stop answering: `NodeUnreachable`, a dead node's
+//!   Machines left alone, fenced ones placed anew (pure);
 //! - [`engine`]: the watch-driven event loop tying them together.
 
 mod addons;
@@ -49,6 +51,7 @@ mod migration;
 mod network;
 mod placement;
 mod procs;
+mod reachability;
 mod scripts;
 mod sim;
 mod site_writes;
