@@ -26,6 +26,7 @@ mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod gate;
+pub mod machine_image;
 pub mod machineset;
 pub mod maintenance;
 pub mod network;

@@ -15,6 +15,7 @@ mod budgets;
 mod create_failures;
 mod events;
 mod faults;
+mod images;
 mod kairon_quirks;
 mod left_behind;
 mod lifecycle;

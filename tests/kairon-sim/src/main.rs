@@ -22,6 +22,7 @@
 //! - [`addons`], [`addons_objects`]: the CoreDNS and kube-proxy addons `kubeadm init` installs;
 //! - [`scripts`]: with `--guest-scripts-dir`, the pre-kubeadm commands that run a script of
 //!   the user-data (a signal gate before kubeadm);
+//! - [`images`]: Kairon's MachineImage resolution of an `imageRef` (pure);
 //! - [`reachability`]: Kairon hosts that stop answering: `NodeUnreachable`, a dead node's
 //!   Machines left alone, fenced ones placed anew (pure);
 //! - [`engine`]: the watch-driven event loop tying them together.
@@ -39,6 +40,7 @@ mod fleet;
 mod guest;
 mod guest_ops;
 mod hosts;
+mod images;
 mod join_reach;
 mod kubeadm;
 mod kubeadm_objects;
@@ -155,6 +157,13 @@ struct Args {
     /// 127.0.0.1 and registered with the Kairon API server (limited to --namespace if given).
     #[arg(long)]
     admission_webhook: bool,
+    /// Play Kairon's MachineImage resolution: a Machine whose `spec.image.imageRef` names no
+    /// MachineImage, one of kind iso or an invalid one stays Pending with Kairon's message and
+    /// no condition; one that resolves gets the image's source and digest pinned. Off by
+    /// default: the image is then taken as resolved (the test clusters name images that no
+    /// MachineImage describes).
+    #[arg(long)]
+    machine_images: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -219,6 +228,7 @@ async fn main() -> anyhow::Result<()> {
         migration_delay: args.migration_delay,
         host_objects: args.host_objects,
         cordon_evacuation: args.cordon_evacuation,
+        machine_images: args.machine_images,
         machineset_interval: args.machineset_interval,
     };
     let allocations = Allocations {
