@@ -138,7 +138,7 @@ fn conditions_shown(conditions: serde_json::Value) -> Option<serde_json::Value> 
         }))
     })
     .collect();
-    (!kept.is_empty()).then(|| serde_json::Value::Array(kept))
+    (!kept.is_empty()).then_some(serde_json::Value::Array(kept))
 }
 
 /// kairon-controller's condition on a Machine it could not place.
