@@ -276,7 +276,7 @@ fn kairon_words(c: &Condition) -> String {
 /// The instance when Kairon lost the VM's node: `NodeUnreachable=True` (kairon-controller
 /// leaves the phase as it was and moves nothing, `internal/controller/fencing.go`), unless an
 /// operator fenced the Machine since (`Fenced=True` as recent or newer: Kairon places it anew,
-/// and the new VM is the instance once it runs). A deleted Machine is left to the deletion.
+/// and the new VM is the instance once placed). A deleted Machine is left to the deletion.
 pub(crate) fn node_lost(vm: &Machine) -> Option<Decided> {
     let phase = effective_phase(vm);
     if phase == phase::TERMINATING {
@@ -306,7 +306,9 @@ pub(crate) fn node_lost(vm: &Machine) -> Option<Decided> {
             ),
         ));
     }
-    let f = fenced.filter(|_| phase != phase::RUNNING)?;
+    // Until Kairon places it anew: once placed, the new VM's own phase says where it stands (a
+    // Fenced condition stays on the Machine for good).
+    let f = fenced.filter(|_| phase == phase::PENDING)?;
     Some(Decided::new(
         INSTANCE_PROVISIONED,
         Status::False,

@@ -338,4 +338,35 @@ mod tests {
             "gone has an event of its own"
         );
     }
+
+    /// A VM whose Kairon node Kairon reports unreachable, then fenced: one Warning of its own
+    /// per transition, and none while it stays so.
+    #[test]
+    fn a_warning_of_its_own_when_kairon_loses_the_node_or_fences_the_machine() {
+        let cond = |type_: &str, at: i64| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: "R".into(),
+            message: "m".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::from_second(at).unwrap()),
+            observed_generation: None,
+        };
+        let running = status_of(None, inst("Running"));
+        let mut lost = vm(Some("Running"));
+        lost.status.as_mut().unwrap().conditions = Some(vec![cond("NodeUnreachable", 10)]);
+        let unreachable = status_of(Some(&running), Observed::Instance(Box::new(lost.clone())));
+        let (r, note) = lost_node(Some(&running), &unreachable).expect("a warning");
+        assert_eq!(r, event::INSTANCE_HOST_UNREACHABLE);
+        assert!(note.contains("kairon-node-7"), "{note}");
+        assert_eq!(lost_node(Some(&unreachable), &unreachable), None, "once");
+
+        let mut fenced = vm(Some("Pending"));
+        fenced.status.as_mut().unwrap().conditions = Some(vec![cond("NodeUnreachable", 10), cond("Fenced", 20)]);
+        let next = status_of(Some(&unreachable), Observed::Instance(Box::new(fenced)));
+        assert_eq!(
+            lost_node(Some(&unreachable), &next).map(|(r, _)| r),
+            Some(event::INSTANCE_FENCED)
+        );
+        assert_eq!(lost_node(Some(&running), &running), None);
+    }
 }

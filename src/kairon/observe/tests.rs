@@ -382,7 +382,9 @@ fn an_unreachable_or_fenced_kairon_node_is_said() {
     let d = instance_condition(&read_with_conditions("Pending", None, fenced.clone()));
     assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_FENCED));
     assert!(d.message.contains("powered off"), "{}", d.message);
-    // Placed anew and running: the new VM is the instance.
+    // Placed anew: the new VM's phase is the instance's, also when it is stopped later.
+    let d = instance_condition(&read_with_conditions("Stopped", Some("kairon-node-2"), fenced.clone()));
+    assert_eq!(d.reason, reason::INSTANCE_STOPPED);
     let d = instance_condition(&read_with_conditions("Running", Some("kairon-node-2"), fenced));
     assert_eq!((d.status, d.reason), (Status::True, reason::PROVISIONED));
 }
