@@ -9,8 +9,8 @@
 //! - The worker's Machine deleted: kairon-node on the dead node never removes its finalizer,
 //!   so the Kairon Machine stays; past `--kairon-deletion-grace-period` the KaironMachine says
 //!   `InstanceDeletionStuck`, naming the finalizer. The node back, the deletion finishes.
-//! - An operator fences a Machine of a dead node (what `kaironctl fence` writes): Kairon places
-//!   it anew on a Ready node; the KaironMachine says `InstanceFenced` meanwhile and is
+//! - An operator fences a Machine (`kairon-sim fence`, as `kaironctl fence`): refused while
+//!   its node is Ready; once the node is dead, Kairon places it anew on a Ready node; the KaironMachine says `InstanceFenced` meanwhile and is
 //!   provisioned again once the new VM runs.
 
 use std::time::Duration;
@@ -87,6 +87,23 @@ async fn vm_condition(rig: &Rig, name: &str, type_: &str) -> Option<(String, Str
     let vm = rig.vms().get_opt(name).await.ok()??;
     let c = vm.status?.conditions?.into_iter().find(|c| c.type_ == type_)?;
     Some((c.status, c.reason))
+}
+
+/// Runs `kairon-sim fence` on Kairon Machine `name`: its output, or why it refused.
+async fn fence(rig: &Rig, name: &str) -> Result<String, String> {
+    let bin = capkr_testenv::own_binary("kairon-sim", "KAIRON_SIM_BIN").expect("kairon-sim");
+    let out = tokio::process::Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(rig.env.kubeconfig_path())
+        .args(["fence", name, "--namespace", &rig.ns, "--reason", "powered off"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("running kairon-sim fence");
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).into_owned()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
 }
 
 /// The worker's KaironMachine name (the Machine's infrastructureRef: same name).
@@ -187,6 +204,10 @@ async fn a_fenced_machine_is_placed_anew_and_provisioned_again() {
     let (_, name) = worker(&rig).await;
     let kms = rig.kms();
     let node = host(&kms.get(&name).await.unwrap()).expect("the worker's Kairon node");
+    let refused = fence(&rig, &name)
+        .await
+        .expect_err("nothing to fence while the node is Ready");
+    assert!(refused.contains("NodeUnreachable=True"), "{refused}");
     set_node_ready(&rig, &node, false).await;
     rig.wait("Kairon's NodeUnreachable=True", SEEN, || async {
         let c = vm_condition(&rig, &name, "NodeUnreachable").await;
@@ -194,33 +215,9 @@ async fn a_fenced_machine_is_placed_anew_and_provisioned_again() {
     })
     .await;
 
-    // What `kaironctl fence MACHINE --reason ...` writes (`internal/kaironctl/fence.go`).
-    let vms = rig.vms();
-    vms.patch(
-        &name,
-        &PatchParams::default(),
-        &Patch::Merge(
-            json!({"metadata": {"labels": {"kairon.zyvor.dev/assigned-node": null}}, "spec": {"nodeName": ""}}),
-        ),
-    )
-    .await
-    .unwrap();
-    let mut vm = vms.get(&name).await.unwrap();
-    let mut status = vm.status.take().unwrap_or_default();
-    let conditions = status.conditions.get_or_insert_with(Vec::new);
-    conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
-        type_: "Fenced".into(),
-        status: "True".into(),
-        reason: "OperatorAttested".into(),
-        message: format!("fenced off node \"{node}\" by an operator: powered off"),
-        last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
-        observed_generation: None,
-    });
-    let cleared = json!({"status": {"phase": null, "nodeName": null, "runtimeID": null, "guestIP": null,
-        "guestIPs": null, "conditions": conditions}});
-    vms.patch_status(&name, &PatchParams::default(), &Patch::Merge(cleared))
-        .await
-        .unwrap();
+    // `kaironctl fence` (the simulator's), once the node is confirmed gone.
+    let said = fence(&rig, &name).await.expect("fenced");
+    assert!(said.contains("spec.nodeName cleared"), "{said}");
 
     rig.wait("the KaironMachine provisioned again on the other node", UP, || async {
         let km = kms.get(&name).await?;

@@ -24,7 +24,8 @@
 //!   the user-data (a signal gate before kubeadm);
 //! - [`images`]: Kairon's MachineImage resolution of an `imageRef` (pure);
 //! - [`reachability`]: Kairon hosts that stop answering: `NodeUnreachable`, a dead node's
-//!   Machines left alone, fenced ones placed anew (pure);
+//!   Machines left alone, fenced ones placed anew (pure); [`fence`]: the `fence` subcommand, as
+//!   `kaironctl fence`;
 //! - [`engine`]: the watch-driven event loop tying them together.
 
 mod addons;
@@ -35,6 +36,7 @@ mod disruption;
 mod endpoint;
 mod engine;
 mod evacuate;
+mod fence;
 mod flags;
 mod fleet;
 mod guest;
@@ -173,6 +175,8 @@ enum Command {
     /// Empty a node by MachineMigrations, as `kaironctl evacuate NODE` does (on the Kairon API
     /// server: --kairon-kubeconfig, else --kubeconfig).
     Evacuate(evacuate::EvacuateArgs),
+    /// Fence a Machine off a node that is gone, as `kaironctl fence MACHINE --reason …` does.
+    Fence(fence::FenceArgs),
 }
 
 #[tokio::main]
@@ -186,6 +190,11 @@ async fn main() -> anyhow::Result<()> {
         let kubeconfig = args.kairon_kubeconfig.or(args.kubeconfig);
         let client = management_client(kubeconfig.as_deref()).await?;
         return evacuate::run(client, evacuate).await;
+    }
+    if let Some(Command::Fence(fence)) = args.command {
+        let kubeconfig = args.kairon_kubeconfig.or(args.kubeconfig);
+        let client = management_client(kubeconfig.as_deref()).await?;
+        return fence::run(client, fence).await;
     }
     let pool = AddressPool::new(&args.address_pool).map_err(anyhow::Error::msg)?;
     let hosts = args.hosts.clone().map(|h| h.0).unwrap_or_else(flags::default_hosts);
@@ -334,7 +343,7 @@ mod tests {
                     (Duration::from_secs(10), Duration::from_secs(900))
                 );
             }
-            None => panic!("no subcommand"),
+            _ => panic!("no evacuate subcommand"),
         }
     }
 }

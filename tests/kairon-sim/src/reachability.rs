@@ -20,6 +20,8 @@ use crate::sim::set_condition;
 pub const CONDITION_NODE_UNREACHABLE: &str = "NodeUnreachable";
 pub const REASON_NODE_NOT_READY: &str = "NodeNotReadyOrMissing";
 pub const REASON_NODE_READY: &str = "NodeReady";
+pub const CONDITION_FENCED: &str = "Fenced";
+pub const REASON_OPERATOR_ATTESTED: &str = "OperatorAttested";
 
 /// The node a Machine is bound to (`spec.nodeName`), if any.
 fn bound_node(m: &Machine) -> Option<&str> {
@@ -84,6 +86,46 @@ pub fn on_a_dead_node(m: &Machine, ready: &HashSet<String>) -> bool {
     node.is_some_and(|n| !ready.contains(n))
 }
 
+/// What `kaironctl fence MACHINE --reason REASON` writes (`internal/kaironctl/fence.go`): the
+/// merge patch that unbinds the Machine (`spec.nodeName` and the `assigned-node` label) and its
+/// status with the runtime's fields cleared and `Fenced=True`. Refused unless Kairon reports
+/// `NodeUnreachable=True`, and without a reason.
+pub fn fence(m: &Machine, reason: &str, now: Timestamp) -> Result<(serde_json::Value, MachineStatus), String> {
+    if reason.trim().is_empty() {
+        return Err("--reason is required: state the out-of-band evidence you have that the node is truly gone".into());
+    }
+    let unreachable = m.status.as_ref().and_then(|s| s.conditions.as_ref()).is_some_and(|c| {
+        c.iter()
+            .any(|c| c.type_ == CONDITION_NODE_UNREACHABLE && c.status == "True")
+    });
+    if !unreachable {
+        return Err(format!(
+            "machine {} does not currently have {CONDITION_NODE_UNREACHABLE}=True: nothing to fence",
+            m.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    let node = bound_node(m).unwrap_or_default().to_string();
+    let patch = serde_json::json!({
+        "metadata": {"labels": {capkr::kairon::maintenance::ASSIGNED_NODE_LABEL: null}},
+        "spec": {"nodeName": ""},
+    });
+    let mut status = MachineStatus {
+        conditions: m.status.as_ref().and_then(|s| s.conditions.clone()),
+        message: m.status.as_ref().and_then(|s| s.message.clone()),
+        ..Default::default()
+    };
+    let message = format!("fenced off node {node:?} by an operator: {reason}");
+    set_condition(
+        &mut status,
+        CONDITION_FENCED,
+        true,
+        REASON_OPERATOR_ATTESTED,
+        &message,
+        now,
+    );
+    Ok((patch, status))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -138,5 +180,31 @@ mod tests {
         unbound.status = None;
         assert_eq!(reachability_status(&unbound, &only_h2_ready, now), None);
         assert!(!on_a_dead_node(&unbound, &only_h2_ready), "fenced: placed anew");
+    }
+
+    #[test]
+    fn fencing_is_refused_unless_kairon_reports_the_node_unreachable_and_clears_the_runtime() {
+        let now = Timestamp::now();
+        let only_h2_ready: HashSet<String> = ["h2".to_string()].into();
+        let mut m = on("h1");
+        assert!(fence(&m, "powered off", now).is_err(), "not unreachable");
+        m.status = reachability_status(&m, &only_h2_ready, now);
+        m.status.as_mut().unwrap().runtime_id = Some("r1".into());
+        assert!(fence(&m, " ", now).is_err(), "no reason");
+        let (patch, status) = fence(&m, "powered off", now).expect("fenced");
+        assert_eq!(patch["spec"]["nodeName"], "");
+        assert_eq!((status.phase, status.node_name, status.runtime_id), (None, None, None));
+        let fenced = status
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == CONDITION_FENCED)
+            .unwrap();
+        assert_eq!(
+            (fenced.status.as_str(), fenced.reason.as_str()),
+            ("True", REASON_OPERATOR_ATTESTED)
+        );
+        assert_eq!(fenced.message, "fenced off node \"h1\" by an operator: powered off");
     }
 }
