@@ -49,6 +49,12 @@ pub(crate) mod reason {
     /// Warning: the instance ran and no longer does (paused, halted or stopped by Kairon, a
     /// failed runtime, an error).
     pub(crate) const INSTANCE_NOT_RUNNING: &str = "InstanceNotRunning";
+    /// Warning: Kairon reports the VM's Kairon node unreachable (`NodeUnreachable=True`).
+    pub(crate) const INSTANCE_HOST_UNREACHABLE: &str = "InstanceHostUnreachable";
+    /// Warning: an operator fenced the VM off its Kairon node; Kairon places it anew.
+    pub(crate) const INSTANCE_FENCED: &str = "InstanceFenced";
+    /// Warning: the deletion waits on Kairon's finalizer longer than the grace period.
+    pub(crate) const INSTANCE_DELETION_STUCK: &str = "InstanceDeletionStuck";
     pub(crate) const INSTANCE_DELETED: &str = "InstanceDeleted";
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
     pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";

@@ -78,6 +78,18 @@ pub mod reason {
     /// pinning); Kairon keeps trying, and its reason and message say why.
     pub const INSTANCE_NOT_SCHEDULED: &str = "InstanceNotScheduled";
     pub const INSTANCE_STOPPED: &str = "InstanceStopped";
+    /// Kairon reports the VM's Kairon node unreachable (`NodeUnreachable=True`: the node is not
+    /// Ready or gone) while the phase stays Running: Kairon moves nothing by itself. The
+    /// message names the node, Kairon's reason, and what the operator can do (`kaironctl
+    /// fence` once the node is confirmed gone; a MachineHealthCheck replaces the Machine).
+    pub const INSTANCE_HOST_UNREACHABLE: &str = "InstanceHostUnreachable";
+    /// An operator fenced the VM off its Kairon node (`Fenced=True`, `kaironctl fence`):
+    /// Kairon places the Machine anew and starts a new VM from the same cloudInit.
+    pub const INSTANCE_FENCED: &str = "InstanceFenced";
+    /// The Kairon Machine's deletion waits on Kairon's finalizers (kairon-node's
+    /// `kairon.zyvor.dev/runtime-cleanup`) longer than `--kairon-deletion-grace-period`: the
+    /// message names them, the node, and what the operator can do.
+    pub const INSTANCE_DELETION_STUCK: &str = "InstanceDeletionStuck";
     /// Kairon holds the Machine in Pending and says why in its `status.message`, with no
     /// `Scheduled=False` (a MachineImage it waits for, of the wrong kind, or invalid): Kairon's
     /// message, waited on.

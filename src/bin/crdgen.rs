@@ -21,6 +21,7 @@ fn main() -> Result<()> {
             MachineSet::crd(),
             MachineMigration::crd(),
             MachineDisruptionBudget::crd(),
+            capkr::kairon::machine_image::MachineImage::crd(),
         ]
         .into_iter()
         .map(capkr::api::without_nullable)

@@ -38,10 +38,16 @@ pub struct Settings {
     /// How long a VM may stay on a cordoned Kairon node before its Machine is replaced through
     /// CAPI: the time an operator has to migrate it live instead.
     pub evacuation_grace_period: Duration,
+    /// How long the deletion of a Kairon Machine may wait on Kairon's finalizers (kairon-node's
+    /// `runtime-cleanup` above all) before the KaironMachine says it is stuck.
+    pub kairon_deletion_grace_period: Duration,
 }
 
 /// [`Settings::evacuation_grace_period`] by default.
 pub const EVACUATION_GRACE_PERIOD: Duration = Duration::from_secs(60);
+
+/// [`Settings::kairon_deletion_grace_period`] by default.
+pub const KAIRON_DELETION_GRACE_PERIOD: Duration = Duration::from_secs(300);
 
 /// KaironMachinePools reconciled at once.
 pub(crate) const POOL_CONCURRENCY: u16 = 5;
@@ -61,6 +67,7 @@ impl Default for Settings {
             kairon_streaming_lists: false,
             kairon_watch_timeout: None,
             evacuation_grace_period: EVACUATION_GRACE_PERIOD,
+            kairon_deletion_grace_period: KAIRON_DELETION_GRACE_PERIOD,
         }
     }
 }

@@ -26,6 +26,7 @@ mod fingerprint;
 #[cfg(test)]
 pub(crate) mod fixtures;
 mod gate;
+pub mod machine_image;
 pub mod machineset;
 pub mod maintenance;
 pub mod network;
@@ -55,15 +56,15 @@ pub use types::{
 };
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's schema has
-/// beyond our model is ignored, its conditions but a `Scheduled=False` (see
-/// [`scheduled_false_only`]) and its bootstrap data (`cloudInit`,
+/// beyond our model is ignored, its conditions but those shown (see
+/// [`conditions_shown`]) and its bootstrap data (`cloudInit`,
 /// `legacyUserData`: never read back, never held in memory) are dropped before parsing, missing
 /// spec fields take their defaults, and an object that still cannot be read becomes a Machine
 /// with its metadata in phase [`phase::UNREADABLE`], `status.message` saying why — so that one odd object affects its
 /// own KaironMachine alone, never a whole list (a typed list fails whole).
 pub fn machine_from_value(mut value: serde_json::Value) -> Machine {
     if let Some(status) = value.get_mut("status").and_then(serde_json::Value::as_object_mut) {
-        match status.remove("conditions").and_then(scheduled_false_only) {
+        match status.remove("conditions").and_then(conditions_shown) {
             Some(kept) => status.insert("conditions".into(), kept),
             None => None,
         };
@@ -103,33 +104,49 @@ pub fn machine_from_value(mut value: serde_json::Value) -> Machine {
     }
 }
 
-/// Of Kairon's conditions, the one the provider shows: `Scheduled=False` (kairon-controller
-/// could not place the Machine: `Unschedulable`, `QuotaBlocked`, `CPUPinningFailed`; Kairon only
-/// ever writes it False), its reason and message bounded and cleaned, as a condition every
-/// field of which is set (Kairon's may lack reason and message, and a tenant's Kairon API may
-/// send anything). The others are dropped: nothing reads them, and a cache of thousands of VMs
-/// would carry them all.
-fn scheduled_false_only(conditions: serde_json::Value) -> Option<serde_json::Value> {
-    let scheduled = conditions
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == KAIRON_SCHEDULED && c["status"] == "False")?;
-    let text = |key: &str, max: usize| crate::text::bounded(scheduled[key].as_str().unwrap_or_default(), max);
-    let since = scheduled["lastTransitionTime"]
-        .as_str()
-        .filter(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok())
-        .unwrap_or("1970-01-01T00:00:00Z");
-    Some(serde_json::json!([{
-        "type": KAIRON_SCHEDULED,
-        "status": "False",
-        "reason": text("reason", 64),
-        "message": text("message", 512),
-        "lastTransitionTime": since,
-    }]))
+/// Of Kairon's conditions, those the provider shows, each only when True of what it says:
+/// `Scheduled=False` (kairon-controller could not place the Machine: `Unschedulable`,
+/// `QuotaBlocked`, `CPUPinningFailed`; Kairon only ever writes it False), `NodeUnreachable=True`
+/// (its node is not Ready or gone, `internal/controller/fencing.go`) and `Fenced=True` (an
+/// operator fenced it off that node, `kaironctl fence`). Each keeps its reason and message
+/// bounded and cleaned, as a condition every field of which is set (Kairon's may lack reason
+/// and message, and a tenant's Kairon API may send anything). The others are dropped: nothing
+/// reads them, and a cache of thousands of VMs would carry them all.
+fn conditions_shown(conditions: serde_json::Value) -> Option<serde_json::Value> {
+    let kept: Vec<serde_json::Value> = [
+        (KAIRON_SCHEDULED, "False"),
+        (KAIRON_NODE_UNREACHABLE, "True"),
+        (KAIRON_FENCED, "True"),
+    ]
+    .into_iter()
+    .filter_map(|(type_, status)| {
+        let c = conditions
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == type_ && c["status"] == status)?;
+        let text = |key: &str, max: usize| crate::text::bounded(c[key].as_str().unwrap_or_default(), max);
+        let since = c["lastTransitionTime"]
+            .as_str()
+            .filter(|t| t.parse::<k8s_openapi::jiff::Timestamp>().is_ok())
+            .unwrap_or("1970-01-01T00:00:00Z");
+        Some(serde_json::json!({
+            "type": type_,
+            "status": status,
+            "reason": text("reason", 64),
+            "message": text("message", 512),
+            "lastTransitionTime": since,
+        }))
+    })
+    .collect();
+    (!kept.is_empty()).then_some(serde_json::Value::Array(kept))
 }
 
 /// kairon-controller's condition on a Machine it could not place.
 pub(crate) const KAIRON_SCHEDULED: &str = "Scheduled";
+/// kairon-controller's condition on a Machine whose node is not Ready or gone; the phase stays.
+pub(crate) const KAIRON_NODE_UNREACHABLE: &str = "NodeUnreachable";
+/// `kaironctl fence`'s condition: an operator attested the node gone; Kairon places it anew.
+pub(crate) const KAIRON_FENCED: &str = "Fenced";
 
 /// What the caches keep of a Kairon Machine: the link-back, management-cluster and member labels, the
 /// failure-domain annotation, deletion and status — all the provider reads of a cached one.

@@ -1,5 +1,6 @@
 //! What a Kairon Machine means for its KaironMachine. Pure: no I/O.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use super::{FAILURE_DOMAIN_ANNOTATION, Machine, Owner, labels, phase};
@@ -111,6 +112,9 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             reason::INSTANCE_UNREADABLE,
             format!("Kairon Machine {name} could not be read: {why}"),
         );
+    }
+    if let Some(lost) = node_lost(vm) {
+        return lost;
     }
     let not_scheduled = not_scheduled(vm);
     let (status, r, message) = match effective_phase(vm) {
@@ -245,6 +249,119 @@ fn not_scheduled(vm: &Machine) -> Option<String> {
         (true, false) => message,
         (true, true) => "Kairon reports Scheduled=False".into(),
     })
+}
+
+/// Kairon's `condition` on `vm` as read (only its shown status is kept, see
+/// [`super::machine_from_value`]).
+fn kairon_condition<'a>(vm: &'a Machine, type_: &str) -> Option<&'a Condition> {
+    vm.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
+
+/// `reason: message` of a condition of Kairon's, bounded and cleaned.
+fn kairon_words(c: &Condition) -> String {
+    let reason = bounded(&c.reason, MAX_KAIRON_REASON);
+    let message = bounded(&c.message, MAX_KAIRON_MESSAGE);
+    match (reason.trim().is_empty(), message.trim().is_empty()) {
+        (false, false) => format!("{reason}: {message}"),
+        (false, true) => reason,
+        (true, _) => message,
+    }
+}
+
+/// The instance when Kairon lost the VM's node: `NodeUnreachable=True` (kairon-controller
+/// leaves the phase as it was and moves nothing, `internal/controller/fencing.go`), unless an
+/// operator fenced the Machine since (`Fenced=True` as recent or newer: Kairon places it anew,
+/// and the new VM is the instance once placed). A deleted Machine is left to the deletion.
+pub(crate) fn node_lost(vm: &Machine) -> Option<Decided> {
+    let phase = effective_phase(vm);
+    if phase == phase::TERMINATING {
+        return None;
+    }
+    let name = bounded(&vm.name_any(), MAX_NAME);
+    let fenced = kairon_condition(vm, super::KAIRON_FENCED);
+    let unreachable = kairon_condition(vm, super::KAIRON_NODE_UNREACHABLE)
+        .filter(|u| fenced.is_none_or(|f| f.last_transition_time.0 < u.last_transition_time.0));
+    if let Some(u) = unreachable {
+        let node = vm
+            .status
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .map(|n| bounded(n, MAX_NAME))
+            .unwrap_or_else(|| "(unknown)".into());
+        return Some(Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::INSTANCE_HOST_UNREACHABLE,
+            format!(
+                "Kairon node {node} of Kairon Machine {name} is unreachable ({}); Kairon does not move the VM by itself. \
+                 If the node comes back nothing is to be done; a MachineHealthCheck replaces the Machine; once the node is \
+                 confirmed gone out of band, `kaironctl fence {name} --reason ...` lets Kairon place it anew, and a deletion \
+                 waits for the node to remove Kairon's finalizer",
+                kairon_words(u)
+            ),
+        ));
+    }
+    // Until Kairon places it anew: once placed, the new VM's own phase says where it stands (a
+    // Fenced condition stays on the Machine for good).
+    let f = fenced.filter(|_| phase == phase::PENDING)?;
+    Some(Decided::new(
+        INSTANCE_PROVISIONED,
+        Status::False,
+        reason::INSTANCE_FENCED,
+        format!(
+            "Kairon Machine {name} was fenced off its Kairon node ({}); Kairon places it anew and starts a new VM from the same bootstrap data",
+            kairon_words(f)
+        ),
+    ))
+}
+
+/// The instance when its deletion has waited on finalizers longer than `grace`: Kairon's
+/// `runtime-cleanup` is removed by kairon-node on the VM's node once the VM and its disk are
+/// gone (`internal/agent/agent.go`), so a node that is gone never removes it.
+pub(crate) fn deletion_stuck(vm: &Machine, now: &Time, grace: std::time::Duration) -> Option<Decided> {
+    let since = vm.metadata.deletion_timestamp.as_ref()?;
+    let finalizers = vm.metadata.finalizers.as_deref().filter(|f| !f.is_empty())?;
+    let waited = now.0.duration_since(since.0);
+    if waited <= k8s_openapi::jiff::SignedDuration::try_from(grace).ok()? {
+        return None;
+    }
+    let name = bounded(&vm.name_any(), MAX_NAME);
+    let held_by: Vec<String> = finalizers.iter().take(8).map(|f| bounded(f, MAX_NAME)).collect();
+    let node = vm
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .map(|n| bounded(n, MAX_NAME))
+        .unwrap_or_else(|| "(none)".into());
+    Some(Decided::new(
+        INSTANCE_PROVISIONED,
+        Status::False,
+        reason::INSTANCE_DELETION_STUCK,
+        format!(
+            "the deletion of Kairon Machine {name} has waited more than {} on its finalizers {}: kairon-node on Kairon \
+             node {node} removes kairon.zyvor.dev/runtime-cleanup once the VM and its disk are gone, and a node that is \
+             unreachable or gone never does. Bring the node back; or, once the VM is confirmed gone out of band, remove \
+             the finalizer from the Kairon Machine",
+            go_duration(grace),
+            held_by.join(", ")
+        ),
+    ))
+}
+
+/// A duration as its flag is written (`5m`, `90s`).
+fn go_duration(d: std::time::Duration) -> String {
+    let secs = d.as_secs();
+    match secs {
+        0 => format!("{}ms", d.as_millis()),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
 }
 
 /// Kairon's `status.message`, bounded and cleaned, when it says anything.

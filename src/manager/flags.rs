@@ -55,6 +55,11 @@ pub struct Args {
     #[arg(long, default_value = "60s", value_parser = parse_duration, help_heading = WATCHING)]
     pub evacuation_grace_period: Duration,
 
+    /// How long the deletion of a Kairon Machine may wait on Kairon's finalizers before the
+    /// KaironMachine says it is stuck and what the operator can do (Go duration syntax).
+    #[arg(long, default_value = "5m", value_parser = parse_duration, help_heading = WATCHING)]
+    pub kairon_deletion_grace_period: Duration,
+
     /// KaironMachine reconciles at once in each of two lanes: machines on their way to a
     /// Kairon Machine (finalizer, bootstrap data, create, providerID), and all others (status,
     /// deletion), which never queue behind the first. [default: 10]
@@ -359,6 +364,7 @@ impl Args {
             kairon_watch_timeout: (!self.kairon_kubeconfig.is_empty())
                 .then_some(controller::endpoint_trust::WATCH_TIMEOUT_SECS),
             evacuation_grace_period: self.evacuation_grace_period,
+            kairon_deletion_grace_period: self.kairon_deletion_grace_period,
         }
     }
 

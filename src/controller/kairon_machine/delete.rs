@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -12,6 +14,7 @@ use super::context::{Context, ENDPOINT_RETRY, Scope, Step, write_status};
 use super::ownership::{Verdict, whose};
 use super::status::{Observed, StatusInput};
 use crate::api::MACHINE_FINALIZER;
+use crate::api::conditions::{self, INSTANCE_PROVISIONED, reason};
 use crate::capi;
 use crate::controller::error::Error;
 use crate::controller::write::has_finalizer;
@@ -121,14 +124,38 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
             Deletion::Gone => return release().await,
         }
     }
-    write_status(
-        ctx,
-        km,
-        StatusInput::Deleting(&Observed::Instance(Box::new(vm))),
-        Some(&target),
-    )
-    .await?;
-    Ok(Action::requeue(DELETE_RETRY))
+    // Kairon's finalizer is kairon-node's to remove, on the VM's node: a node that is gone
+    // never does. Past the grace period the KaironMachine says so, and what can be done.
+    let grace = ctx.settings.kairon_deletion_grace_period;
+    let now = Time(Timestamp::now());
+    let (observed, retry) = match kairon::observe::deletion_stuck(&vm, &now, grace) {
+        Some(stuck) => {
+            let was_stuck = km
+                .status
+                .as_ref()
+                .and_then(|s| conditions::get(s.conditions.as_deref().unwrap_or_default(), INSTANCE_PROVISIONED))
+                .is_some_and(|c| c.reason == reason::INSTANCE_DELETION_STUCK);
+            if !was_stuck {
+                warn!(instance = %name, "the Kairon Machine's deletion waits on Kairon's finalizers past the grace period");
+                ctx.events
+                    .warning(km, event::INSTANCE_DELETION_STUCK, "Delete", stuck.message.clone())
+                    .await;
+            }
+            (Observed::Waiting(stuck), DELETE_RETRY)
+        }
+        None => {
+            let left = vm
+                .metadata
+                .deletion_timestamp
+                .as_ref()
+                .and_then(|t| Duration::try_from(now.0.duration_since(t.0)).ok())
+                .and_then(|waited| grace.checked_sub(waited));
+            let retry = left.map_or(DELETE_RETRY, |l| DELETE_RETRY.min(l + Duration::from_secs(1)));
+            (Observed::Instance(Box::new(vm)), retry)
+        }
+    };
+    write_status(ctx, km, StatusInput::Deleting(&observed), Some(&target)).await?;
+    Ok(Action::requeue(retry))
 }
 
 /// Releases are made one at a time in this process: two at once on one set would only make

@@ -157,7 +157,9 @@ async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx:
             )
             .await;
     }
-    if let Some(why) = stopped_running(before, next) {
+    if let Some((reason, why)) = lost_node(before, next) {
+        ctx.events.warning(km, reason, "Observe", why).await;
+    } else if let Some(why) = stopped_running(before, next) {
         ctx.events
             .warning(km, event::INSTANCE_NOT_RUNNING, "Observe", why)
             .await;
@@ -195,6 +197,23 @@ fn stopped_running(before: Option<&KaironMachineStatus>, next: &KaironMachineSta
         reason::INSTANCE_UNREADABLE,
     ];
     (was == "True" && now != "True" && !elsewhere.contains(&reason.as_str())).then(|| format!("{reason}: {message}"))
+}
+
+/// The Warning for a transition to Kairon losing the VM's node (`NodeUnreachable`) or an
+/// operator fencing it off (`Fenced`): its event reason and note, once per transition.
+fn lost_node(before: Option<&KaironMachineStatus>, next: &KaironMachineStatus) -> Option<(&'static str, String)> {
+    let instance = |s: &KaironMachineStatus| {
+        conditions::get(s.conditions.as_deref().unwrap_or_default(), INSTANCE_PROVISIONED)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let (now, message) = instance(next)?;
+    let event = match now.as_str() {
+        reason::INSTANCE_HOST_UNREACHABLE => event::INSTANCE_HOST_UNREACHABLE,
+        reason::INSTANCE_FENCED => event::INSTANCE_FENCED,
+        _ => return None,
+    };
+    let was = before.and_then(instance).map(|(r, _)| r);
+    (was.as_deref() != Some(now.as_str())).then_some((event, message))
 }
 
 /// Ensures the Kairon Machine exists (when it may), is ours, and is named by our providerID.
@@ -318,5 +337,36 @@ mod tests {
             None,
             "gone has an event of its own"
         );
+    }
+
+    /// A VM whose Kairon node Kairon reports unreachable, then fenced: one Warning of its own
+    /// per transition, and none while it stays so.
+    #[test]
+    fn a_warning_of_its_own_when_kairon_loses_the_node_or_fences_the_machine() {
+        let cond = |type_: &str, at: i64| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: "R".into(),
+            message: "m".into(),
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::from_second(at).unwrap()),
+            observed_generation: None,
+        };
+        let running = status_of(None, inst("Running"));
+        let mut lost = vm(Some("Running"));
+        lost.status.as_mut().unwrap().conditions = Some(vec![cond("NodeUnreachable", 10)]);
+        let unreachable = status_of(Some(&running), Observed::Instance(Box::new(lost.clone())));
+        let (r, note) = lost_node(Some(&running), &unreachable).expect("a warning");
+        assert_eq!(r, event::INSTANCE_HOST_UNREACHABLE);
+        assert!(note.contains("kairon-node-7"), "{note}");
+        assert_eq!(lost_node(Some(&unreachable), &unreachable), None, "once");
+
+        let mut fenced = vm(Some("Pending"));
+        fenced.status.as_mut().unwrap().conditions = Some(vec![cond("NodeUnreachable", 10), cond("Fenced", 20)]);
+        let next = status_of(Some(&unreachable), Observed::Instance(Box::new(fenced)));
+        assert_eq!(
+            lost_node(Some(&unreachable), &next).map(|(r, _)| r),
+            Some(event::INSTANCE_FENCED)
+        );
+        assert_eq!(lost_node(Some(&running), &running), None);
     }
 }

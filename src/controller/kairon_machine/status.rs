@@ -104,7 +104,7 @@ pub fn next_status(
                         provisioned: Some(true),
                     });
                 }
-                if unaddressed {
+                if unaddressed && observe::node_lost(vm).is_none() {
                     // Provisioned all the same (the VM runs, and a Node may still come from a
                     // control plane it reaches). Without a Node not Ready: a cluster on a
                     // network that cannot carry it says so here rather than time out in
@@ -115,7 +115,10 @@ pub fn next_status(
                 }
             }
         };
-        let ready = if deleting {
+        let ready = if deleting && instance.reason == reason::INSTANCE_DELETION_STUCK {
+            // CAPI shows the Machine's InfrastructureReady from this: the user sees why.
+            Decided::new(READY, Status::False, reason::DELETING, instance.message.clone())
+        } else if deleting {
             Decided::new(READY, Status::False, reason::DELETING, "KaironMachine is being deleted")
         } else if instance.status == Status::True {
             // No message: CAPI summarises the Machine's Ready from InfrastructureReady and

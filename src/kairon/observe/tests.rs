@@ -338,3 +338,74 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
     ));
     assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
 }
+
+/// A Kairon Machine read from the API server with Kairon's conditions as kairon-controller
+/// (`internal/controller/fencing.go`) and `kaironctl fence` write them.
+fn read_with_conditions(phase: &str, node: Option<&str>, conditions: serde_json::Value) -> Machine {
+    let mut value = serde_json::to_value(vm(Some(phase))).expect("json");
+    value["status"]["conditions"] = conditions;
+    match node {
+        Some(n) => value["status"]["nodeName"] = serde_json::json!(n),
+        None => {
+            value["status"].as_object_mut().expect("status").remove("nodeName");
+        }
+    }
+    super::super::machine_from_value(value)
+}
+
+/// Kairon's `NodeUnreachable=True` leaves the phase Running (nobody updates it): the
+/// KaironMachine's instance is not provisioned any more, names the node, Kairon's reason and
+/// what the operator can do; False again (the node back) is running again. A Machine an
+/// operator fenced is Pending anew with `Fenced=True`: said, with Kairon's words.
+#[test]
+fn an_unreachable_or_fenced_kairon_node_is_said() {
+    let unreachable = serde_json::json!([{"type": "NodeUnreachable", "status": "True",
+        "reason": "NodeNotReadyOrMissing", "lastTransitionTime": "2026-12-05T10:00:00Z",
+        "message": "node \"kairon-node-7\" is not Ready or no longer exists in the cluster"}]);
+    let m = read_with_conditions("Running", Some("kairon-node-7"), unreachable);
+    let d = instance_condition(&m);
+    assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_HOST_UNREACHABLE));
+    for said in ["kairon-node-7", "NodeNotReadyOrMissing", "kaironctl fence", "m1"] {
+        assert!(d.message.contains(said), "{said}: {}", d.message);
+    }
+
+    let back = serde_json::json!([{"type": "NodeUnreachable", "status": "False", "reason": "NodeReady",
+        "message": "node \"kairon-node-7\" is Ready", "lastTransitionTime": "2026-12-05T10:05:00Z"}]);
+    let d = instance_condition(&read_with_conditions("Running", Some("kairon-node-7"), back));
+    assert_eq!((d.status, d.reason), (Status::True, reason::PROVISIONED));
+
+    let fenced = serde_json::json!([
+        {"type": "NodeUnreachable", "status": "True", "reason": "NodeNotReadyOrMissing", "message": "gone",
+         "lastTransitionTime": "2026-12-05T10:00:00Z"},
+        {"type": "Fenced", "status": "True", "reason": "OperatorAttested", "lastTransitionTime": "2026-12-05T10:09:00Z",
+         "message": "fenced off node \"kairon-node-7\" by an operator: powered off"}]);
+    let d = instance_condition(&read_with_conditions("Pending", None, fenced.clone()));
+    assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_FENCED));
+    assert!(d.message.contains("powered off"), "{}", d.message);
+    // Placed anew: the new VM's phase is the instance's, also when it is stopped later.
+    let d = instance_condition(&read_with_conditions("Stopped", Some("kairon-node-2"), fenced.clone()));
+    assert_eq!(d.reason, reason::INSTANCE_STOPPED);
+    let d = instance_condition(&read_with_conditions("Running", Some("kairon-node-2"), fenced));
+    assert_eq!((d.status, d.reason), (Status::True, reason::PROVISIONED));
+}
+
+/// A deletion that waits on Kairon's finalizers longer than the grace period says so, naming
+/// the finalizers, the node and what the operator can do; before that, or without one of
+/// Kairon's finalizers left, it is a deletion like any other.
+#[test]
+fn a_deletion_stuck_on_kairons_finalizer_says_so_after_the_grace_period() {
+    let deleted_at = k8s_openapi::jiff::Timestamp::from_second(1_000_000).expect("time");
+    let mut m = vm(Some("Running"));
+    m.metadata.deletion_timestamp = Some(Time(deleted_at));
+    m.metadata.finalizers = Some(vec!["kairon.zyvor.dev/runtime-cleanup".into()]);
+    let grace = std::time::Duration::from_secs(300);
+    let at = |secs: i64| Time(deleted_at + k8s_openapi::jiff::SignedDuration::from_secs(secs));
+    assert_eq!(deletion_stuck(&m, &at(299), grace), None);
+    let d = deletion_stuck(&m, &at(301), grace).expect("stuck");
+    assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_DELETION_STUCK));
+    for said in ["kairon.zyvor.dev/runtime-cleanup", "kairon-node-7", "m1", "5m"] {
+        assert!(d.message.contains(said), "{said}: {}", d.message);
+    }
+    m.metadata.finalizers = None;
+    assert_eq!(deletion_stuck(&m, &at(3600), grace), None, "nothing holds it");
+}

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use capkr::kairon::Machine;
+use capkr::kairon::machine_image::MachineImage;
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -35,6 +36,7 @@ use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::site_writes::SiteWriter;
 use crate::workload::Workloads;
+use crate::{images, reachability};
 use sets::{SetDone, Sets};
 use site::{Site, SiteDone, is_older};
 
@@ -61,6 +63,8 @@ pub struct Options {
     pub host_objects: bool,
     /// Kairon's cordon evacuation: cold migrations off cordoned nodes, under the budgets.
     pub cordon_evacuation: bool,
+    /// Resolve `imageRef`s against MachineImages, as kairon-controller (see [`crate::images`]).
+    pub machine_images: bool,
     /// kairon-controller's tick: MachineSets are acted on this often, not on every change.
     pub machineset_interval: Duration,
 }
@@ -112,6 +116,9 @@ pub struct Engine {
     /// Keys seen in the current (re)list; `None` outside a list.
     listing: Option<HashSet<Key>>,
     synced: bool,
+    /// With `--machine-images`, once listed: the MachineImages by name (cluster-scoped).
+    images: Option<HashMap<String, MachineImage>>,
+    images_listing: Option<HashMap<String, MachineImage>>,
 }
 
 impl Engine {
@@ -141,6 +148,8 @@ impl Engine {
             dirty: BTreeSet::new(),
             listing: None,
             synced: false,
+            images: None,
+            images_listing: None,
         }
     }
 
@@ -155,6 +164,15 @@ impl Engine {
         let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
         let (mut migration_events, mut node_events) = self.site_watches().await;
         let mut set_events = self.set_watch();
+        let mut image_events = match self.opts.machine_images {
+            true => watcher(
+                Api::<MachineImage>::all(self.client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .boxed(),
+            false => futures::stream::pending().boxed(),
+        };
         let mut wake = Instant::now() + TICK;
         loop {
             tokio::select! {
@@ -174,6 +192,10 @@ impl Engine {
                 Some(event) = set_events.next() => match event {
                     Ok(event) => self.on_set_event(event),
                     Err(e) => tracing::warn!(error = %e, "watching Kairon MachineSets"),
+                },
+                Some(event) = image_events.next() => match event {
+                    Ok(event) => self.on_image_event(event),
+                    Err(e) => tracing::warn!(error = %e, "watching Kairon MachineImages"),
                 },
                 Some(done) = self.done_rx.recv() => self.on_done(done),
                 () = tokio::time::sleep_until(wake.into()) => self.on_tick(),
@@ -218,6 +240,28 @@ impl Engine {
         }
         self.site.dirty = true;
         self.sets.dirty = true;
+    }
+
+    /// MachineImages by name; every Machine is looked at again on a change.
+    fn on_image_event(&mut self, event: watcher::Event<MachineImage>) {
+        match event {
+            watcher::Event::Init => self.images_listing = Some(HashMap::new()),
+            watcher::Event::InitApply(i) => {
+                self.images_listing
+                    .get_or_insert_with(HashMap::new)
+                    .insert(i.name_any(), i);
+            }
+            watcher::Event::InitDone => self.images = Some(self.images_listing.take().unwrap_or_default()),
+            watcher::Event::Apply(i) => {
+                self.images.get_or_insert_with(HashMap::new).insert(i.name_any(), i);
+            }
+            watcher::Event::Delete(i) => {
+                if let Some(images) = self.images.as_mut() {
+                    images.remove(&i.name_any());
+                }
+            }
+        }
+        self.dirty.extend(self.machines.keys().cloned());
     }
 
     /// Keeps the newest version of a Machine and, unless a write of ours is in flight, brings
@@ -372,6 +416,48 @@ impl Engine {
                 continue;
             }
             self.retry_at.remove(&key);
+            if self.opts.machine_images && images::needs_resolution(&m) {
+                // As kairon-controller: an unresolved imageRef keeps the Machine out of
+                // scheduling; nothing is decided before the MachineImages are listed.
+                let Some(found) = self.images.as_ref() else { continue };
+                if self.busy.contains(&key) {
+                    continue;
+                }
+                let writer = self.writer.clone();
+                match images::resolve(&m, found) {
+                    Some(images::Resolution::Wait(why)) => {
+                        if let Some(status) = images::waiting_status(&m, &why) {
+                            tracing::info!(machine = %key, why, "waiting for its MachineImage");
+                            self.spawn_write(&key, async move { writer.write_status(&m, &status).await });
+                        }
+                        continue;
+                    }
+                    Some(images::Resolution::Pin(patch)) => {
+                        tracing::info!(machine = %key, "MachineImage resolved: source and digest pinned");
+                        self.spawn_write(&key, async move { writer.patch_machine(&m, &patch, None).await });
+                        continue;
+                    }
+                    None => {}
+                }
+            }
+            if let Some(ready) = self.site.ready_nodes.as_ref() {
+                // kairon-controller keeps NodeUnreachable; kairon-node on a dead node does
+                // nothing (the VM's guest is left as it was: a partition, as far as it knows).
+                if let Some(status) = reachability::reachability_status(&m, ready, Timestamp::now()) {
+                    if !self.busy.contains(&key) {
+                        let node = m.spec.node_name.clone().unwrap_or_default();
+                        tracing::info!(machine = %key, node, "NodeUnreachable changes");
+                        let writer = self.writer.clone();
+                        let m = m.clone();
+                        self.spawn_write(&key, async move { writer.write_status(&m, &status).await });
+                    }
+                    continue;
+                }
+                if reachability::on_a_dead_node(&m, ready) {
+                    self.timers.remove(&key);
+                    continue;
+                }
+            }
             if !self.busy.contains(&key) {
                 let due = self.timer_due(&key, &m, now);
                 self.act(&key, m.clone(), sim::next_step(&m, due));

@@ -23,6 +23,10 @@
 //! - [`scripts`]: with `--guest-scripts-dir`, the guest's cloud-init `runcmd` run for real in
 //!   a sandbox (one `sh` script; FluxVM's entries each their own `bash -lc`); kubeadm waits
 //!   until the guest calls it;
+//! - [`images`]: Kairon's MachineImage resolution of an `imageRef` (pure);
+//! - [`reachability`]: Kairon hosts that stop answering: `NodeUnreachable`, a dead node's
+//!   Machines left alone, fenced ones placed anew (pure); [`fence`]: the `fence` subcommand, as
+//!   `kaironctl fence`;
 //! - [`engine`]: the watch-driven event loop tying them together.
 
 mod addons;
@@ -33,11 +37,13 @@ mod disruption;
 mod endpoint;
 mod engine;
 mod evacuate;
+mod fence;
 mod flags;
 mod fleet;
 mod guest;
 mod guest_ops;
 mod hosts;
+mod images;
 mod join_reach;
 mod kubeadm;
 mod kubeadm_objects;
@@ -50,6 +56,7 @@ mod migration;
 mod network;
 mod placement;
 mod procs;
+mod reachability;
 mod scripts;
 mod sim;
 mod site_writes;
@@ -153,6 +160,13 @@ struct Args {
     /// 127.0.0.1 and registered with the Kairon API server (limited to --namespace if given).
     #[arg(long)]
     admission_webhook: bool,
+    /// Play Kairon's MachineImage resolution: a Machine whose `spec.image.imageRef` names no
+    /// MachineImage, one of kind iso or an invalid one stays Pending with Kairon's message and
+    /// no condition; one that resolves gets the image's source and digest pinned. Off by
+    /// default: the image is then taken as resolved (the test clusters name images that no
+    /// MachineImage describes).
+    #[arg(long)]
+    machine_images: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -162,6 +176,8 @@ enum Command {
     /// Empty a node by MachineMigrations, as `kaironctl evacuate NODE` does (on the Kairon API
     /// server: --kairon-kubeconfig, else --kubeconfig).
     Evacuate(evacuate::EvacuateArgs),
+    /// Fence a Machine off a node that is gone, as `kaironctl fence MACHINE --reason …` does.
+    Fence(fence::FenceArgs),
 }
 
 #[tokio::main]
@@ -175,6 +191,11 @@ async fn main() -> anyhow::Result<()> {
         let kubeconfig = args.kairon_kubeconfig.or(args.kubeconfig);
         let client = management_client(kubeconfig.as_deref()).await?;
         return evacuate::run(client, evacuate).await;
+    }
+    if let Some(Command::Fence(fence)) = args.command {
+        let kubeconfig = args.kairon_kubeconfig.or(args.kubeconfig);
+        let client = management_client(kubeconfig.as_deref()).await?;
+        return fence::run(client, fence).await;
     }
     let pool = AddressPool::new(&args.address_pool).map_err(anyhow::Error::msg)?;
     let hosts = args.hosts.clone().map(|h| h.0).unwrap_or_else(flags::default_hosts);
@@ -217,6 +238,7 @@ async fn main() -> anyhow::Result<()> {
         migration_delay: args.migration_delay,
         host_objects: args.host_objects,
         cordon_evacuation: args.cordon_evacuation,
+        machine_images: args.machine_images,
         machineset_interval: args.machineset_interval,
     };
     let allocations = Allocations {
@@ -322,7 +344,7 @@ mod tests {
                     (Duration::from_secs(10), Duration::from_secs(900))
                 );
             }
-            None => panic!("no subcommand"),
+            _ => panic!("no evacuate subcommand"),
         }
     }
 }

@@ -48,6 +48,10 @@ pub(super) struct Site {
     /// Nodes with `spec.unschedulable` (cordoned), and those of a listing under way.
     pub(super) cordoned_nodes: HashSet<String>,
     nodes_listing: Option<HashSet<String>>,
+    /// With `--host-objects`, once listed: the Nodes that exist and are `Ready` (kairon-node
+    /// answers there), and those of a listing under way.
+    pub(super) ready_nodes: Option<HashSet<String>>,
+    ready_listing: Option<HashSet<String>>,
     pub(super) busy_migrations: HashSet<Key>,
     /// When the migrations this process started began, to the sub-second (`startTimestamp`
     /// is to the second; after a restart it is what there is).
@@ -70,6 +74,8 @@ impl Site {
             migrations_synced: false,
             cordoned_nodes: HashSet::new(),
             nodes_listing: None,
+            ready_nodes: None,
+            ready_listing: None,
             busy_migrations: HashSet::new(),
             started: HashMap::new(),
             retry_at: None,
@@ -95,6 +101,15 @@ impl Site {
     pub fn retry_at(&self) -> Option<Instant> {
         self.retry_at
     }
+}
+
+/// A Node's `Ready` condition is True.
+fn is_ready(n: &Node) -> bool {
+    n.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
 }
 
 pub(super) fn migration_key(m: &MachineMigration) -> Key {
@@ -140,30 +155,53 @@ impl Engine {
         )
     }
 
-    /// A Node's `spec.unschedulable` (a cordon) keeps new VMs and migrations off its host.
+    /// A Node's `spec.unschedulable` (a cordon) keeps new VMs and migrations off its host; a
+    /// Node that is not `Ready` (or gone) takes none either, and its Machines are unreachable
+    /// (see [`crate::reachability`]).
     pub(super) fn on_node_event(&mut self, event: watcher::Event<Node>) {
         let cordoned = |n: &Node| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
         let site = &mut self.site;
         match event {
-            watcher::Event::Init => site.nodes_listing = Some(HashSet::new()),
+            watcher::Event::Init => {
+                site.nodes_listing = Some(HashSet::new());
+                site.ready_listing = Some(HashSet::new());
+            }
             watcher::Event::InitApply(n) => {
                 if cordoned(&n) {
                     site.nodes_listing.get_or_insert_with(HashSet::new).insert(n.name_any());
                 }
+                if is_ready(&n) {
+                    site.ready_listing.get_or_insert_with(HashSet::new).insert(n.name_any());
+                }
             }
-            watcher::Event::InitDone => site.cordoned_nodes = site.nodes_listing.take().unwrap_or_default(),
+            watcher::Event::InitDone => {
+                site.cordoned_nodes = site.nodes_listing.take().unwrap_or_default();
+                site.ready_nodes = Some(site.ready_listing.take().unwrap_or_default());
+            }
             watcher::Event::Apply(n) => {
                 if cordoned(&n) {
                     site.cordoned_nodes.insert(n.name_any());
                 } else {
                     site.cordoned_nodes.remove(&n.name_any());
                 }
+                if let Some(ready) = site.ready_nodes.as_mut() {
+                    if is_ready(&n) {
+                        ready.insert(n.name_any());
+                    } else {
+                        ready.remove(&n.name_any());
+                    }
+                }
             }
             watcher::Event::Delete(n) => {
                 site.cordoned_nodes.remove(&n.name_any());
+                if let Some(ready) = site.ready_nodes.as_mut() {
+                    ready.remove(&n.name_any());
+                }
             }
         }
         self.site.dirty = true;
+        // Every Machine's reachability is decided again.
+        self.dirty.extend(self.machines.keys().cloned());
         self.refresh_cordoned();
     }
 
@@ -223,7 +261,16 @@ impl Engine {
 
     /// Hosts nothing new goes to: cordoned Nodes.
     fn refresh_cordoned(&mut self) {
-        let cordoned: BTreeSet<String> = self.site.cordoned_nodes.iter().cloned().collect();
+        // As Kairon's scheduler (`internal/scheduler/scheduler.go`, `eligible`): neither a
+        // cordoned nor a not-Ready node takes a new VM.
+        let down = self
+            .allocations
+            .placement
+            .hosts()
+            .iter()
+            .map(|h| h.name.clone())
+            .filter(|h| self.site.ready_nodes.as_ref().is_some_and(|ready| !ready.contains(h)));
+        let cordoned: BTreeSet<String> = self.site.cordoned_nodes.iter().cloned().chain(down).collect();
         self.allocations.placement.set_cordoned(cordoned);
     }
 
