@@ -281,6 +281,11 @@ pub fn new_runtime_id() -> String {
     )
 }
 
+/// The runtime a status names, if any.
+pub fn status_runtime(status: Option<&MachineStatus>) -> Option<&str> {
+    status.and_then(|s| s.runtime_id.as_deref()).filter(|r| !r.is_empty())
+}
+
 /// Placed on `host`: the VM's runtime is created there (`runtime_id`, new for every runtime).
 /// The merge patch with which kairon-controller binds a Machine to `node`.
 pub fn binding(node: &str) -> serde_json::Value {
