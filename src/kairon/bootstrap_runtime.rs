@@ -65,7 +65,8 @@ pub fn bootstrap_runtime(vm: &Machine) -> BootstrapRuntime {
     }
     let migration = a.get(MIGRATION_ANNOTATION).map(String::as_str).unwrap_or_default();
     let adopting = a.get(ADOPT_ONLY_ANNOTATION).is_some_and(|v| v == "true");
-    let new_move = !migration.is_empty() && a.get(BOOTSTRAP_MIGRATION_ANNOTATION).map(String::as_str) != Some(migration);
+    let new_move =
+        !migration.is_empty() && a.get(BOOTSTRAP_MIGRATION_ANNOTATION).map(String::as_str) != Some(migration);
     if adopting || new_move {
         return BootstrapRuntime::MovedLive {
             runtime_id: runtime_id.to_string(),
@@ -155,7 +156,11 @@ mod tests {
                 "a new runtime while Kairon adopts a live migration",
                 with(
                     Some("r2"),
-                    &[(REC, "r1"), (ADOPT_ONLY_ANNOTATION, "true"), (MIGRATION_ANNOTATION, "m1")],
+                    &[
+                        (REC, "r1"),
+                        (ADOPT_ONLY_ANNOTATION, "true"),
+                        (MIGRATION_ANNOTATION, "m1"),
+                    ],
                 ),
                 moved("m1"),
             ),
@@ -166,17 +171,26 @@ mod tests {
             ),
             (
                 "the live migration's runtime, recorded",
-                with(Some("r2"), &[(REC, "r2"), (REC_MIG, "m1"), (MIGRATION_ANNOTATION, "m1")]),
+                with(
+                    Some("r2"),
+                    &[(REC, "r2"), (REC_MIG, "m1"), (MIGRATION_ANNOTATION, "m1")],
+                ),
                 Same,
             ),
             (
                 "stopped and started after a recorded live migration: its mark is no new move",
-                with(Some("r3"), &[(REC, "r2"), (REC_MIG, "m1"), (MIGRATION_ANNOTATION, "m1")]),
+                with(
+                    Some("r3"),
+                    &[(REC, "r2"), (REC_MIG, "m1"), (MIGRATION_ANNOTATION, "m1")],
+                ),
                 Recreated,
             ),
             (
                 "another live migration after a recorded one",
-                with(Some("r2"), &[(REC, "r1"), (REC_MIG, "m0"), (MIGRATION_ANNOTATION, "m1")]),
+                with(
+                    Some("r2"),
+                    &[(REC, "r1"), (REC_MIG, "m0"), (MIGRATION_ANNOTATION, "m1")],
+                ),
                 moved("m1"),
             ),
             (
@@ -201,7 +215,11 @@ mod tests {
 
         let adopting = with(
             Some("r2"),
-            &[(REC, "r1"), (ADOPT_ONLY_ANNOTATION, "true"), (MIGRATION_ANNOTATION, "m1")],
+            &[
+                (REC, "r1"),
+                (ADOPT_ONLY_ANNOTATION, "true"),
+                (MIGRATION_ANNOTATION, "m1"),
+            ],
         );
         let p = runtime_patch(&adopting, &bootstrap_runtime(&adopting)).expect("a patch after a live move");
         assert_eq!(p["metadata"]["annotations"][REC], "r2");
@@ -211,12 +229,43 @@ mod tests {
         for (case, vm) in [
             ("no runtime", with(None, &[])),
             ("the same runtime", with(Some("r1"), &[(REC, "r1")])),
-            ("recreated: the record of the bootstrapped runtime stays", with(Some("r2"), &[(REC, "r1")])),
+            (
+                "recreated: the record of the bootstrapped runtime stays",
+                with(Some("r2"), &[(REC, "r1")]),
+            ),
         ] {
             assert_eq!(runtime_patch(&vm, &bootstrap_runtime(&vm)), None, "{case}");
         }
         let mut no_uid = with(Some("r1"), &[]);
         no_uid.metadata.uid = None;
-        assert_eq!(runtime_patch(&no_uid, &bootstrap_runtime(&no_uid)), None, "no uid, no write");
+        assert_eq!(
+            runtime_patch(&no_uid, &bootstrap_runtime(&no_uid)),
+            None,
+            "no uid, no write"
+        );
+    }
+}
+
+#[cfg(test)]
+mod read_tests {
+    use super::*;
+
+    #[test]
+    fn a_kairon_machine_as_the_caches_keep_it_still_says_its_runtime() {
+        let obj: kube::api::DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "m1", "namespace": "ns", "uid": "u1"},
+            "spec": {"cloudInit": {"hostname": "m1", "runCmd": ["kubeadm init"]}},
+            "status": {"phase": "Running", "runtimeID": "r1"},
+        }))
+        .unwrap();
+        let mut vm = crate::kairon::read(obj);
+        crate::kairon::keep_what_is_read(&mut vm);
+        assert_eq!(
+            bootstrap_runtime(&vm),
+            BootstrapRuntime::Created {
+                runtime_id: "r1".into()
+            }
+        );
     }
 }

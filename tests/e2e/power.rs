@@ -16,6 +16,7 @@ use std::time::Duration;
 use crate::common::{Rig, RigOptions, km_instance};
 use capkr::api::conditions::{self, READY, reason};
 use capkr::kairon;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
@@ -24,7 +25,10 @@ use serde_json::json;
 const UP: Duration = Duration::from_secs(180);
 
 fn runtime(vm: &kairon::Machine) -> Option<String> {
-    vm.status.as_ref().and_then(|s| s.runtime_id.clone()).filter(|r| !r.is_empty())
+    vm.status
+        .as_ref()
+        .and_then(|s| s.runtime_id.clone())
+        .filter(|r| !r.is_empty())
 }
 
 /// Whether the Kairon Machine still holds bootstrap data (files or commands of its cloudInit).
@@ -33,6 +37,31 @@ fn holds_bootstrap_data(vm: &kairon::Machine) -> bool {
         .cloud_init
         .as_ref()
         .is_some_and(|c| !c.write_files.is_empty() || !c.run_cmd.is_empty())
+}
+
+/// The workload cluster's Node of Machine `name` (by its providerID), if any.
+async fn node_of(rig: &Rig, name: &str) -> Result<Option<Node>, kube::Error> {
+    let want = capkr::kairon::provider_id(name);
+    let nodes = rig.nodes().list(&ListParams::default()).await?;
+    Ok(nodes
+        .items
+        .into_iter()
+        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(want.as_str())))
+}
+
+async fn delete_node(rig: &Rig, name: &str) {
+    let node = node_of(rig, name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| rig.fail(format!("no Node of {name}")));
+    rig.nodes()
+        .delete(&node.name_any(), &Default::default())
+        .await
+        .unwrap_or_else(|e| rig.fail(format!("deleting Node {}: {e}", node.name_any())));
+    rig.wait(&format!("the Node of {name} gone"), Duration::from_secs(30), || async {
+        Ok::<_, kube::Error>(node_of(rig, name).await?.is_none())
+    })
+    .await;
 }
 
 fn api(rig: &Rig, group: &str, version: &str, kind: &str) -> Api<DynamicObject> {
@@ -65,7 +94,10 @@ async fn paused_or_halted_runs_again_as_the_same_machine_stopped_or_cold_migrate
         )
         .await;
         let vm = rig.vms().get(name).await.unwrap();
-        assert_eq!(vm.spec.cloud_init.as_ref().map(|c| c.hostname.as_str()), Some(name.as_str()));
+        assert_eq!(
+            vm.spec.cloud_init.as_ref().map(|c| c.hostname.as_str()),
+            Some(name.as_str())
+        );
     }
 
     let vm_uid = rig.vms().get(&stopped).await.unwrap().uid();
@@ -96,10 +128,20 @@ async fn paused_or_halted_runs_again_as_the_same_machine_stopped_or_cold_migrate
     for (state, said) in [("Paused", "is paused"), ("Halted", "is halted")] {
         let before = runtime(&rig.vms().get(&stopped).await.unwrap());
         set_power(state).await;
-        rig.wait(&format!("{state}: the KaironMachine says so"), UP, || says_stopped(said))
-            .await;
+        rig.wait(&format!("{state}: the KaironMachine says so"), UP, || {
+            says_stopped(said)
+        })
+        .await;
+        if state == "Halted" {
+            // The guest's Node removed while it is off: its kubelet, configured on the kept
+            // disk, registers it again when it runs.
+            delete_node(&rig, &stopped).await;
+        }
         let km = rig.kms().get(&stopped).await.unwrap();
-        assert!(km.status.as_ref().unwrap().is_provisioned(), "{state}: provisioned stays true");
+        assert!(
+            km.status.as_ref().unwrap().is_provisioned(),
+            "{state}: provisioned stays true"
+        );
         set_power("Running").await;
         rig.wait(&format!("{state} -> Running: provisioned again"), UP, || async {
             let km = rig.kms().get(&stopped).await?;
@@ -110,6 +152,14 @@ async fn paused_or_halted_runs_again_as_the_same_machine_stopped_or_cold_migrate
         assert_eq!(runtime(&vm), before, "{state}: the same runtime");
         assert_eq!(vm.uid(), vm_uid, "{state}: the same Kairon Machine");
         assert_eq!(rig.machines().get(&stopped).await.unwrap().uid(), machine_uid);
+        if state == "Halted" {
+            rig.wait(
+                "Halted -> Running: the guest's kubelet registers its Node again",
+                UP,
+                || async { Ok::<_, kube::Error>(node_of(&rig, &stopped).await?.is_some()) },
+            )
+            .await;
+        }
     }
 
     // Stopped deletes the runtime and its disk; Running makes a new one on a fresh disk.
@@ -117,6 +167,7 @@ async fn paused_or_halted_runs_again_as_the_same_machine_stopped_or_cold_migrate
     set_power("Stopped").await;
     rig.wait("Stopped: the KaironMachine says so", UP, || says_stopped("is stopped"))
         .await;
+    delete_node(&rig, &stopped).await;
     set_power("Running").await;
     // A cold migration (no strategy: Kairon's `auto`, taken as cold) of the other worker.
     let mm: DynamicObject = serde_json::from_value(json!({
@@ -134,23 +185,37 @@ async fn paused_or_halted_runs_again_as_the_same_machine_stopped_or_cold_migrate
 
     for name in [&stopped, &moved] {
         rig.wait(
-            &format!("{name}: the KaironMachine says its VM is a new machine"),
+            &format!("{name}: running again, the KaironMachine says its VM is a new machine"),
             UP,
             || async {
                 let km = rig.kms().get(name).await?;
-                Ok::<_, kube::Error>(km_instance(&km).is_some_and(|(r, _)| r == reason::INSTANCE_RECREATED))
+                let vm = rig.vms().get(name).await?;
+                Ok::<_, kube::Error>(
+                    km_instance(&km).is_some_and(|(r, _)| r == reason::INSTANCE_RECREATED)
+                        && vm.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+                )
             },
         )
         .await;
         let km = rig.kms().get(name).await.unwrap();
-        let conds = km.status.as_ref().and_then(|s| s.conditions.as_deref()).unwrap_or_default();
+        let conds = km
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
         let ready = conditions::get(conds, READY).expect("Ready");
         assert_eq!(ready.status, "False", "{name}: not Ready: {ready:?}");
         assert_eq!(ready.reason, reason::INSTANCE_RECREATED);
         let vm = rig.vms().get(name).await.unwrap();
-        assert_eq!(vm.status.as_ref().and_then(|s| s.phase.as_deref()), Some("Running"));
         assert!(!holds_bootstrap_data(&vm), "{name}: no bootstrap data came back");
     }
+    // The fresh disk booted without bootstrap data: no kubeadm, no kubelet, no Node.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(
+        node_of(&rig, &stopped).await.unwrap().map(|n| n.name_any()),
+        None,
+        "a guest on a fresh disk without bootstrap data registers no Node"
+    );
     assert_ne!(runtime(&rig.vms().get(&stopped).await.unwrap()), bootstrapped);
     assert_ne!(runtime(&rig.vms().get(&moved).await.unwrap()), moved_runtime);
     let mig = migrations.get("cold").await.unwrap();
@@ -202,7 +267,10 @@ async fn paused_or_halted_runs_again_as_the_same_machine_stopped_or_cold_migrate
         Ok::<_, kube::Error>(
             !now.contains(&stopped)
                 && !now.contains(&moved)
-                && !vms.items.iter().any(|v| v.name_any() == stopped || v.name_any() == moved),
+                && !vms
+                    .items
+                    .iter()
+                    .any(|v| v.name_any() == stopped || v.name_any() == moved),
         )
     })
     .await;

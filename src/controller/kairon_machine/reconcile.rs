@@ -272,8 +272,11 @@ async fn reconcile_instance(
     // data leaves the Kairon Machine (readable there by whoever may read Machines, and run
     // again by any runtime Kairon makes anew), and the runtime it ran in is recorded.
     let runtime = kairon::bootstrap_runtime::bootstrap_runtime(&vm);
+    debug!(instance = %name, ?runtime, "the runtime the bootstrap data ran in");
     if let Some(done) = match &runtime {
-        BootstrapRuntime::Created { .. } => Some("removed the bootstrap data from the Kairon Machine: Kairon created its runtime"),
+        BootstrapRuntime::Created { .. } => {
+            Some("removed the bootstrap data from the Kairon Machine: Kairon created its runtime")
+        }
         BootstrapRuntime::MovedLive { .. } => Some("recorded the runtime the Kairon Machine moved to live"),
         _ => None,
     } {

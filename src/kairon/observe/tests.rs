@@ -355,13 +355,33 @@ fn a_runtime_made_anew_after_the_bootstrapped_one_is_a_new_machine_in_every_phas
     };
     for phase in ["Starting", "Running", "Paused", "Halted", "Error", "Unknown"] {
         let d = instance_condition(&with(phase, Some("r2"), Some("r1")));
-        assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_RECREATED), "{phase}");
-        assert!(d.message.contains("m1") && d.message.contains("fresh disk"), "{}", d.message);
+        assert_eq!(
+            (d.status, d.reason),
+            (Status::False, reason::INSTANCE_RECREATED),
+            "{phase}"
+        );
+        assert!(
+            d.message.contains("m1") && d.message.contains("fresh disk"),
+            "{}",
+            d.message
+        );
     }
     for (case, m, want) in [
-        ("the bootstrapped runtime", with("Running", Some("r1"), Some("r1")), reason::PROVISIONED),
-        ("the first runtime, not yet recorded", with("Running", Some("r1"), None), reason::PROVISIONED),
-        ("stopped: no runtime", with("Stopped", None, Some("r1")), reason::INSTANCE_STOPPED),
+        (
+            "the bootstrapped runtime",
+            with("Running", Some("r1"), Some("r1")),
+            reason::PROVISIONED,
+        ),
+        (
+            "the first runtime, not yet recorded",
+            with("Running", Some("r1"), None),
+            reason::PROVISIONED,
+        ),
+        (
+            "stopped: no runtime",
+            with("Stopped", None, Some("r1")),
+            reason::INSTANCE_STOPPED,
+        ),
     ] {
         assert_eq!(instance_condition(&m).reason, want, "{case}");
     }

@@ -505,7 +505,7 @@ impl Engine {
             }
             Step::PowerOn => {
                 let mut status = sim::powered_on_status(&m, now);
-                if sim::status_runtime(m.status.as_ref()).is_none() {
+                if sim::creates_runtime(&Step::PowerOn, &m) {
                     // Stopped deleted the runtime and its disk: a new one, seeded from the
                     // Machine's cloudInit as it is now.
                     self.take_seed(key, &m);

@@ -476,7 +476,12 @@ fn a_recreated_vm_is_not_ready_with_or_without_an_address_and_stays_provisioned(
         );
         m
     };
-    let before = next_status(None, StatusInput::Live(&Observed::Instance(vm("Running"))), None, &at(10));
+    let before = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(10),
+    );
     assert!(before.is_provisioned());
     for (case, m) in [("with an address", vm("Running")), ("without one", unaddressed())] {
         let s = next_status(
@@ -487,7 +492,11 @@ fn a_recreated_vm_is_not_ready_with_or_without_an_address_and_stays_provisioned(
         );
         for type_ in [READY, INSTANCE_PROVISIONED] {
             let c = cond(&s, type_);
-            assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", reason::INSTANCE_RECREATED), "{case}: {type_}");
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", reason::INSTANCE_RECREATED),
+                "{case}: {type_}"
+            );
         }
         assert!(s.is_provisioned(), "{case}: provisioned never goes back");
     }
