@@ -877,3 +877,50 @@ async fn deletion_keeps_a_vm_another_live_kaironmachine_holds_and_releases_the_f
     .await
     .unwrap();
 }
+
+#[tokio::test]
+async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_the_runtime_is_recorded_once() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    let mut running = vm("Running");
+    running.status.as_mut().unwrap().runtime_id = Some("rt-1".into());
+    let km = with_status(km, Observed::InstanceWithoutNode(Box::new(running.clone())));
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![running.clone()],
+    };
+    let vm_json = serde_json::to_value(&running).unwrap();
+    run(km.clone(), world, move |mut h| async move {
+        let (_, body) = expect(&mut h, "PATCH", VM_PATH, 200, vm_json).await;
+        assert_eq!(
+            body,
+            json!({
+                "metadata": {"uid": "vm-uid", "annotations": {kairon::bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION: "rt-1"}},
+                "spec": {"cloudInit": {"writeFiles": null, "runCmd": null}},
+            })
+        );
+        expect_no_more(&mut h).await;
+    })
+    .await
+    .expect("reconcile succeeds");
+
+    // Recorded: nothing more is written.
+    let mut recorded = running;
+    recorded.metadata.annotations = Some(
+        [(
+            kairon::bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION.to_string(),
+            "rt-1".to_string(),
+        )]
+        .into(),
+    );
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![recorded],
+    };
+    run(km, world, |mut h| async move { expect_no_more(&mut h).await })
+        .await
+        .expect("reconcile succeeds");
+}

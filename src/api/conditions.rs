@@ -110,6 +110,11 @@ pub mod reason {
     /// terminal, Kairon's message says why.
     pub const INSTANCE_ERROR: &str = "InstanceError";
     pub const INSTANCE_TERMINATING: &str = "InstanceTerminating";
+    /// Kairon runs the VM on a new runtime on a fresh disk (after `Stopped` or a cold
+    /// migration), not the one its bootstrap data ran in: a new machine under the old name,
+    /// not this one. Not Ready, so that a MachineHealthCheck replaces it; never provisioned
+    /// again as the same instance.
+    pub const INSTANCE_RECREATED: &str = "InstanceRecreated";
     pub const INSTANCE_NOT_FOUND: &str = "InstanceNotFound";
     pub const INSTANCE_CONFLICT: &str = "InstanceNameConflict";
     /// The identity names another Kairon API than the one that holds the VM, and the VM is not

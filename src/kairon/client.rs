@@ -108,6 +108,11 @@ pub enum KaironError {
     /// answer's code and reason are kept.
     #[error("starting Kairon Machine {name}: {detail}")]
     Start { name: String, detail: String },
+    /// Removing the bootstrap data from a Kairon Machine whose runtime Kairon created, or
+    /// recording its runtime: only the answer's code and reason are kept (an API error may
+    /// quote the object, which held bootstrap data).
+    #[error("recording the runtime of Kairon Machine {name}: {detail}")]
+    Runtime { name: String, detail: String },
     /// The member changed since it was read: decide again on what is there now.
     #[error("starting Kairon Machine {name}: it changed since it was read")]
     StartStale { name: String },
@@ -132,7 +137,7 @@ impl KaironError {
         match self {
             KaironError::Read { .. } => "read",
             KaironError::Create { .. } => "create_instance",
-            KaironError::Relabel { .. } => "write",
+            KaironError::Relabel { .. } | KaironError::Runtime { .. } => "write",
             KaironError::Start { .. } | KaironError::StartStale { .. } => "start_instance",
             KaironError::Delete { .. } => "delete_instance",
             KaironError::Refused { .. } => "kairon_api",
@@ -338,6 +343,41 @@ impl Instances {
                 detail: format!("the API answered {} {}", s.code, bounded(&s.reason, MAX_API_REASON)),
             }),
             Err(e) => Err(KaironError::Start {
+                name,
+                detail: redacted_error_kind(&e),
+            }),
+        }
+    }
+
+    /// Writes what `runtime` asks of `vm` ([`super::bootstrap_runtime::runtime_patch`]): the
+    /// bootstrap data removed once Kairon created the runtime from it, the runtime recorded.
+    /// Nothing is sent when nothing is asked. A VM gone or replaced meanwhile (its uid) is left
+    /// to the next reconcile.
+    pub(crate) async fn record_runtime(
+        &self,
+        vm: &Machine,
+        runtime: &super::bootstrap_runtime::BootstrapRuntime,
+    ) -> Result<(), KaironError> {
+        let Some(body) = super::bootstrap_runtime::runtime_patch(vm, runtime) else {
+            return Ok(());
+        };
+        let ns = vm.namespace().unwrap_or_default();
+        let name = vm.name_any();
+        let pp = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let permit = self.permit("recording the runtime of", &name)?;
+        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
+        settle(permit, &answer);
+        match answer {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Ok(()),
+            Err(kube::Error::Api(s)) => Err(KaironError::Runtime {
+                name,
+                detail: format!("the API answered {} {}", s.code, bounded(&s.reason, MAX_API_REASON)),
+            }),
+            Err(e) => Err(KaironError::Runtime {
                 name,
                 detail: redacted_error_kind(&e),
             }),

@@ -16,6 +16,7 @@
 //!   Machine's status (its host, the host's labels, an evacuation request), read by
 //!   [`evacuation`] (pure).
 
+pub mod bootstrap_runtime;
 pub mod budget;
 mod budget_client;
 mod client;
@@ -180,7 +181,15 @@ pub(crate) fn keep_what_is_read(vm: &mut Machine) {
     );
     crate::capi::retain_keys(
         &mut meta.annotations,
-        &[FAILURE_DOMAIN_ANNOTATION, BOOTSTRAP_DATA_HASH_ANNOTATION],
+        &[
+            FAILURE_DOMAIN_ANNOTATION,
+            BOOTSTRAP_DATA_HASH_ANNOTATION,
+            // Which runtime the bootstrap data ran in, and Kairon's marks of a live move.
+            bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION,
+            bootstrap_runtime::BOOTSTRAP_MIGRATION_ANNOTATION,
+            maintenance::ADOPT_ONLY_ANNOTATION,
+            maintenance::MIGRATION_ANNOTATION,
+        ],
     );
 }
 

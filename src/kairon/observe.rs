@@ -116,6 +116,19 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
     if let Some(lost) = node_lost(vm) {
         return lost;
     }
+    // A runtime Kairon made anew on a fresh disk, after the one the bootstrap data ran in was
+    // deleted (Stopped, a cold migration): a new machine under the old name, never this one
+    // again, whatever its phase. Not Ready, so that a MachineHealthCheck replaces it.
+    if effective_phase(vm) != phase::TERMINATING && super::bootstrap_runtime::is_recreated(vm) {
+        return Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::INSTANCE_RECREATED,
+            format!(
+                "Kairon Machine {name} runs on a new runtime on a fresh disk (Kairon made it after deleting the runtime the bootstrap data ran in: powerState Stopped, or a cold migration): it is not the machine that was bootstrapped, and is left for a MachineHealthCheck to replace"
+            ),
+        );
+    }
     let not_scheduled = not_scheduled(vm);
     let (status, r, message) = match effective_phase(vm) {
         phase::RUNNING => (

@@ -23,6 +23,7 @@ use crate::controller::runtime::Synced;
 use crate::controller::runtime::pause_step_with;
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
+use crate::kairon::bootstrap_runtime::BootstrapRuntime;
 use crate::kairon::{self, KaironError, provider_id};
 
 /// Reconciles one KaironMachine.
@@ -284,6 +285,22 @@ async fn reconcile_instance(
                 .await;
         }
         Verdict::Ours => {}
+    }
+
+    // Bootstrap data, once: Kairon built the guest's seed when it created the runtime, so the
+    // data leaves the Kairon Machine (readable there by whoever may read Machines, and run
+    // again by any runtime Kairon makes anew), and the runtime it ran in is recorded.
+    let runtime = kairon::bootstrap_runtime::bootstrap_runtime(&vm);
+    debug!(instance = %name, ?runtime, "the runtime the bootstrap data ran in");
+    if let Some(done) = match &runtime {
+        BootstrapRuntime::Created { .. } => {
+            Some("removed the bootstrap data from the Kairon Machine: Kairon created its runtime")
+        }
+        BootstrapRuntime::MovedLive { .. } => Some("recorded the runtime the Kairon Machine moved to live"),
+        _ => None,
+    } {
+        target.instances.record_runtime(&vm, &runtime).await?;
+        info!(instance = %name, "{done}");
     }
 
     if km.spec.provider_id.is_none() && vm.metadata.uid.is_some() {

@@ -91,7 +91,10 @@ pub fn next_status(
             Observed::Instance(vm) | Observed::InstanceWithoutNode(vm) => {
                 status.instance = Some(observe::instance_ref(vm));
                 let addresses = observe::addresses(vm);
-                let unaddressed = observe::is_running(vm) && !addresses.iter().any(|a| a.type_ == "InternalIP");
+                // A recreated VM is no longer this machine, address or not.
+                let unaddressed = observe::is_running(vm)
+                    && !addresses.iter().any(|a| a.type_ == "InternalIP")
+                    && !kairon::bootstrap_runtime::is_recreated(vm);
                 let joined = matches!(observed, Observed::Instance(_));
                 if !addresses.is_empty() {
                     status.addresses = Some(addresses);

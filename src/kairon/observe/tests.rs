@@ -409,3 +409,54 @@ fn a_deletion_stuck_on_kairons_finalizer_says_so_after_the_grace_period() {
     m.metadata.finalizers = None;
     assert_eq!(deletion_stuck(&m, &at(3600), grace), None, "nothing holds it");
 }
+
+#[test]
+fn a_runtime_made_anew_after_the_bootstrapped_one_is_a_new_machine_in_every_phase_until_deleted() {
+    use crate::kairon::bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION as REC;
+    let with = |phase: &str, runtime: Option<&str>, recorded: Option<&str>| {
+        let mut m = vm(Some(phase));
+        m.status.as_mut().unwrap().runtime_id = runtime.map(Into::into);
+        if let Some(r) = recorded {
+            m.metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(REC.into(), r.into());
+        }
+        m
+    };
+    for phase in ["Starting", "Running", "Paused", "Halted", "Error", "Unknown"] {
+        let d = instance_condition(&with(phase, Some("r2"), Some("r1")));
+        assert_eq!(
+            (d.status, d.reason),
+            (Status::False, reason::INSTANCE_RECREATED),
+            "{phase}"
+        );
+        assert!(
+            d.message.contains("m1") && d.message.contains("fresh disk"),
+            "{}",
+            d.message
+        );
+    }
+    for (case, m, want) in [
+        (
+            "the bootstrapped runtime",
+            with("Running", Some("r1"), Some("r1")),
+            reason::PROVISIONED,
+        ),
+        (
+            "the first runtime, not yet recorded",
+            with("Running", Some("r1"), None),
+            reason::PROVISIONED,
+        ),
+        (
+            "stopped: no runtime",
+            with("Stopped", None, Some("r1")),
+            reason::INSTANCE_STOPPED,
+        ),
+    ] {
+        assert_eq!(instance_condition(&m).reason, want, "{case}");
+    }
+    let mut deleting = with("Running", Some("r2"), Some("r1"));
+    deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+    assert_eq!(instance_condition(&deleting).reason, reason::INSTANCE_TERMINATING);
+}

@@ -110,6 +110,12 @@ pub struct Engine {
     busy: HashSet<Key>,
     guests: HashMap<Key, Guest>,
     guests_busy: HashSet<Key>,
+    /// Each guest's seed: `spec.cloudInit` as it was when Kairon created the runtime (FluxVM
+    /// builds the seed then, and the guest boots from it whatever the Machine holds later).
+    /// Taken again when a runtime is made anew (placed, or started after Stopped: a fresh
+    /// disk); kept across Paused, Halted and a live move. A simulator that restarted reads the
+    /// Machine's spec instead.
+    seeds: HashMap<Key, Option<capkr::kairon::CloudInit>>,
     /// What each Machine's user-data says of its kubeadm role, by uid (read once).
     roles: joins::Roles,
     dirty: BTreeSet<Key>,
@@ -144,6 +150,7 @@ impl Engine {
             busy: HashSet::new(),
             guests: HashMap::new(),
             guests_busy: HashSet::new(),
+            seeds: HashMap::new(),
             roles: HashMap::new(),
             dirty: BTreeSet::new(),
             listing: None,
@@ -300,6 +307,7 @@ impl Engine {
         }
         self.timers.remove(key);
         self.retry_at.remove(key);
+        self.seeds.remove(key);
         tracing::info!(machine = %key, "Machine deleted");
         // A Node left behind (our finalizer was bypassed) goes with the VM.
         if let Some(guest) = self.guests.remove(key)
@@ -523,6 +531,7 @@ impl Engine {
                         tracing::info!(machine = %key, host = %host, "{from} -> Starting");
                         self.allocations.placement.assign(key, &host);
                         let status = sim::starting_status(&m, &host, sim::new_runtime_id());
+                        self.take_seed(key, &m);
                         // As kairon-controller: bound to the node (`spec.nodeName` and its
                         // label), then started there by the node's agent.
                         let bind = sim::binding(&host);
@@ -582,6 +591,11 @@ impl Engine {
             }
             Step::PowerOn => {
                 let mut status = sim::powered_on_status(&m, now);
+                if sim::creates_runtime(&Step::PowerOn, &m) {
+                    // Stopped deleted the runtime and its disk: a new one, seeded from the
+                    // Machine's cloudInit as it is now.
+                    self.take_seed(key, &m);
+                }
                 // A Stopped VM bound to another node meanwhile (a cold migration) starts there.
                 if let Some(node) = m.spec.node_name.as_deref().filter(|n| !n.is_empty())
                     && status.phase.as_deref() == Some(capkr::kairon::phase::STARTING)
@@ -614,7 +628,25 @@ impl Engine {
         }
     }
 
+    /// Kairon creates `m`'s runtime: its guest's seed is `m`'s cloudInit now.
+    fn take_seed(&mut self, key: &Key, m: &Machine) {
+        self.seeds.insert(key.clone(), m.spec.cloud_init.clone());
+        if let Some(uid) = m.uid() {
+            self.roles.remove(&uid);
+        }
+    }
+
+    /// `m` as its guest sees it: with the seed its runtime was created from.
+    fn seeded(&self, key: &Key, m: &Machine) -> Machine {
+        let mut m = m.clone();
+        if let Some(seed) = self.seeds.get(key) {
+            m.spec.cloud_init = seed.clone();
+        }
+        m
+    }
+
     fn act_kubelet(&mut self, key: &Key, m: Machine, now: Instant) {
+        let m = self.seeded(key, &m);
         let uid = m.uid().unwrap_or_default();
         let guest = self
             .guests

@@ -281,6 +281,23 @@ pub fn new_runtime_id() -> String {
     )
 }
 
+/// The runtime a status names, if any.
+pub fn status_runtime(status: Option<&MachineStatus>) -> Option<&str> {
+    status.and_then(|s| s.runtime_id.as_deref()).filter(|r| !r.is_empty())
+}
+
+/// Whether `step` makes `m` a new runtime, which FluxVM seeds from `spec.cloudInit` as it is
+/// then: placing it, or running it again after Stopped deleted its runtime and disk (and so
+/// after a cold migration). Resuming a Paused one and starting a Halted one keep the runtime,
+/// its disk and the seed it was made with.
+pub fn creates_runtime(step: &Step, m: &Machine) -> bool {
+    match step {
+        Step::Place => true,
+        Step::PowerOn => phase_of(m) != Some(phase::PAUSED) && status_runtime(m.status.as_ref()).is_none(),
+        _ => false,
+    }
+}
+
 /// Placed on `host`: the VM's runtime is created there (`runtime_id`, new for every runtime).
 /// The merge patch with which kairon-controller binds a Machine to `node`.
 pub fn binding(node: &str) -> serde_json::Value {

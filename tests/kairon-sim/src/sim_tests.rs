@@ -434,3 +434,54 @@ fn an_unschedulable_machine_stays_pending_and_says_why_and_the_false_stays_once_
     );
     assert_eq!(placed.conditions.unwrap()[0].status, "False", "as Kairon leaves it");
 }
+
+#[test]
+fn a_runtime_is_made_and_seeded_anew_when_placed_or_run_after_stopped_only() {
+    let with_runtime = |phase: &str, runtime: Option<&str>| {
+        let mut m = machine(Some(phase), true, false, &[]);
+        m.status.as_mut().unwrap().runtime_id = runtime.map(Into::into);
+        m
+    };
+    let rows = [
+        ("placed", Step::Place, with_runtime(phase::PENDING, None), true),
+        (
+            "run after Stopped (runtime deleted)",
+            Step::PowerOn,
+            with_runtime(phase::STOPPED, None),
+            true,
+        ),
+        (
+            "run after Halted (runtime kept)",
+            Step::PowerOn,
+            with_runtime(phase::HALTED, Some("rt-1")),
+            false,
+        ),
+        (
+            "resumed after Paused",
+            Step::PowerOn,
+            with_runtime(phase::PAUSED, Some("rt-1")),
+            false,
+        ),
+        (
+            "booting",
+            Step::Boot,
+            with_runtime(phase::STARTING, Some("rt-1")),
+            false,
+        ),
+        (
+            "powered off",
+            Step::PowerOff("Stopped"),
+            with_runtime(phase::RUNNING, Some("rt-1")),
+            false,
+        ),
+    ];
+    for (case, step, m, want) in rows {
+        assert_eq!(creates_runtime(&step, &m), want, "{case}");
+        if step == Step::PowerOn {
+            // The status written says the same: a new runtime id exactly when one is made.
+            let next = powered_on_status(&m, Timestamp::UNIX_EPOCH);
+            let made = status_runtime(Some(&next)) != status_runtime(m.status.as_ref());
+            assert_eq!(made, want, "{case}: the status written");
+        }
+    }
+}

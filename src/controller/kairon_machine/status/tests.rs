@@ -465,3 +465,39 @@ fn first_failure_sticks() {
     let gone = next_status(Some(&failed), StatusInput::Live(&Observed::Gone), None, &at(20));
     assert_eq!(gone.failure_reason(), Some("InvalidConfiguration"));
 }
+
+#[test]
+fn a_recreated_vm_is_not_ready_with_or_without_an_address_and_stays_provisioned() {
+    let recreated = |mut m: Box<kairon::Machine>| {
+        m.status.as_mut().unwrap().runtime_id = Some("r2".into());
+        m.metadata.annotations.get_or_insert_with(Default::default).insert(
+            kairon::bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION.into(),
+            "r1".into(),
+        );
+        m
+    };
+    let before = next_status(
+        None,
+        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        None,
+        &at(10),
+    );
+    assert!(before.is_provisioned());
+    for (case, m) in [("with an address", vm("Running")), ("without one", unaddressed())] {
+        let s = next_status(
+            Some(&before),
+            StatusInput::Live(&Observed::Instance(recreated(m))),
+            None,
+            &at(20),
+        );
+        for type_ in [READY, INSTANCE_PROVISIONED] {
+            let c = cond(&s, type_);
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                ("False", reason::INSTANCE_RECREATED),
+                "{case}: {type_}"
+            );
+        }
+        assert!(s.is_provisioned(), "{case}: provisioned never goes back");
+    }
+}

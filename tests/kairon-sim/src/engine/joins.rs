@@ -1,7 +1,7 @@
 //! The engine's side of a guest's network: the guest's own address, and whether its
 //! `kubeadm join` gets through (decided by [`crate::join_reach`] over the Machines the engine
 //! sees), before its kubelet registers. What each Machine's user-data says is read once per
-//! Machine uid: `spec.cloudInit` is immutable, and a register attempt must not parse every
+//! Machine uid, from the seed its runtime was created from (read again for a new runtime), and a register attempt must not parse every
 //! control plane's bootstrap data again.
 
 use std::collections::HashMap;
@@ -25,10 +25,20 @@ const JOIN_RETRY: Duration = Duration::from_secs(5);
 /// What Machines' user-data say, by Machine uid.
 pub(super) type Roles = HashMap<String, Arc<KubeadmRole>>;
 
-fn role_in(roles: &mut Roles, m: &Machine) -> Arc<KubeadmRole> {
+/// What `m`'s user-data says, read from `seed` (its guest's seed, when known).
+fn role_in(roles: &mut Roles, m: &Machine, seed: Option<&Option<capkr::kairon::CloudInit>>) -> Arc<KubeadmRole> {
     roles
         .entry(m.uid().unwrap_or_default())
-        .or_insert_with(|| Arc::new(KubeadmRole::of(m)))
+        .or_insert_with(|| {
+            Arc::new(match seed {
+                Some(seed) => {
+                    let mut seeded = m.clone();
+                    seeded.spec.cloud_init = seed.clone();
+                    KubeadmRole::of(&seeded)
+                }
+                None => KubeadmRole::of(m),
+            })
+        })
         .clone()
 }
 
@@ -66,12 +76,12 @@ impl Engine {
     }
 
     fn join_verdict(&mut self, key: &Key, m: &Machine, address: Option<Ipv4Addr>) -> Result<(), String> {
-        let role = role_in(&mut self.roles, m);
+        let role = role_in(&mut self.roles, m, None);
         if role.join_endpoint.is_none() {
             return Ok(());
         }
         let cluster = m.labels().get(labels::CLUSTER_NAME);
-        let (machines, roles, pool) = (&self.machines, &mut self.roles, &self.allocations.pool);
+        let (machines, roles, pool, seeds) = (&self.machines, &mut self.roles, &self.allocations.pool, &self.seeds);
         let others: Vec<(&Key, &Machine, Arc<KubeadmRole>)> = machines
             .iter()
             .filter(|(k, o)| {
@@ -80,7 +90,7 @@ impl Engine {
                     && cluster.is_some()
                     && o.labels().get(labels::CLUSTER_NAME) == cluster
             })
-            .map(|(k, o)| (k, o, role_in(roles, o)))
+            .map(|(k, o)| (k, o, role_in(roles, o, seeds.get(k))))
             .filter(|(_, _, r)| r.control_plane)
             .collect();
         let control_planes: Vec<ControlPlane<'_>> = others
