@@ -269,7 +269,15 @@ impl Endpoints {
             }
         }
         let (client, fingerprint) = self.client_from(&what, &bytes).await?;
-        let endpoint = self.start(key, client, fingerprint);
+        // Asked once per kubeconfig: a Kairon upgraded under a running endpoint is seen when
+        // the identity's Secret changes or the manager restarts.
+        let served = kairon::served::discover(&client)
+            .await
+            .map_err(|e| EndpointError::Versions(what.clone(), bounded(&e.to_string(), MAX_PROBLEM)))?;
+        info!(identity = %key, versions = %served.summary(), schema_checked = served.knows_machine_schema(),
+            "Kairon API versions spoken");
+        self.telemetry.metrics.kairon_versions(&key.to_string(), &served);
+        let endpoint = self.start(key, client, fingerprint, served);
         let mut running = self.lock();
         if let Some(old) = running.get(key)
             && old.content == content
@@ -320,8 +328,16 @@ impl Endpoints {
     /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
     /// reconcile of the KaironMachine of every Kairon Machine that changes, if it is of that
     /// namespace ([`kaironmachine_in`]).
-    fn start(&self, key: &IdentityKey, client: Client, fingerprint: String) -> (Endpoint, tokio::task::AbortHandle) {
-        let instances = Instances::new(client).with_owner(self.owner.clone()).with_write_gate();
+    fn start(
+        &self,
+        key: &IdentityKey,
+        client: Client,
+        fingerprint: String,
+        served: kairon::served::Served,
+    ) -> (Endpoint, tokio::task::AbortHandle) {
+        let instances = Instances::new(client, served)
+            .with_owner(self.owner.clone())
+            .with_write_gate();
         let (store, writer) = reflector::store();
         let problem: Arc<Mutex<Option<String>>> = Arc::default();
         let cut_off: Arc<Mutex<Option<String>>> = Arc::default();

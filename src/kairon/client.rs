@@ -9,13 +9,14 @@
 //! API named by an identity, writes pass a [`WriteGate`]: one that does not answer them is
 //! not written to again until a pause is over.
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use std::sync::Arc;
 
 use super::gate::{Permit, Refusal, WriteGate};
+use super::served::{KaironKind, Served};
 use super::{Machine, labels, machine_from_value};
 use crate::api::{FIELD_MANAGER, KaironMachine};
 use crate::text::bounded;
@@ -31,6 +32,8 @@ pub struct Instances {
     owner: Owner,
     /// Whether the API answers writes; `None`: every write is sent (the manager's own API).
     gate: Option<Arc<WriteGate>>,
+    /// The versions this API serves, and the one spoken per kind.
+    served: Arc<Served>,
 }
 
 /// Which management cluster this manager speaks for on Kairon. Every Kairon Machine it creates
@@ -141,12 +144,20 @@ impl KaironError {
 }
 
 impl Instances {
-    pub fn new(client: Client) -> Self {
+    /// Kairon's kinds on `client`'s API server, spoken in the versions `served` says
+    /// ([`super::served::discover`]).
+    pub fn new(client: Client, served: Served) -> Self {
         Instances {
             client,
             owner: Owner::default(),
             gate: None,
+            served: Arc::new(served),
         }
+    }
+
+    /// What this API serves, and the versions spoken.
+    pub fn served(&self) -> &Served {
+        &self.served
     }
 
     /// Writes pass a [`WriteGate`] of their own: for a Kairon API a tenant names.
@@ -158,13 +169,23 @@ impl Instances {
     /// The Kairon MachineSets of the same API, speaking for the same management cluster and
     /// behind the same write gate.
     pub fn machine_sets(&self) -> super::MachineSets {
-        super::MachineSets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
+        super::MachineSets::new(
+            self.client.clone(),
+            self.owner.clone(),
+            self.gate.clone(),
+            self.served.resource(KaironKind::MachineSet),
+        )
     }
 
     /// The MachineDisruptionBudgets of the same API, speaking for the same management cluster
     /// and behind the same write gate.
     pub fn budgets(&self) -> super::Budgets {
-        super::Budgets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
+        super::Budgets::new(
+            self.client.clone(),
+            self.owner.clone(),
+            self.gate.clone(),
+            self.served.resource(KaironKind::MachineDisruptionBudget),
+        )
     }
 
     /// Leave to send a write, if the API is gated.
@@ -207,7 +228,7 @@ impl Instances {
     /// The Kairon Machines of `namespace`, or of all namespaces (for watches), untyped: read
     /// them with [`read`].
     pub(crate) fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        let ar = ApiResource::erase::<Machine>(&());
+        let ar = self.served.resource(KaironKind::Machine);
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
             None => Api::all_with(self.client.clone(), &ar),
@@ -241,12 +262,18 @@ impl Instances {
         };
         // Taken by value: the user-data (up to the bootstrap limit) is not copied to add a label.
         desired.metadata = self.stamped(desired.metadata);
-        let body: DynamicObject = serde_json::to_value(&desired)
+        let mut body: DynamicObject = serde_json::to_value(&desired)
             .and_then(serde_json::from_value)
             .map_err(|_| KaironError::Create {
                 name: name.clone(),
                 detail: "the Kairon Machine could not be encoded".into(),
             })?;
+        // One schema in every version: only the version named changes.
+        let ar = self.served.resource(KaironKind::Machine);
+        body.types = Some(kube::api::TypeMeta {
+            api_version: ar.api_version,
+            kind: ar.kind,
+        });
         let permit = self.permit("creating", &name)?;
         let answer = self.namespaced(&ns).create(&pp, &body).await;
         settle(permit, &answer);

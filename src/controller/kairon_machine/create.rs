@@ -121,6 +121,23 @@ pub(super) async fn create_instance(
         cloud_init,
         failure_domain.as_ref(),
     );
+    // Kairon's API server would drop a field its schema lacks: a VM without its boot disk or
+    // placement. Terminal until the KaironMachine (or Kairon) changes.
+    if let Some(gap) = target.instances.served().unsupported(&desired) {
+        let condition = Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::KAIRON_FIELD_UNSUPPORTED,
+            format!("{gap}: no Kairon Machine is created"),
+        );
+        return Ok(Step::Stop(
+            Observed::Terminal {
+                condition,
+                failure_reason: "InvalidConfiguration",
+            },
+            Action::await_change(),
+        ));
+    }
     let vm = match target.instances.create(desired).await? {
         Created::New(vm) => {
             let (ns, name) = (&scope.ns, km.name_any());
