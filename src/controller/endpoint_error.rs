@@ -41,9 +41,8 @@ impl EndpointError {
     pub(crate) fn identity_allowed(&self) -> bool {
         use EndpointError::*;
         match self {
-            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) | ServerNotAllowed(..) | Versions(..) => {
-                true
-            }
+            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) | ServerNotAllowed(..)
+            | Versions(..) => true,
             IdentityNotFound(_) | ReadIdentity(..) | NotAllowed(..) | BadIdentity(..) | UnknownKind(_) => false,
         }
     }

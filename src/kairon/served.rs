@@ -76,28 +76,32 @@ pub fn newest_served(kind: KaironKind, served: &[(String, Vec<String>)]) -> Opti
     })
 }
 
-/// A field (or value) a desired Kairon Machine uses that the served Machine schema lacks.
+/// The fields (or values) a desired Kairon Machine uses that the served Machine schema lacks.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unsupported {
-    /// Its path, e.g. `spec.image.imageRef`, or `spec.powerState: Halted` for a value.
-    pub field: String,
-    /// The API version whose schema lacks it.
+    /// Their paths, e.g. `spec.image.imageRef`, or `spec.powerState: Halted` for a value, each
+    /// with the first Kairon release known to have it, if known.
+    pub fields: Vec<(String, Option<&'static str>)>,
+    /// The API version whose schema lacks them.
     pub api_version: String,
-    /// The first Kairon release known to have it, if known.
-    pub kairon: Option<&'static str>,
 }
 
 impl std::fmt::Display for Unsupported {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let fields: Vec<String> = self
+            .fields
+            .iter()
+            .map(|(field, release)| match release {
+                Some(r) => format!("{field} (Kairon {r} has it)"),
+                None => format!("{field} (a newer Kairon has it)"),
+            })
+            .collect();
         write!(
             f,
             "the Kairon Machine would need {}, which the Machine schema of this Kairon API ({}) does not have",
-            self.field, self.api_version
-        )?;
-        match self.kairon {
-            Some(release) => write!(f, "; Kairon {release} has it"),
-            None => write!(f, "; a newer Kairon has it"),
-        }
+            fields.join(", "),
+            self.api_version
+        )
     }
 }
 
@@ -174,55 +178,62 @@ impl Served {
             .join(" ")
     }
 
-    /// The first field (or enum value) of `desired`'s spec the served Machine schema lacks.
-    /// Only paths and fixed words are named, never a value the user or the bootstrap data gave.
+    /// The fields (or enum values) of `desired`'s spec the served Machine schema lacks, if
+    /// any. Only paths and fixed words are named, never a value the bootstrap data gave.
     pub fn unsupported(&self, desired: &Machine) -> Option<Unsupported> {
         let schema = self.machine_schema.as_deref()?;
         let spec_schema = schema.get("properties")?.get("spec")?;
         let spec = serde_json::to_value(&desired.spec).ok()?;
-        let field = missing_field(spec_schema, &spec, "spec")?;
-        Some(Unsupported {
-            kairon: release_with(&field),
-            field,
+        let mut missing = Vec::new();
+        missing_fields(spec_schema, &spec, "spec", &mut missing);
+        (!missing.is_empty()).then(|| Unsupported {
+            fields: missing
+                .into_iter()
+                .map(|f| {
+                    let r = release_with(&f);
+                    (f, r)
+                })
+                .collect(),
             api_version: self.api_version(KaironKind::Machine),
         })
     }
 }
 
-/// The first path under `path` that `value` has and `schema` (a structural OpenAPI schema, as
-/// the API server publishes a CRD's) would prune or refuse.
-pub fn missing_field(schema: &Value, value: &Value, path: &str) -> Option<String> {
+/// The paths under `path` that `value` has and `schema` (a structural OpenAPI schema, as the
+/// API server publishes a CRD's) would prune or refuse, added to `missing`.
+pub fn missing_fields(schema: &Value, value: &Value, path: &str, missing: &mut Vec<String>) {
     if schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
-        return None;
+        return;
     }
     match value {
         Value::Object(fields) => {
             let properties = schema.get("properties").and_then(Value::as_object);
             let additional = schema.get("additionalProperties").filter(|a| a.is_object());
             for (key, v) in fields {
-                let below = format!("{path}.{key}");
-                let missing = match (properties.and_then(|p| p.get(key)), additional) {
-                    (Some(s), _) => missing_field(s, v, &below),
+                match (properties.and_then(|p| p.get(key)), additional) {
+                    (Some(s), _) => missing_fields(s, v, &format!("{path}.{key}"), missing),
                     // A map (labels, a node selector): its keys are the user's, its values
                     // are checked against one schema.
-                    (None, Some(s)) => missing_field(s, v, &format!("{path}[]")),
-                    (None, None) => Some(below),
-                };
-                if missing.is_some() {
-                    return missing;
+                    (None, Some(s)) => missing_fields(s, v, &format!("{path}[]"), missing),
+                    (None, None) => missing.push(format!("{path}.{key}")),
                 }
             }
-            None
         }
         Value::Array(items) => {
-            let item = schema.get("items")?;
-            items.iter().find_map(|v| missing_field(item, v, &format!("{path}[]")))
+            if let Some(item) = schema.get("items") {
+                for v in items {
+                    missing_fields(item, v, &format!("{path}[]"), missing);
+                }
+            }
         }
         Value::String(s) => {
-            let allowed = schema.get("enum").and_then(Value::as_array)?;
-            (!allowed.iter().any(|a| a.as_str() == Some(s))).then(|| format!("{path}: {s}"))
+            if let Some(allowed) = schema.get("enum").and_then(Value::as_array)
+                && !allowed.iter().any(|a| a.as_str() == Some(s))
+            {
+                missing.push(format!("{path}: {s}"));
+            }
         }
-        _ => None,
+        _ => {}
     }
 }
 

@@ -12,7 +12,12 @@ fn group(versions: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
 
 #[test]
 fn each_kind_is_spoken_in_the_newest_supported_version_that_serves_it() {
-    let all: &[&str] = &["machines", "machinesets", "machinemigrations", "machinedisruptionbudgets"];
+    let all: &[&str] = &[
+        "machines",
+        "machinesets",
+        "machinemigrations",
+        "machinedisruptionbudgets",
+    ];
     let cases: Vec<(&str, Vec<(String, Vec<String>)>, KaironKind, Option<&str>)> = vec![
         // Kairon v0.8.0: v1 storage, both older versions deprecated and served.
         (
@@ -47,9 +52,19 @@ fn each_kind_is_spoken_in_the_newest_supported_version_that_serves_it() {
             KaironKind::MachineSet,
             Some("v1"),
         ),
-        ("kind not served", group(&[("v1", &["machines"])]), KaironKind::MachineMigration, None),
+        (
+            "kind not served",
+            group(&[("v1", &["machines"])]),
+            KaironKind::MachineMigration,
+            None,
+        ),
         // Versions the provider does not know are never spoken.
-        ("unknown versions only", group(&[("v2", all), ("v1alpha2", all)]), KaironKind::Machine, None),
+        (
+            "unknown versions only",
+            group(&[("v2", all), ("v1alpha2", all)]),
+            KaironKind::Machine,
+            None,
+        ),
         ("nothing served", vec![], KaironKind::Machine, None),
     ];
     for (name, served, kind, want) in cases {
@@ -140,7 +155,8 @@ fn a_field_the_served_schema_lacks_is_named_with_the_kairon_release_that_has_it(
         }),
         ..Default::default()
     };
-    let cases: Vec<(&str, MachineSpec, Option<(&str, Option<&str>)>)> = vec![
+    type Want<'a> = Option<Vec<(&'a str, Option<&'a str>)>>;
+    let cases: Vec<(&str, MachineSpec, Want)> = vec![
         ("image by path, node selector", by_path, None),
         (
             "imageRef",
@@ -148,13 +164,37 @@ fn a_field_the_served_schema_lacks_is_named_with_the_kairon_release_that_has_it(
                 image: image_ref(),
                 ..Default::default()
             },
-            Some(("spec.image.imageRef", Some("v0.8.0"))),
+            Some(vec![("spec.image.imageRef", Some("v0.8.0"))]),
         ),
-        ("diskSize", sized, Some(("spec.image.diskSize", Some("v0.8.0")))),
+        ("diskSize", sized, Some(vec![("spec.image.diskSize", Some("v0.8.0"))])),
         (
             "preferred anti-affinity",
             preferred,
-            Some(("spec.placement.preferredAntiAffinity", Some("v0.5.0"))),
+            Some(vec![("spec.placement.preferredAntiAffinity", Some("v0.5.0"))]),
+        ),
+        (
+            "the default flavor's image and placement, every gap named",
+            MachineSpec {
+                image: Some(Image {
+                    image_ref: Some("ubuntu".into()),
+                    disk_size: Some("20Gi".into()),
+                    ..Default::default()
+                }),
+                placement: Some(Placement {
+                    preferred_anti_affinity: Some(vec![WeightedTerm {
+                        weight: 100,
+                        label_selector: [("role".to_string(), "cp".to_string())].into(),
+                        topology_key: "kubernetes.io/hostname".into(),
+                    }]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            Some(vec![
+                ("spec.image.diskSize", Some("v0.8.0")),
+                ("spec.image.imageRef", Some("v0.8.0")),
+                ("spec.placement.preferredAntiAffinity", Some("v0.5.0")),
+            ]),
         ),
         (
             "a value outside the enum",
@@ -162,7 +202,7 @@ fn a_field_the_served_schema_lacks_is_named_with_the_kairon_release_that_has_it(
                 power_state: Some("Halted".into()),
                 ..Default::default()
             },
-            Some(("spec.powerState: Halted", Some("v0.5.0"))),
+            Some(vec![("spec.powerState: Halted", Some("v0.5.0"))]),
         ),
         (
             "a field no release is known for",
@@ -170,12 +210,14 @@ fn a_field_the_served_schema_lacks_is_named_with_the_kairon_release_that_has_it(
                 instance_type_name: Some("small".into()),
                 ..Default::default()
             },
-            Some(("spec.instanceTypeName", None)),
+            Some(vec![("spec.instanceTypeName", None)]),
         ),
     ];
     for (name, spec, want) in cases {
         let got = old.unsupported(&machine(spec));
-        let got = got.as_ref().map(|u| (u.field.as_str(), u.kairon));
+        let got = got
+            .as_ref()
+            .map(|u| u.fields.iter().map(|(f, r)| (f.as_str(), *r)).collect::<Vec<_>>());
         assert_eq!(got, want, "{name}");
     }
     let gap = old
@@ -187,8 +229,8 @@ fn a_field_the_served_schema_lacks_is_named_with_the_kairon_release_that_has_it(
     assert_eq!(
         gap.as_deref(),
         Some(
-            "the Kairon Machine would need spec.image.imageRef, which the Machine schema of this Kairon API \
-             (kairon.zyvor.dev/v1alpha1) does not have; Kairon v0.8.0 has it"
+            "the Kairon Machine would need spec.image.imageRef (Kairon v0.8.0 has it), which the Machine \
+             schema of this Kairon API (kairon.zyvor.dev/v1alpha1) does not have"
         )
     );
 }
