@@ -3,7 +3,10 @@ use serde_json::json;
 use super::*;
 use crate::kairon::{Image, MachineSpec, Placement, WeightedTerm};
 
-fn group(versions: &[(&str, &[&str])]) -> Vec<(String, Vec<String>)> {
+/// Per version served, its resources' plural names.
+type Group = Vec<(String, Vec<String>)>;
+
+fn group(versions: &[(&str, &[&str])]) -> Group {
     versions
         .iter()
         .map(|(v, plurals)| (v.to_string(), plurals.iter().map(|p| p.to_string()).collect()))
@@ -18,7 +21,7 @@ fn each_kind_is_spoken_in_the_newest_supported_version_that_serves_it() {
         "machinemigrations",
         "machinedisruptionbudgets",
     ];
-    let cases: Vec<(&str, Vec<(String, Vec<String>)>, KaironKind, Option<&str>)> = vec![
+    let cases: Vec<(&str, Group, KaironKind, Option<&str>)> = vec![
         // Kairon v0.8.0: v1 storage, both older versions deprecated and served.
         (
             "v0.8.0",
