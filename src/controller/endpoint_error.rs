@@ -29,8 +29,6 @@ pub(crate) enum EndpointError {
     BadIdentity(String, String),
     #[error("identityRef.kind {0} is not Secret or KaironClusterIdentity")]
     UnknownKind(String),
-    #[error("the Kairon API of identity Secret {0} cannot tell which versions of Kairon's kinds it serves: {1}")]
-    Versions(String, String),
 }
 
 impl EndpointError {
@@ -41,8 +39,7 @@ impl EndpointError {
     pub(crate) fn identity_allowed(&self) -> bool {
         use EndpointError::*;
         match self {
-            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) | ServerNotAllowed(..)
-            | Versions(..) => true,
+            SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) | ServerNotAllowed(..) => true,
             IdentityNotFound(_) | ReadIdentity(..) | NotAllowed(..) | BadIdentity(..) | UnknownKind(_) => false,
         }
     }

@@ -32,9 +32,13 @@ pub struct Instances {
     owner: Owner,
     /// Whether the API answers writes; `None`: every write is sent (the manager's own API).
     gate: Option<Arc<WriteGate>>,
-    /// The versions this API serves, and the one spoken per kind.
-    served: Arc<Served>,
+    /// The versions this API serves, and the one spoken per kind, once known.
+    served: Arc<std::sync::OnceLock<Served>>,
 }
+
+/// What is spoken before an API has said what it serves: the oldest version, nothing checked.
+/// Creates wait for [`Instances::is_discovered`]; watches start only after [`Instances::discover`].
+static UNDISCOVERED: std::sync::LazyLock<Served> = std::sync::LazyLock::new(|| Served::choose(&[], None));
 
 /// Which management cluster this manager speaks for on Kairon. Every Kairon Machine it creates
 /// or adopts carries [`labels::MANAGEMENT_CLUSTER`] with `id`, so that two installations
@@ -151,13 +155,38 @@ impl Instances {
             client,
             owner: Owner::default(),
             gate: None,
-            served: Arc::new(served),
+            served: Arc::new(served.into()),
         }
+    }
+
+    /// Kairon's kinds on `client`'s API server, before it was asked what it serves
+    /// ([`Instances::discover`]).
+    pub fn undiscovered(client: Client) -> Self {
+        Instances {
+            client,
+            owner: Owner::default(),
+            gate: None,
+            served: Arc::default(),
+        }
+    }
+
+    /// Asks the API which versions it serves, once (shared by every clone).
+    pub async fn discover(&self) -> Result<&Served, kube::Error> {
+        if let Some(served) = self.served.get() {
+            return Ok(served);
+        }
+        let served = super::served::discover(&self.client).await?;
+        Ok(self.served.get_or_init(|| served))
+    }
+
+    /// Whether the API has said which versions it serves.
+    pub fn is_discovered(&self) -> bool {
+        self.served.get().is_some()
     }
 
     /// What this API serves, and the versions spoken.
     pub fn served(&self) -> &Served {
-        &self.served
+        self.served.get().unwrap_or(&UNDISCOVERED)
     }
 
     /// Writes pass a [`WriteGate`] of their own: for a Kairon API a tenant names.
@@ -173,7 +202,7 @@ impl Instances {
             self.client.clone(),
             self.owner.clone(),
             self.gate.clone(),
-            self.served.resource(KaironKind::MachineSet),
+            self.served().resource(KaironKind::MachineSet),
         )
     }
 
@@ -184,7 +213,7 @@ impl Instances {
             self.client.clone(),
             self.owner.clone(),
             self.gate.clone(),
-            self.served.resource(KaironKind::MachineDisruptionBudget),
+            self.served().resource(KaironKind::MachineDisruptionBudget),
         )
     }
 
@@ -228,7 +257,7 @@ impl Instances {
     /// The Kairon Machines of `namespace`, or of all namespaces (for watches), untyped: read
     /// them with [`read`].
     pub(crate) fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        let ar = self.served.resource(KaironKind::Machine);
+        let ar = self.served().resource(KaironKind::Machine);
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
             None => Api::all_with(self.client.clone(), &ar),
@@ -269,7 +298,7 @@ impl Instances {
                 detail: "the Kairon Machine could not be encoded".into(),
             })?;
         // One schema in every version: only the version named changes.
-        let ar = self.served.resource(KaironKind::Machine);
+        let ar = self.served().resource(KaironKind::Machine);
         body.types = Some(kube::api::TypeMeta {
             api_version: ar.api_version,
             kind: ar.kind,
