@@ -47,6 +47,15 @@ pub(crate) struct PhaseLabels {
     pub phase: String,
 }
 
+/// Which version of a Kairon kind is spoken on a Kairon API (`manager`: the manager's own;
+/// otherwise an identity's `namespace/name`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct KaironVersionLabels {
+    pub api: String,
+    pub kind: &'static str,
+    pub version: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct WatchLabels {
     pub resource: &'static str,
@@ -220,6 +229,7 @@ pub struct Metrics {
     pub(crate) leader: Gauge,
     pub(crate) watch_errors: Family<WatchLabels, Counter>,
     pub(crate) instances_kept: Counter,
+    pub(crate) kairon_api_versions: Family<KaironVersionLabels, Gauge>,
     pub(crate) instance_migrations: Counter,
     pub(crate) evacuations: Gauge,
     pub(crate) evacuation_replacements: Family<ReplacementLabels, Counter>,
@@ -248,6 +258,7 @@ impl Default for Metrics {
         let leader = Gauge::default();
         let watch_errors = Family::<WatchLabels, Counter>::default();
         let instances_kept = Counter::default();
+        let kairon_api_versions = Family::<KaironVersionLabels, Gauge>::default();
         let instance_migrations = Counter::default();
         let evacuations = Gauge::default();
         let evacuation_replacements = Family::<ReplacementLabels, Counter>::default();
@@ -302,6 +313,11 @@ impl Default for Metrics {
             instances_kept.clone(),
         );
         registry.register(
+            "kairon_api_version",
+            "1 for the version of each Kairon kind spoken on each Kairon API (none: not served there)",
+            kairon_api_versions.clone(),
+        );
+        registry.register(
             "instance_migrations",
             "Live migrations of Kairon Machines to another host, as seen by their KaironMachines",
             instance_migrations.clone(),
@@ -326,6 +342,7 @@ impl Default for Metrics {
             evacuation_replacements,
             watch_errors,
             instances_kept,
+            kairon_api_versions,
             reconciles,
             reconcile_errors,
             reconcile_duration,
@@ -342,6 +359,18 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Arc<Metrics> {
         Arc::new(Metrics::default())
+    }
+
+    /// Records the versions spoken on Kairon API `api`.
+    pub(crate) fn kairon_versions(&self, api: &str, served: &crate::kairon::served::Served) {
+        for kind in crate::kairon::served::KaironKind::ALL {
+            let labels = KaironVersionLabels {
+                api: api.to_string(),
+                kind: kind.kind(),
+                version: served.version(kind).unwrap_or("none"),
+            };
+            self.kairon_api_versions.get_or_create(&labels).set(1);
+        }
     }
 
     /// What the by-phase gauge is computed from at scrape time.

@@ -250,7 +250,8 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
             let s = t.server.stats();
             match t.hostility {
                 Hostility::HangWrites => s.writes > 0,
-                Hostility::NeverAnswers => s.lists > 0,
+                // Its first request asks which versions it serves (a read).
+                Hostility::NeverAnswers => s.lists + s.reads > 0,
                 Hostility::ErrorFlood => s.flood_bodies > 0,
                 Hostility::EndlessPages => s.lists > 1,
                 _ => s.watches > 0,

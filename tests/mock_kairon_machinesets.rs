@@ -25,7 +25,10 @@ const SECRET: &str = "#cloud-config TOP-SECRET-KEY";
 fn sets() -> (capkr::kairon::MachineSets, Handle<Request<Body>, Response<Body>>) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
-    (Instances::new(client).machine_sets(), handle)
+    (
+        Instances::new(client, capkr::kairon::served::Served::assumed("v1alpha1")).machine_sets(),
+        handle,
+    )
 }
 
 fn pool() -> PoolLink {

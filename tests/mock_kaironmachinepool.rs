@@ -333,7 +333,7 @@ fn with_a_member_to_start() -> World {
 fn context(client: Client, w: World) -> Arc<Context> {
     Arc::new(Context {
         client: client.clone(),
-        kairon: kairon::Instances::new(client),
+        kairon: kairon::Instances::new(client, kairon::served::Served::assumed("v1alpha1")),
         machine_pools: filled(vec![w.mp]).0,
         clusters: filled(vec![cluster(w.cluster_paused)]).0,
         kaironclusters: filled(w.kaironclusters).0,

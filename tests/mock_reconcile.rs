@@ -71,7 +71,7 @@ where
     let (instances, _w3) = filled(world.instances);
     let ctx = Arc::new(Context {
         client: client.clone(),
-        kairon: kairon::Instances::new(client),
+        kairon: kairon::Instances::new(client, kairon::served::Served::assumed("v1alpha1")),
         endpoints: None,
         kaironclusters: filled(vec![]).0,
         settings: Settings::default(),

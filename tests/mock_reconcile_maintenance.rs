@@ -137,7 +137,7 @@ where
     let client = Client::new(service, "default");
     let ctx = Arc::new(Context {
         client: client.clone(),
-        kairon: kairon::Instances::new(client.clone()),
+        kairon: kairon::Instances::new(client.clone(), kairon::served::Served::assumed("v1alpha1")),
         endpoints: None,
         kaironclusters: filled(vec![]).0,
         settings: Settings {

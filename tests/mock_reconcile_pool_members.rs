@@ -75,7 +75,7 @@ fn vm(member_of: Option<(&str, &str)>) -> kairon::Machine {
 fn context(client: Client, instances: Vec<kairon::Machine>) -> Arc<Context> {
     Arc::new(Context {
         client: client.clone(),
-        kairon: kairon::Instances::new(client),
+        kairon: kairon::Instances::new(client, kairon::served::Served::assumed("v1alpha1")),
         endpoints: None,
         kaironclusters: filled(vec![]).0,
         settings: Settings::default(),

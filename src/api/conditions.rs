@@ -64,6 +64,9 @@ pub mod reason {
     /// The bootstrap data uses what Kairon's structured cloudInit cannot carry (a cloud-config
     /// key, a second user, a jinja statement, binary file content): nothing is created.
     pub const UNSUPPORTED_BOOTSTRAP_DATA: &str = "UnsupportedBootstrapData";
+    /// The Kairon Machine would need a field (or value) the installed Kairon's Machine schema
+    /// does not have, which the API server would drop: terminal, no VM is created.
+    pub const KAIRON_FIELD_UNSUPPORTED: &str = "KaironFieldUnsupported";
     /// The Secret is not the Machine's bootstrap data: not made by its bootstrap config, or
     /// one of CAPI's own (kubeconfig, CAs, service-account keys).
     pub const BOOTSTRAP_DATA_SECRET_NOT_TRUSTED: &str = "BootstrapDataSecretNotTrusted";

@@ -25,6 +25,7 @@ fn main() -> Result<()> {
         ]
         .into_iter()
         .map(capkr::api::without_nullable)
+        .map(with_deprecated_versions)
         .collect()
     } else {
         capkr::api::crds()
@@ -40,6 +41,25 @@ fn main() -> Result<()> {
         _ => bail!("usage: crdgen [kairon] [--dir DIR]"),
     }
     Ok(())
+}
+
+/// Kairon's kinds as Kairon v0.8.0's chart serves them (`charts/kairon/crds/*.yaml`): `v1`
+/// stored, `v1beta1` and `v1alpha1` served with the same schema, deprecated with a warning.
+fn with_deprecated_versions(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    let Some(v1) = crd.spec.versions.first().cloned() else {
+        return crd;
+    };
+    let group = crd.spec.group.clone();
+    let deprecated = ["v1beta1", "v1alpha1"].map(|name| {
+        let mut v = v1.clone();
+        v.name = name.to_string();
+        v.storage = false;
+        v.deprecated = Some(true);
+        v.deprecation_warning = Some(format!("{group}/{name} is deprecated; use {group}/{}", v1.name));
+        v
+    });
+    crd.spec.versions.extend(deprecated);
+    crd
 }
 
 fn yaml(crd: &CustomResourceDefinition) -> Result<String> {

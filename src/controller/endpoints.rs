@@ -317,11 +317,50 @@ impl Endpoints {
         Ok((client, fingerprint))
     }
 
+    /// Asks the endpoint's Kairon API which versions of Kairon's kinds it serves until it answers;
+    /// meanwhile its machines say why they wait (`problem`), in words of the provider's only.
+    async fn discover_versions(
+        instances: Instances,
+        identity: String,
+        problem: Arc<Mutex<Option<String>>>,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) {
+        let mut delay = Duration::from_secs(1);
+        loop {
+            match instances.discover().await {
+                Ok(served) => {
+                    info!(identity = %identity, versions = %served.summary(),
+                    schema_checked = served.knows_machine_schema(), "Kairon API versions spoken");
+                    metrics.kairon_versions(&identity, served);
+                    return;
+                }
+                Err(e) => {
+                    let why = match &e {
+                        kube::Error::Api(s) => format!("it answered HTTP {}", s.code),
+                        _ => "it did not answer".to_string(),
+                    };
+                    warn!(identity = %identity, error = %bounded(&e.to_string(), MAX_PROBLEM),
+                    "the Kairon API cannot tell which versions it serves; asking again");
+                    *problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+                        "the Kairon API cannot tell which versions of Kairon's kinds it serves: {why}"
+                    ));
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(60));
+                }
+            }
+        }
+    }
+
     /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
     /// reconcile of the KaironMachine of every Kairon Machine that changes, if it is of that
     /// namespace ([`kaironmachine_in`]).
     fn start(&self, key: &IdentityKey, client: Client, fingerprint: String) -> (Endpoint, tokio::task::AbortHandle) {
-        let instances = Instances::new(client).with_owner(self.owner.clone()).with_write_gate();
+        // Which versions the API serves is asked first, by the endpoint's task (a reconcile
+        // never waits on it); once per kubeconfig: a Kairon upgraded under a running endpoint
+        // is seen when the identity's Secret changes or the manager restarts.
+        let instances = Instances::undiscovered(client)
+            .with_owner(self.owner.clone())
+            .with_write_gate();
         let (store, writer) = reflector::store();
         let problem: Arc<Mutex<Option<String>>> = Arc::default();
         let cut_off: Arc<Mutex<Option<String>>> = Arc::default();
@@ -339,7 +378,15 @@ impl Endpoints {
         let on_problem = self.trigger.clone();
         let known = store.clone();
         let (served, served_on_problem) = (key.namespace.clone(), key.namespace.clone());
-        let events = watcher(instances.api(Some(&key.namespace)), wc)
+        let discovered = Self::discover_versions(
+            instances.clone(),
+            key.to_string(),
+            problem.clone(),
+            self.telemetry.metrics.clone(),
+        );
+        let (watched, watched_ns) = (instances.clone(), key.namespace.clone());
+        let events = futures::stream::once(discovered)
+            .flat_map(move |()| watcher(watched.api(Some(&watched_ns)), wc.clone()))
             .inspect_err(move |e| {
                 let e = bounded(&e.to_string(), MAX_PROBLEM);
                 warn!(identity = %identity, error = %e, "Kairon endpoint watch failed; retrying with backoff");

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use kube::Client;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::caches::Caches;
 use super::endpoint_trust::AllowedServers;
@@ -15,7 +15,32 @@ use super::runtime::Telemetry;
 use super::settings::{Settings, streams_initial_lists};
 use super::{kairon_cluster, kairon_machine, kairon_machine_pool, kairon_machine_template};
 use crate::api::KaironMachine;
+use crate::kairon::served::{self, Served};
 use crate::kairon::{Instances, Owner};
+
+/// How long to wait before asking an unanswering Kairon API again which versions it serves.
+const DISCOVERY_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The versions the Kairon API on `client` serves, asked until it answers; logged once and
+/// recorded as `capkr_kairon_api_version{api="manager"}`.
+async fn discover_kairon(client: &Client, telemetry: &Telemetry) -> Served {
+    let served = loop {
+        match served::discover(client).await {
+            Ok(served) => break served,
+            Err(e) => {
+                warn!(error = %crate::text::bounded(&e.to_string(), 200), "the Kairon API cannot tell which versions it serves; asking again");
+                tokio::time::sleep(DISCOVERY_RETRY).await;
+            }
+        }
+    };
+    info!(
+        versions = %served.summary(),
+        schema_checked = served.knows_machine_schema(),
+        "Kairon API versions spoken"
+    );
+    telemetry.metrics.kairon_versions("manager", &served);
+    served
+}
 
 /// What the controllers are run with; the manager builds the clients.
 pub(crate) struct Wiring {
@@ -60,11 +85,16 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
         )
         .with_allowed_servers(allowed_servers),
     );
+    let kairon_client = kairon.clone().unwrap_or_else(|| management.clone());
+    let kairon_served = discover_kairon(&kairon_client, &telemetry).await;
     // Initial lists streamed where the API servers can: the least memory after a restart.
     settings.streaming_lists = streams_initial_lists(&settings.api::<KaironMachine>(&management)).await;
     settings.kairon_streaming_lists = match &kairon {
         None => settings.streaming_lists,
-        Some(k) => streams_initial_lists(&Instances::new(k.clone()).api(settings.namespace.as_deref())).await,
+        Some(k) => {
+            streams_initial_lists(&Instances::new(k.clone(), kairon_served.clone()).api(settings.namespace.as_deref()))
+                .await
+        }
     };
     info!(
         management = if settings.streaming_lists { "streamed" } else { "paged" },
@@ -90,7 +120,7 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
     // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
     // controllers.
     let (caches, watches) = Caches::new(&management, &settings, &telemetry);
-    let kairon = Instances::new(kairon.unwrap_or_else(|| management.clone())).with_owner(owner);
+    let kairon = Instances::new(kairon_client, kairon_served).with_owner(owner);
     // Without MachineSets on the Kairon API, pools cannot be served, and their controller's
     // watch would keep the whole manager from ever being ready: it is left out, and the pools
     // are told why.

@@ -32,7 +32,7 @@ use super::labels;
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
-    version = "v1alpha1",
+    version = "v1",
     kind = "MachineDisruptionBudget",
     namespaced,
     status = "MachineDisruptionBudgetStatus",

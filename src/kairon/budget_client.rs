@@ -4,7 +4,9 @@
 
 use std::sync::Arc;
 
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
@@ -20,6 +22,8 @@ pub struct Budgets {
     client: Client,
     owner: Owner,
     gate: Option<Arc<WriteGate>>,
+    /// MachineDisruptionBudgets in the version spoken on this API.
+    resource: ApiResource,
 }
 
 /// A failed request about a MachineDisruptionBudget.
@@ -65,8 +69,13 @@ impl BudgetError {
 }
 
 impl Budgets {
-    pub(super) fn new(client: Client, owner: Owner, gate: Option<Arc<WriteGate>>) -> Self {
-        Budgets { client, owner, gate }
+    pub(super) fn new(client: Client, owner: Owner, gate: Option<Arc<WriteGate>>, resource: ApiResource) -> Self {
+        Budgets {
+            client,
+            owner,
+            gate,
+            resource,
+        }
     }
 
     /// This management cluster's id ([`Owner::id`]).
@@ -74,8 +83,9 @@ impl Budgets {
         &self.owner.id
     }
 
-    pub fn api(&self, ns: &str) -> Api<MachineDisruptionBudget> {
-        Api::namespaced(self.client.clone(), ns)
+    /// The budgets of `ns`, untyped (in the version spoken): read them with [`budget_from`].
+    pub fn api(&self, ns: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), ns, &self.resource)
     }
 
     /// The budgets labelled for cluster `ns/cluster` by this provider, whoever made them.
@@ -88,7 +98,7 @@ impl Budgets {
         self.api(ns)
             .list(&ListParams::default().labels(&selector))
             .await
-            .map(|l| l.items)
+            .and_then(|l| l.items.into_iter().map(budget_from).collect())
             .map_err(|source| BudgetError::List {
                 ns: ns.to_string(),
                 cluster: cluster.to_string(),
@@ -123,8 +133,8 @@ impl Budgets {
             l.insert(labels::MANAGEMENT_CLUSTER.into(), json!(self.owner.id));
         }
         let body = json!({
-            "apiVersion": "kairon.zyvor.dev/v1alpha1",
-            "kind": "MachineDisruptionBudget",
+            "apiVersion": self.resource.api_version,
+            "kind": self.resource.kind,
             "metadata": {"name": desired.name, "namespace": ns, "labels": l},
             "spec": desired.spec,
         });
@@ -135,7 +145,7 @@ impl Budgets {
             let pp = PatchParams::apply(FIELD_MANAGER).force();
             api.patch(&desired.name, &pp, &Patch::Apply(&body)).await.map(|_| ())
         } else {
-            let budget: MachineDisruptionBudget = serde_json::from_value(body).map_err(|e| BudgetError::Write {
+            let budget: DynamicObject = serde_json::from_value(body).map_err(|e| BudgetError::Write {
                 action,
                 name: desired.name.clone(),
                 source: kube::Error::SerdeError(e),
@@ -195,4 +205,11 @@ impl Budgets {
             }),
         }
     }
+}
+
+/// A budget from an untyped answer (the same schema in every version).
+pub fn budget_from(obj: DynamicObject) -> Result<MachineDisruptionBudget, kube::Error> {
+    serde_json::to_value(obj)
+        .and_then(serde_json::from_value)
+        .map_err(kube::Error::SerdeError)
 }

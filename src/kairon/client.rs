@@ -9,13 +9,14 @@
 //! API named by an identity, writes pass a [`WriteGate`]: one that does not answer them is
 //! not written to again until a pause is over.
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
 use std::sync::Arc;
 
 use super::gate::{Permit, Refusal, WriteGate};
+use super::served::{KaironKind, Served};
 use super::{Machine, labels, machine_from_value};
 use crate::api::{FIELD_MANAGER, KaironMachine};
 use crate::text::bounded;
@@ -31,7 +32,13 @@ pub struct Instances {
     owner: Owner,
     /// Whether the API answers writes; `None`: every write is sent (the manager's own API).
     gate: Option<Arc<WriteGate>>,
+    /// The versions this API serves, and the one spoken per kind, once known.
+    served: Arc<std::sync::OnceLock<Served>>,
 }
+
+/// What is spoken before an API has said what it serves: the oldest version, nothing checked.
+/// Creates wait for [`Instances::is_discovered`]; watches start only after [`Instances::discover`].
+static UNDISCOVERED: std::sync::LazyLock<Served> = std::sync::LazyLock::new(|| Served::choose(&[], None));
 
 /// Which management cluster this manager speaks for on Kairon. Every Kairon Machine it creates
 /// or adopts carries [`labels::MANAGEMENT_CLUSTER`] with `id`, so that two installations
@@ -146,12 +153,45 @@ impl KaironError {
 }
 
 impl Instances {
-    pub fn new(client: Client) -> Self {
+    /// Kairon's kinds on `client`'s API server, spoken in the versions `served` says
+    /// ([`super::served::discover`]).
+    pub fn new(client: Client, served: Served) -> Self {
         Instances {
             client,
             owner: Owner::default(),
             gate: None,
+            served: Arc::new(served.into()),
         }
+    }
+
+    /// Kairon's kinds on `client`'s API server, before it was asked what it serves
+    /// ([`Instances::discover`]).
+    pub fn undiscovered(client: Client) -> Self {
+        Instances {
+            client,
+            owner: Owner::default(),
+            gate: None,
+            served: Arc::default(),
+        }
+    }
+
+    /// Asks the API which versions it serves, once (shared by every clone).
+    pub async fn discover(&self) -> Result<&Served, kube::Error> {
+        if let Some(served) = self.served.get() {
+            return Ok(served);
+        }
+        let served = super::served::discover(&self.client).await?;
+        Ok(self.served.get_or_init(|| served))
+    }
+
+    /// Whether the API has said which versions it serves.
+    pub fn is_discovered(&self) -> bool {
+        self.served.get().is_some()
+    }
+
+    /// What this API serves, and the versions spoken.
+    pub fn served(&self) -> &Served {
+        self.served.get().unwrap_or(&UNDISCOVERED)
     }
 
     /// Writes pass a [`WriteGate`] of their own: for a Kairon API a tenant names.
@@ -163,13 +203,23 @@ impl Instances {
     /// The Kairon MachineSets of the same API, speaking for the same management cluster and
     /// behind the same write gate.
     pub fn machine_sets(&self) -> super::MachineSets {
-        super::MachineSets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
+        super::MachineSets::new(
+            self.client.clone(),
+            self.owner.clone(),
+            self.gate.clone(),
+            self.served().resource(KaironKind::MachineSet),
+        )
     }
 
     /// The MachineDisruptionBudgets of the same API, speaking for the same management cluster
     /// and behind the same write gate.
     pub fn budgets(&self) -> super::Budgets {
-        super::Budgets::new(self.client.clone(), self.owner.clone(), self.gate.clone())
+        super::Budgets::new(
+            self.client.clone(),
+            self.owner.clone(),
+            self.gate.clone(),
+            self.served().resource(KaironKind::MachineDisruptionBudget),
+        )
     }
 
     /// Leave to send a write, if the API is gated.
@@ -212,7 +262,7 @@ impl Instances {
     /// The Kairon Machines of `namespace`, or of all namespaces (for watches), untyped: read
     /// them with [`read`].
     pub(crate) fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        let ar = ApiResource::erase::<Machine>(&());
+        let ar = self.served().resource(KaironKind::Machine);
         match namespace {
             Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
             None => Api::all_with(self.client.clone(), &ar),
@@ -246,12 +296,18 @@ impl Instances {
         };
         // Taken by value: the user-data (up to the bootstrap limit) is not copied to add a label.
         desired.metadata = self.stamped(desired.metadata);
-        let body: DynamicObject = serde_json::to_value(&desired)
+        let mut body: DynamicObject = serde_json::to_value(&desired)
             .and_then(serde_json::from_value)
             .map_err(|_| KaironError::Create {
                 name: name.clone(),
                 detail: "the Kairon Machine could not be encoded".into(),
             })?;
+        // One schema in every version: only the version named changes.
+        let ar = self.served().resource(KaironKind::Machine);
+        body.types = Some(kube::api::TypeMeta {
+            api_version: ar.api_version,
+            kind: ar.kind,
+        });
         let permit = self.permit("creating", &name)?;
         let answer = self.namespaced(&ns).create(&pp, &body).await;
         settle(permit, &answer);

@@ -25,7 +25,7 @@ use super::MachineSpec;
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
-    version = "v1alpha1",
+    version = "v1",
     kind = "MachineSet",
     namespaced,
     status = "MachineSetStatus",

@@ -34,6 +34,7 @@ pub mod network;
 pub mod nodes;
 pub mod observe;
 pub mod ownership;
+pub mod served;
 mod set_client;
 pub mod set_desired;
 pub mod set_observe;

@@ -27,6 +27,8 @@ pub struct MachineSets {
     client: Client,
     owner: Owner,
     gate: Option<Arc<WriteGate>>,
+    /// MachineSets in the version spoken on this API.
+    resource: ApiResource,
 }
 
 /// What a create found.
@@ -87,17 +89,22 @@ impl SetError {
 }
 
 impl MachineSets {
-    pub(super) fn new(client: Client, owner: Owner, gate: Option<Arc<WriteGate>>) -> Self {
-        MachineSets { client, owner, gate }
+    pub(super) fn new(client: Client, owner: Owner, gate: Option<Arc<WriteGate>>, resource: ApiResource) -> Self {
+        MachineSets {
+            client,
+            owner,
+            gate,
+            resource,
+        }
     }
 
     /// The Kairon MachineSets of `namespace`, or of all namespaces (for watches), untyped:
     /// read them with [`read_set`].
     pub fn api(&self, namespace: Option<&str>) -> Api<DynamicObject> {
-        let ar = ApiResource::erase::<MachineSet>(&());
+        let ar = &self.resource;
         match namespace {
-            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &ar),
-            None => Api::all_with(self.client.clone(), &ar),
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, ar),
+            None => Api::all_with(self.client.clone(), ar),
         }
     }
 
@@ -149,9 +156,14 @@ impl MachineSets {
             name: name.clone(),
             detail,
         };
-        let body: DynamicObject = serde_json::to_value(&desired)
+        let mut body: DynamicObject = serde_json::to_value(&desired)
             .and_then(serde_json::from_value)
             .map_err(|_| write("the MachineSet could not be encoded".into()))?;
+        // One schema in every version: only the version named changes.
+        body.types = Some(kube::api::TypeMeta {
+            api_version: self.resource.api_version.clone(),
+            kind: self.resource.kind.clone(),
+        });
         drop(desired);
         let pp = PostParams {
             field_manager: Some(FIELD_MANAGER.into()),

@@ -20,7 +20,7 @@ pub use super::cloud_init::{CloudInit, CloudInitFile};
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
-    version = "v1alpha1",
+    version = "v1",
     kind = "Machine",
     namespaced,
     status = "MachineStatus",

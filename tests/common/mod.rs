@@ -42,6 +42,9 @@ pub struct RigOptions {
     /// that change the environment itself, watch every namespace, or time what all requests
     /// of the API server cost (`tests/README.md` lists them).
     pub own_env: bool,
+    /// The Kairon CRDs of the environment; other than the development ones, the rig has an
+    /// environment of its own.
+    pub kairon_crds: capkr_testenv::kairon_crds::KaironCrds,
 }
 
 impl RigOptions {
@@ -58,6 +61,7 @@ impl RigOptions {
             create: true,
             api_faults: None,
             own_env: false,
+            kairon_crds: Default::default(),
         }
     }
 }
@@ -108,9 +112,10 @@ pub fn default_sim_args() -> Vec<String> {
 impl Rig {
     pub async fn start(opts: RigOptions) -> Rig {
         let ns = opts.name.replace('_', "-");
-        let own = opts.own_env || opts.api_faults.is_some();
+        let own = opts.own_env || opts.api_faults.is_some() || opts.kairon_crds != Default::default();
         let env = if own {
             let mut env_opts = EnvOptions::new(opts.name);
+            env_opts.kairon_crds = opts.kairon_crds.clone();
             if opts.audit {
                 env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);
             }

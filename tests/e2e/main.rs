@@ -11,6 +11,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod api_versions;
 mod budgets;
 mod create_failures;
 mod events;

@@ -121,6 +121,29 @@ pub(super) async fn create_instance(
         cloud_init,
         failure_domain.as_ref(),
     );
+    if !target.instances.is_discovered() {
+        return waiting(
+            reason::KAIRON_API_UNAVAILABLE,
+            "the Kairon API has not said yet which versions of Kairon's kinds it serves".into(),
+        );
+    }
+    // Kairon's API server would drop a field its schema lacks: a VM without its boot disk or
+    // placement. Terminal until the KaironMachine (or Kairon) changes.
+    if let Some(gap) = target.instances.served().unsupported(&desired) {
+        let condition = Decided::new(
+            INSTANCE_PROVISIONED,
+            Status::False,
+            reason::KAIRON_FIELD_UNSUPPORTED,
+            format!("{gap}: no Kairon Machine is created"),
+        );
+        return Ok(Step::Stop(
+            Observed::Terminal {
+                condition,
+                failure_reason: "InvalidConfiguration",
+            },
+            Action::await_change(),
+        ));
+    }
     let vm = match target.instances.create(desired).await? {
         Created::New(vm) => {
             let (ns, name) = (&scope.ns, km.name_any());

@@ -74,6 +74,8 @@ pub struct EnvOptions {
     pub capi_env: Vec<(String, String)>,
     /// Whether to wait for the MachineDeployment defaulting webhook to answer.
     pub check_webhooks: bool,
+    /// Which versions of Kairon's kinds the API server serves, and with which Machine schema.
+    pub kairon_crds: crate::kairon_crds::KaironCrds,
 }
 
 impl EnvOptions {
@@ -112,6 +114,7 @@ impl Default for EnvOptions {
             capi_args: Vec::new(),
             capi_env: Vec::new(),
             check_webhooks: true,
+            kairon_crds: Default::default(),
         }
     }
 }
@@ -326,7 +329,7 @@ impl Env {
         write_file(&wh_dir.join("tls.crt"), &webhook_cert.cert_pem)?;
         write_file(&wh_dir.join("tls.key"), &webhook_cert.key_pem)?;
         let managers = self.capi_managers(opts)?;
-        let crd_names = self.install_crds(&managers).await?;
+        let crd_names = self.install_crds(&managers, &opts.kairon_crds).await?;
 
         self.wait_established(crd_names).await?;
         phase(&mut self.phases, "crds");
@@ -414,7 +417,11 @@ impl Env {
     }
 
     /// Creates all CRDs and webhook configurations; returns the CRD names.
-    async fn install_crds(&self, managers: &[CapiManager]) -> Result<Vec<String>> {
+    async fn install_crds(
+        &self,
+        managers: &[CapiManager],
+        kairon: &crate::kairon_crds::KaironCrds,
+    ) -> Result<Vec<String>> {
         let mut docs: Vec<Value> = Vec::new();
         for group in ["core", "bootstrap-kubeadm", "control-plane-kubeadm"] {
             let m = managers.iter().find(|m| m.manifests == group);
@@ -435,7 +442,11 @@ impl Env {
         }
         let root = workspace_root();
         docs.extend(read_yaml_dir(&root.join("config/crd/bases"))?);
-        docs.extend(read_yaml_dir(&root.join("config/kairon"))?);
+        docs.extend(
+            read_yaml_dir(&root.join("config/kairon"))?
+                .into_iter()
+                .map(|d| kairon.apply(d)),
+        );
 
         let crd_names: Vec<String> = docs
             .iter()

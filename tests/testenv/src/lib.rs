@@ -31,6 +31,7 @@ mod env;
 pub mod faults;
 pub mod flavors;
 pub mod hostile;
+pub mod kairon_crds;
 mod kube_util;
 mod manifests;
 mod net;
