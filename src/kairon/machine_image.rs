@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kairon.zyvor.dev",
-    version = "v1alpha1",
+    version = "v1",
     kind = "MachineImage",
     derive = "PartialEq",
     derive = "Default",
