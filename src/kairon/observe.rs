@@ -125,7 +125,7 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
             Status::False,
             reason::INSTANCE_RECREATED,
             format!(
-                "Kairon Machine {name} runs on a new runtime on a fresh disk (Kairon made it after deleting the runtime the bootstrap data ran in: powerState Stopped, or a cold migration): it is not the machine that was bootstrapped, and is left for a MachineHealthCheck to replace"
+                "Kairon Machine {name} runs on a new runtime on a fresh disk (Kairon made it after deleting the runtime the bootstrap data ran in: powerState Stopped, a cold migration, or a fence): it is not the machine that was bootstrapped, and is left for a MachineHealthCheck to replace"
             ),
         );
     }

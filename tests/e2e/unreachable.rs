@@ -194,7 +194,7 @@ async fn an_unreachable_kairon_node_is_said_and_a_deletion_stuck_on_it_too() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_fenced_machine_is_placed_anew_and_provisioned_again() {
+async fn a_fenced_machine_is_placed_anew_as_a_new_machine() {
     let rig = Rig::start(RigOptions {
         workers: 1,
         sim_args: own_nodes("e2e-fenced-node"),
@@ -219,10 +219,14 @@ async fn a_fenced_machine_is_placed_anew_and_provisioned_again() {
     let said = fence(&rig, &name).await.expect("fenced");
     assert!(said.contains("spec.nodeName cleared"), "{said}");
 
-    rig.wait("the KaironMachine provisioned again on the other node", UP, || async {
+    // Placed anew, Kairon boots a new runtime on a fresh disk on the other node: the bootstrap
+    // data was removed once the first runtime was up, so it is a new machine under the old
+    // name, not Ready, for a MachineHealthCheck to replace.
+    rig.wait("the KaironMachine on the other node, a new machine", UP, || async {
         let km = kms.get(&name).await?;
-        let again = instance(&km).is_some_and(|c| c.status == "True") && host(&km).is_some_and(|h| h != node);
-        Ok::<_, kube::Error>(again.then_some(()))
+        let anew = instance(&km).is_some_and(|c| c.status == "False" && c.reason == reason::INSTANCE_RECREATED)
+            && host(&km).is_some_and(|h| h != node);
+        Ok::<_, kube::Error>(anew.then_some(()))
     })
     .await;
     assert!(
