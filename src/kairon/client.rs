@@ -15,11 +15,17 @@ use serde_json::json;
 
 use std::sync::Arc;
 
-use super::gate::{Permit, Refusal, WriteGate};
+use super::gate::{Permit, WriteGate};
 use super::served::{KaironKind, Served};
 use super::{Machine, labels, machine_from_value};
 use crate::api::{FIELD_MANAGER, KaironMachine};
 use crate::text::bounded;
+
+mod answers;
+mod owner;
+
+pub use answers::{Created, Deletion, KaironError};
+pub use owner::Owner;
 
 /// How much of an API error's reason a create failure repeats (the server chose it).
 pub(super) const MAX_API_REASON: usize = 64;
@@ -39,118 +45,6 @@ pub struct Instances {
 /// What is spoken before an API has said what it serves: the oldest version, nothing checked.
 /// Creates wait for [`Instances::is_discovered`]; watches start only after [`Instances::discover`].
 static UNDISCOVERED: std::sync::LazyLock<Served> = std::sync::LazyLock::new(|| Served::choose(&[], None));
-
-/// Which management cluster this manager speaks for on Kairon. Every Kairon Machine it creates
-/// or adopts carries [`labels::MANAGEMENT_CLUSTER`] with `id`, so that two installations
-/// sharing one Kairon API never adopt (and later delete) each other's VMs through a
-/// user-settable `spec.providerID`.
-#[derive(Clone, Debug, Default)]
-pub struct Owner {
-    /// This management cluster (by default the UID of its `kube-system` namespace). Empty:
-    /// no label is written and every VM counts as this installation's (tests only).
-    pub id: String,
-    /// Management clusters whose VMs may be adopted by providerID: the source of a
-    /// `clusterctl move` to this one.
-    pub adopt_from: Vec<String>,
-}
-
-impl Owner {
-    /// Whether a VM carrying `label` (its management-cluster label) may be adopted (or
-    /// deleted through a providerID) here. A VM without the label was made by no manager of
-    /// this provider (every one labels what it creates or adopts): a plain Kairon VM.
-    pub(crate) fn may_adopt(&self, label: Option<&str>) -> Result<(), String> {
-        if self.id.is_empty() {
-            return Ok(());
-        }
-        match label {
-            None => Err("it carries no management-cluster label: no manager of this provider made it".into()),
-            Some(l) if l == self.id || self.adopt_from.iter().any(|a| a == l) => Ok(()),
-            Some(l) => Err(format!(
-                "it was created by management cluster {}, which this manager does not adopt from",
-                crate::text::bounded(l, 63)
-            )),
-        }
-    }
-}
-
-/// What a create found.
-#[derive(Debug)]
-pub enum Created {
-    /// A new Kairon Machine.
-    New(Machine),
-    /// One with that name already existed (an earlier create the cache has not shown yet, or
-    /// someone else's): whose it is is for the caller to decide.
-    Existing(Machine),
-}
-
-/// What a delete found.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Deletion {
-    /// Kairon accepted the delete (or was already deleting it).
-    Started,
-    /// It was gone already.
-    Gone,
-}
-
-/// A failed request to Kairon, by what was asked.
-#[derive(Debug, thiserror::Error)]
-pub enum KaironError {
-    #[error("reading Kairon Machine {ns}/{name}: {source}")]
-    Read {
-        ns: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("creating Kairon Machine {name}: {detail}")]
-    Create { name: String, detail: String },
-    #[error("writing labels of Kairon Machine {ns}/{name}: {source}")]
-    Relabel {
-        ns: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// Starting a member of a pool's set: the request carried bootstrap data, so only the
-    /// answer's code and reason are kept.
-    #[error("starting Kairon Machine {name}: {detail}")]
-    Start { name: String, detail: String },
-    /// Removing the bootstrap data from a Kairon Machine whose runtime Kairon created, or
-    /// recording its runtime: only the answer's code and reason are kept (an API error may
-    /// quote the object, which held bootstrap data).
-    #[error("recording the runtime of Kairon Machine {name}: {detail}")]
-    Runtime { name: String, detail: String },
-    /// The member changed since it was read: decide again on what is there now.
-    #[error("starting Kairon Machine {name}: it changed since it was read")]
-    StartStale { name: String },
-    #[error("deleting Kairon Machine {name}: {source}")]
-    Delete {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-    /// Not sent: the API did not answer an earlier write ([`WriteGate`]).
-    #[error("{action} Kairon Machine {name}: {refusal}")]
-    Refused {
-        action: &'static str,
-        name: String,
-        refusal: Refusal,
-    },
-}
-
-impl KaironError {
-    /// A short label for metrics and logs (the same words as the controllers' own stages).
-    pub(crate) fn stage(&self) -> &'static str {
-        match self {
-            KaironError::Read { .. } => "read",
-            KaironError::Create { .. } => "create_instance",
-            KaironError::Relabel { .. } | KaironError::Runtime { .. } => "write",
-            KaironError::Start { .. } | KaironError::StartStale { .. } => "start_instance",
-            KaironError::Delete { .. } => "delete_instance",
-            KaironError::Refused { .. } => "kairon_api",
-        }
-    }
-}
 
 impl Instances {
     /// Kairon's kinds on `client`'s API server, spoken in the versions `served` says
@@ -517,37 +411,5 @@ pub(super) fn redacted_error_kind(e: &kube::Error) -> String {
     match e {
         kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
         _ => "the request failed".into(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Owner;
-
-    #[test]
-    fn adoption_is_limited_to_this_and_the_trusted_management_clusters() {
-        let owner = Owner {
-            id: "mc-a".into(),
-            adopt_from: vec!["mc-old".into()],
-        };
-        let cases = [
-            ("no label: a plain Kairon VM", None, false),
-            ("this management cluster", Some("mc-a"), true),
-            ("the source of a move", Some("mc-old"), true),
-            ("another installation", Some("mc-b"), false),
-            ("empty label value", Some(""), false),
-        ];
-        for (name, label, ok) in cases {
-            let got = owner.may_adopt(label);
-            assert_eq!(got.is_ok(), ok, "{name}: {got:?}");
-            if let Err(why) = got {
-                let whose = label.map_or("no management-cluster label", |l| l);
-                assert!(why.contains(whose), "{name}: says whose it is: {why}");
-            }
-        }
-        assert!(
-            Owner::default().may_adopt(Some("mc-b")).is_ok(),
-            "no identity: no check"
-        );
     }
 }

@@ -355,3 +355,7 @@ fn after_request(own: &Own<'_>) -> Decision {
 #[cfg(test)]
 #[path = "evacuation_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "evacuation_peer_tests.rs"]
+mod peer_tests;

@@ -5,25 +5,25 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 
 #[derive(Clone, Copy, Default)]
-struct M {
-    cp: bool,
-    pool: bool,
+pub(super) struct M {
+    pub(super) cp: bool,
+    pub(super) pool: bool,
     /// A MachineHealthCheck selects it now.
-    mhc: bool,
+    pub(super) mhc: bool,
     /// It has the `HealthCheckSucceeded` condition a MachineHealthCheck left behind.
-    stale: bool,
-    no_node: bool,
+    pub(super) stale: bool,
+    pub(super) no_node: bool,
     /// Phase `Failed`.
-    failed: bool,
+    pub(super) failed: bool,
     /// Created longer ago than a Node takes to start.
-    old: bool,
-    marked: bool,
-    ours: bool,
-    deleting: bool,
-    skip: bool,
+    pub(super) old: bool,
+    pub(super) marked: bool,
+    pub(super) ours: bool,
+    pub(super) deleting: bool,
+    pub(super) skip: bool,
 }
 
-fn machine(name: &str, m: M) -> capi::Machine {
+pub(super) fn machine(name: &str, m: M) -> capi::Machine {
     let mut machine = capi::Machine::new(name, MachineSpec::default());
     let owner = match (m.cp, m.pool) {
         (true, _) => "KubeadmControlPlane",
@@ -86,25 +86,25 @@ fn previous(status: Status, message: &str) -> Condition {
     c.remove(0)
 }
 
-struct Case {
-    name: &'static str,
-    me: M,
+pub(super) struct Case {
+    pub(super) name: &'static str,
+    pub(super) me: M,
     /// The VM's node is cordoned.
-    request: bool,
-    host: Option<&'static str>,
-    previous: Option<Condition>,
+    pub(super) request: bool,
+    pub(super) host: Option<&'static str>,
+    pub(super) previous: Option<Condition>,
     /// Why the Cluster is not whole, as it counts its Machines, and how many it misses.
-    short: Option<(&'static str, u32)>,
+    pub(super) short: Option<(&'static str, u32)>,
     /// Seconds left of the grace period.
-    grace_left: Option<u64>,
+    pub(super) grace_left: Option<u64>,
     /// Other Machines of the cluster: name, shape, whether their VM's node is cordoned.
-    others: Vec<(&'static str, M, bool)>,
-    act: Act,
+    pub(super) others: Vec<(&'static str, M, bool)>,
+    pub(super) act: Act,
     /// Status and reason of the condition (`None`: left as it is), and a word of its message.
-    want: Option<(Status, &'static str, &'static str)>,
+    pub(super) want: Option<(Status, &'static str, &'static str)>,
 }
 
-fn case(name: &'static str, me: M, act: Act, want: Option<(Status, &'static str, &'static str)>) -> Case {
+pub(super) fn case(name: &'static str, me: M, act: Act, want: Option<(Status, &'static str, &'static str)>) -> Case {
     Case {
         name,
         me,
@@ -327,136 +327,21 @@ fn what_an_evacuation_does_in_every_situation() {
             ..case("over already: left as it is", mhc, Act::Nothing, None)
         },
     ];
-    let never = M {
-        no_node: true,
-        old: true,
-        ..mhc
-    };
-    let cases = cases.into_iter().chain([
-        Case {
-            short: Some(("its workers have 1 of 2 Machines available (1 in all)", 1)),
-            ..case(
-                "the Cluster misses a replacement not yet created: wait",
-                mhc,
-                Act::Nothing,
-                Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
-            )
-        },
-        case(
-            "a worker marked while a MachineHealthCheck selected it, gone since, is deleted",
-            M {
-                marked: true,
-                ours: true,
-                stale: true,
-                ..M::default()
-            },
-            Act::Delete,
-            Some((Status::True, reason::REPLACEMENT_REQUESTED, "is deleted")),
-        ),
-        case(
-            "a control plane whose MachineHealthCheck is gone (its condition left behind) says so",
-            M {
-                cp: true,
-                stale: true,
-                ..M::default()
-            },
+    let cases = cases.into_iter().chain([Case {
+        short: Some(("its workers have 1 of 2 Machines available (1 in all)", 1)),
+        ..case(
+            "the Cluster misses a replacement not yet created: wait",
+            mhc,
             Act::Nothing,
-            Some((
-                Status::True,
-                reason::NO_MACHINE_HEALTH_CHECK,
-                "create a MachineHealthCheck",
-            )),
-        ),
-        case(
-            "a worker whose MachineHealthCheck is gone is deleted, not marked",
-            M {
-                stale: true,
-                ..M::default()
-            },
-            Act::Delete,
-            Some((Status::True, reason::REPLACEMENT_REQUESTED, "is deleted")),
-        ),
-        Case {
-            others: vec![(
-                "a-failed",
-                M {
-                    failed: true,
-                    no_node: true,
-                    ..mhc
-                },
-                false,
-            )],
-            ..case(
-                "a Machine that failed before its Node holds no turn",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
-            )
-        },
-        Case {
-            others: vec![("a-never", never, false)],
-            ..case(
-                "a Machine without a Node for longer than a Node takes holds no turn",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
-            )
-        },
-        Case {
-            others: vec![(
-                "a-gone",
-                M {
-                    deleting: true,
-                    no_node: true,
-                    ..mhc
-                },
-                false,
-            )],
-            ..case(
-                "a Machine deleted before it had a Node holds no turn",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
-            )
-        },
-        Case {
-            others: vec![(
-                "a-marked",
-                M {
-                    marked: true,
-                    stale: true,
-                    ..M::default()
-                },
-                false,
-            )],
-            ..case(
-                "a Machine marked with no MachineHealthCheck to act on it holds no turn",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
-            )
-        },
-        Case {
-            short: Some(("its workers have 1 of 2 Machines available (2 in all)", 1)),
-            others: vec![("a-never", never, false)],
-            ..case(
-                "a shortfall the Machines that never get a Node explain holds no turn",
-                mhc,
-                Act::Mark,
-                Some((Status::True, reason::REPLACEMENT_REQUESTED, "marked")),
-            )
-        },
-        Case {
-            short: Some(("its workers have 1 of 3 Machines available (2 in all)", 2)),
-            others: vec![("a-never", never, false)],
-            ..case(
-                "a shortfall beyond them still waits for the replacement",
-                mhc,
-                Act::Nothing,
-                Some((Status::True, reason::WAITING_FOR_TURN, "1 of 3")),
-            )
-        },
-    ]);
+            Some((Status::True, reason::WAITING_FOR_TURN, "1 of 2")),
+        )
+    }]);
+    check(cases);
+}
+
+/// Runs each case of a table: the decision's act and its condition's status, reason and a
+/// word of its message.
+pub(super) fn check(cases: impl IntoIterator<Item = Case>) {
     for c in cases {
         let me = machine("m-me", c.me);
         let others: Vec<(capi::Machine, bool)> = c.others.iter().map(|(n, m, e)| (machine(n, *m), *e)).collect();

@@ -34,6 +34,7 @@ mod lanes;
 mod ownership;
 mod reconcile;
 pub(crate) mod status;
+mod triggers;
 mod watches;
 
 pub use context::{Context, Evacuating};
