@@ -1,7 +1,9 @@
-//! Everything the provider assumes about Kairon's Machine API (`kairon.zyvor.dev/v1alpha1`,
-//! kind `Machine`) lives in this module, so that following Kairon's real schema is a change in
-//! one place.
+//! Everything the provider assumes about Kairon's API (group `kairon.zyvor.dev`, kind
+//! `Machine` and its companions) lives in this module, so that following Kairon's real schema is
+//! a change in one place.
 //!
+//! - [`served`]: which version of each Kairon kind a Kairon API serves (`v1`, `v1beta1`,
+//!   `v1alpha1`), the one spoken, and the fields its Machine schema has;
 //! - [`Machine`]: our model of a Kairon Machine (also the source of the development CRD);
 //! - [`desired`]: which Kairon Machine should exist for a KaironMachine (pure);
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
