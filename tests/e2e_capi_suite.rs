@@ -31,16 +31,19 @@ use capkr_testenv::{
     Env, EnvOptions, KUBERNETES_VERSION, Process, ProcessSpec, SIMULATOR_HOSTS, free_port, workspace_root,
 };
 
-/// The CAPI release the specs and the managers come from (tests/tools/capi, tests/capi-e2e).
+/// The CAPI release of the managers (tests/tools/capi); the specs are those of the test module
+/// v1.14.4, built against this release (tests/capi-e2e/go.mod).
 const CAPI_VERSION: &str = "v1.14.2";
 
-/// The versions the upgrade specs go from and to: a minor upgrade, as upstream's (its
+/// The versions the upgrade specs go from and to, upstream's own: a minor upgrade (its
 /// MachineSet preflight check expects the kubeadm version skew of one), between versions of
-/// the kind mapper, where upstream's upgrade-plan handler takes its versions from. The guests
-/// report them as their kubelet's version (their image names it); their etcd and
-/// kube-apiserver are the binaries of [`KUBERNETES_VERSION`].
-const KUBERNETES_VERSION_UPGRADE_FROM: &str = "v1.35.8";
-const KUBERNETES_VERSION_UPGRADE_TO: &str = "v1.36.4";
+/// the kind mapper, where upstream's upgrade-plan handler takes its versions from. The newest
+/// v1.36 there is v1.36.4, the only v1.37 is v1.37.0: with [`KUBERNETES_VERSION`] v1.37.2 as
+/// the target the handler plans v1.37.0 and CAPI refuses a plan that does not end at the
+/// target. The guests report these as their kubelet's version (their image names it); their
+/// etcd and kube-apiserver are the binaries of [`KUBERNETES_VERSION`].
+const KUBERNETES_VERSION_UPGRADE_FROM: &str = "v1.36.4";
+const KUBERNETES_VERSION_UPGRADE_TO: &str = "v1.37.0";
 
 /// Where the Runtime SDK specs' ExtensionConfigs say the test Runtime Extension is: the
 /// Service `test-extension-webhook-service` in `test-extension-system`, as upstream deploys it.

@@ -1,4 +1,4 @@
-//! kubeadm's two addons, CoreDNS and kube-proxy, as `kubeadm init` (v1.36.3) installs them in
+//! kubeadm's two addons, CoreDNS and kube-proxy, as `kubeadm init` (v1.37.2) installs them in
 //! its `addon/coredns` and `addon/kube-proxy` phases. A simulated control plane runs
 //! kube-controller-manager and kube-scheduler, and KWOK plays the kubelets, so these are
 //! scheduled and go Running like any workload, and the workload cluster holds what KCP reads
@@ -20,9 +20,9 @@ use crate::kubeadm_objects::create_if_missing;
 
 /// The Kubernetes version used when the ClusterConfiguration names none (CABPK always
 /// writes one; kubeadm itself would look up the latest stable release): kubeadm's own.
-pub const KUBEADM_VERSION: &str = "v1.36.3";
-/// kubeadm v1.36.3's `constants.CoreDNSVersion`, the CoreDNS image tag unless `dns.imageTag`.
-pub const COREDNS_VERSION: &str = "v1.14.2";
+pub const KUBEADM_VERSION: &str = "v1.37.2";
+/// kubeadm v1.37.2's `constants.CoreDNSVersion`, the CoreDNS image tag unless `dns.imageTag`.
+pub const COREDNS_VERSION: &str = "v1.14.6";
 /// kubeadm's default `imageRepository`.
 pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
 /// kubeadm's default `networking.dnsDomain`.
@@ -247,38 +247,38 @@ mod tests {
             (
                 "defaults",
                 json!({}),
-                "registry.k8s.io/kube-proxy:v1.36.3",
-                "registry.k8s.io/coredns/coredns:v1.14.2",
+                "registry.k8s.io/kube-proxy:v1.37.2",
+                "registry.k8s.io/coredns/coredns:v1.14.6",
             ),
             (
                 "version",
                 json!({"kubernetesVersion": "v1.35.2"}),
                 "registry.k8s.io/kube-proxy:v1.35.2",
-                "registry.k8s.io/coredns/coredns:v1.14.2",
+                "registry.k8s.io/coredns/coredns:v1.14.6",
             ),
             (
                 "version made a tag",
                 json!({"kubernetesVersion": "v1.36.3+build.1"}),
                 "registry.k8s.io/kube-proxy:v1.36.3_build.1",
-                "registry.k8s.io/coredns/coredns:v1.14.2",
+                "registry.k8s.io/coredns/coredns:v1.14.6",
             ),
             (
                 "mirror: no coredns/ path",
                 json!({"imageRepository": "mirror.example/k8s", "kubernetesVersion": "v1.36.1"}),
                 "mirror.example/k8s/kube-proxy:v1.36.1",
-                "mirror.example/k8s/coredns:v1.14.2",
+                "mirror.example/k8s/coredns:v1.14.6",
             ),
             (
                 "dns overrides",
                 json!({"imageRepository": "mirror.example/k8s", "dns": {"imageRepository": "dns.example", "imageTag": "v1.12.1"}}),
-                "mirror.example/k8s/kube-proxy:v1.36.3",
+                "mirror.example/k8s/kube-proxy:v1.37.2",
                 "dns.example/coredns:v1.12.1",
             ),
             (
                 "dns back on the official registry",
                 json!({"imageRepository": "mirror.example/k8s", "dns": {"imageRepository": "registry.k8s.io"}}),
-                "mirror.example/k8s/kube-proxy:v1.36.3",
-                "registry.k8s.io/coredns/coredns:v1.14.2",
+                "mirror.example/k8s/kube-proxy:v1.37.2",
+                "registry.k8s.io/coredns/coredns:v1.14.6",
             ),
         ];
         for (name, cc, proxy, coredns) in cases {

@@ -1,5 +1,5 @@
-//! The objects of kubeadm's two addons, as kubeadm v1.36.3 renders them
-//! (`cmd/kubeadm/app/phases/addons/{dns,proxy}`): what each object holds, in the order
+//! The objects of kubeadm's two addons, as kubeadm v1.37.2 renders them (the same manifests as
+//! v1.36's, `cmd/kubeadm/app/phases/addons/{dns,proxy}`): what each object holds, in the order
 //! kubeadm creates them. Pure: [`crate::addons`] reads the settings and writes the objects.
 
 use std::net::IpAddr;
@@ -343,7 +343,7 @@ pub fn coredns_objects(s: &AddonSettings, dns_ip: IpAddr) -> Vec<Value> {
 mod tests {
     use super::*;
 
-    /// What kubeadm v1.36.3 writes as `config.conf` (its defaulted KubeProxyConfiguration
+    /// What kubeadm v1.37.2 writes as `config.conf` (its defaulted KubeProxyConfiguration
     /// marshalled by sigs.k8s.io/yaml), but for serde-saphyr quoting `"0.0.0.0"`.
     const KUBEADM_CONFIG_CONF: &str = r#"apiVersion: kubeproxy.config.k8s.io/v1alpha1
 bindAddress: "0.0.0.0"
@@ -416,7 +416,7 @@ winkernel:
     #[test]
     fn kube_proxy_config_is_kubeadms() {
         let settings = AddonSettings {
-            kubernetes_version: "v1.36.3".into(),
+            kubernetes_version: "v1.37.2".into(),
             image_repository: "registry.k8s.io".into(),
             dns_image_repository: None,
             dns_image_tag: None,

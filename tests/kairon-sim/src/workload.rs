@@ -25,7 +25,7 @@ use crate::network::Attachment;
 use crate::sim::FIELD_MANAGER;
 
 /// kubelet version reported when neither the image name nor the kubeadm config says.
-pub const DEFAULT_KUBELET_VERSION: &str = "v1.36.3";
+pub const DEFAULT_KUBELET_VERSION: &str = "v1.37.2";
 /// How long a cached client is trusted before its Secret is read again.
 const SECRET_RECHECK: Duration = Duration::from_secs(10);
 
