@@ -130,6 +130,7 @@ where
         synced: vec![Synced::ready()],
         events: capkr::events::Events::disabled(),
         kairon: None,
+        shares: capkr::controller::tenant_share::TenantShares::new(10),
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(kc), ctx).await;
@@ -381,6 +382,7 @@ async fn a_transient_error_reading_an_identity_leaves_the_identity_untouched() {
             synced: vec![Synced::ready()],
             events: capkr::events::Events::disabled(),
             kairon: None,
+            shares: capkr::controller::tenant_share::TenantShares::new(10),
         });
         let (identity_json, secret_json) = (identity_json.clone(), secret_json.clone());
         // Answers whatever comes, the identity's first read with a 500 in the first case and

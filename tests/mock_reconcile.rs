@@ -85,6 +85,7 @@ where
         fresh: Default::default(),
         evacuating: Default::default(),
         nodes: None,
+        shares: capkr::controller::tenant_share::TenantShares::new(10),
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;

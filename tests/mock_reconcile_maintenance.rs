@@ -154,6 +154,7 @@ where
         fresh: Default::default(),
         evacuating: Default::default(),
         nodes: Some(filled(vec![node("h1", world.h1_cordoned), node("h2", false)]).0),
+        shares: capkr::controller::tenant_share::TenantShares::new(10),
     });
     let server = tokio::spawn(server(handle));
     reconcile(Arc::new(km), ctx).await.expect("reconcile succeeds");

@@ -89,6 +89,7 @@ fn context(client: Client, instances: Vec<kairon::Machine>) -> Arc<Context> {
         fresh: Default::default(),
         evacuating: Default::default(),
         nodes: None,
+        shares: capkr::controller::tenant_share::TenantShares::new(10),
     })
 }
 

@@ -12,10 +12,18 @@
 //! - any other answer fails once it passes [`BodyLimits::body`] bytes.
 //!
 //! A body that is cut or refused is dropped at once, and its connection with it.
+//!
+//! Bytes are bounded, and so is time: the client's read timeout restarts after every byte
+//! (hyper-timeout's timer is per read), so a server that trickles an answer one byte at a time
+//! would hold the reconcile waiting on it — and its worker — for as long as it likes. Every
+//! request but a watch must be answered whole within [`BodyLimits::request`], from when it is
+//! sent to its last byte; a watch within the `timeoutSeconds` it asks for, plus
+//! [`BodyLimits::request`] (a watch that asks for no end has none).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -30,18 +38,40 @@ pub(crate) struct BodyLimits {
     pub error_body: usize,
     pub watch_line: usize,
     pub body: usize,
+    /// How long a request may take, from when it is sent to its answer's last byte.
+    pub request: Duration,
 }
 
 impl BodyLimits {
     /// For the Kairon APIs of identities. A Kairon Machine is at most what the API server
     /// stores (1.5 MiB in etcd, JSON for custom resources): one watch event is well under
-    /// 4 MiB. A list page holds [`crate::controller::endpoints`]' page size of them.
+    /// 4 MiB. A list page holds [`crate::controller::endpoints`]' page size of them. A
+    /// working API server answers in well under a second; a write may wait on admission
+    /// webhooks, which the API server gives at most 30 s.
     pub(crate) const IDENTITY: BodyLimits = BodyLimits {
         error_body: 16 * 1024,
         watch_line: 4 * 1024 * 1024,
         body: 16 * 1024 * 1024,
+        request: Duration::from_secs(30),
     };
+
+    /// How long the request may take in all: `None` for a watch that asks for no end.
+    fn deadline_of<B>(&self, req: &Request<B>) -> Option<Duration> {
+        if verb(req) != "watch" {
+            return Some(self.request);
+        }
+        let asked = req.uri().query().unwrap_or_default().split('&').find_map(|p| {
+            p.strip_prefix("timeoutSeconds=")
+                .and_then(|t| t.parse::<u64>().ok())
+        });
+        asked.map(|t| Duration::from_secs(t) + self.request)
+    }
 }
+
+/// A request that was not answered whole within its deadline.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the server did not answer within {0:?}; the request is given up")]
+pub(crate) struct TooSlow(pub Duration);
 
 impl<S> Layer<S> for BodyLimits {
     type Service = Limited<S>;
@@ -61,29 +91,39 @@ type BoxFut<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 impl<S, B, RB> Service<Request<B>> for Limited<S>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     RB: Body<Data = Bytes> + Unpin,
     RB::Error: Into<BoxError>,
 {
     type Response = Response<LimitedBody<RB>>;
-    type Error = S::Error;
-    type Future = BoxFut<Self::Response, S::Error>;
+    type Error = BoxError;
+    type Future = BoxFut<Self::Response, BoxError>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let watch = verb(&req) == "watch";
         let limits = self.limits;
+        let deadline = limits.deadline_of(&req);
         let fut = self.inner.call(req);
         Box::pin(async move {
-            let res = fut.await?;
+            let end = deadline.map(|d| (d, tokio::time::Instant::now() + d));
+            let res = match end {
+                None => fut.await.map_err(Into::into)?,
+                Some((d, at)) => match tokio::time::timeout_at(at, fut).await {
+                    Ok(res) => res.map_err(Into::into)?,
+                    Err(_) => return Err(TooSlow(d).into()),
+                },
+            };
             let budget = Budget::for_answer(&limits, res.status().as_u16(), watch);
             Ok(res.map(|inner| LimitedBody {
                 inner,
                 budget,
                 done: false,
+                deadline: end.map(|(d, at)| (d, Box::pin(tokio::time::sleep_until(at)))),
             }))
         })
     }
@@ -187,6 +227,8 @@ pub(crate) struct LimitedBody<B> {
     inner: B,
     budget: Budget,
     done: bool,
+    /// When the whole request must be over, and how long it was given.
+    deadline: Option<(Duration, Pin<Box<tokio::time::Sleep>>)>,
 }
 
 impl<B> Body for LimitedBody<B>
@@ -201,6 +243,12 @@ where
         let this = self.get_mut();
         if this.done {
             return Poll::Ready(None);
+        }
+        if let Some((given, sleep)) = &mut this.deadline
+            && sleep.as_mut().poll(cx).is_ready()
+        {
+            this.done = true;
+            return Poll::Ready(Some(Err(TooSlow(*given).into())));
         }
         let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
             None => return Poll::Ready(None),
@@ -245,6 +293,7 @@ mod tests {
         error_body: 10,
         watch_line: 8,
         body: 20,
+        request: Duration::from_secs(5),
     };
 
     /// Feeds `chunks` through a fresh budget; what came out, and whether it was refused.
@@ -383,6 +432,48 @@ mod tests {
                     assert!(e.to_string().contains("bytes"), "{e}");
                 }
             }
+        }
+    }
+
+    /// A server that answers one byte every 10 s, or never: the request is given up at its
+    /// deadline (5 s here), from when it was sent, however often a byte arrives; a watch has
+    /// the time it asked for on top.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickled_or_unanswered_request_is_given_up_at_its_deadline() {
+        use http_body_util::BodyExt;
+
+        type Chunks = futures::stream::BoxStream<'static, Result<Frame<Bytes>, std::io::Error>>;
+        fn trickle() -> Response<http_body_util::StreamBody<Chunks>> {
+            let chunks = futures::stream::unfold((), |()| async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                Some((Ok(Frame::data(Bytes::from_static(b"{"))), ()))
+            });
+            let body = http_body_util::StreamBody::new(futures::StreamExt::boxed(chunks));
+            Response::builder().status(200).body(body).unwrap()
+        }
+        let list = "/apis/kairon.zyvor.dev/v1/namespaces/t/machinedisruptionbudgets";
+        // (case, uri, headers sent, seconds until given up)
+        let cases = [
+            ("a list trickled a byte at a time", list.to_string(), true, 5),
+            ("a list never answered", list.to_string(), false, 5),
+            ("a watch asking for 20 s", format!("{list}?watch=true&timeoutSeconds=20"), true, 25),
+        ];
+        for (name, uri, answers, want) in cases {
+            let svc = tower::service_fn(move |_req: Request<()>| async move {
+                if !answers {
+                    std::future::pending::<()>().await;
+                }
+                Ok::<_, BoxError>(trickle())
+            });
+            let mut svc = SMALL.layer(svc);
+            let start = tokio::time::Instant::now();
+            let got = match svc.call(Request::get(uri.as_str()).body(()).unwrap()).await {
+                Ok(res) => res.into_body().collect().await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            let e = got.expect_err(name);
+            assert!(e.to_string().contains("did not answer within"), "{name}: {e}");
+            assert_eq!(start.elapsed().as_secs(), want, "{name}");
         }
     }
 }

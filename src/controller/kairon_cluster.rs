@@ -25,6 +25,7 @@ use super::identity_protection;
 use super::runtime::Synced;
 use super::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, pause_step};
 use super::settings::Settings;
+use super::tenant_share::{TURNED_AWAY_RETRY, TenantShares};
 use super::write::{Writer, has_finalizer};
 use crate::api::conditions::{self, Decided, READY, Status, reason};
 use crate::api::{
@@ -58,6 +59,8 @@ pub struct Context {
     /// The manager's Kairon API, where the disruption budgets of clusters without an identity
     /// are kept; `None`: no budgets are kept (request-sequence tests).
     pub kairon: Option<Instances>,
+    /// The workers each tenant's clusters may hold ([`super::tenant_share`]).
+    pub shares: TenantShares,
 }
 
 impl Context {
@@ -169,6 +172,17 @@ pub(crate) fn failure_domains(kc: &KaironCluster) -> Option<Vec<FailureDomainSta
 pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Action, Error> {
     Synced::all(&ctx.synced).await?;
     let ns = kc.namespace().ok_or(Error::MissingNamespace)?;
+    // A cluster on a tenant's Kairon API waits on it: at most the tenant's share of workers.
+    let _place = match kc.spec.identity_ref.is_some() && ctx.endpoints.is_some() {
+        true => match ctx.shares.enter(&ns) {
+            Some(place) => Some(place),
+            None => {
+                debug!("the namespace's clusters hold their share of workers; trying again shortly");
+                return Ok(Action::requeue(TURNED_AWAY_RETRY));
+            }
+        },
+        false => None,
+    };
     let writer = Writer::new(Api::namespaced(ctx.client.clone(), &ns), None);
     // Somebody else owns this infrastructure: neither spec nor status is ours to touch. A
     // finalizer we added before it was marked so would block its deletion for ever: let go.
@@ -365,6 +379,7 @@ pub(crate) fn controller(
         members: caches.kaironmachines.store(),
         synced,
         kairon: Some(kairon),
+        shares: TenantShares::new(settings.cluster_concurrency),
     });
     let backoff = Backoff::new(caches.kaironclusters.store());
     Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())

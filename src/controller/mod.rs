@@ -34,6 +34,7 @@ pub(crate) mod kairon_machine_template;
 pub(crate) mod run;
 pub(crate) mod runtime;
 pub(crate) mod settings;
+pub mod tenant_share;
 mod write;
 
 pub(crate) use endpoint_trust::AllowedServers;

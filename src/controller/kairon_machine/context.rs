@@ -60,6 +60,8 @@ pub struct Context {
     pub evacuating: Evacuating,
     /// Kairon's nodes on `kairon` (`None`: not readable there, or not watched).
     pub nodes: Option<Store<k8s_openapi::api::core::v1::Node>>,
+    /// The workers each tenant's machines may hold ([`crate::controller::tenant_share`]).
+    pub shares: crate::controller::tenant_share::TenantShares,
 }
 
 impl Context {

@@ -7,7 +7,9 @@
 //! [`DEADLINE`]; past it, it is dropped (which frees its place and its lock; a write it was
 //! waiting on counts as unanswered for that API's [`crate::kairon::Refusal`] gate), the
 //! machine says why, and it is retried with the object's backoff. Dropping a reconcile
-//! anywhere is safe: each step is idempotent, as after a crash.
+//! anywhere is safe: each step is idempotent, as after a crash. A machine on a tenant's
+//! Kairon API first takes a place of its tenant's share of workers
+//! ([`crate::controller::tenant_share`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +25,7 @@ use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironIdentityReference, KaironMachine};
 use crate::capi;
 use crate::controller::error::Error;
+use crate::controller::tenant_share::TURNED_AWAY_RETRY;
 use crate::kairon::KaironError;
 
 /// How long one reconcile may take. A reconcile makes a handful of requests, each answered in
@@ -35,6 +38,14 @@ const REPORT_WAIT: Duration = Duration::from_secs(10);
 /// [`reconcile`] within [`DEADLINE`]; a write refused because its Kairon API did not answer
 /// an earlier one is reported on the machine and tried again when the API's pause is over.
 pub(crate) async fn reconcile_within_deadline(km: Arc<KaironMachine>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // A machine on a tenant's Kairon API waits on it: at most the tenant's share of workers.
+    let _place = match ctx.endpoints.is_some() && identity_of(&km, &ctx).is_some() {
+        true => match ctx.shares.enter(km.metadata.namespace.as_deref().unwrap_or_default()) {
+            Some(place) => Some(place),
+            None => return Ok(Action::requeue(TURNED_AWAY_RETRY)),
+        },
+        false => None,
+    };
     match tokio::time::timeout(DEADLINE, reconcile(km.clone(), ctx.clone())).await {
         Ok(Err(Error::Kairon(KaironError::Refused { refusal, .. }))) => {
             let why = format!("{}: {refusal}", api_of(&km, &ctx));

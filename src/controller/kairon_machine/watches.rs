@@ -172,6 +172,7 @@ pub(crate) fn controller(
         .map(|e| sweep_every(e, kaironclusters.clone(), kms.clone(), SWEEP_PERIOD, shutdown.clone()));
     let evacuating = super::Evacuating::default();
     let ctx = Arc::new(Context {
+        shares: crate::controller::tenant_share::TenantShares::new(settings.machine_concurrency),
         events: telemetry.recorder("capkr-kaironmachine-controller"),
         metrics: telemetry.metrics.clone(),
         client,
