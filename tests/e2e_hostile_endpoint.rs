@@ -439,3 +439,131 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
         rig.fail(format!("{} failure(s):\n- {}", failures.len(), failures.join("\n- ")));
     }
 }
+
+/// A Cluster with its KaironCluster in `ns`, at endpoint `host`, naming identity Secret
+/// `identity` if given.
+async fn create_cluster(rig: &Rig, ns: &str, name: &str, host: &str, identity: Option<&str>) {
+    let identity = identity.map_or(String::new(), |i| {
+        format!("\n  identityRef:\n    kind: Secret\n    name: {i}")
+    });
+    let yaml = format!(
+        r#"apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  infrastructureRef:
+    apiGroup: infrastructure.cluster.x-k8s.io
+    kind: KaironCluster
+    name: {name}
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironCluster
+metadata:
+  name: {name}
+spec:
+  controlPlaneEndpoint:
+    host: {host}
+    port: 6443{identity}"#
+    );
+    rig.env.apply(&yaml, Some(ns)).await.expect("cluster");
+}
+
+/// A cluster on the default Kairon API is made, provisioned and deleted; how long each took.
+async fn bystander_round(rig: &Rig, name: &str) -> anyhow::Result<(Duration, Duration)> {
+    const NS: &str = "bystander";
+    let kcs: Api<KaironCluster> = Api::namespaced(rig.env.client(), NS);
+    let clusters: Api<DynamicObject> = Api::namespaced_with(
+        rig.env.client(),
+        NS,
+        &capkr_testenv::capi_resource("Cluster", "clusters"),
+    );
+    let t0 = Instant::now();
+    create_cluster(rig, NS, name, "10.0.8.1", None).await;
+    wait_for("the bystander's KaironCluster provisioned", BYSTANDER_WAIT, || async {
+        let kc = kcs.get_opt(name).await?;
+        Ok::<_, kube::Error>(kc.and_then(|kc| kc.status).is_some_and(|s| s.is_provisioned()))
+    })
+    .await?;
+    let provisioned = t0.elapsed();
+    let t1 = Instant::now();
+    clusters.delete(name, &DeleteParams::default()).await?;
+    wait_for("the bystander's KaironCluster gone", BYSTANDER_WAIT, || async {
+        Ok::<_, kube::Error>(kcs.get_opt(name).await?.is_none())
+    })
+    .await?;
+    Ok((provisioned, t1.elapsed()))
+}
+
+/// How long the bystander's cluster may take to be provisioned, and to go.
+const BYSTANDER_WAIT: Duration = Duration::from_secs(90);
+
+/// A tenant's Kairon API answers its MachineDisruptionBudget lists one byte every 50 s, without
+/// end, for more of its clusters than the KaironCluster controller has workers. Meanwhile a
+/// cluster of another tenant (on the default Kairon API) is made, provisioned and deleted in
+/// its normal time: no request to a tenant's API outlives its deadline, however it trickles,
+/// and the tenant's clusters hold at most their share of the workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_trickling_its_budget_lists_holds_up_no_other_tenants_cluster() {
+    const NS: &str = "trickle-tenant";
+    /// More than the KaironCluster controller's workers (`--kaironcluster-concurrency`, 10).
+    const CLUSTERS: usize = 12;
+    let rig = Rig::start(RigOptions {
+        workers: 0,
+        own_env: true,
+        ..RigOptions::new("hostile_trickle")
+    })
+    .await;
+    rig.wait_running(1, UP).await;
+    for ns in [NS, "bystander"] {
+        rig.env.create_namespace(ns).await.expect("namespace");
+    }
+    let alone = bystander_round(&rig, "alone").await.expect("the bystander alone");
+
+    let server = HostileServer::start(Hostility::TrickleBudgetLists)
+        .await
+        .expect("hostile server");
+    let secrets: Api<Secret> = Api::namespaced(rig.env.client(), NS);
+    let mut identity = Secret::default();
+    identity.metadata.name = Some("trickle-identity".into());
+    identity.data = Some([("kubeconfig".to_string(), ByteString(server.kubeconfig().into_bytes()))].into());
+    secrets
+        .create(&PostParams::default(), &identity)
+        .await
+        .expect("identity Secret");
+    for i in 0..CLUSTERS {
+        create_cluster(
+            &rig,
+            NS,
+            &format!("trickle-{i}"),
+            &format!("10.0.7.{}", i + 1),
+            Some("trickle-identity"),
+        )
+        .await;
+    }
+    // The tenant's budget lists are under way before the bystander comes.
+    let share = capkr::controller::tenant_share::TenantShares::new(10).share() as u64;
+    wait_for(
+        "the tenant's budget lists under way",
+        Duration::from_secs(60),
+        || async { server.stats().lists >= share },
+    )
+    .await
+    .expect("budget lists");
+
+    let beside = bystander_round(&rig, "beside").await;
+    let stats = server.stats();
+    eprintln!("bystander alone: {alone:?}; beside the trickling tenant: {beside:?}; server: {stats:?}");
+    let (provisioned, deleted) = match beside {
+        Ok(t) => t,
+        Err(e) => rig.fail(format!("beside the trickling tenant: {e:#}")),
+    };
+    let slack = Duration::from_secs(15);
+    if provisioned > alone.0 + slack || deleted > alone.1 + slack {
+        rig.fail(format!(
+            "the bystander took {provisioned:?} to be provisioned and {deleted:?} to go beside the trickling \
+             tenant, {:?} and {:?} alone: more than {slack:?} slower",
+            alone.0, alone.1
+        ));
+    }
+}

@@ -60,10 +60,12 @@ impl BodyLimits {
         if verb(req) != "watch" {
             return Some(self.request);
         }
-        let asked = req.uri().query().unwrap_or_default().split('&').find_map(|p| {
-            p.strip_prefix("timeoutSeconds=")
-                .and_then(|t| t.parse::<u64>().ok())
-        });
+        let asked = req
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .find_map(|p| p.strip_prefix("timeoutSeconds=").and_then(|t| t.parse::<u64>().ok()));
         asked.map(|t| Duration::from_secs(t) + self.request)
     }
 }
@@ -456,7 +458,12 @@ mod tests {
         let cases = [
             ("a list trickled a byte at a time", list.to_string(), true, 5),
             ("a list never answered", list.to_string(), false, 5),
-            ("a watch asking for 20 s", format!("{list}?watch=true&timeoutSeconds=20"), true, 25),
+            (
+                "a watch asking for 20 s",
+                format!("{list}?watch=true&timeoutSeconds=20"),
+                true,
+                25,
+            ),
         ];
         for (name, uri, answers, want) in cases {
             let svc = tower::service_fn(move |_req: Request<()>| async move {

@@ -86,6 +86,10 @@ pub enum TranslateError {
     NotCloudConfig,
     #[error("bootstrap data is not valid YAML")]
     InvalidYaml,
+    #[error(
+        "bootstrap data expands to more than a cloud-config may (at most {MAX_YAML_ALIASES} aliases, {MAX_YAML_NODES} nodes and {MAX_YAML_EXPANDED_BYTES} bytes of anchored text repeated)"
+    )]
+    YamlTooLarge,
     #[error("bootstrap data is not a mapping of cloud-config keys")]
     NotAMapping,
     #[error("cloud-config key {key} has no Kairon equivalent")]
@@ -106,6 +110,49 @@ pub enum TranslateError {
     InvalidHostname { key: &'static str },
     #[error("hostname and fqdn name different hosts; Kairon sets one name")]
     ConflictingHostname,
+}
+
+/// At most this many aliases (`*name`) in bootstrap data: CAPI's bootstrap providers write
+/// none, and each repeats what its anchor holds.
+pub const MAX_YAML_ALIASES: usize = 1_000;
+/// At most this many YAML nodes, aliases expanded: a cloud-config of the largest bootstrap data
+/// allowed has a few thousand.
+pub const MAX_YAML_NODES: usize = 100_000;
+/// At most this many bytes of text, counted each time an alias repeats it (or twice the
+/// bootstrap data's size, if that is more: `--max-bootstrap-data-bytes` may be raised).
+pub const MAX_YAML_EXPANDED_BYTES: usize = 4 * 1024 * 1024;
+
+/// How far the YAML parser may go on bootstrap data, which a tenant writes: its defaults let a
+/// few KiB of aliases expand to tens of MiB held by one reconcile (a "billion laughs").
+fn yaml_options(input_bytes: usize) -> serde_saphyr::Options {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_aliases = MAX_YAML_ALIASES;
+    budget.max_anchors = MAX_YAML_ALIASES;
+    budget.max_nodes = MAX_YAML_NODES;
+    budget.max_events = 2 * MAX_YAML_NODES;
+    budget.max_recorded_anchor_events = MAX_YAML_NODES;
+    budget.max_recorded_anchor_bytes = MAX_YAML_EXPANDED_BYTES.max(2 * input_bytes);
+    budget.max_total_scalar_bytes = MAX_YAML_EXPANDED_BYTES.max(2 * input_bytes);
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    options
+}
+
+/// Whether the parser stopped at [`yaml_options`]' bounds (the error itself, or wrapped with
+/// where it happened).
+fn over_budget(mut e: &serde_saphyr::Error) -> bool {
+    use serde_saphyr::Error as E;
+    while let E::AliasError { error, .. } | E::WithSnippet { error, .. } = e {
+        e = error;
+    }
+    matches!(
+        e,
+        E::Budget { .. }
+            | E::AliasReplayLimitExceeded { .. }
+            | E::AliasExpansionLimitExceeded { .. }
+            | E::AliasReplayStackDepthExceeded { .. }
+            | E::AliasReplayCounterOverflow { .. }
+    )
 }
 
 /// Where the guest gets `runcmd` as the one script cloud-init would have made of it.
@@ -139,7 +186,13 @@ pub fn translate_cloud_config(
         return Err(TranslateError::NotCloudConfig);
     }
     // The parser's messages quote the document: never passed on.
-    let doc: Value = serde_saphyr::from_str(&text).map_err(|_| TranslateError::InvalidYaml)?;
+    let doc: Value = serde_saphyr::from_str_with_options(&text, yaml_options(text.len())).map_err(|e| {
+        if over_budget(&e) {
+            TranslateError::YamlTooLarge
+        } else {
+            TranslateError::InvalidYaml
+        }
+    })?;
     let config = match doc {
         Value::Null => Map::new(),
         Value::Object(map) => map,

@@ -65,7 +65,13 @@ pub enum Hostility {
     /// [`ENDLESS_EVENTS_CAP`], then nothing more, the connection open). Otherwise as
     /// [`Hostility::Empty`].
     EndlessEvents = 6,
+    /// A list of MachineDisruptionBudgets is answered 200, then one byte of its body every
+    /// [`TRICKLE_EVERY`], without end. Otherwise as [`Hostility::Empty`].
+    TrickleBudgetLists = 7,
 }
+
+/// How often a trickled answer sends its next byte.
+pub const TRICKLE_EVERY: Duration = Duration::from_secs(50);
 
 impl Hostility {
     fn from_u8(v: u8) -> Hostility {
@@ -76,6 +82,7 @@ impl Hostility {
             3 => Hostility::EndlessWatchLine,
             5 => Hostility::EndlessPages,
             6 => Hostility::EndlessEvents,
+            7 => Hostility::TrickleBudgetLists,
             _ => Hostility::Empty,
         }
     }
@@ -247,6 +254,11 @@ async fn answer(
     counters: Arc<Counters>,
 ) -> Result<Response<Body>, Infallible> {
     let asked = asked(&req);
+    let budgets = asked == Asked::Read && req.uri().path().ends_with("/machinedisruptionbudgets");
+    if budgets && Hostility::from_u8(mode.load(Ordering::SeqCst)) == Hostility::TrickleBudgetLists {
+        counters.lists.fetch_add(1, Ordering::Relaxed);
+        return Ok(json_answer(StatusCode::OK, trickle()));
+    }
     let page = Page::of(&req);
     let counter = match asked {
         Asked::List => &counters.lists,
@@ -425,6 +437,15 @@ fn endless_line() -> Body {
     let line = futures::stream::iter(std::iter::once(start).chain((0..ENDLESS_CAP / CHUNK).map(move |_| a.clone())));
     let then_nothing = futures::stream::pending::<Bytes>();
     stream_body(line.chain(then_nothing))
+}
+
+/// The start of a list, one byte every [`TRICKLE_EVERY`], without end.
+fn trickle() -> Body {
+    let bytes = futures::stream::iter(std::iter::repeat(())).then(|()| async {
+        tokio::time::sleep(TRICKLE_EVERY).await;
+        Bytes::from_static(b" ")
+    });
+    stream_body(futures::stream::once(async { Bytes::from_static(b"{") }).chain(bytes))
 }
 
 /// A watch with no events, ended after `timeout` as an API server ends it.

@@ -28,7 +28,7 @@
 //! cloud-init 23+ also gives the parent directories it creates for a file the file's owner,
 //! where here they stay root's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{Map, Value};
 
@@ -129,6 +129,15 @@ pub(super) fn plan(value: Option<&Value>, budget: usize) -> Result<Files, Transl
         })
         .collect();
 
+    // The last direct write of each path (the one whose owner counts), found in one pass:
+    // the entries are the tenant's, and may be many.
+    let last_direct_write: HashMap<&str, usize> = ops
+        .iter()
+        .zip(&staged)
+        .enumerate()
+        .filter(|(_, (_, s))| !**s)
+        .map(|(i, (e, _))| (e.path.as_str(), i))
+        .collect();
     let mut files = Files::default();
     let mut staged_copies = Vec::new();
     for (i, (e, &is_staged)) in ops.iter().zip(&staged).enumerate() {
@@ -151,10 +160,7 @@ pub(super) fn plan(value: Option<&Value>, budget: usize) -> Result<Files, Transl
             content: String::from_utf8(e.content.clone()).unwrap_or_default(),
             permissions: e.mode.map(mode_text).unwrap_or_default(),
         });
-        let last_direct = !ops[i + 1..]
-            .iter()
-            .zip(&staged[i + 1..])
-            .any(|(later, &s)| !s && later.path == e.path);
+        let last_direct = last_direct_write.get(e.path.as_str()) == Some(&i);
         if last_direct
             && !e.owner.is_root()
             && let Some(spec) = e.owner.spec()

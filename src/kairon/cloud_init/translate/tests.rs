@@ -520,3 +520,35 @@ fn shell_state_holds_from_one_entry_to_the_next_and_a_failing_entry_stops_nothin
     let _ = std::fs::remove_dir_all(dir);
     let _ = std::fs::remove_dir_all(dir2);
 }
+
+/// Bootstrap data is a tenant's: a few KiB of YAML aliases must not expand into tens of MiB
+/// held by a reconcile. Each of these is refused as too large.
+#[test]
+fn yaml_that_expands_beyond_a_cloud_config_is_refused() {
+    let big = "x".repeat(4096);
+    let anchored = |lines: usize, aliases: usize| {
+        format!(
+            "#cloud-config\nruncmd:\n  - &a\n{}{}",
+            format!("    - '{big}'\n").repeat(lines),
+            "  - *a\n".repeat(aliases)
+        )
+    };
+    let mut laughs = String::from("#cloud-config\nx0: &l0 [a, a, a, a, a, a, a, a, a]\n");
+    for i in 1..8 {
+        let prev = format!("*l{}", i - 1);
+        laughs.push_str(&format!("x{i}: &l{i} [{}]\n", vec![prev.as_str(); 9].join(", ")));
+    }
+    laughs.push_str("runcmd: *l7\n");
+    let cases = [
+        ("one anchor of 400 KiB repeated 200 times (80 MiB)", anchored(100, 200)),
+        ("one anchor of 400 KiB repeated 40 times (16 MiB)", anchored(100, 40)),
+        ("a 4 KiB string repeated 5000 times (20 MiB)", anchored(1, 5000)),
+        ("nested aliases (9^8 nodes)", laughs),
+    ];
+    for (name, data) in cases {
+        assert_eq!(translate(&data), Err(TranslateError::YamlTooLarge), "{name}");
+    }
+    // A few aliases, as a hand-written cloud-config may have, still read.
+    let few = "#cloud-config\nruncmd: [&c 'echo hi', *c, *c]\n";
+    assert!(translate(few).is_ok(), "{:?}", translate(few));
+}
