@@ -502,7 +502,9 @@ const BYSTANDER_WAIT: Duration = Duration::from_secs(90);
 /// end, for more of its clusters than the KaironCluster controller has workers. Meanwhile a
 /// cluster of another tenant (on the default Kairon API) is made, provisioned and deleted in
 /// its normal time: no request to a tenant's API outlives its deadline, however it trickles,
-/// and the tenant's clusters hold at most their share of the workers.
+/// and the tenant's clusters hold at most their share of the workers. A third tenant's identity
+/// may not touch MachineDisruptionBudgets (RBAC without them): its cluster says so
+/// (`DisruptionBudgetsReady` False, `DisruptionBudgetsForbidden`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_trickling_its_budget_lists_holds_up_no_other_tenants_cluster() {
     const NS: &str = "trickle-tenant";
@@ -515,7 +517,9 @@ async fn a_tenant_trickling_its_budget_lists_holds_up_no_other_tenants_cluster()
     })
     .await;
     rig.wait_running(1, UP).await;
-    for ns in [NS, "bystander"] {
+    /// The namespace of a tenant whose identity may not touch budgets.
+    const RBAC_NS: &str = "no-budgets-tenant";
+    for ns in [NS, "bystander", RBAC_NS] {
         rig.env.create_namespace(ns).await.expect("namespace");
     }
     let alone = bystander_round(&rig, "alone").await.expect("the bystander alone");
@@ -551,6 +555,25 @@ async fn a_tenant_trickling_its_budget_lists_holds_up_no_other_tenants_cluster()
     .await
     .expect("budget lists");
 
+    // Beside it, a cluster whose identity may not touch budgets (RBAC without them) says so.
+    let forbidding = HostileServer::start(Hostility::ForbidBudgets)
+        .await
+        .expect("hostile server");
+    let mut no_budgets = Secret::default();
+    no_budgets.metadata.name = Some("no-budgets-identity".into());
+    no_budgets.data = Some(
+        [(
+            "kubeconfig".to_string(),
+            ByteString(forbidding.kubeconfig().into_bytes()),
+        )]
+        .into(),
+    );
+    Api::<Secret>::namespaced(rig.env.client(), RBAC_NS)
+        .create(&PostParams::default(), &no_budgets)
+        .await
+        .expect("identity Secret");
+    create_cluster(&rig, RBAC_NS, "no-budgets", "10.0.6.1", Some("no-budgets-identity")).await;
+
     let beside = bystander_round(&rig, "beside").await;
     let stats = server.stats();
     eprintln!("bystander alone: {alone:?}; beside the trickling tenant: {beside:?}; server: {stats:?}");
@@ -558,6 +581,25 @@ async fn a_tenant_trickling_its_budget_lists_holds_up_no_other_tenants_cluster()
         Ok(t) => t,
         Err(e) => rig.fail(format!("beside the trickling tenant: {e:#}")),
     };
+    let kcs: Api<KaironCluster> = Api::namespaced(rig.env.client(), RBAC_NS);
+    let said = wait_for(
+        "the cluster whose identity may not touch budgets says so",
+        Duration::from_secs(60),
+        || async {
+            let kc = kcs.get("no-budgets").await?;
+            let c = kc
+                .status
+                .as_ref()
+                .and_then(|s| conditions::get(s.conditions.as_deref()?, conditions::DISRUPTION_BUDGETS_READY).cloned());
+            Ok::<_, kube::Error>(
+                c.is_some_and(|c| c.status == "False" && c.reason == conditions::reason::DISRUPTION_BUDGETS_FORBIDDEN),
+            )
+        },
+    )
+    .await;
+    if let Err(e) = said {
+        rig.fail(format!("{e:#}"));
+    }
     let slack = Duration::from_secs(15);
     if provisioned > alone.0 + slack || deleted > alone.1 + slack {
         rig.fail(format!(

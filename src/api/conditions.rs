@@ -20,6 +20,9 @@ pub const INSTANCE_IN_FAILURE_DOMAIN: &str = "InstanceInFailureDomain";
 /// Kairon asked for the VM to be taken off a host in maintenance: True while that is under
 /// way (the reason says where it stands), False once over. Absent until Kairon first asks.
 pub const EVACUATION: &str = "Evacuation";
+/// KaironCluster: whether the MachineDisruptionBudgets that keep Kairon's evacuation from
+/// cold-migrating the cluster's VMs are in place on its Kairon API. Absent until first kept.
+pub const DISRUPTION_BUDGETS_READY: &str = "DisruptionBudgetsReady";
 
 /// Reasons. Shared with CAPI's vocabulary where CAPI has a word for it.
 pub mod reason {
@@ -136,6 +139,18 @@ pub mod reason {
     /// The identity's kubeconfig names a server the operator does not allow
     /// (`--identity-allowed-servers`).
     pub const KAIRON_API_SERVER_NOT_ALLOWED: &str = "KaironAPIServerNotAllowed";
+
+    // KaironCluster: DisruptionBudgetsReady
+    /// Every budget of the cluster is written as wanted.
+    pub const DISRUPTION_BUDGETS_KEPT: &str = "DisruptionBudgetsKept";
+    /// The Kairon API has no MachineDisruptionBudget kind: nothing keeps Kairon's evacuation
+    /// from cold-migrating the cluster's VMs.
+    pub const DISRUPTION_BUDGETS_NOT_SERVED: &str = "DisruptionBudgetsNotServed";
+    /// The credentials may not list or write MachineDisruptionBudgets (403).
+    pub const DISRUPTION_BUDGETS_FORBIDDEN: &str = "DisruptionBudgetsForbidden";
+    /// A budget of a name the cluster's would have is another's (another management cluster's,
+    /// or not the provider's): left alone, so those VMs are not covered.
+    pub const DISRUPTION_BUDGET_NAME_TAKEN: &str = "DisruptionBudgetNameTaken";
 
     // KaironMachine: InstanceInFailureDomain
     pub const INSTANCE_IN_FAILURE_DOMAIN: &str = "InstanceInFailureDomain";

@@ -262,7 +262,8 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     } else {
         Decision::WaitingForEndpoint
     };
-    if let Some(next) = write_status(&writer, &kc, &decision).await?
+    let written = write_status(&writer, &kc, &decision).await?;
+    if let Some(next) = &written
         && next.is_provisioned()
         && !kc.status.as_ref().is_some_and(KaironClusterStatus::is_provisioned)
     {
@@ -279,7 +280,17 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         return Ok(Action::requeue(ENDPOINT_RETRY));
     }
     if let Some(budgets) = ctx.budgets(&kc, &ns).await {
-        budgets::keep(&ctx.client, &kc, &cluster, &budgets).await?;
+        let kept = budgets::keep(&ctx.client, &kc, &cluster, &budgets).await?;
+        // Over what this reconcile wrote: the condition alone changes.
+        let current = written.or_else(|| kc.status.clone());
+        let mut next = current.clone().unwrap_or_default();
+        let mut conds = next.conditions.take().unwrap_or_default();
+        conditions::set(&mut conds, kept.condition(), kc.metadata.generation, &conditions::now());
+        next.conditions = Some(conds);
+        writer.apply_status(&kc, current.as_ref(), &next).await?;
+        if matches!(kept, budgets::Kept::Taken(_) | budgets::Kept::Forbidden(_)) {
+            return Ok(Action::requeue(ENDPOINT_RETRY));
+        }
     }
     Ok(Action::requeue(ctx.settings.sync_period))
 }

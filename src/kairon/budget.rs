@@ -13,7 +13,8 @@
 //! each tick, for people to read; decisions are made from fresh counts.
 //!
 //! What the provider keeps ([`desired_budgets`]): one budget over a cluster's control-plane VMs,
-//! one per MachineDeployment and one per KaironMachinePool, each allowing no disruption. The
+//! one per MachineDeployment, one per KaironMachinePool, and one over the rest of the
+//! cluster's VMs (a bare MachineSet's, a standalone Machine's), each allowing no disruption. The
 //! disruptions Kairon's evacuation makes are cold migrations (`kaironctl evacuate` and cordon
 //! evacuation make no other kind), and a cold migration recreates the VM from its image on a
 //! fresh disk with its bootstrap data run again: no Node survives it undrained, and a first
@@ -141,14 +142,16 @@ pub mod covers {
     pub const CONTROL_PLANE: &str = "control-plane";
     pub const MACHINE_DEPLOYMENT: &str = "machinedeployment";
     pub const MACHINE_POOL: &str = "machinepool";
+    /// The cluster's VMs that are neither the control plane's nor a MachineDeployment's.
+    pub const OTHER: &str = "other";
 }
 
 /// Longest object name the budgets' names are cut to (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
-/// The budgets a cluster should have. Names: `cp-<cluster>`, `md-<deployment>`, `mp-<pool>`
-/// (a MachineDeployment's and a pool's names are unique in their namespace; the prefixes keep
-/// them apart from each other and from the control plane's).
+/// The budgets a cluster should have. Names: `cp-<cluster>`, `md-<deployment>`, `mp-<pool>`,
+/// `rest-<cluster>` (a MachineDeployment's and a pool's names are unique in their namespace;
+/// the prefixes keep them apart from each other and from the cluster's).
 pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
     let base = || {
         BTreeMap::from([
@@ -175,6 +178,18 @@ pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
             spec: none_disrupted(sel),
         });
     }
+    // The rest of the cluster's VMs made by KaironMachines: no role and no deployment label,
+    // which Kairon matches as `key: ""` (a missing label reads as empty). Together with the
+    // control plane's and the deployments', every such VM of the cluster is covered, whatever
+    // made its Machine.
+    let mut rest = base();
+    rest.insert(labels::ROLE.to_string(), String::new());
+    rest.insert(DEPLOYMENT_NAME.to_string(), String::new());
+    out.push(DesiredBudget {
+        name: cut(format!("rest-{}", input.cluster)),
+        covers: covers::OTHER,
+        spec: none_disrupted(rest),
+    });
     for pool in &input.pools {
         let mut sel = base();
         sel.insert(
@@ -265,7 +280,7 @@ mod tests {
         };
         let b = desired_budgets(&input);
         let names: Vec<&str> = b.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["cp-c1", "md-c1-md-0", "md-c1-md-1", "mp-c1-mp-0"]);
+        assert_eq!(names, ["cp-c1", "md-c1-md-0", "md-c1-md-1", "rest-c1", "mp-c1-mp-0"]);
         assert!(
             b.iter()
                 .all(|b| b.spec.max_unavailable.as_deref() == Some("0") && b.spec.min_available.is_none()),
@@ -273,12 +288,69 @@ mod tests {
         );
         assert_eq!(b[0].spec.selector[labels::ROLE], labels::ROLE_CONTROL_PLANE);
         assert!(
-            b.iter().all(|b| b.spec.selector.values().all(|v| !v.is_empty())),
-            "no empty value: Kairon would match it on Machines without the key"
+            b.iter()
+                .filter(|b| b.covers != covers::OTHER)
+                .all(|b| b.spec.selector.values().all(|v| !v.is_empty())),
+            "no empty value but the rest's: Kairon would match it on Machines without the key"
         );
         assert_eq!(b[0].spec.selector[labels::CLUSTER_NAME], "c1");
         assert_eq!(b[1].spec.selector[DEPLOYMENT_NAME], "c1-md-0");
-        assert_eq!(b[3].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
-        assert!(!b[3].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
+        assert_eq!(b[4].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
+        assert!(!b[4].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
+    }
+
+    /// Every VM a KaironMachine of the cluster makes is covered by exactly one of the budgets
+    /// (a pool's members by the pool's), whatever made its Machine; other clusters' and other
+    /// namespaces' VMs by none.
+    #[test]
+    fn every_vm_of_a_cluster_is_covered_once() {
+        let input = BudgetInput {
+            cluster: "c1".into(),
+            namespace: "ns".into(),
+            deployments: vec!["c1-md-0".into()],
+            pools: vec!["c1-mp-0".into()],
+        };
+        let b = desired_budgets(&input);
+        let vm = |extra: &[(&str, &str)], cluster: &str, ns: &str| -> BTreeMap<String, String> {
+            let mut l = BTreeMap::from([
+                (labels::CLUSTER_NAME.to_string(), cluster.to_string()),
+                (labels::KAIRONMACHINE_NAMESPACE.to_string(), ns.to_string()),
+                (labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string()),
+            ]);
+            l.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            l
+        };
+        let cp = [(labels::ROLE, labels::ROLE_CONTROL_PLANE), (labels::CONTROL_PLANE, "")];
+        let pool_member = BTreeMap::from([
+            (labels::CLUSTER_NAME.to_string(), "c1".to_string()),
+            (labels::KAIRONMACHINEPOOL_NAME.to_string(), "c1-mp-0".to_string()),
+            (labels::KAIRONMACHINEPOOL_NAMESPACE.to_string(), "ns".to_string()),
+        ]);
+        // (case, labels, the budget covering it)
+        let cases = [
+            ("control plane", vm(&cp, "c1", "ns"), Some("cp-c1")),
+            (
+                "deployment worker",
+                vm(&[(DEPLOYMENT_NAME, "c1-md-0")], "c1", "ns"),
+                Some("md-c1-md-0"),
+            ),
+            (
+                "bare MachineSet's worker",
+                vm(&[("cluster.x-k8s.io/set-name", "c1-ms")], "c1", "ns"),
+                Some("rest-c1"),
+            ),
+            ("standalone Machine's VM", vm(&[], "c1", "ns"), Some("rest-c1")),
+            ("pool member", pool_member, Some("mp-c1-mp-0")),
+            ("another cluster's worker", vm(&[], "c2", "ns"), None),
+            ("another namespace's worker", vm(&[], "c1", "other"), None),
+        ];
+        for (name, l, want) in cases {
+            let covering: Vec<&str> = b
+                .iter()
+                .filter(|b| selects(&b.spec.selector, Some(&l)))
+                .map(|b| b.name.as_str())
+                .collect();
+            assert_eq!(covering, want.into_iter().collect::<Vec<_>>(), "{name}");
+        }
     }
 }

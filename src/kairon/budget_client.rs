@@ -66,6 +66,15 @@ impl BudgetError {
     pub fn is_missing_kind(&self) -> bool {
         matches!(self, BudgetError::List { source: kube::Error::Api(s), .. } if s.code == 404)
     }
+
+    /// The credentials may not do what was asked (403): the identity's RBAC lacks the verbs.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(
+            self,
+            BudgetError::List { source: kube::Error::Api(s), .. } | BudgetError::Write { source: kube::Error::Api(s), .. }
+                if s.code == 403
+        )
+    }
 }
 
 impl Budgets {

@@ -68,6 +68,9 @@ pub enum Hostility {
     /// A list of MachineDisruptionBudgets is answered 200, then one byte of its body every
     /// [`TRICKLE_EVERY`], without end. Otherwise as [`Hostility::Empty`].
     TrickleBudgetLists = 7,
+    /// Every request about MachineDisruptionBudgets is refused (403), as an identity whose RBAC
+    /// lacks them would be. Otherwise as [`Hostility::Empty`].
+    ForbidBudgets = 8,
 }
 
 /// How often a trickled answer sends its next byte.
@@ -83,6 +86,7 @@ impl Hostility {
             5 => Hostility::EndlessPages,
             6 => Hostility::EndlessEvents,
             7 => Hostility::TrickleBudgetLists,
+            8 => Hostility::ForbidBudgets,
             _ => Hostility::Empty,
         }
     }
@@ -254,10 +258,21 @@ async fn answer(
     counters: Arc<Counters>,
 ) -> Result<Response<Body>, Infallible> {
     let asked = asked(&req);
-    let budgets = asked == Asked::Read && req.uri().path().ends_with("/machinedisruptionbudgets");
-    if budgets && Hostility::from_u8(mode.load(Ordering::SeqCst)) == Hostility::TrickleBudgetLists {
-        counters.lists.fetch_add(1, Ordering::Relaxed);
-        return Ok(json_answer(StatusCode::OK, trickle()));
+    let budgets = req.uri().path().contains("/machinedisruptionbudgets");
+    match Hostility::from_u8(mode.load(Ordering::SeqCst)) {
+        Hostility::TrickleBudgetLists if budgets && asked == Asked::Read => {
+            counters.lists.fetch_add(1, Ordering::Relaxed);
+            return Ok(json_answer(StatusCode::OK, trickle()));
+        }
+        Hostility::ForbidBudgets if budgets => {
+            counters.reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(status(
+                StatusCode::FORBIDDEN,
+                "Forbidden",
+                "machinedisruptionbudgets.kairon.zyvor.dev is forbidden",
+            ));
+        }
+        _ => {}
     }
     let page = Page::of(&req);
     let counter = match asked {
