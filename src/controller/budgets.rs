@@ -130,7 +130,7 @@ pub(crate) async fn keep(
 ) -> Result<Kept, Error> {
     match keep_all(client, kc, cluster, budgets).await {
         Err(Error::Budget(e)) if e.is_forbidden() => Ok(Kept::Forbidden(crate::text::bounded(
-            &e.to_string().split(": ").next().unwrap_or_default().to_string(),
+            e.to_string().split(": ").next().unwrap_or_default(),
             256,
         ))),
         other => other,

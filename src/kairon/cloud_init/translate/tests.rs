@@ -536,7 +536,7 @@ fn yaml_that_expands_beyond_a_cloud_config_is_refused() {
     let mut laughs = String::from("#cloud-config\nx0: &l0 [a, a, a, a, a, a, a, a, a]\n");
     for i in 1..8 {
         let prev = format!("*l{}", i - 1);
-        laughs.push_str(&format!("x{i}: &l{i} [{}]\n", vec![prev.as_str(); 9].join(", ")));
+        laughs.push_str(&format!("x{i}: &l{i} [{}]\n", [prev.as_str(); 9].join(", ")));
     }
     laughs.push_str("runcmd: *l7\n");
     let cases = [
