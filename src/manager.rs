@@ -283,6 +283,7 @@ pub async fn run(args: Args) -> Result<()> {
             telemetry,
             endpoint_clients: factory,
             allowed_servers: allowed,
+            endpoint_caps: args.endpoint_caps(),
             identity_secret_namespace: args.identity_secret_namespace.clone(),
         },
         shutdown.clone(),

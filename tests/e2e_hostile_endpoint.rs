@@ -2,9 +2,12 @@
 //! at servers that hang every write, never answer, answer 500 with 50 MiB of text, stream a
 //! watch line without end, list page after page without end, or send watch events of new
 //! Kairon Machines without end (`capkr_testenv::hostile`). The manager serves every tenant from
-//! one process: the others must not notice.
+//! one process: the others must not notice. A tenant's many identities, each within what the
+//! manager holds for one, cannot together exhaust it either ([`many_identities`]).
 
 mod common;
+#[path = "e2e_hostile_endpoint/many_identities.rs"]
+mod many_identities;
 
 use std::io::BufRead;
 use std::time::{Duration, Instant};
@@ -32,6 +35,13 @@ const SLOWDOWN: Duration = Duration::from_secs(30);
 /// before it is repeated.
 const MAX_MESSAGE: usize = 2048;
 const MAX_LOG_LINE: usize = 64 * 1024;
+
+/// The tests of this file run one after the other: each measures what the manager costs (one
+/// times it too), on a machine that may have two cores.
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
 
 /// One hostile tenant cluster: its server, and how many machines it asks for.
 struct Tenant {
@@ -189,6 +199,7 @@ fn unclean(message: &str) -> Option<String> {
 /// 64 MiB and no log line repeats what a server flooded it with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_the_manager() {
+    let _alone = one_at_a_time().await;
     let rig = Rig::start(RigOptions {
         workers: 0,
         // Its manager serves the tenant's namespace too, and the test times what it costs.
@@ -507,6 +518,7 @@ const BYSTANDER_WAIT: Duration = Duration::from_secs(90);
 /// (`DisruptionBudgetsReady` False, `DisruptionBudgetsForbidden`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_trickling_its_budget_lists_holds_up_no_other_tenants_cluster() {
+    let _alone = one_at_a_time().await;
     const NS: &str = "trickle-tenant";
     /// More than the KaironCluster controller's workers (`--kaironcluster-concurrency`, 10).
     const CLUSTERS: usize = 12;

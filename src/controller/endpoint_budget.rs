@@ -3,7 +3,9 @@
 //! sends watch events of ever new Kairon Machines, would grow the cache (during a list, the
 //! reflector's buffer) until the manager is killed — and, crash-looping, every tenant with it.
 //! An endpoint that goes over its budget is cut off: its watch stops, what it buffered is
-//! dropped, and its clusters say why until its identity changes.
+//! dropped, and its clusters say why until its identity changes. What it keeps also counts
+//! against the budgets over all endpoints ([`super::endpoint_ledger`]): over one of those, it is
+//! cut off as well.
 
 use std::sync::{Arc, Mutex};
 
@@ -13,6 +15,7 @@ use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use tracing::warn;
 
+use super::endpoint_ledger::Claim;
 use crate::kairon::Machine;
 
 /// At most this many Kairon Machines of one namespace from one identity's Kairon API.
@@ -25,12 +28,17 @@ pub(crate) const MAX_BYTES: usize = 8 * 1024 * 1024;
 const MEASURE_EVERY: usize = 64;
 
 /// How much an endpoint's watch holds, as its events go by.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Budget {
     /// Objects and bytes of the list under way (buffered until it is done).
     listing: (usize, usize),
     /// Changes since the cache was last measured.
     changes: usize,
+    /// Bytes of the cache when it was last measured.
+    cached: usize,
+    /// What the endpoint keeps, as held against the budgets over all endpoints: the cache, and
+    /// beside it the list under way.
+    claim: Claim,
 }
 
 /// The bytes `vm` takes as kept, roughly: the object itself and its serialized size for what
@@ -51,13 +59,37 @@ fn over(objects: usize, bytes: usize) -> Option<String> {
 }
 
 impl Budget {
+    /// The budget of a new endpoint, whose keeping is held as `claim`.
+    pub(crate) fn new(claim: Claim) -> Budget {
+        Budget {
+            listing: (0, 0),
+            changes: 0,
+            cached: 0,
+            claim,
+        }
+    }
+
     /// Takes in `event` (already applied to the cache); `Err` with why once the endpoint is
-    /// over its budget. `cached` measures the cache: its objects and their bytes.
+    /// over its budget, or would take all endpoints over theirs (then it holds nothing there
+    /// any more). `cached` measures the cache: its objects and their bytes.
     pub(crate) fn admit(
         &mut self,
         event: &Event<Machine>,
         cached: impl FnOnce() -> (usize, usize),
     ) -> Result<(), String> {
+        let admitted = self.admit_here(event, cached);
+        if admitted.is_err() {
+            self.claim.release();
+        }
+        admitted
+    }
+
+    fn admit_here(&mut self, event: &Event<Machine>, cached: impl FnOnce() -> (usize, usize)) -> Result<(), String> {
+        let measured = |budget: &mut Budget| {
+            let (objects, bytes) = cached();
+            budget.cached = bytes;
+            over(objects, bytes).map_or(Ok(()), Err)
+        };
         match event {
             Event::Init => self.listing = (0, 0),
             Event::InitApply(vm) => {
@@ -70,24 +102,19 @@ impl Budget {
             Event::InitDone => {
                 self.listing = (0, 0);
                 self.changes = 0;
-                let (objects, bytes) = cached();
-                if let Some(why) = over(objects, bytes) {
-                    return Err(why);
-                }
+                measured(self)?;
             }
             Event::Apply(vm) if vm.meta().name.is_some() => {
                 self.changes += 1;
-                if self.changes >= MEASURE_EVERY {
-                    self.changes = 0;
-                    let (objects, bytes) = cached();
-                    if let Some(why) = over(objects, bytes) {
-                        return Err(why);
-                    }
+                if self.changes < MEASURE_EVERY {
+                    return Ok(());
                 }
+                self.changes = 0;
+                measured(self)?;
             }
-            Event::Apply(_) | Event::Delete(_) => {}
+            Event::Apply(_) | Event::Delete(_) => return Ok(()),
         }
-        Ok(())
+        self.claim.hold(self.cached + self.listing.1)
     }
 }
 
@@ -101,12 +128,13 @@ pub(crate) fn within_budget<S>(
     store: Store<Machine>,
     cut_off: Arc<Mutex<Option<String>>>,
     identity: String,
+    claim: Claim,
     on_cut: impl Fn(Vec<Arc<Machine>>) + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<Event<Machine>>> + Send
 where
     S: Stream<Item = watcher::Result<Event<Machine>>> + Send,
 {
-    events.scan((writer, Budget::default()), move |(writer, budget), event| {
+    events.scan((writer, Budget::new(claim)), move |(writer, budget), event| {
         let Ok(ev) = &event else {
             return futures::future::ready(Some(event));
         };
@@ -131,6 +159,12 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::endpoint_ledger::{EndpointCaps, Ledger};
+
+    /// The budget of an endpoint of namespace `t`, with the default budgets over all endpoints.
+    fn budget() -> Budget {
+        Budget::new(Ledger::new(EndpointCaps::default()).claim("t"))
+    }
 
     fn vm(i: usize, message_bytes: usize) -> Machine {
         let mut m = Machine::new(&format!("vm-{i}"), Default::default());
@@ -144,7 +178,7 @@ mod tests {
 
     #[test]
     fn a_list_without_end_is_cut_off_once_over_the_count() {
-        let mut b = Budget::default();
+        let mut b = budget();
         b.admit(&Event::Init, || (0, 0)).unwrap();
         for i in 0..MAX_MACHINES {
             b.admit(&Event::InitApply(vm(i, 0)), || unreachable!()).unwrap();
@@ -155,7 +189,7 @@ mod tests {
 
     #[test]
     fn a_list_of_big_objects_is_cut_off_once_over_the_bytes() {
-        let mut b = Budget::default();
+        let mut b = budget();
         b.admit(&Event::Init, || (0, 0)).unwrap();
         let big = 1024 * 1024;
         let mut admitted = 0;
@@ -172,7 +206,7 @@ mod tests {
 
     #[test]
     fn a_relist_starts_counting_again_and_a_finished_list_is_measured_in_the_cache() {
-        let mut b = Budget::default();
+        let mut b = budget();
         for round in 0..3 {
             b.admit(&Event::Init, || (0, 0)).unwrap();
             for i in 0..MAX_MACHINES {
@@ -186,7 +220,7 @@ mod tests {
 
     #[test]
     fn watch_events_are_measured_in_the_cache_every_so_often() {
-        let mut b = Budget::default();
+        let mut b = budget();
         let mut measured = 0;
         for i in 0..(10 * MEASURE_EVERY) {
             b.admit(&Event::Apply(vm(i, 0)), || {
@@ -207,6 +241,38 @@ mod tests {
         b.admit(&Event::Delete(vm(0, 0)), || unreachable!()).unwrap();
     }
 
+    #[test]
+    fn endpoints_are_cut_off_once_together_over_their_namespaces_budget_and_release_it() {
+        let per_namespace = MAX_BYTES + MAX_BYTES / 2;
+        let ledger = Ledger::new(EndpointCaps {
+            bytes_per_namespace: per_namespace,
+            ..EndpointCaps::default()
+        });
+        let (mut first, mut second) = (Budget::new(ledger.claim("t")), Budget::new(ledger.claim("t")));
+        let mut other = Budget::new(ledger.claim("u"));
+        let listed = |b: &mut Budget, bytes: usize| {
+            b.admit(&Event::Init, || (0, 0))?;
+            b.admit(&Event::InitDone, || (1, bytes))
+        };
+        listed(&mut first, MAX_BYTES - 1).unwrap();
+        listed(&mut other, MAX_BYTES - 1).unwrap();
+        let why = listed(&mut second, MAX_BYTES - 1).unwrap_err();
+        assert!(why.contains("--identity-cache-bytes-per-namespace"), "{why}");
+        // A list under way counts beside the cache it replaces.
+        first.admit(&Event::Init, || (0, 0)).unwrap();
+        let mut refused = None;
+        for i in 0..MAX_MACHINES {
+            if let Err(why) = first.admit(&Event::InitApply(vm(i, 1024)), || unreachable!()) {
+                refused = Some(why);
+                break;
+            }
+        }
+        let why = refused.expect("the relist of the first is cut off too");
+        assert!(why.contains("namespace t"), "{why}");
+        // Both cut off: the namespace's budget is free again.
+        listed(&mut Budget::new(ledger.claim("t")), MAX_BYTES).unwrap();
+    }
+
     #[tokio::test]
     async fn over_budget_the_watch_ends_and_the_cache_is_emptied() {
         let (store, writer) = kube::runtime::reflector::store::<Machine>();
@@ -224,6 +290,7 @@ mod tests {
             store.clone(),
             cut_off.clone(),
             "t/id".into(),
+            Ledger::new(EndpointCaps::default()).claim("t"),
             move |vms| {
                 *seen.lock().unwrap() = vms.len();
             },

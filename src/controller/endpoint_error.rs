@@ -29,6 +29,11 @@ pub(crate) enum EndpointError {
     BadIdentity(String, String),
     #[error("identityRef.kind {0} is not Secret or KaironClusterIdentity")]
     UnknownKind(String),
+    #[error(
+        "the manager already speaks to {1} Kairon APIs for namespace {0}, as many as it does for one namespace \
+         (--identity-endpoints-per-namespace={1}): this identity's is not opened until another is no longer used"
+    )]
+    TooManyEndpoints(String, usize),
 }
 
 impl EndpointError {
@@ -40,6 +45,8 @@ impl EndpointError {
         use EndpointError::*;
         match self {
             SecretNotFound(_) | NoKubeconfig(_) | BadKubeconfig(..) | Read(..) | ServerNotAllowed(..) => true,
+            // Read and allowed; only not opened (yet).
+            TooManyEndpoints(..) => true,
             IdentityNotFound(_) | ReadIdentity(..) | NotAllowed(..) | BadIdentity(..) | UnknownKind(_) => false,
         }
     }

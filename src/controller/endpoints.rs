@@ -16,6 +16,13 @@
 //! and what is wrong with it, and the watch's own error (an HTTP status, a connection failure),
 //! cleaned and bounded (the server is the tenant's). What a kubeconfig may name, and the bounds
 //! of its client, are in [`super::endpoint_trust`].
+//!
+//! What each endpoint may make the manager hold is bounded ([`super::endpoint_budget`]), and so
+//! is what all of them may together ([`super::endpoint_ledger`]): a namespace opens at most
+//! `--identity-endpoints-per-namespace` endpoints (a KaironCluster naming one more identity
+//! waits, saying so, until one is no longer used), and an endpoint that takes its namespace's,
+//! or all endpoints', keeping over budget is cut off. The KaironClusters naming an endpoint cut
+//! off are told at once ([`Endpoints::with_cut_off_trigger`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -28,6 +35,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 
 use super::endpoint_budget::within_budget;
+use super::endpoint_ledger::{EndpointCaps, Ledger};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use tracing::{info, warn};
@@ -86,6 +94,10 @@ pub struct Endpoints {
     telemetry: Telemetry,
     /// The servers identities may name.
     allowed: AllowedServers,
+    /// What the endpoints keep, held against the budgets over all of them.
+    ledger: Arc<Ledger>,
+    /// Where the identity of an endpoint cut off is sent: its KaironClusters say so at once.
+    cut_offs: Option<futures::channel::mpsc::UnboundedSender<IdentityKey>>,
     running: Mutex<HashMap<IdentityKey, Running>>,
 }
 
@@ -107,6 +119,8 @@ impl Endpoints {
             trigger,
             telemetry,
             allowed: AllowedServers::default(),
+            ledger: Ledger::new(EndpointCaps::default()),
+            cut_offs: None,
             running: Mutex::new(HashMap::new()),
         }
     }
@@ -134,6 +148,23 @@ impl Endpoints {
     /// Identities may name only these servers (`--identity-allowed-servers`).
     pub(crate) fn with_allowed_servers(mut self, allowed: AllowedServers) -> Self {
         self.allowed = allowed;
+        self
+    }
+
+    /// A namespace opens so many endpoints, and they keep so much (the
+    /// `--identity-endpoints-per-namespace`, `--identity-cache-bytes-per-namespace` and
+    /// `--identity-cache-bytes` flags).
+    pub(crate) fn with_caps(mut self, caps: EndpointCaps) -> Self {
+        self.ledger = Ledger::new(caps);
+        self
+    }
+
+    /// The identity of an endpoint cut off (over a budget) is sent to `cut_offs`.
+    pub(crate) fn with_cut_off_trigger(
+        mut self,
+        cut_offs: futures::channel::mpsc::UnboundedSender<IdentityKey>,
+    ) -> Self {
+        self.cut_offs = Some(cut_offs);
         self
     }
 
@@ -267,17 +298,20 @@ impl Endpoints {
                 run.checked = Instant::now();
                 return Ok(run.endpoint.clone());
             }
+            // Refused before a client is built for it: it is asked for again and again.
+            self.one_more(&running, key)?;
         }
         let (client, fingerprint) = self.client_from(&what, &bytes).await?;
-        let endpoint = self.start(key, client, fingerprint);
         let mut running = self.lock();
         if let Some(old) = running.get(key)
             && old.content == content
         {
             // Another reconcile started the same endpoint meanwhile: keep the first.
-            endpoint.1.abort();
             return Ok(old.endpoint.clone());
         }
+        // Another reconcile may have opened one for the namespace meanwhile.
+        self.one_more(&running, key)?;
+        let endpoint = self.start(key, client, fingerprint);
         let restarted = running
             .insert(
                 key.clone(),
@@ -292,6 +326,20 @@ impl Endpoints {
             .is_some();
         info!(identity = %key, secret = %what, restarted, endpoints = running.len(), "Kairon endpoint started");
         Ok(endpoint.0)
+    }
+
+    /// Whether the endpoint of `key` may be started, `running` being those running: a restart
+    /// is no new endpoint, but one more for its namespace may be one too many.
+    fn one_more(&self, running: &HashMap<IdentityKey, Running>, key: &IdentityKey) -> Result<(), EndpointError> {
+        let caps = self.ledger.caps();
+        let open = running.keys().filter(|k| k.namespace == key.namespace).count();
+        if running.contains_key(key) || !caps.refuses_another(open) {
+            return Ok(());
+        }
+        Err(EndpointError::TooManyEndpoints(
+            key.namespace.clone(),
+            caps.endpoints_per_namespace,
+        ))
     }
 
     /// A client from kubeconfig `bytes`; refuses what would make the manager run a command or
@@ -416,18 +464,23 @@ impl Endpoints {
             .modify(kairon::keep_what_is_read);
         let served_cut = key.namespace.clone();
         let on_cut = self.trigger.clone();
+        let (cut_key, clusters_cut) = (key.clone(), self.cut_offs.clone());
         let events = within_budget(
             events,
             writer,
             store.clone(),
             cut_off.clone(),
             key.to_string(),
+            self.ledger.claim(&key.namespace),
             move |vms| {
-                // Its machines say so at once.
+                // Its machines and clusters say so at once.
                 for vm in vms {
                     if let Some(km) = kaironmachine_in(&vm, &served_cut) {
                         let _ = on_cut.unbounded_send(km);
                     }
+                }
+                if let Some(clusters) = &clusters_cut {
+                    let _ = clusters.unbounded_send(cut_key.clone());
                 }
             },
         );
@@ -497,6 +550,18 @@ impl Endpoints {
 /// namespace's machines.
 pub(crate) fn kaironmachine_in(vm: &kairon::Machine, namespace: &str) -> Option<ObjectRef<KaironMachine>> {
     kairon::kaironmachine_for_instance(vm).filter(|km| km.namespace.as_deref() == Some(namespace))
+}
+
+/// The KaironClusters that name the identity of endpoint `key`.
+pub(crate) fn kaironclusters_naming(kcs: &Store<KaironCluster>, key: &IdentityKey) -> Vec<ObjectRef<KaironCluster>> {
+    kcs.state()
+        .iter()
+        .filter(|kc| {
+            kc.namespace().as_deref() == Some(key.namespace.as_str())
+                && kc.spec.identity_ref.as_ref() == Some(&key.identity)
+        })
+        .map(|kc| ObjectRef::from_obj(kc.as_ref()))
+        .collect()
 }
 
 /// The identities named by KaironClusters and recorded on KaironMachines.

@@ -366,18 +366,29 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
     )))
 }
 
+/// The Kairon APIs of identities, as the KaironCluster controller follows them.
+pub(crate) struct Remote {
+    pub endpoints: Arc<Endpoints>,
+    /// KaironClusters whose identity's endpoint was cut off: they say so at once.
+    pub cut_off: futures::stream::BoxStream<'static, ObjectRef<KaironCluster>>,
+}
+
 /// Builds the controller; it runs until `shutdown` resolves and the future is driven. It
 /// reads Clusters, KaironClusters and KaironMachines from the shared `caches` (whose watches
 /// are driven elsewhere).
 pub(crate) fn controller(
     client: Client,
     kairon: Instances,
-    endpoints: Option<Arc<Endpoints>>,
+    remote: Option<Remote>,
     caches: &Caches,
     settings: Settings,
     telemetry: Telemetry,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> impl Future<Output = ()> + Send {
+    let (endpoints, cut_off) = match remote {
+        Some(r) => (Some(r.endpoints), r.cut_off),
+        None => (None, futures::stream::empty().boxed()),
+    };
     let clusters = caches.clusters.store();
     let cluster_lookup = clusters.clone();
     let synced = vec![caches.clusters.synced(), caches.kaironmachines.synced()];
@@ -404,6 +415,7 @@ pub(crate) fn controller(
             let c = cluster_lookup.get(&ObjectRef::new(cluster).within(&ns))?;
             kaironcluster_for_cluster(&c)
         })
+        .reconcile_on(cut_off)
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
         .graceful_shutdown_on(shutdown)
         .run(

@@ -10,8 +10,10 @@
 //! - `identity_protection`: what keeps an identity (`spec.identityRef`) until its cluster's
 //!   VMs are gone, and takes it along on `clusterctl move`;
 //! - [`endpoints`] (the Kairon APIs of identities), `endpoint_health` (one of them as the
-//!   reconcilers use it, and whether it can be used now) and `endpoint_trust` (what an
-//!   identity's kubeconfig may name, and the bounds of its client);
+//!   reconcilers use it, and whether it can be used now), `endpoint_trust` (what an
+//!   identity's kubeconfig may name, and the bounds of its client), `endpoint_budget` (what one
+//!   of them may make the manager hold) and `endpoint_ledger` (what all of them may, together,
+//!   and how many a namespace opens);
 //! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
 //!   reconcile;
 //! - [`Error`]: what can fail, by stage; [`Settings`]: how the manager was asked to run.
@@ -22,6 +24,7 @@ pub(crate) mod caches;
 mod endpoint_budget;
 mod endpoint_error;
 mod endpoint_health;
+pub(crate) mod endpoint_ledger;
 pub(crate) mod endpoint_trust;
 pub mod endpoints;
 pub(crate) mod error;
@@ -37,6 +40,7 @@ pub(crate) mod settings;
 pub mod tenant_share;
 mod write;
 
+pub use endpoint_ledger::EndpointCaps;
 pub(crate) use endpoint_trust::AllowedServers;
 pub use endpoints::Endpoints;
 pub use error::Error;

@@ -5,12 +5,14 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use kube::Client;
 use tracing::{info, warn};
 
 use super::caches::Caches;
+use super::endpoint_ledger::EndpointCaps;
 use super::endpoint_trust::AllowedServers;
-use super::endpoints::{ClientFactory, Endpoints};
+use super::endpoints::{ClientFactory, Endpoints, kaironclusters_naming};
 use super::runtime::Telemetry;
 use super::settings::{Settings, streams_initial_lists};
 use super::{kairon_cluster, kairon_machine, kairon_machine_pool, kairon_machine_template};
@@ -56,6 +58,8 @@ pub(crate) struct Wiring {
     pub endpoint_clients: ClientFactory,
     /// What an identity's kubeconfig may name.
     pub allowed_servers: AllowedServers,
+    /// How many endpoints of identities a namespace opens, and how much they keep.
+    pub endpoint_caps: EndpointCaps,
     /// Where KaironClusterIdentities' Secrets are.
     pub identity_secret_namespace: String,
 }
@@ -70,10 +74,13 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
         telemetry,
         endpoint_clients,
         allowed_servers,
+        endpoint_caps,
         identity_secret_namespace,
     } = w;
-    // Watches of identities' Kairon APIs wake the KaironMachines they concern through this.
+    // Watches of identities' Kairon APIs wake the KaironMachines they concern through this,
+    // and, once cut off, the KaironClusters naming them through the other.
     let (triggers_tx, triggers) = futures::channel::mpsc::unbounded();
+    let (cut_offs_tx, cut_offs) = futures::channel::mpsc::unbounded();
     let endpoints = Arc::new(
         Endpoints::new(
             management.clone(),
@@ -83,7 +90,9 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
             triggers_tx,
             telemetry.clone(),
         )
-        .with_allowed_servers(allowed_servers),
+        .with_allowed_servers(allowed_servers)
+        .with_caps(endpoint_caps)
+        .with_cut_off_trigger(cut_offs_tx),
     );
     let kairon_client = kairon.clone().unwrap_or_else(|| management.clone());
     let kairon_served = discover_kairon(&kairon_client, &telemetry).await;
@@ -152,10 +161,15 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
         telemetry.clone(),
         shutdown.clone(),
     );
+    let naming = caches.kaironclusters.store();
+    let cut_off = cut_offs.flat_map(move |key| futures::stream::iter(kaironclusters_naming(&naming, &key)));
     let kcs = kairon_cluster::controller(
         management.clone(),
         kairon.clone(),
-        Some(endpoints),
+        Some(kairon_cluster::Remote {
+            endpoints,
+            cut_off: cut_off.boxed(),
+        }),
         &caches,
         settings.clone(),
         telemetry.clone(),

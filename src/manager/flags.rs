@@ -228,6 +228,21 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_value = "", help_heading = KAIRON)]
     pub identity_allowed_servers: Vec<String>,
 
+    /// Kairon APIs of identities the manager speaks to at once for one namespace; a
+    /// KaironCluster naming one more identity waits, saying so, until one is no longer used.
+    #[arg(long, default_value_t = controller::endpoint_ledger::ENDPOINTS_PER_NAMESPACE, help_heading = KAIRON)]
+    pub identity_endpoints_per_namespace: usize,
+
+    /// Bytes of Kairon Machines (as kept) the manager holds from the Kairon APIs of one
+    /// namespace's identities together; the one that goes over is cut off.
+    #[arg(long, default_value_t = controller::endpoint_ledger::BYTES_PER_NAMESPACE, help_heading = KAIRON)]
+    pub identity_cache_bytes_per_namespace: usize,
+
+    /// Bytes of Kairon Machines (as kept) the manager holds from the Kairon APIs of all
+    /// identities together; the one that goes over is cut off.
+    #[arg(long, default_value_t = controller::endpoint_ledger::BYTES, help_heading = KAIRON)]
+    pub identity_cache_bytes: usize,
+
     /// Log format (CAPI's name: --logging-format).
     #[arg(long, visible_alias = "logging-format", value_enum, default_value_t = LogFormat::Text, help_heading = LOGGING)]
     pub log_format: LogFormat,
@@ -317,6 +332,19 @@ impl Args {
         }
         controller::AllowedServers::parse(&self.identity_allowed_servers)
             .map_err(|e| format!("--identity-allowed-servers: {e}"))?;
+        if [
+            self.identity_endpoints_per_namespace,
+            self.identity_cache_bytes_per_namespace,
+            self.identity_cache_bytes,
+        ]
+        .contains(&0)
+        {
+            return Err(
+                "--identity-endpoints-per-namespace, --identity-cache-bytes-per-namespace and --identity-cache-bytes \
+                 must be at least 1"
+                    .into(),
+            );
+        }
         if self.leader_elect {
             let (lease, renew, retry) = (
                 self.leader_elect_lease_duration,
@@ -365,6 +393,15 @@ impl Args {
                 .then_some(controller::endpoint_trust::WATCH_TIMEOUT_SECS),
             evacuation_grace_period: self.evacuation_grace_period,
             kairon_deletion_grace_period: self.kairon_deletion_grace_period,
+        }
+    }
+
+    /// How many endpoints of identities a namespace opens, and how much they keep.
+    pub(crate) fn endpoint_caps(&self) -> controller::EndpointCaps {
+        controller::EndpointCaps {
+            endpoints_per_namespace: self.identity_endpoints_per_namespace,
+            bytes_per_namespace: self.identity_cache_bytes_per_namespace,
+            bytes: self.identity_cache_bytes,
         }
     }
 
@@ -514,6 +551,21 @@ mod tests {
         assert_eq!(a.metrics_bind_address, ":8443");
         assert_eq!(a.kube_api_qps, 20.0);
         assert_eq!(a.kube_api_burst, 30);
+        assert_eq!(a.endpoint_caps(), controller::EndpointCaps::default());
+        let a = Args::parse_from([
+            "capkr-manager",
+            "--identity-endpoints-per-namespace=2",
+            "--identity-cache-bytes-per-namespace=1048576",
+            "--identity-cache-bytes=4194304",
+        ]);
+        assert_eq!(
+            a.endpoint_caps(),
+            controller::EndpointCaps {
+                endpoints_per_namespace: 2,
+                bytes_per_namespace: 1 << 20,
+                bytes: 4 << 20,
+            }
+        );
     }
 
     #[test]
@@ -533,6 +585,11 @@ mod tests {
                 "--adopt-from-management-clusters",
             ),
             (vec!["--kaironmachine-concurrency=0"], "concurrency"),
+            (
+                vec!["--identity-endpoints-per-namespace=0"],
+                "--identity-endpoints-per-namespace",
+            ),
+            (vec!["--identity-cache-bytes=0"], "--identity-cache-bytes"),
             (
                 vec!["--leader-elect", "--leader-elect-retry-period=0s"],
                 "--leader-elect-retry-period",

@@ -9,6 +9,10 @@
 //! the errors are short), an endless watch line stops growing after [`ENDLESS_CAP`] bytes
 //! (the connection stays open, the line unfinished), and endless watch events stop after
 //! [`ENDLESS_EVENTS_CAP`]. Endless list pages are not capped: each page is asked for.
+//!
+//! One way is not endless but as much as the manager holds for one identity: a watch sends
+//! the same [`ManyEvents`] Kairon Machines each time (just under an endpoint's budget), so that
+//! many identities together, each within its own budget, are what a tenant can cost.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -65,12 +69,24 @@ pub enum Hostility {
     /// [`ENDLESS_EVENTS_CAP`], then nothing more, the connection open). Otherwise as
     /// [`Hostility::Empty`].
     EndlessEvents = 6,
+    /// Lists are empty; a watch sends ADDED events of the same Kairon Machines each time, as
+    /// many and as big as the server's [`ManyEvents`] says, then is quiet until its timeout.
+    /// Otherwise as [`Hostility::Empty`].
+    ManyEvents = 7,
     /// A list of MachineDisruptionBudgets is answered 200, then one byte of its body every
     /// [`TRICKLE_EVERY`], without end. Otherwise as [`Hostility::Empty`].
-    TrickleBudgetLists = 7,
+    TrickleBudgetLists = 8,
     /// Every request about MachineDisruptionBudgets is refused (403), as an identity whose RBAC
     /// lacks them would be. Otherwise as [`Hostility::Empty`].
-    ForbidBudgets = 8,
+    ForbidBudgets = 9,
+}
+
+/// What a watch of [`Hostility::ManyEvents`] sends: Kairon Machines `hostile-0` to
+/// `hostile-<machines - 1>`, each with a status message of `message_bytes` bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ManyEvents {
+    pub machines: u64,
+    pub message_bytes: usize,
 }
 
 /// How often a trickled answer sends its next byte.
@@ -85,8 +101,9 @@ impl Hostility {
             3 => Hostility::EndlessWatchLine,
             5 => Hostility::EndlessPages,
             6 => Hostility::EndlessEvents,
-            7 => Hostility::TrickleBudgetLists,
-            8 => Hostility::ForbidBudgets,
+            7 => Hostility::ManyEvents,
+            8 => Hostility::TrickleBudgetLists,
+            9 => Hostility::ForbidBudgets,
             _ => Hostility::Empty,
         }
     }
@@ -128,6 +145,12 @@ pub struct HostileServer {
     task: JoinHandle<()>,
 }
 
+/// What the server answers with, besides its mode.
+#[derive(Clone, Copy, Debug, Default)]
+struct Shape {
+    many: ManyEvents,
+}
+
 impl Drop for HostileServer {
     fn drop(&mut self) {
         self.task.abort();
@@ -136,6 +159,15 @@ impl Drop for HostileServer {
 
 impl HostileServer {
     pub async fn start(mode: Hostility) -> Result<HostileServer> {
+        Self::start_shaped(mode, Shape::default()).await
+    }
+
+    /// A server in mode [`Hostility::ManyEvents`], whose watches send `many`.
+    pub async fn start_many_events(many: ManyEvents) -> Result<HostileServer> {
+        Self::start_shaped(Hostility::ManyEvents, Shape { many }).await
+    }
+
+    async fn start_shaped(mode: Hostility, shape: Shape) -> Result<HostileServer> {
         let ca = Ca::new("hostile-kairon-ca")?;
         let serving = ca.serving_cert("hostile-kairon", &[])?;
         let tls = tls_config(&serving.cert_pem, &serving.key_pem)?;
@@ -152,7 +184,7 @@ impl HostileServer {
                 let (acceptor, m, c) = (acceptor.clone(), m.clone(), c.clone());
                 conns.spawn(async move {
                     let Ok(tls) = acceptor.accept(stream).await else { return };
-                    let svc = service_fn(move |req| answer(req, m.clone(), c.clone()));
+                    let svc = service_fn(move |req| answer(req, m.clone(), c.clone(), shape));
                     let _ = http1::Builder::new().serve_connection(TokioIo::new(tls), svc).await;
                 });
                 // Finished connections are forgotten as they go.
@@ -256,6 +288,7 @@ async fn answer(
     req: Request<Incoming>,
     mode: Arc<AtomicU8>,
     counters: Arc<Counters>,
+    shape: Shape,
 ) -> Result<Response<Body>, Infallible> {
     let asked = asked(&req);
     let budgets = req.uri().path().contains("/machinedisruptionbudgets");
@@ -290,7 +323,7 @@ async fn answer(
             _ => false,
         };
         if !hold {
-            return Ok(respond(now, asked, &page, &counters));
+            return Ok(respond(now, asked, &page, &counters, shape));
         }
         // Held until the client gives up (then hyper drops this future) or the mode changes.
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -328,13 +361,22 @@ impl Page {
 
 /// A Kairon Machine as the manager's watch selects them, named by `n`.
 fn machine(namespace: &str, n: u64) -> serde_json::Value {
+    padded_machine(namespace, n, 0)
+}
+
+/// [`machine`] with a status message of `message_bytes` bytes (none when 0).
+fn padded_machine(namespace: &str, n: u64, message_bytes: usize) -> serde_json::Value {
+    let mut status = serde_json::json!({"phase": "Running"});
+    if message_bytes > 0 {
+        status["message"] = "m".repeat(message_bytes).into();
+    }
     serde_json::json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "Machine",
         "metadata": {"name": format!("hostile-{n}"), "namespace": namespace, "uid": format!("uid-{n}"),
                      "resourceVersion": n.to_string(),
                      "labels": {"app.kubernetes.io/managed-by": "cluster-api-provider-kairon"}},
         "spec": {},
-        "status": {"phase": "Running"}
+        "status": status
     })
 }
 
@@ -369,7 +411,26 @@ fn endless_events(namespace: String, counters: Arc<Counters>) -> Body {
     stream_body(events.chain(futures::stream::pending::<Bytes>()))
 }
 
-fn respond(mode: Hostility, asked: Asked, page: &Page, counters: &Arc<Counters>) -> Response<Body> {
+/// ADDED events of the Kairon Machines of `many` (the same ones at every watch), then a quiet
+/// watch until `timeout`, as an API server ends it.
+fn many_events(namespace: String, many: ManyEvents, counters: Arc<Counters>, timeout: Duration) -> Body {
+    const BATCH: u64 = 100;
+    let events = futures::stream::iter((0..many.machines).step_by(BATCH as usize)).map(move |first| {
+        let last = (first + BATCH).min(many.machines);
+        counters.objects.fetch_add(last - first, Ordering::Relaxed);
+        let mut text = String::new();
+        for n in first..last {
+            let object = padded_machine(&namespace, n, many.message_bytes);
+            text.push_str(&serde_json::json!({"type": "ADDED", "object": object}).to_string());
+            text.push('\n');
+        }
+        Bytes::from(text)
+    });
+    let quiet = futures::stream::once(tokio::time::sleep(timeout)).filter_map(|()| async { None::<Bytes> });
+    stream_body(events.chain(quiet))
+}
+
+fn respond(mode: Hostility, asked: Asked, page: &Page, counters: &Arc<Counters>, shape: Shape) -> Response<Body> {
     match (mode, asked) {
         (Hostility::ErrorFlood, _) => {
             let huge = counters.flood_bodies.fetch_add(1, Ordering::Relaxed) < FLOOD_BODIES;
@@ -391,6 +452,10 @@ fn respond(mode: Hostility, asked: Asked, page: &Page, counters: &Arc<Counters>)
         (Hostility::EndlessEvents, Asked::Watch { .. }) => {
             json_answer(StatusCode::OK, endless_events(page.namespace.clone(), counters.clone()))
         }
+        (Hostility::ManyEvents, Asked::Watch { timeout }) => json_answer(
+            StatusCode::OK,
+            many_events(page.namespace.clone(), shape.many, counters.clone(), timeout),
+        ),
         (_, Asked::List) => json(
             StatusCode::OK,
             r#"{"apiVersion":"kairon.zyvor.dev/v1alpha1","kind":"MachineList","metadata":{"resourceVersion":"1"},"items":[]}"#,
