@@ -570,7 +570,15 @@ async fn shared_identity_serves_the_namespaces_it_allows_and_ten_endpoints() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let rig = Rig::start(RigOptions {
         create: false,
-        manager_args: [every_namespace(), vec![format!("--identity-secret-namespace={OPS}")]].concat(),
+        // Ten endpoints in the rig's namespace below: more than the default cap of eight.
+        manager_args: [
+            every_namespace(),
+            vec![
+                format!("--identity-secret-namespace={OPS}"),
+                "--identity-endpoints-per-namespace=10".to_string(),
+            ],
+        ]
+        .concat(),
         ..RigOptions::new("shared-identity")
     })
     .await;
