@@ -219,7 +219,7 @@ async fn cluster_sample(rig: &GuestRig) -> Result<(), String> {
 async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_at_a_time() {
     let (hosts, sim_args) = rig_hosts("templates-maintenance");
     let rig = GuestRig::start_with("templates_maintenance", &sim_args).await;
-    let (wc, md) = cluster_with_workload(&rig, &[]).await;
+    let (wc, _) = cluster_with_workload(&rig, &[]).await;
     let etcd = EtcdProbe::new(&rig);
 
     // One control plane and both workers on the host to be maintained, nothing else.
@@ -286,7 +286,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
         let b = if cps.contains(v) {
             format!("cp-{}", rig.cluster)
         } else {
-            format!("md-{md}")
+            format!("workers-{}", rig.cluster)
         };
         (v, b)
     }) {

@@ -456,7 +456,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     };
     // The cluster's disruption budgets on Kairon, made by the source.
     let budgets: Api<MachineDisruptionBudget> = Api::namespaced(kairon_env.client(), ns);
-    let mut budget_names = vec![format!("cp-{CLUSTER}"), format!("md-{CLUSTER}-md-0")];
+    let mut budget_names = vec![format!("cp-{CLUSTER}"), format!("workers-{CLUSTER}")];
     if pool_workers > 0 {
         budget_names.push(format!("mp-{pool_name}"));
     }

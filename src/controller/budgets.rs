@@ -1,13 +1,14 @@
 //! The MachineDisruptionBudgets a workload cluster keeps on its Kairon API, so that Kairon's
 //! evacuation (`kaironctl evacuate`, an evacuating cordon, its admission webhook) never
 //! cold-migrates the cluster's VMs (see [`crate::kairon::budget`] for why): one over the control
-//! plane, one per MachineDeployment and one per KaironMachinePool, none allowing a disruption.
+//! plane, one over the rest of the VMs its KaironMachines made and one per KaironMachinePool,
+//! none allowing a disruption.
 //! The VMs of a cordoned node are replaced through CAPI instead
 //! (`kairon_machine::evacuation`). Kept by the KaironCluster's reconcile: written when they
 //! differ, deleted when what they cover is gone, and with the cluster; handed over, not
 //! deleted, by `clusterctl move` (the target adopts them as it adopts VMs).
 
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ListParams};
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -18,33 +19,11 @@ use crate::capi;
 use crate::kairon::budget::{BudgetInput, DesiredBudget, MachineDisruptionBudget, desired_budgets};
 use crate::kairon::{Budgets, labels};
 
-/// CAPI's MachineDeployments (v1beta2), read untyped: only their names.
-fn machine_deployments() -> ApiResource {
-    ApiResource {
-        group: "cluster.x-k8s.io".into(),
-        version: "v1beta2".into(),
-        api_version: "cluster.x-k8s.io/v1beta2".into(),
-        kind: "MachineDeployment".into(),
-        plural: "machinedeployments".into(),
-    }
-}
-
 /// What the cluster's budgets are made from, read from the management cluster.
 async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<BudgetInput, Error> {
     let name = cluster.name_any();
     let selector = format!("{}={name}", capi::CLUSTER_NAME_LABEL);
     let lp = ListParams::default().labels(&selector);
-    let mds: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &machine_deployments());
-    let deployments = mds
-        .list(&lp)
-        .await
-        .map_err(Error::read(format!("MachineDeployments of Cluster {ns}/{name}")))?
-        .items
-        .into_iter()
-        .filter(|md| md.metadata.deletion_timestamp.is_none())
-        .filter(|md| md.name_any().len() <= 63)
-        .map(|md| md.name_any())
-        .collect();
     let pools: Api<KaironMachinePool> = Api::namespaced(client.clone(), ns);
     let pools = pools
         .list(&lp)
@@ -58,7 +37,6 @@ async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<Bu
     Ok(BudgetInput {
         cluster: name,
         namespace: ns.to_string(),
-        deployments,
         pools,
     })
 }

@@ -358,8 +358,8 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
         &c.spec.control_plane_endpoint,
         &c.spec.infrastructure_ref,
         c.metadata.deletion_timestamp.is_some(),
-        // What the cluster's disruption budgets follow: workers added or removed (a
-        // MachineDeployment or a pool came or went).
+        // What the cluster's disruption budgets follow: workers added or removed (a pool came
+        // or went).
         c.status
             .as_ref()
             .map(|s| s.workers.as_ref().map(|w| w.desired_replicas)),
@@ -391,6 +391,7 @@ pub(crate) fn controller(
     };
     let clusters = caches.clusters.store();
     let cluster_lookup = clusters.clone();
+    let kc_lookup = caches.kaironclusters.store();
     let synced = vec![caches.clusters.synced(), caches.kaironmachines.synced()];
     let ctx = Arc::new(Context {
         events: telemetry.recorder("capkr-kaironcluster-controller"),
@@ -409,11 +410,14 @@ pub(crate) fn controller(
             kaironcluster_for_cluster(&c)
         })
         .watches_shared_stream(caches.kaironmachines.touched(), move |m: Arc<KaironMachine>| {
-            // A KaironMachine went or came: its cluster's KaironCluster may be waiting on it.
+            // A KaironMachine went or came: its cluster's KaironCluster may be waiting on it,
+            // if it is being deleted. Nothing else of the KaironCluster follows its machines:
+            // the budgets are the cluster's and its pools', not per machine.
             let ns = m.namespace()?;
             let cluster = capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL)?;
             let c = cluster_lookup.get(&ObjectRef::new(cluster).within(&ns))?;
-            kaironcluster_for_cluster(&c)
+            let kc = kaironcluster_for_cluster(&c)?;
+            kc_lookup.get(&kc)?.metadata.deletion_timestamp.is_some().then_some(kc)
         })
         .reconcile_on(cut_off)
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))

@@ -13,8 +13,9 @@
 //! each tick, for people to read; decisions are made from fresh counts.
 //!
 //! What the provider keeps ([`desired_budgets`]): one budget over a cluster's control-plane VMs,
-//! one per MachineDeployment, one per KaironMachinePool, and one over the rest of the
-//! cluster's VMs (a bare MachineSet's, a standalone Machine's), each allowing no disruption. The
+//! one over the rest of the VMs its KaironMachines made (MachineDeployments', bare
+//! MachineSets', standalone Machines'), and one per KaironMachinePool, each allowing no
+//! disruption. The
 //! disruptions Kairon's evacuation makes are cold migrations (`kaironctl evacuate` and cordon
 //! evacuation make no other kind), and a cold migration recreates the VM from its image on a
 //! fresh disk with its bootstrap data run again: no Node survives it undrained, and a first
@@ -107,15 +108,12 @@ pub fn selects(selector: &BTreeMap<String, String>, labels: Option<&BTreeMap<Str
 }
 
 /// Label on the budgets this provider keeps: what the budget covers (`control-plane`,
-/// `machinedeployment`, `machinepool`). With [`labels::CLUSTER_NAME`],
+/// `workers`, `machinepool`). With [`labels::CLUSTER_NAME`],
 /// [`labels::MANAGEMENT_CLUSTER`] and the managed-by label, it is how the provider finds its
 /// own budgets and never touches anyone else's.
 pub const BUDGET_FOR: &str = "infrastructure.cluster.x-k8s.io/kairon-budget-for";
 /// On the budgets the provider keeps: the namespace of the workload cluster's objects.
 pub const CLUSTER_NAMESPACE: &str = "infrastructure.cluster.x-k8s.io/kairon-cluster-namespace";
-/// On the VMs of a MachineDeployment, as on its Machines (CAPI's label): what a
-/// MachineDeployment's budget selects.
-pub const DEPLOYMENT_NAME: &str = crate::capi::DEPLOYMENT_NAME_LABEL;
 
 /// What a cluster's budgets are made from.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -123,8 +121,6 @@ pub struct BudgetInput {
     pub cluster: String,
     /// The namespace of the Cluster and of its VMs.
     pub namespace: String,
-    /// The cluster's MachineDeployments.
-    pub deployments: Vec<String>,
     /// The cluster's KaironMachinePools.
     pub pools: Vec<String>,
 }
@@ -140,18 +136,16 @@ pub struct DesiredBudget {
 
 pub mod covers {
     pub const CONTROL_PLANE: &str = "control-plane";
-    pub const MACHINE_DEPLOYMENT: &str = "machinedeployment";
     pub const MACHINE_POOL: &str = "machinepool";
-    /// The cluster's VMs that are neither the control plane's nor a MachineDeployment's.
-    pub const OTHER: &str = "other";
+    /// The cluster's VMs made by KaironMachines that are not the control plane's.
+    pub const WORKERS: &str = "workers";
 }
 
 /// Longest object name the budgets' names are cut to (a DNS subdomain).
 const MAX_NAME: usize = 253;
 
-/// The budgets a cluster should have. Names: `cp-<cluster>`, `md-<deployment>`, `mp-<pool>`,
-/// `rest-<cluster>` (a MachineDeployment's and a pool's names are unique in their namespace;
-/// the prefixes keep them apart from each other and from the cluster's).
+/// The budgets a cluster should have. Names: `cp-<cluster>`, `workers-<cluster>`, `mp-<pool>`
+/// (a pool's name is unique in its namespace; the prefixes keep the budgets apart).
 pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
     let base = || {
         BTreeMap::from([
@@ -169,26 +163,17 @@ pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
         covers: covers::CONTROL_PLANE,
         spec: none_disrupted(cp),
     });
-    for md in &input.deployments {
-        let mut sel = base();
-        sel.insert(DEPLOYMENT_NAME.to_string(), md.clone());
-        out.push(DesiredBudget {
-            name: cut(format!("md-{md}")),
-            covers: covers::MACHINE_DEPLOYMENT,
-            spec: none_disrupted(sel),
-        });
-    }
-    // The rest of the cluster's VMs made by KaironMachines: no role and no deployment label,
-    // which Kairon matches as `key: ""` (a missing label reads as empty). Together with the
-    // control plane's and the deployments', every such VM of the cluster is covered, whatever
-    // made its Machine.
-    let mut rest = base();
-    rest.insert(labels::ROLE.to_string(), String::new());
-    rest.insert(DEPLOYMENT_NAME.to_string(), String::new());
+    // Every other VM a KaironMachine of the cluster made (a MachineDeployment's, a bare
+    // MachineSet's, a standalone Machine's): no role label, which Kairon matches as `key: ""`
+    // (a missing label reads as empty). With the control plane's, every such VM of the
+    // cluster is covered, whatever made its Machine, and nothing but the cluster's objects
+    // decides which budgets there are.
+    let mut workers = base();
+    workers.insert(labels::ROLE.to_string(), String::new());
     out.push(DesiredBudget {
-        name: cut(format!("rest-{}", input.cluster)),
-        covers: covers::OTHER,
-        spec: none_disrupted(rest),
+        name: cut(format!("workers-{}", input.cluster)),
+        covers: covers::WORKERS,
+        spec: none_disrupted(workers),
     });
     for pool in &input.pools {
         let mut sel = base();
@@ -271,32 +256,29 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_gets_a_control_plane_budget_and_one_per_deployment_and_pool() {
+    fn a_cluster_gets_a_control_plane_budget_one_over_its_workers_and_one_per_pool() {
         let input = BudgetInput {
             cluster: "c1".into(),
             namespace: "ns".into(),
-            deployments: vec!["c1-md-0".into(), "c1-md-1".into()],
             pools: vec!["c1-mp-0".into()],
         };
         let b = desired_budgets(&input);
         let names: Vec<&str> = b.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["cp-c1", "md-c1-md-0", "md-c1-md-1", "rest-c1", "mp-c1-mp-0"]);
+        assert_eq!(names, ["cp-c1", "workers-c1", "mp-c1-mp-0"]);
         assert!(
             b.iter()
                 .all(|b| b.spec.max_unavailable.as_deref() == Some("0") && b.spec.min_available.is_none()),
             "no VM of the cluster may be disrupted by Kairon: {b:?}"
         );
         assert_eq!(b[0].spec.selector[labels::ROLE], labels::ROLE_CONTROL_PLANE);
-        assert!(
-            b.iter()
-                .filter(|b| b.covers != covers::OTHER)
-                .all(|b| b.spec.selector.values().all(|v| !v.is_empty())),
-            "no empty value but the rest's: Kairon would match it on Machines without the key"
+        assert_eq!(
+            b[1].spec.selector[labels::ROLE],
+            "",
+            "workers: the VMs without the role label"
         );
-        assert_eq!(b[0].spec.selector[labels::CLUSTER_NAME], "c1");
-        assert_eq!(b[1].spec.selector[DEPLOYMENT_NAME], "c1-md-0");
-        assert_eq!(b[4].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
-        assert!(!b[4].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
+        assert!(b.iter().all(|b| b.spec.selector[labels::CLUSTER_NAME] == "c1"));
+        assert_eq!(b[2].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
+        assert!(!b[2].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
     }
 
     /// Every VM a KaironMachine of the cluster makes is covered by exactly one of the budgets
@@ -307,7 +289,6 @@ mod tests {
         let input = BudgetInput {
             cluster: "c1".into(),
             namespace: "ns".into(),
-            deployments: vec!["c1-md-0".into()],
             pools: vec!["c1-mp-0".into()],
         };
         let b = desired_budgets(&input);
@@ -331,15 +312,15 @@ mod tests {
             ("control plane", vm(&cp, "c1", "ns"), Some("cp-c1")),
             (
                 "deployment worker",
-                vm(&[(DEPLOYMENT_NAME, "c1-md-0")], "c1", "ns"),
-                Some("md-c1-md-0"),
+                vm(&[(crate::capi::DEPLOYMENT_NAME_LABEL, "c1-md-0")], "c1", "ns"),
+                Some("workers-c1"),
             ),
             (
                 "bare MachineSet's worker",
                 vm(&[("cluster.x-k8s.io/set-name", "c1-ms")], "c1", "ns"),
-                Some("rest-c1"),
+                Some("workers-c1"),
             ),
-            ("standalone Machine's VM", vm(&[], "c1", "ns"), Some("rest-c1")),
+            ("standalone Machine's VM", vm(&[], "c1", "ns"), Some("workers-c1")),
             ("pool member", pool_member, Some("mp-c1-mp-0")),
             ("another cluster's worker", vm(&[], "c2", "ns"), None),
             ("another namespace's worker", vm(&[], "c1", "other"), None),

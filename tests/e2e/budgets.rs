@@ -1,8 +1,8 @@
 //! The disruption budgets a cluster keeps on Kairon, on the real control plane: a cluster of
 //! one control plane and a MachineDeployment gets a MachineDisruptionBudget over its
-//! control-plane VM and one over the deployment's VMs, each selecting exactly those VMs as
-//! Kairon matches selectors (`key: ""` holds on a Machine without the key), and none allowing a
-//! disruption; the deployment's covers the VMs it grows by; a budget of another management
+//! control-plane VM and one over its workers, each selecting exactly those VMs as Kairon
+//! matches selectors (`key: ""` holds on a Machine without the key), and none allowing a
+//! disruption; the workers' covers the VMs the deployment grows by; a budget of another management
 //! cluster with the same name as one of ours would have is left alone; a paused cluster's
 //! budgets stay as they are (nothing written, nothing deleted, nothing put back) until it is
 //! unpaused; and deleting the cluster deletes its budgets.
@@ -21,7 +21,7 @@ use serde_json::json;
 const UP: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_deletes_them_with_it() {
+async fn a_cluster_keeps_budgets_over_its_control_plane_and_workers_and_deletes_them_with_it() {
     let rig = Rig::start(RigOptions {
         workers: 2,
         ..RigOptions::new("e2e_budgets")
@@ -29,13 +29,13 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
     .await;
     let budgets: Api<MachineDisruptionBudget> = Api::namespaced(rig.env.client(), &rig.ns);
     let md = format!("{}-md-0", rig.cluster);
-    let (cp_name, md_name) = (format!("cp-{}", rig.cluster), format!("md-{md}"));
+    let (cp_name, md_name) = (format!("cp-{}", rig.cluster), format!("workers-{}", rig.cluster));
     rig.wait_running(3, UP).await;
 
     // Both budgets, each over exactly its VMs.
     let found = rig
         .wait(
-            "a budget over the control plane and one over the deployment",
+            "a budget over the control plane and one over the workers",
             UP,
             || async {
                 let list = budgets.list(&ListParams::default()).await?;
@@ -66,7 +66,7 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
         cp_vms.iter().map(|v| v.name_any()).collect::<Vec<_>>()
     );
     assert!(cp_vms[0].labels().contains_key(labels::CONTROL_PLANE));
-    assert_eq!(md_vms.len(), 2, "the deployment's budget selects its two VMs");
+    assert_eq!(md_vms.len(), 2, "the workers' budget selects the deployment's two VMs");
     assert!(md_vms.iter().all(|vm| !vm.labels().contains_key(labels::CONTROL_PLANE)));
     assert!(cp.spec.min_available.is_none() && mdb.spec.min_available.is_none());
     assert_eq!(
@@ -79,8 +79,8 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
         cp.spec.max_unavailable, mdb.spec.max_unavailable
     );
 
-    // A budget of another management cluster, named as a budget of this cluster would be for
-    // a second deployment: left alone when that deployment appears.
+    // A budget of another management cluster, labelled for this cluster under a name of its
+    // own: left alone.
     let foreign = format!("md-{}-md-1", rig.cluster);
     let foreign_budget: MachineDisruptionBudget = serde_json::from_value(json!({
         "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineDisruptionBudget",
@@ -92,8 +92,8 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
     .unwrap();
     budgets.create(&Default::default(), &foreign_budget).await.unwrap();
 
-    // The deployment grows to 4 with maxUnavailable 50%: its budget covers the new VMs and
-    // still allows no disruption.
+    // The deployment grows to 4 with maxUnavailable 50%: the workers' budget covers the new
+    // VMs and still allows no disruption.
     rig.machine_deployments()
         .patch(
             &md,
@@ -110,7 +110,7 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_deployment_and_delet
         .iter()
         .filter(|vm| selects(&b.spec.selector, vm.metadata.labels.as_ref()))
         .count();
-    assert_eq!(covered, 4, "the deployment's budget selects its four VMs");
+    assert_eq!(covered, 4, "the workers' budget selects the deployment's four VMs");
     assert_eq!(b.spec.max_unavailable.as_deref(), Some("0"));
     let theirs = budgets.get(&foreign).await.unwrap();
     assert_eq!(

@@ -493,7 +493,7 @@ async fn a_cordoned_nodes_worker_is_replaced_through_capi_while_evacuate_waits()
         .map(|vm| vm.name_any())
         .collect();
     let uids_before: Vec<String> = all.iter().filter_map(|vm| vm.metadata.uid.clone()).collect();
-    let budget = format!("md-{}-md-0", rig.cluster);
+    let budget = format!("workers-{}", rig.cluster);
     let emptied = cordon_and_wait_for_empty(&rig, &node, &budget).await;
     let now = vms.list(&ListParams::default()).await.unwrap().items;
     for gone in &on_node {
@@ -662,7 +662,7 @@ async fn a_cordoned_nodes_worker_whose_health_check_is_gone_is_still_replaced() 
     );
     let vm = rig.vms().get(&worker).await.unwrap();
     let node = vm_node(&vm).expect("placed");
-    cordon_and_wait_for_empty(&rig, &node, &format!("md-{}-md-0", rig.cluster)).await;
+    cordon_and_wait_for_empty(&rig, &node, &format!("workers-{}", rig.cluster)).await;
     let deleted = events(&rig, &worker, "ReplacementRequested").await;
     assert!(
         deleted.iter().any(|e| e
