@@ -91,31 +91,14 @@ async fn create_tenant(rig: &Rig, t: &Tenant, index: usize) {
         )
         .await
         .expect("bootstrap data Secret");
-    let yaml = format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
-    name: {name}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
-metadata:
-  name: {name}
-spec:
-  controlPlaneEndpoint:
-    host: 10.0.9.{index}
-    port: 6443
-  identityRef:
-    kind: Secret
-    name: {name}-identity"#,
-        name = t.name
-    );
-    rig.env.apply(&yaml, Some(TENANT_NS)).await.expect("tenant cluster");
+    create_cluster(
+        rig,
+        TENANT_NS,
+        t.name,
+        &format!("10.0.9.{index}"),
+        Some(&format!("{}-identity", t.name)),
+    )
+    .await;
     let machines: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         TENANT_NS,

@@ -366,6 +366,14 @@ pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
     )))
 }
 
+/// The KaironCluster of `m`'s cluster, through the Cluster in `clusters`.
+fn kaironcluster_of(clusters: &Store<capi::Cluster>, m: &KaironMachine) -> Option<ObjectRef<KaironCluster>> {
+    let ns = m.namespace()?;
+    let cluster = capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL)?;
+    let c = clusters.get(&ObjectRef::new(cluster).within(&ns))?;
+    kaironcluster_for_cluster(&c)
+}
+
 /// The Kairon APIs of identities, as the KaironCluster controller follows them.
 pub(crate) struct Remote {
     pub endpoints: Arc<Endpoints>,
@@ -391,7 +399,6 @@ pub(crate) fn controller(
     };
     let clusters = caches.clusters.store();
     let cluster_lookup = clusters.clone();
-    let kc_lookup = caches.kaironclusters.store();
     let synced = vec![caches.clusters.synced(), caches.kaironmachines.synced()];
     let ctx = Arc::new(Context {
         events: telemetry.recorder("capkr-kaironcluster-controller"),
@@ -410,14 +417,10 @@ pub(crate) fn controller(
             kaironcluster_for_cluster(&c)
         })
         .watches_shared_stream(caches.kaironmachines.touched(), move |m: Arc<KaironMachine>| {
-            // A KaironMachine went or came: its cluster's KaironCluster may be waiting on it,
-            // if it is being deleted. Nothing else of the KaironCluster follows its machines:
-            // the budgets are the cluster's and its pools', not per machine.
-            let ns = m.namespace()?;
-            let cluster = capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL)?;
-            let c = cluster_lookup.get(&ObjectRef::new(cluster).within(&ns))?;
-            let kc = kaironcluster_for_cluster(&c)?;
-            kc_lookup.get(&kc)?.metadata.deletion_timestamp.is_some().then_some(kc)
+            // A KaironMachine came, changed or went: its cluster's KaironCluster may be waiting
+            // on it (deletion), a pool may have come with it (its budget), or it may have seen
+            // the identity's Kairon API fail (the KaironCluster's Ready says so).
+            kaironcluster_of(&cluster_lookup, &m)
         })
         .reconcile_on(cut_off)
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
