@@ -59,13 +59,7 @@ pub(crate) mod reason {
     pub(crate) const INSTANCE_ADOPTED: &str = "InstanceAdopted";
     pub(crate) const INSTANCE_CREATE_FAILED: &str = "InstanceCreateFailed";
     pub(crate) const INSTANCE_KEPT: &str = "InstanceKept";
-    /// KaironMachinePool: its Kairon MachineSet was created, adopted (after a move) or kept.
-    pub(crate) const MACHINE_SET_CREATED: &str = "MachineSetCreated";
-    pub(crate) const MACHINE_SET_ADOPTED: &str = "MachineSetAdopted";
-    pub(crate) const MACHINE_SET_DELETED: &str = "MachineSetDeleted";
-    /// KaironMachinePool: a template change is rolled out.
-    pub(crate) const ROLLING_OUT: &str = "RollingOut";
-    /// KaironMachinePool: an instance's Machine was deleted (scale-in, replacement, rollout).
+    /// KaironMachinePool: a member's Machine was deleted (scale-in, replacement, rollout).
     pub(crate) const MACHINE_DELETED: &str = "MachineDeleted";
     /// Warning: the pool's VMs keep failing; replacing them backs off.
     pub(crate) const BROKEN_REPLACEMENTS_BACK_OFF: &str = "BrokenReplacementsBackOff";
@@ -80,6 +74,9 @@ pub(crate) mod reason {
     /// Warning: the evacuation cannot go on (no MachineHealthCheck, skip-remediation).
     pub(crate) const EVACUATION_BLOCKED: &str = "EvacuationBlocked";
     pub(crate) const CLUSTER_PROVISIONED: &str = "Provisioned";
+    /// Warning: an externally managed KaironCluster's budgets cannot all be kept (a name taken,
+    /// a refusal); its status, not ours to write, cannot say so.
+    pub(crate) const DISRUPTION_BUDGETS_NOT_KEPT: &str = "DisruptionBudgetsNotKept";
 }
 
 /// How long an event is remembered for folding repeats into its series (client-go: 6 min).

@@ -2,8 +2,8 @@
 //! share one Kairon API, with the provider installed each way a user installs it — by
 //! `clusterctl init` from the release components, and by `helm install` of the chart. The
 //! clusters whose managers reach Kairon by flag also have a MachinePool of the shipped
-//! `machinepool` flavor: its Kairon MachineSet and VMs stay, the target's pool adopts the set
-//! and scales it.
+//! `machinepool` flavor: its members' VMs stay, the target's KaironMachines adopt them as any
+//! KaironMachine does, and the target's pool scales it.
 //!
 //! Three API servers per test: the source and the target management clusters (each an `Env`
 //! with CAPI core, CABPK and KCP running), and the Kairon API the simulator serves, which both
@@ -32,7 +32,6 @@ use std::time::{Duration, Instant};
 
 use capkr::api::{KaironClusterIdentity, KaironMachine, KaironMachinePool};
 use capkr::kairon::budget::MachineDisruptionBudget;
-use capkr::kairon::machineset::{MACHINESET_LABEL, MachineSet};
 use capkr::kairon::{self, labels};
 use capkr_testenv::cluster::pool_selector;
 use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
@@ -257,11 +256,6 @@ fn of_a_pool(km: &KaironMachine) -> bool {
     km.owner_references().iter().any(|o| o.kind == "KaironMachinePool")
 }
 
-/// Whether a Kairon Machine is a member of a Kairon MachineSet.
-fn member(vm: &kairon::Machine) -> bool {
-    vm.labels().contains_key(MACHINESET_LABEL)
-}
-
 /// The MachinePool of the shipped `machinepool` flavor, as `clusterctl generate cluster
 /// --flavor machinepool` writes it with [`POOL_WORKERS`] workers: its KubeadmConfig,
 /// KaironMachinePool and MachinePool (`<cluster>-mp-0`), to apply beside the test's cluster.
@@ -402,7 +396,6 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     // identity's Kairon API are not supported yet).
     let pool_workers = if reach == Reach::Flag { POOL_WORKERS } else { 0 };
     let pool_name = format!("{CLUSTER}-mp-0");
-    let sets: Api<MachineSet> = Api::namespaced(kairon_env.client(), ns);
     let shape = ClusterOptions {
         workers: 2,
         ..Default::default()
@@ -440,26 +433,17 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             "created by the source"
         );
     }
-    let set_before = match pool_workers {
+    let pool_before = match pool_workers {
         0 => None,
         _ => {
-            let set = pool_set(&sets, &pool_name).await.expect("the pool's Kairon MachineSet");
             let members = pool_members(&vms, &pool_name).await;
-            assert_eq!(members.len(), pool_workers, "the set's members: {members:?}");
-            assert_eq!(
-                set.labels().get(labels::MANAGEMENT_CLUSTER),
-                Some(&src.id),
-                "the set made by the source"
-            );
-            Some(set.metadata.uid.clone().expect("a UID"))
+            assert_eq!(members.len(), pool_workers, "the pool's members: {members:?}");
+            Some(members)
         }
     };
     // The cluster's disruption budgets on Kairon, made by the source.
     let budgets: Api<MachineDisruptionBudget> = Api::namespaced(kairon_env.client(), ns);
     let mut budget_names = vec![format!("cp-{CLUSTER}"), format!("workers-{CLUSTER}")];
-    if pool_workers > 0 {
-        budget_names.push(format!("mp-{pool_name}"));
-    }
     budget_names.sort();
     let budgets_of = |id: String| {
         let (budgets, names) = (budgets.clone(), budget_names.clone());
@@ -558,8 +542,8 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         let kms = dst.kms().list(&ListParams::default()).await?.items;
         let vms = vms.list(&ListParams::default()).await?.items;
         let ready = kms.len() == 3 + pool_workers && kms.iter().all(|k| km_ready(k).is_some_and(|(s, _)| s == "True"));
-        // A pool's VMs are its Kairon MachineSet's: the pool adopts the set (below).
-        let owned = vms.iter().filter(|v| !member(v)).all(|v| {
+        // A pool member's VM is adopted by its KaironMachine as any other.
+        let owned = vms.iter().all(|v| {
             let uid_label = v.labels().get(labels::KAIRONMACHINE_UID);
             kms.iter()
                 .any(|k| k.metadata.uid.as_ref() == uid_label && k.name_any() == v.name_any())
@@ -581,7 +565,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
     assert_eq!(budgets_after, budgets_before, "the same budgets (names and UIDs)");
     for km in &adopted {
         assert!(before.contains_key(&km.name_any()), "{}: its VM", km.name_any());
-        // Every VM is named by its name, a pool's as a single KaironMachine's.
+        // Every VM is named by its name, a pool member's as any KaironMachine's.
         assert_eq!(
             km.spec.provider_id.as_deref(),
             Some(format!("kairon://{}", km.name_any()).as_str()),
@@ -589,7 +573,7 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             km.name_any()
         );
     }
-    let standalone: Vec<String> = adopted.iter().filter(|k| !of_a_pool(k)).map(|k| k.name_any()).collect();
+    let all: Vec<String> = adopted.iter().map(|k| k.name_any()).collect();
     let adoptions = Api::<Event>::namespaced(dst.env.client(), ns)
         .list(&ListParams::default())
         .await
@@ -599,18 +583,19 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         .filter(|e| e.reason.as_deref() == Some("InstanceAdopted"))
         .filter(|e| {
             let name = e.regarding.as_ref().and_then(|r| r.name.as_deref());
-            standalone.iter().any(|s| Some(s.as_str()) == name)
+            all.iter().any(|s| Some(s.as_str()) == name)
         })
         .count();
     assert_eq!(
-        adoptions, 3,
-        "one InstanceAdopted event per KaironMachine on the target: {standalone:?}"
+        adoptions,
+        3 + pool_workers,
+        "one InstanceAdopted event per KaironMachine on the target, a pool member's too: {all:?}"
     );
     wait_running(&dst, 3 + pool_workers).await;
-    if let Some(set_uid) = &set_before {
-        pool_adopted_by_the_target(&dst, &sets, &pool_name, set_uid, pool_workers).await;
+    if pool_before.is_some() {
+        pool_adopted_by_the_target(&dst, &pool_name, pool_workers).await;
         eprintln!(
-            "the target's pool has its Kairon MachineSet {:.1}s after the move started",
+            "the target's pool has its members {:.1}s after the move started",
             moved_at.elapsed().as_secs_f64()
         );
     }
@@ -642,23 +627,6 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         !src_log.contains("deleting Kairon Machine"),
         "the source manager deleted a VM:\n{src_log}"
     );
-    if let Some(set_uid) = &set_before {
-        let set = pool_set(&sets, &pool_name).await.unwrap();
-        assert_eq!(
-            set.metadata.uid.as_ref(),
-            Some(set_uid),
-            "the restarted source kept the set"
-        );
-        assert!(
-            set.metadata.deletion_timestamp.is_none(),
-            "the set is not being deleted"
-        );
-        assert_eq!(
-            set.labels().get(labels::MANAGEMENT_CLUSTER),
-            Some(&dst.id),
-            "the set still the target's"
-        );
-    }
 
     if reach == Reach::SharedIdentity {
         wait("the target protects the identity its VMs use", || async {
@@ -672,10 +640,9 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
         .await;
     }
 
-    // The pool reconciles on the target: one more worker is one new member of the same set.
-    if let Some(set_uid) = &set_before {
+    // The pool reconciles on the target: one more worker is one new member, the others kept.
+    if let Some(old) = &pool_before {
         let started = Instant::now();
-        let old: BTreeMap<String, String> = pool_members(&vms, &pool_name).await;
         dst.machine_pools()
             .patch(
                 &pool_name,
@@ -696,9 +663,6 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             old.iter().all(|(n, uid)| members.get(n) == Some(uid)),
             "the pool's VMs from before the move kept: {old:?} -> {members:?}"
         );
-        let set = pool_set(&sets, &pool_name).await.unwrap();
-        assert_eq!(set.metadata.uid.as_ref(), Some(set_uid), "the same Kairon MachineSet");
-        assert_eq!(set.spec.replicas as usize, pool_workers + 1);
         eprintln!(
             "the pool scaled {pool_workers} -> {} on the target in {:.1}s",
             pool_workers + 1,
@@ -725,7 +689,6 @@ async fn move_between_management_clusters(install: Install, reach: Reach) {
             dst.clusters().get_opt(CLUSTER).await?.is_none()
                 && dst.kms().list(&ListParams::default()).await?.items.is_empty()
                 && dst.kmps().list(&ListParams::default()).await?.items.is_empty()
-                && sets.list(&ListParams::default()).await?.items.is_empty()
                 && vms.list(&ListParams::default()).await?.items.is_empty(),
         )
     })
@@ -828,29 +791,18 @@ async fn scale(m: &Management, replicas: usize) {
         .expect("scale the MachineDeployment");
 }
 
-/// `n` Machines running besides the `pool` of a MachinePool, exactly `n` VMs not of a pool,
-/// each carrying the UID of the KaironMachine of its name and the target's identity.
+/// `n` Machines running besides the `pool` of a MachinePool: exactly `n + pool` VMs, one per
+/// KaironMachine (a pool member's as any other), each carrying the UID of the KaironMachine of
+/// its name and the target's identity.
 async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize, pool: usize) {
     wait_running(m, n + pool).await;
-    wait(&format!("{n} VMs, one per KaironMachine"), || async {
-        let kms: Vec<KaironMachine> = m
-            .kms()
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|k| !of_a_pool(k))
-            .collect();
-        let vms: Vec<kairon::Machine> = vms
-            .list(&ListParams::default())
-            .await?
-            .items
-            .into_iter()
-            .filter(|v| !member(v))
-            .collect();
+    wait(&format!("{n} + {pool} VMs, one per KaironMachine"), || async {
+        let kms: Vec<KaironMachine> = m.kms().list(&ListParams::default()).await?.items;
+        let vms: Vec<kairon::Machine> = vms.list(&ListParams::default()).await?.items;
         Ok::<_, kube::Error>(
-            kms.len() == n
-                && vms.len() == n
+            kms.len() == n + pool
+                && kms.iter().filter(|k| of_a_pool(k)).count() == pool
+                && vms.len() == n + pool
                 && vms.iter().all(|v| {
                     kms.iter().any(|k| {
                         k.name_any() == v.name_any()
@@ -862,48 +814,26 @@ async fn settle(m: &Management, vms: &Api<kairon::Machine>, n: usize, pool: usiz
     .await;
 }
 
-/// The pool's one Kairon MachineSet (of its only revision).
-async fn pool_set(sets: &Api<MachineSet>, pool: &str) -> Result<MachineSet, kube::Error> {
-    let mut items = sets
-        .list(&ListParams::default().labels(&pool_selector(pool)))
-        .await?
-        .items;
-    assert_eq!(items.len(), 1, "one Kairon MachineSet of pool {pool}");
-    Ok(items.remove(0))
-}
-
-/// The members of pool `pool`'s Kairon MachineSets (their template's label), UIDs by name.
+/// The VMs of pool `pool`'s members (the pool's label, which they carry from their
+/// KaironMachines), UIDs by name.
 async fn pool_members(vms: &Api<kairon::Machine>, pool: &str) -> BTreeMap<String, String> {
     vms.list(&ListParams::default().labels(&pool_selector(pool)))
         .await
-        .expect("list the set's members")
+        .expect("list the pool's VMs")
         .items
         .into_iter()
         .map(|v| (v.name_any(), v.metadata.uid.unwrap_or_default()))
         .collect()
 }
 
-/// The target's pool after the move: its KaironMachinePool provisioned on the Kairon
-/// MachineSet it had (the same UID, now labelled with the target's identity) and controlled by
-/// the target's MachinePool; each of its KaironMachines controlled by the target's Machine of
-/// its name and owned by the target's KaironMachinePool, naming the member it named before.
-async fn pool_adopted_by_the_target(
-    dst: &Management,
-    sets: &Api<MachineSet>,
-    pool: &str,
-    set_uid: &str,
-    workers: usize,
-) {
-    wait("the target's pool provisioned on the set it had", || async {
+/// The target's pool after the move: its KaironMachinePool provisioned with the members it
+/// had and controlled by the target's MachinePool; each of its KaironMachines controlled by the
+/// target's Machine of its name and owned by the target's KaironMachinePool.
+async fn pool_adopted_by_the_target(dst: &Management, pool: &str, workers: usize) {
+    wait("the target's pool provisioned with the members it had", || async {
         let kmp = dst.kmps().get(pool).await?;
-        let set = pool_set(sets, pool).await?;
         let st = kmp.status.unwrap_or_default();
-        Ok::<_, kube::Error>(
-            st.is_provisioned()
-                && st.replicas == Some(workers as i32)
-                && set.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&dst.id)
-                && set.metadata.uid.as_deref() == Some(set_uid),
-        )
+        Ok::<_, kube::Error>(st.is_provisioned() && st.replicas == Some(workers as i32))
     })
     .await;
     let mp = dst.machine_pools().get(pool).await.unwrap();

@@ -411,10 +411,7 @@ async fn topology_machinepool_flavor_from_clusterctl_comes_up_upgrades_its_pool_
 
     upgrade::upgrade_the_topology(&rig, 1, 2, 1).await;
     let after = machine_pools::pool_is_as_the_class_says(&rig, 2, &next_patch_version(from)).await;
-    assert_ne!(
-        after.set_uid, before.set_uid,
-        "the pool rolled onto a new revision's Kairon MachineSet"
-    );
+    assert_ne!(after.revision, before.revision, "the pool rolled onto a new revision");
     assert!(
         after.vms.is_disjoint(&before.vms),
         "every VM of the pool replaced: {:?} -> {:?}",
@@ -423,24 +420,20 @@ async fn topology_machinepool_flavor_from_clusterctl_comes_up_upgrades_its_pool_
     );
 
     delete_and_wait_gone(&rig).await;
-    let sets: kube::Api<capkr::kairon::machineset::MachineSet> = kube::Api::namespaced(rig.env.client(), &rig.ns);
-    rig.wait(
-        "no KaironMachinePool or Kairon MachineSet left",
-        Duration::from_secs(60),
-        || async {
-            let left = (
-                rig.list(&machine_pools::kaironmachinepools()).await.len(),
-                sets.list(&Default::default())
-                    .await
-                    .map(|l| l.items.len())
-                    .unwrap_or(usize::MAX),
-            );
-            match left {
-                (0, 0) => Ok(()),
-                left => Err(format!("(KaironMachinePools, Kairon MachineSets) left: {left:?}")),
-            }
-        },
-    )
+    let vms: kube::Api<capkr::kairon::Machine> = kube::Api::namespaced(rig.env.client(), &rig.ns);
+    rig.wait("no KaironMachinePool or VM left", Duration::from_secs(60), || async {
+        let left = (
+            rig.list(&machine_pools::kaironmachinepools()).await.len(),
+            vms.list(&Default::default())
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(usize::MAX),
+        );
+        match left {
+            (0, 0) => Ok(()),
+            left => Err(format!("(KaironMachinePools, Kairon Machines) left: {left:?}")),
+        }
+    })
     .await;
     eprintln!(
         "topology-machinepool test done in {:.1}s",

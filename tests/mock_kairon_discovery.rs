@@ -119,7 +119,7 @@ async fn an_older_kairon_serving_v1alpha1_alone_is_spoken_to_in_v1alpha1_and_its
     expect_no_more(&mut handle).await;
     let served = asked.await.unwrap().expect("discovered");
     assert_eq!(served.version(KaironKind::Machine), Some("v1alpha1"));
-    assert_eq!(served.version(KaironKind::MachineSet), None);
+    assert_eq!(served.version(KaironKind::MachineDisruptionBudget), None);
     let gap = served.unsupported(&with_image_ref()).expect("imageRef is missing");
     assert_eq!(gap.fields, vec![("spec.image.imageRef".to_string(), Some("v0.8.0"))]);
     assert_eq!(gap.api_version, "kairon.zyvor.dev/v1alpha1");

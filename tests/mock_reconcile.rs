@@ -84,6 +84,7 @@ where
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
         evacuating: Default::default(),
+        machine_pools: kube::runtime::reflector::store().0,
         nodes: None,
         shares: capkr::controller::tenant_share::TenantShares::new(10),
     });

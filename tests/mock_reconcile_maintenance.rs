@@ -153,6 +153,7 @@ where
         metrics: capkr::metrics::Metrics::new(),
         fresh: Default::default(),
         evacuating: Default::default(),
+        machine_pools: kube::runtime::reflector::store().0,
         nodes: Some(filled(vec![node("h1", world.h1_cordoned), node("h2", false)]).0),
         shares: capkr::controller::tenant_share::TenantShares::new(10),
     });

@@ -42,18 +42,7 @@ pub mod reason {
     pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
     pub const FAILURE_DOMAIN_NOT_FOUND: &str = "FailureDomainNotFound";
 
-    // KaironMachinePool: its Kairon MachineSet
-    /// The set does not exist yet.
-    pub const MACHINE_SET_NOT_FOUND: &str = "MachineSetNotFound";
-    /// The set exists; Kairon has not acted on its current spec yet.
-    pub const MACHINE_SET_NOT_OBSERVED: &str = "MachineSetNotObserved";
-    /// The pool's KaironCluster names a Kairon API by `spec.identityRef`: pools are made on the
-    /// manager's own Kairon API only, for now.
-    pub const IDENTITY_NOT_SUPPORTED: &str = "IdentityNotSupported";
-    /// The Kairon API does not serve MachineSets to the manager (the kind is not installed, or
-    /// the manager may not list it): pools are not reconciled until the manager restarts with
-    /// them served.
-    pub const MACHINE_SETS_UNAVAILABLE: &str = "MachineSetsUnavailable";
+    // KaironMachinePool
     /// The MachinePool that owns the KaironMachinePool names another infrastructure object in
     /// `spec.template.spec.infrastructureRef`: the pool acts for no MachinePool.
     pub const MACHINE_POOL_NAMES_ANOTHER: &str = "MachinePoolNamesAnotherPool";

@@ -1,5 +1,6 @@
 //! `KaironMachinePool`: the infrastructure machine pool of the CAPI v1beta2 contract
-//! (InfraMachinePool), backed by one Kairon MachineSet.
+//! (InfraMachinePool): a pool of KaironMachines made from one template, each of which makes
+//! its own plain Kairon Machine.
 //!
 //! CAPI's MachinePool owns it (controller reference) and reads, as v1.14.2's code does:
 //! `status.ready` (not only `status.initialization.provisioned`: v1.14.2 copies the
@@ -13,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
+use super::KaironMachineSpec;
 use super::kairon_machine::Initialization;
-use super::{KaironIdentityReference, KaironMachineSpec};
 
 /// Desired state of a pool of Kairon virtual machines.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -29,24 +30,27 @@ use super::{KaironIdentityReference, KaironMachineSpec};
     shortname = "kmp",
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha1"),
-    doc = "KaironMachinePool is the Cluster API infrastructure machine pool backed by a Kairon MachineSet.",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", description = "Cluster this pool belongs to"),
-    printcolumn(name = "MachinePool", type_ = "string", json_path = ".metadata.ownerReferences[?(@.kind==\"MachinePool\")].name", description = "MachinePool that owns this KaironMachinePool"),
+    doc = "KaironMachinePool is the Cluster API infrastructure machine pool: KaironMachines made from one template, each with its own Kairon Machine.",
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name",
+        description = "Cluster this pool belongs to"
+    ),
+    printcolumn(
+        name = "MachinePool",
+        type_ = "string",
+        json_path = ".metadata.ownerReferences[?(@.kind==\"MachinePool\")].name",
+        description = "MachinePool that owns this KaironMachinePool"
+    ),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".status.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(name = "Image", type_ = "string", json_path = ".spec.template.image.imageRef"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = Rule::new("!has(oldSelf.spec.providerID) || (has(self.spec.providerID) && self.spec.providerID == oldSelf.spec.providerID)").message("spec.providerID is write-once: it cannot be changed or removed once set").field_path(".spec.providerID"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct KaironMachinePoolSpec {
-    /// The Kairon MachineSet backing the pool, `kairon://machinesets/<uid of the set>`.
-    /// Written by the controller once the set exists; never set it in a template.
-    #[serde(default, rename = "providerID", skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 512))]
-    pub provider_id: Option<String>,
-
-    /// Provider IDs of the pool's VMs (`kairon://<uid>`), written by the controller; CAPI
+    /// Provider IDs of the pool's VMs (`kairon://<name>`), written by the controller; CAPI
     /// matches them with Nodes. A VM's stays until its KaironMachine is gone, so that CAPI
     /// never deletes a Node that was not drained.
     #[serde(default, rename = "providerIDList", skip_serializing_if = "Option::is_none")]
@@ -112,8 +116,9 @@ impl KaironMachinePoolSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct KaironMachinePoolStatus {
-    /// True once the pool's MachineSet exists and Kairon acts on it; never goes back to
-    /// false. What CAPI v1.14.2 reads (with `initialization.provisioned`, written alike).
+    /// True once the pool has what it needs to make members (its MachinePool's bootstrap data,
+    /// the cluster's infrastructure); never goes back to false. What CAPI v1.14.2 reads (with
+    /// `initialization.provisioned`, written alike).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
 
@@ -121,7 +126,7 @@ pub struct KaironMachinePoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initialization: Option<Initialization>,
 
-    /// VMs of the pool that have a KaironMachine (those in `spec.providerIDList`).
+    /// Members of the pool whose KaironMachine has a VM (those in `spec.providerIDList`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("status.replicas must not be negative"))]
     pub replicas: Option<i32>,
@@ -136,37 +141,11 @@ pub struct KaironMachinePoolStatus {
     #[schemars(length(min = 1, max = 256))]
     pub infrastructure_machine_kind: Option<String>,
 
-    /// Conditions: Ready, Paused, MachineSetProvisioned.
+    /// Conditions: Ready, Paused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["type".into()]))]
     #[schemars(length(max = 32))]
     pub conditions: Option<Vec<Condition>>,
-
-    /// The Kairon MachineSet backing the pool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub machine_set: Option<MachineSetRef>,
-}
-
-/// Identity and state of the Kairon MachineSet a pool owns.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct MachineSetRef {
-    #[schemars(length(min = 1, max = 253))]
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 253))]
-    pub uid: Option<String>,
-    /// The hash of the template Kairon makes new VMs from.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 128))]
-    pub template_hash: Option<String>,
-    /// The identity the set was created with (the KaironCluster's `spec.identityRef` then).
-    #[serde(default, rename = "identityRef", skip_serializing_if = "Option::is_none")]
-    pub identity_ref: Option<KaironIdentityReference>,
-    /// Which Kairon API holds the set (as a KaironMachine's `status.instance.endpoint`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
-    pub endpoint: Option<String>,
 }
 
 /// The machine kind CAPI makes Machines for (`status.infrastructureMachineKind`).

@@ -38,7 +38,6 @@ pub struct KaironMachinePoolTemplateSpec {
 
 /// The object cloned for each MachinePool.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[x_kube(validation = Rule::new("!has(self.spec.providerID)").message("spec.template.spec.providerID must not be set: the controller writes it on each KaironMachinePool").field_path(".spec.providerID"))]
 #[x_kube(validation = Rule::new("!has(self.spec.providerIDList)").message("spec.template.spec.providerIDList must not be set: the controller writes it on each KaironMachinePool").field_path(".spec.providerIDList"))]
 pub struct KaironMachinePoolTemplateResource {
     /// Labels and annotations for the cloned KaironMachinePools.

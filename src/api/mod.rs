@@ -25,8 +25,7 @@ pub use kairon_machine::{
     network_mode,
 };
 pub use kairon_machine_pool::{
-    INFRASTRUCTURE_MACHINE_KIND, KaironMachinePool, KaironMachinePoolSpec, KaironMachinePoolStatus, MachineSetRef,
-    PoolStrategy,
+    INFRASTRUCTURE_MACHINE_KIND, KaironMachinePool, KaironMachinePoolSpec, KaironMachinePoolStatus, PoolStrategy,
 };
 pub use kairon_machine_pool_template::{
     KaironMachinePoolTemplate, KaironMachinePoolTemplateResource, KaironMachinePoolTemplateSpec,

@@ -2,8 +2,8 @@
 //!
 //! - `crdgen`                prints our CRDs;
 //! - `crdgen --dir DIR`      writes them as `DIR/<group>_<plural>.yaml`;
-//! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine, MachineSet,
-//!   MachineMigration, MachineDisruptionBudget).
+//! - `crdgen kairon [--dir DIR]` the same for the development CRDs of Kairon (Machine,
+//!   MachineMigration, MachineDisruptionBudget, MachineImage).
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -14,11 +14,9 @@ fn main() -> Result<()> {
     let crds = if args.peek().map(String::as_str) == Some("kairon") {
         args.next();
         use capkr::kairon::budget::MachineDisruptionBudget;
-        use capkr::kairon::machineset::MachineSet;
         use capkr::kairon::maintenance::MachineMigration;
         [
             capkr::kairon::Machine::crd(),
-            MachineSet::crd(),
             MachineMigration::crd(),
             MachineDisruptionBudget::crd(),
             capkr::kairon::machine_image::MachineImage::crd(),

@@ -90,8 +90,9 @@ pub(crate) fn keep_what_is_read(m: &mut Machine) {
     super::retain_keys(&mut meta.annotations, &READ_MACHINE_ANNOTATIONS);
     if let Some(refs) = meta.owner_references.as_mut() {
         refs.retain(|r| r.controller == Some(true));
-        for r in refs.iter_mut() {
-            // The kind is what is read; the rest of the reference is not.
+        for r in refs.iter_mut().filter(|r| r.kind != "MachinePool") {
+            // The kind is what is read; the rest of the reference is not (but a MachinePool's:
+            // a pool member's bootstrap data is named by it).
             r.uid = String::new();
             r.name = String::new();
             r.block_owner_deletion = None;

@@ -1,45 +1,22 @@
 //! The MachineDisruptionBudgets a workload cluster keeps on its Kairon API, so that Kairon's
 //! evacuation (`kaironctl evacuate`, an evacuating cordon, its admission webhook) never
 //! cold-migrates the cluster's VMs (see [`crate::kairon::budget`] for why): one over the control
-//! plane, one over the rest of the VMs its KaironMachines made and one per KaironMachinePool,
+//! plane and one over the rest of the VMs its KaironMachines made (a pool's members included),
 //! none allowing a disruption.
 //! The VMs of a cordoned node are replaced through CAPI instead
 //! (`kairon_machine::evacuation`). Kept by the KaironCluster's reconcile: written when they
 //! differ, deleted when what they cover is gone, and with the cluster; handed over, not
 //! deleted, by `clusterctl move` (the target adopts them as it adopts VMs).
 
-use kube::api::{Api, ListParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use tracing::{debug, info, warn};
 
 use super::error::Error;
+use crate::api::KaironCluster;
 use crate::api::conditions::{DISRUPTION_BUDGETS_READY, Decided, Status, reason};
-use crate::api::{KaironCluster, KaironMachinePool};
 use crate::capi;
 use crate::kairon::budget::{BudgetInput, DesiredBudget, MachineDisruptionBudget, desired_budgets};
 use crate::kairon::{Budgets, labels};
-
-/// What the cluster's budgets are made from, read from the management cluster.
-async fn gather(client: &Client, ns: &str, cluster: &capi::Cluster) -> Result<BudgetInput, Error> {
-    let name = cluster.name_any();
-    let selector = format!("{}={name}", capi::CLUSTER_NAME_LABEL);
-    let lp = ListParams::default().labels(&selector);
-    let pools: Api<KaironMachinePool> = Api::namespaced(client.clone(), ns);
-    let pools = pools
-        .list(&lp)
-        .await
-        .map_err(Error::read(format!("KaironMachinePools of Cluster {ns}/{name}")))?
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| p.name_any())
-        .collect();
-    Ok(BudgetInput {
-        cluster: name,
-        namespace: ns.to_string(),
-        pools,
-    })
-}
 
 /// Where the cluster's budgets stand after [`keep`]: the KaironCluster's
 /// `DisruptionBudgetsReady` condition.
@@ -100,13 +77,8 @@ impl Kept {
 /// Brings the cluster's budgets to what it has now: each wanted one written when it differs,
 /// each of ours no longer wanted deleted; says where they stand. A Kairon API without budgets
 /// is left alone; a refusal (403) is an outcome, not an error to retry at once.
-pub(crate) async fn keep(
-    client: &Client,
-    kc: &KaironCluster,
-    cluster: &capi::Cluster,
-    budgets: &Budgets,
-) -> Result<Kept, Error> {
-    match keep_all(client, kc, cluster, budgets).await {
+pub(crate) async fn keep(kc: &KaironCluster, cluster: &capi::Cluster, budgets: &Budgets) -> Result<Kept, Error> {
+    match keep_all(kc, cluster, budgets).await {
         Err(Error::Budget(e)) if e.is_forbidden() => Ok(Kept::Forbidden(crate::text::bounded(
             e.to_string().split(": ").next().unwrap_or_default(),
             256,
@@ -115,14 +87,12 @@ pub(crate) async fn keep(
     }
 }
 
-async fn keep_all(
-    client: &Client,
-    kc: &KaironCluster,
-    cluster: &capi::Cluster,
-    budgets: &Budgets,
-) -> Result<Kept, Error> {
+async fn keep_all(kc: &KaironCluster, cluster: &capi::Cluster, budgets: &Budgets) -> Result<Kept, Error> {
     let ns = kc.namespace().unwrap_or_default();
-    let input = gather(client, &ns, cluster).await?;
+    let input = BudgetInput {
+        cluster: cluster.name_any(),
+        namespace: ns.clone(),
+    };
     let existing = match budgets.of_cluster(&ns, &input.cluster).await {
         Ok(b) => b,
         Err(e) if e.is_missing_kind() => {

@@ -47,6 +47,9 @@ pub(crate) struct Caches {
     pub kaironmachines: Shared<KaironMachine>,
     /// What the KaironMachine controller last wrote, forgotten as the watch follows.
     pub fresh: Fresher<KaironMachine>,
+    /// Read by the KaironMachinePool controller (its owner, size and bootstrap data) and the
+    /// KaironMachine controller (a pool member's bootstrap data is its MachinePool's).
+    pub machine_pools: Shared<capi::MachinePool>,
 }
 
 impl Caches {
@@ -79,7 +82,18 @@ impl Caches {
                 .modify(keep_read_annotations)
                 .inspect_ok(move |event| forgetter.observe(event)),
         );
-        for synced in [clusters.synced(), kaironclusters.synced(), kaironmachines.synced()] {
+        let (machine_pools, mp_watch) = Shared::new(
+            watcher(settings.api::<capi::MachinePool>(client), settings.watcher_config())
+                .inspect_err(watch_error("machinepools.cluster.x-k8s.io", telemetry))
+                .default_backoff()
+                .modify(strip_managed_fields),
+        );
+        for synced in [
+            clusters.synced(),
+            kaironclusters.synced(),
+            kaironmachines.synced(),
+            machine_pools.synced(),
+        ] {
             telemetry.caches.register(&synced);
         }
         let caches = Caches {
@@ -87,9 +101,10 @@ impl Caches {
             kaironclusters,
             kaironmachines,
             fresh,
+            machine_pools,
         };
         let watches = async move {
-            futures::join!(clusters_watch, kc_watch, km_watch);
+            futures::join!(clusters_watch, kc_watch, km_watch, mp_watch);
         };
         (caches, watches)
     }
@@ -203,6 +218,16 @@ where
         self.subscribe().filter_map(|t| {
             future::ready(match t {
                 Touched::Applied(obj) => Some(obj),
+                _ => None,
+            })
+        })
+    }
+
+    /// Every object deleted (as the watch saw it go; not one that went during a watch gap).
+    pub(crate) fn deleted(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.subscribe().filter_map(|t| {
+            future::ready(match t {
+                Touched::Deleted(obj) => Some(obj),
                 _ => None,
             })
         })

@@ -1,6 +1,6 @@
 //! Errors of one reconcile, by the stage they happened in.
 
-use crate::kairon::{KaironError, SetError};
+use crate::kairon::KaironError;
 
 /// Messages never contain bootstrap data: API answers to requests that carried it are reduced
 /// to their code and reason (see [`crate::kairon::Instances`]).
@@ -25,8 +25,6 @@ pub enum Error {
     #[error(transparent)]
     Kairon(#[from] KaironError),
     #[error(transparent)]
-    MachineSet(#[from] SetError),
-    #[error(transparent)]
     Budget(#[from] crate::kairon::BudgetError),
     #[error("the reconcile did not finish within {}s", .0.as_secs())]
     Deadline(std::time::Duration),
@@ -41,7 +39,6 @@ impl Error {
             Error::Read { .. } => "read",
             Error::Write { .. } => "write",
             Error::Kairon(e) => e.stage(),
-            Error::MachineSet(e) => e.stage(),
             Error::Budget(e) => e.stage(),
             Error::Deadline(_) => "deadline",
         }

@@ -191,8 +191,7 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             info!("externally managed now; releasing our finalizer");
             writer.remove_finalizer(kc.as_ref(), CLUSTER_FINALIZER).await?;
         }
-        debug!("externally managed; skipping");
-        return Ok(Action::await_change());
+        return keep_budgets_of_external(&kc, &ns, &ctx).await;
     }
     let cluster_name = capi::cluster_name(&kc.metadata);
     let cluster = owning_cluster(&ctx.clusters, &ns, cluster_name);
@@ -262,7 +261,17 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     } else {
         Decision::WaitingForEndpoint
     };
-    let written = write_status(&writer, &kc, &decision).await?;
+    // The budgets first, and their condition in the same write as `provisioned`: CAPI makes no
+    // Machine (so no VM) before the infrastructure is provisioned, and then every VM of the
+    // cluster is born under its budget.
+    let kept = match &decision {
+        Decision::KaironUnavailable { .. } => None,
+        _ => match ctx.budgets(&kc, &ns).await {
+            Some(budgets) => Some(budgets::keep(&kc, &cluster, &budgets).await?),
+            None => None,
+        },
+    };
+    let written = write_status_with(&writer, &kc, &decision, kept.as_ref().map(budgets::Kept::condition)).await?;
     if let Some(next) = &written
         && next.is_provisioned()
         && !kc.status.as_ref().is_some_and(KaironClusterStatus::is_provisioned)
@@ -279,20 +288,62 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     if matches!(decision, Decision::KaironUnavailable { .. }) {
         return Ok(Action::requeue(ENDPOINT_RETRY));
     }
-    if let Some(budgets) = ctx.budgets(&kc, &ns).await {
-        let kept = budgets::keep(&ctx.client, &kc, &cluster, &budgets).await?;
-        // Over what this reconcile wrote: the condition alone changes.
-        let current = written.or_else(|| kc.status.clone());
-        let mut next = current.clone().unwrap_or_default();
-        let mut conds = next.conditions.take().unwrap_or_default();
-        conditions::set(&mut conds, kept.condition(), kc.metadata.generation, &conditions::now());
-        next.conditions = Some(conds);
-        writer.apply_status(&kc, current.as_ref(), &next).await?;
-        if matches!(kept, budgets::Kept::Taken(_) | budgets::Kept::Forbidden(_)) {
-            return Ok(Action::requeue(ENDPOINT_RETRY));
-        }
+    if matches!(kept, Some(budgets::Kept::Taken(_) | budgets::Kept::Forbidden(_))) {
+        return Ok(Action::requeue(ENDPOINT_RETRY));
     }
     Ok(Action::requeue(ctx.settings.sync_period))
+}
+
+/// An externally managed KaironCluster: nothing of it is ours to write, but its KaironMachines
+/// still make their VMs here, so the cluster's budgets are kept all the same (said by Warning
+/// events, not a condition), and deleted with it: here while someone else's finalizer holds it,
+/// by [`forget_external`] once it is gone.
+async fn keep_budgets_of_external(kc: &KaironCluster, ns: &str, ctx: &Context) -> Result<Action, Error> {
+    let cluster = owning_cluster(&ctx.clusters, ns, capi::cluster_name(&kc.metadata));
+    if capi::paused_reason(cluster.as_deref(), &kc.metadata).is_some() {
+        debug!("externally managed and paused; budgets left as they are");
+        return Ok(Action::await_change());
+    }
+    let Some(budgets) = ctx.budgets(kc, ns).await else {
+        return Ok(Action::await_change());
+    };
+    if kc.metadata.deletion_timestamp.is_some() {
+        budgets::remove(kc, &budgets).await?;
+        return Ok(Action::await_change());
+    }
+    let Some(cluster) = capi::owner(&kc.metadata, "Cluster").and(cluster) else {
+        debug!("externally managed, waiting for an owner Cluster");
+        return Ok(Action::await_change());
+    };
+    let kept = budgets::keep(kc, &cluster, &budgets).await?;
+    if let budgets::Kept::Taken(_) | budgets::Kept::Forbidden(_) = &kept {
+        ctx.events
+            .warning(
+                kc,
+                event::DISRUPTION_BUDGETS_NOT_KEPT,
+                "KeepBudgets",
+                kept.condition().message,
+            )
+            .await;
+        return Ok(Action::requeue(ENDPOINT_RETRY));
+    }
+    Ok(Action::requeue(ctx.settings.sync_period))
+}
+
+/// The budgets of an externally managed KaironCluster that was deleted (it carries no
+/// finalizer of ours): deleted after it. One deleted while the manager was not watching keeps
+/// its budgets, which select no VM once the cluster's are gone.
+async fn forget_external(kc: Arc<KaironCluster>, ctx: Arc<Context>) {
+    if !capi::is_externally_managed(&kc.metadata) {
+        return;
+    }
+    let ns = kc.namespace().unwrap_or_default();
+    if let Some(budgets) = ctx.budgets(&kc, &ns).await
+        && let Err(e) = budgets::remove(&kc, &budgets).await
+    {
+        tracing::warn!(kaironcluster = %kc.name_any(), namespace = %ns, error = %e,
+            "the budgets of a deleted externally managed KaironCluster could not be deleted");
+    }
 }
 
 /// Why the Kairon API of an identity cannot be used now.
@@ -340,7 +391,24 @@ async fn write_status(
     kc: &KaironCluster,
     decision: &Decision,
 ) -> Result<Option<KaironClusterStatus>, Error> {
-    let next = next_status(kc, decision, &conditions::now());
+    write_status_with(writer, kc, decision, None).await
+}
+
+/// [`write_status`], with the `DisruptionBudgetsReady` condition `budgets` set in the same
+/// write.
+async fn write_status_with(
+    writer: &Writer<'_, KaironCluster>,
+    kc: &KaironCluster,
+    decision: &Decision,
+    budgets: Option<Decided>,
+) -> Result<Option<KaironClusterStatus>, Error> {
+    let now = conditions::now();
+    let mut next = next_status(kc, decision, &now);
+    if let Some(condition) = budgets {
+        let mut conds = next.conditions.take().unwrap_or_default();
+        conditions::set(&mut conds, condition, kc.metadata.generation, &now);
+        next.conditions = Some(conds);
+    }
     let wrote = writer.apply_status(kc, kc.status.as_ref(), &next).await?;
     Ok(wrote.then_some(next))
 }
@@ -412,7 +480,12 @@ pub(crate) fn controller(
         shares: TenantShares::new(settings.cluster_concurrency),
     });
     let backoff = Backoff::new(caches.kaironclusters.store());
-    Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())
+    let sweeper = ctx.clone();
+    let forgotten = caches
+        .kaironclusters
+        .deleted()
+        .for_each_concurrent(4, move |kc| forget_external(kc, sweeper.clone()));
+    let controller = Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())
         .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), |c| {
             kaironcluster_for_cluster(&c)
         })
@@ -430,7 +503,12 @@ pub(crate) fn controller(
             error_policy(backoff),
             ctx,
         )
-        .for_each(log_outcome)
+        .for_each(log_outcome);
+    // The sweep of deleted clusters' budgets ends with the controller.
+    async move {
+        futures::pin_mut!(controller, forgotten);
+        futures::future::select(controller, forgotten).await;
+    }
 }
 
 #[cfg(test)]

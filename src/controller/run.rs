@@ -126,29 +126,18 @@ pub(crate) async fn run(w: Wiring, shutdown: impl Future<Output = ()> + Send + S
             .metrics
             .controller_started(controller, places, settings.sync_period);
     }
-    // Clusters, KaironClusters and KaironMachines: one watch and one cache each, for all
-    // controllers.
+    // Clusters, KaironClusters, KaironMachines and MachinePools: one watch and one cache each,
+    // for all controllers.
     let (caches, watches) = Caches::new(&management, &settings, &telemetry);
     let kairon = Instances::new(kairon_client, kairon_served).with_owner(owner);
-    // Without MachineSets on the Kairon API, pools cannot be served, and their controller's
-    // watch would keep the whole manager from ever being ready: it is left out, and the pools
-    // are told why.
-    let pools = match kairon_machine_pool::machine_sets_refused(&kairon, settings.namespace.as_deref()).await {
-        None => futures::future::Either::Left(kairon_machine_pool::controller(
-            management.clone(),
-            kairon.clone(),
-            &caches,
-            settings.clone(),
-            telemetry.clone(),
-            shutdown.clone(),
-        )),
-        Some(why) => futures::future::Either::Right(kairon_machine_pool::unavailable(
-            management.clone(),
-            settings.clone(),
-            why,
-            shutdown.clone(),
-        )),
-    };
+    // A pool makes KaironMachines, which make their VMs: it needs nothing of Kairon's own.
+    let pools = kairon_machine_pool::controller(
+        management.clone(),
+        &caches,
+        settings.clone(),
+        telemetry.clone(),
+        shutdown.clone(),
+    );
     let machines = kairon_machine::controller(
         management.clone(),
         kairon.clone(),

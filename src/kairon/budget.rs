@@ -13,9 +13,8 @@
 //! each tick, for people to read; decisions are made from fresh counts.
 //!
 //! What the provider keeps ([`desired_budgets`]): one budget over a cluster's control-plane VMs,
-//! one over the rest of the VMs its KaironMachines made (MachineDeployments', bare
-//! MachineSets', standalone Machines'), and one per KaironMachinePool, each allowing no
-//! disruption. The
+//! one over the rest of the VMs its KaironMachines made (MachineDeployments', MachinePools',
+//! bare MachineSets', standalone Machines'), each allowing no disruption. The
 //! disruptions Kairon's evacuation makes are cold migrations (`kaironctl evacuate` and cordon
 //! evacuation make no other kind), and a cold migration recreates the VM from its image on a
 //! fresh disk with its bootstrap data run again: no Node survives it undrained, and a first
@@ -121,8 +120,6 @@ pub struct BudgetInput {
     pub cluster: String,
     /// The namespace of the Cluster and of its VMs.
     pub namespace: String,
-    /// The cluster's KaironMachinePools.
-    pub pools: Vec<String>,
 }
 
 /// One budget as the provider wants it.
@@ -136,7 +133,6 @@ pub struct DesiredBudget {
 
 pub mod covers {
     pub const CONTROL_PLANE: &str = "control-plane";
-    pub const MACHINE_POOL: &str = "machinepool";
     /// The cluster's VMs made by KaironMachines that are not the control plane's.
     pub const WORKERS: &str = "workers";
 }
@@ -175,21 +171,6 @@ pub fn desired_budgets(input: &BudgetInput) -> Vec<DesiredBudget> {
         covers: covers::WORKERS,
         spec: none_disrupted(workers),
     });
-    for pool in &input.pools {
-        let mut sel = base();
-        sel.insert(
-            labels::KAIRONMACHINEPOOL_NAME.to_string(),
-            super::set_desired::label_value(pool),
-        );
-        sel.insert(labels::KAIRONMACHINEPOOL_NAMESPACE.to_string(), input.namespace.clone());
-        // A pool's members carry the pool's labels, not a KaironMachine's namespace label.
-        sel.remove(labels::KAIRONMACHINE_NAMESPACE);
-        out.push(DesiredBudget {
-            name: cut(format!("mp-{pool}")),
-            covers: covers::MACHINE_POOL,
-            spec: none_disrupted(sel),
-        });
-    }
     out
 }
 
@@ -256,15 +237,14 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_gets_a_control_plane_budget_one_over_its_workers_and_one_per_pool() {
+    fn a_cluster_gets_a_control_plane_budget_and_one_over_its_workers() {
         let input = BudgetInput {
             cluster: "c1".into(),
             namespace: "ns".into(),
-            pools: vec!["c1-mp-0".into()],
         };
         let b = desired_budgets(&input);
         let names: Vec<&str> = b.iter().map(|b| b.name.as_str()).collect();
-        assert_eq!(names, ["cp-c1", "workers-c1", "mp-c1-mp-0"]);
+        assert_eq!(names, ["cp-c1", "workers-c1"]);
         assert!(
             b.iter()
                 .all(|b| b.spec.max_unavailable.as_deref() == Some("0") && b.spec.min_available.is_none()),
@@ -277,19 +257,16 @@ mod tests {
             "workers: the VMs without the role label"
         );
         assert!(b.iter().all(|b| b.spec.selector[labels::CLUSTER_NAME] == "c1"));
-        assert_eq!(b[2].spec.selector[labels::KAIRONMACHINEPOOL_NAME], "c1-mp-0");
-        assert!(!b[2].spec.selector.contains_key(labels::KAIRONMACHINE_NAMESPACE));
     }
 
-    /// Every VM a KaironMachine of the cluster makes is covered by exactly one of the budgets
-    /// (a pool's members by the pool's), whatever made its Machine; other clusters' and other
-    /// namespaces' VMs by none.
+    /// Every VM a KaironMachine of the cluster makes is covered by exactly one of the budgets,
+    /// whatever made its Machine (a pool's members are KaironMachines' VMs too); other
+    /// clusters' and other namespaces' VMs by none.
     #[test]
     fn every_vm_of_a_cluster_is_covered_once() {
         let input = BudgetInput {
             cluster: "c1".into(),
             namespace: "ns".into(),
-            pools: vec!["c1-mp-0".into()],
         };
         let b = desired_budgets(&input);
         let vm = |extra: &[(&str, &str)], cluster: &str, ns: &str| -> BTreeMap<String, String> {
@@ -302,11 +279,6 @@ mod tests {
             l
         };
         let cp = [(labels::ROLE, labels::ROLE_CONTROL_PLANE), (labels::CONTROL_PLANE, "")];
-        let pool_member = BTreeMap::from([
-            (labels::CLUSTER_NAME.to_string(), "c1".to_string()),
-            (labels::KAIRONMACHINEPOOL_NAME.to_string(), "c1-mp-0".to_string()),
-            (labels::KAIRONMACHINEPOOL_NAMESPACE.to_string(), "ns".to_string()),
-        ]);
         // (case, labels, the budget covering it)
         let cases = [
             ("control plane", vm(&cp, "c1", "ns"), Some("cp-c1")),
@@ -321,7 +293,11 @@ mod tests {
                 Some("workers-c1"),
             ),
             ("standalone Machine's VM", vm(&[], "c1", "ns"), Some("workers-c1")),
-            ("pool member", pool_member, Some("mp-c1-mp-0")),
+            (
+                "pool member",
+                vm(&[(crate::capi::POOL_NAME_LABEL, "c1-mp-0")], "c1", "ns"),
+                Some("workers-c1"),
+            ),
             ("another cluster's worker", vm(&[], "c2", "ns"), None),
             ("another namespace's worker", vm(&[], "c1", "other"), None),
         ];

@@ -94,17 +94,6 @@ impl Instances {
         self
     }
 
-    /// The Kairon MachineSets of the same API, speaking for the same management cluster and
-    /// behind the same write gate.
-    pub fn machine_sets(&self) -> super::MachineSets {
-        super::MachineSets::new(
-            self.client.clone(),
-            self.owner.clone(),
-            self.gate.clone(),
-            self.served().resource(KaironKind::MachineSet),
-        )
-    }
-
     /// The MachineDisruptionBudgets of the same API, speaking for the same management cluster
     /// and behind the same write gate.
     pub fn budgets(&self) -> super::Budgets {
@@ -240,65 +229,6 @@ impl Instances {
         self.relabel(vm, &body).await
     }
 
-    /// Labels member `vm` of a MachineSet this management cluster owns as this management
-    /// cluster's, so that the KaironMachine made for it may adopt it: Kairon copies the set's
-    /// template onto members, which carries no management-cluster label (it would change on
-    /// `clusterctl move` and roll the pool). Nothing is sent when the label is there already,
-    /// or without a management-cluster id.
-    pub(crate) async fn claim_member(&self, vm: &Machine) -> Result<(), KaironError> {
-        if self.owner.id.is_empty() || vm.labels().get(labels::MANAGEMENT_CLUSTER) == Some(&self.owner.id) {
-            return Ok(());
-        }
-        let body = json!({"metadata": {
-            "uid": vm.metadata.uid,
-            "labels": {labels::MANAGEMENT_CLUSTER: self.owner.id},
-        }});
-        self.relabel(vm, &body).await
-    }
-
-    /// Starts `vm`, a member of a pool's set that Kairon made Stopped and without cloudInit:
-    /// gives it `cloud_init` (its bootstrap data, translated for its name) and
-    /// `powerState: Running`, only if it is still as it was read (resourceVersion), so a member
-    /// is started once, with the data it was decided on. Kairon builds the guest's seed from
-    /// the spec when it creates the runtime, which it does now.
-    pub(crate) async fn start_member(
-        &self,
-        vm: &Machine,
-        cloud_init: super::cloud_init::CloudInit,
-        data_hash: &str,
-    ) -> Result<(), KaironError> {
-        let ns = vm.namespace().unwrap_or_default();
-        let name = vm.name_any();
-        let body = json!({
-            "metadata": {
-                "resourceVersion": vm.resource_version(),
-                "annotations": {super::BOOTSTRAP_DATA_HASH_ANNOTATION: data_hash},
-            },
-            "spec": {"cloudInit": cloud_init, "powerState": super::types::power_state::RUNNING},
-        });
-        let pp = PatchParams {
-            field_manager: Some(FIELD_MANAGER.into()),
-            ..Default::default()
-        };
-        let permit = self.permit("starting", &name)?;
-        let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
-        drop(body);
-        settle(permit, &answer);
-        match answer {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Err(KaironError::StartStale { name }),
-            // The request carried bootstrap data and an API error may quote it.
-            Err(kube::Error::Api(s)) => Err(KaironError::Start {
-                name,
-                detail: format!("the API answered {} {}", s.code, bounded(&s.reason, MAX_API_REASON)),
-            }),
-            Err(e) => Err(KaironError::Start {
-                name,
-                detail: redacted_error_kind(&e),
-            }),
-        }
-    }
-
     /// Writes what `runtime` asks of `vm` ([`super::bootstrap_runtime::runtime_patch`]): the
     /// bootstrap data removed once Kairon created the runtime from it, the runtime recorded.
     /// Nothing is sent when nothing is asked. A VM gone or replaced meanwhile (its uid) is left
@@ -332,16 +262,6 @@ impl Instances {
                 detail: redacted_error_kind(&e),
             }),
         }
-    }
-
-    /// Labels member `vm` released from its set (its template-hash label becomes
-    /// [`super::set_observe::RELEASED`]), on its uid: Kairon then counts it as outdated.
-    pub(crate) async fn mark_released(&self, vm: &Machine) -> Result<(), KaironError> {
-        let body = json!({"metadata": {
-            "uid": vm.metadata.uid,
-            "labels": {super::machineset::TEMPLATE_HASH_LABEL: super::set_observe::RELEASED},
-        }});
-        self.relabel(vm, &body).await
     }
 
     /// Merges `body` (labels, and the uid it must have) into `vm`'s metadata.

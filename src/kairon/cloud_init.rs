@@ -19,6 +19,7 @@ mod translate;
 
 pub use translate::{
     DEFAULT_MAX_DECODED_BYTES, GuestFacts, RUNCMD_SCRIPT, STAGING_DIR, TranslateError, translate_cloud_config,
+    translate_off_runtime,
 };
 
 /// Guest customization applied when the VM is first created.

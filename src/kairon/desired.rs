@@ -36,8 +36,7 @@ pub fn provider_id(name: &str) -> String {
 }
 
 /// The provider ID the old model gave a Kairon Machine (`kairon://<its uid>`), which a
-/// KaironMachine made by an earlier version still carries (a provider ID is write-once), and
-/// which a KaironMachinePool's members still get until pools move to Kairon's MachineSet.
+/// KaironMachine made by an earlier version still carries (a provider ID is write-once).
 pub fn uid_provider_id(kairon_uid: &str) -> String {
     format!("{PROVIDER_ID_PREFIX}{kairon_uid}")
 }
@@ -109,6 +108,14 @@ pub fn desired_kairon_machine(
         .filter(|v| !v.is_empty())
     {
         l.insert(crate::capi::DEPLOYMENT_NAME_LABEL.to_string(), md.clone());
+    }
+    // A pool member's VM carries its pool's name, for whoever lists a pool's VMs.
+    if let Some(pool) = km
+        .labels()
+        .get(labels::KAIRONMACHINEPOOL_NAME)
+        .filter(|v| !v.is_empty())
+    {
+        l.insert(labels::KAIRONMACHINEPOOL_NAME.to_string(), pool.clone());
     }
     l.insert(labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string());
 

@@ -9,10 +9,6 @@
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
 //!   deletes Kairon Machines; `gate`: whether a tenant's Kairon API answers its writes;
-//! - [`machineset`]: Kairon's MachineSet (Machines from a template), the backing of a
-//!   KaironMachinePool: which set a pool should have ([`set_desired`]), what a set and its
-//!   members mean for the pool ([`set_observe`]), how sets are read and written
-//!   ([`MachineSets`]);
 //! - [`network`]: what Kairon's network modes mean for a cluster (pure);
 //! - [`maintenance`]: Kairon's hosts and migrations, which the provider sees only through a
 //!   Machine's status (its host, the host's labels, an evacuation request), read by
@@ -30,16 +26,12 @@ mod fingerprint;
 pub(crate) mod fixtures;
 mod gate;
 pub mod machine_image;
-pub mod machineset;
 pub mod maintenance;
 pub mod network;
 pub mod nodes;
 pub mod observe;
 pub mod ownership;
 pub mod served;
-mod set_client;
-pub mod set_desired;
-pub mod set_observe;
 pub(crate) mod types;
 
 pub use budget_client::{BudgetError, Budgets};
@@ -50,10 +42,6 @@ pub use desired::{desired_kairon_machine, provider_id, uid_provider_id};
 pub(crate) use desired::{is_the_instance, names_instance};
 pub(crate) use fingerprint::endpoint_fingerprint;
 pub(crate) use observe::{Holder, Ownership, ownership};
-pub use set_client::{
-    MachineSets, SetCreated, SetError, keep_set_what_is_read, machine_set_from_value, read_set, release_record,
-    released_members, released_name,
-};
 pub use types::{
     CloudInit, CloudInitFile, GuestAgent, Image, ImageSource, Machine, MachineSpec, MachineStatus, Network, Placement,
     Resources, Term, UserData, WeightedTerm, phase, power_state,
@@ -174,19 +162,14 @@ pub(crate) fn keep_what_is_read(vm: &mut Machine) {
             labels::KAIRONMACHINE_NAMESPACE,
             labels::KAIRONMACHINE_UID,
             labels::MANAGEMENT_CLUSTER,
-            // A member's: which set and pool it belongs to (the member rule of `ownership`)
-            // and which template it was made from.
-            machineset::MACHINESET_LABEL,
-            machineset::TEMPLATE_HASH_LABEL,
-            labels::KAIRONMACHINEPOOL_NAME,
-            labels::KAIRONMACHINEPOOL_NAMESPACE,
+            // A Kairon MachineSet's member is that set's (the rule of `ownership`).
+            labels::KAIRON_MACHINESET,
         ],
     );
     crate::capi::retain_keys(
         &mut meta.annotations,
         &[
             FAILURE_DOMAIN_ANNOTATION,
-            BOOTSTRAP_DATA_HASH_ANNOTATION,
             // Which runtime the bootstrap data ran in, and Kairon's marks of a live move.
             bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION,
             bootstrap_runtime::BOOTSTRAP_MIGRATION_ANNOTATION,
@@ -359,20 +342,10 @@ pub mod labels {
     pub(crate) const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
     pub(crate) const MANAGED_BY_VALUE: &str = "cluster-api-provider-kairon";
 
-    /// On a Kairon MachineSet and, through its template, on each member: the KaironMachinePool
-    /// the set backs. Stable across `clusterctl move` (name and namespace only), so that a move
-    /// never changes the template's hash and never rolls the pool.
+    /// On a pool member's KaironMachine: the KaironMachinePool that made it.
     pub const KAIRONMACHINEPOOL_NAME: &str = "infrastructure.cluster.x-k8s.io/kaironmachinepool-name";
-    pub const KAIRONMACHINEPOOL_NAMESPACE: &str = "infrastructure.cluster.x-k8s.io/kaironmachinepool-namespace";
-    /// On a Kairon MachineSet only (never in its template): the adoption key of the set, as
-    /// [`KAIRONMACHINE_UID`] is a VM's.
-    pub const KAIRONMACHINEPOOL_UID: &str = "infrastructure.cluster.x-k8s.io/kaironmachinepool-uid";
-    /// In a MachineSet's template: the bootstrap data Secret the members boot with. A new
-    /// Secret (a new bootstrap config) changes the template's hash and so rolls the pool; new
-    /// content in the same Secret (a join-token rotation) does not.
-    pub const BOOTSTRAP_SECRET: &str = "infrastructure.cluster.x-k8s.io/bootstrap-secret";
-    /// In a MachineSet's template: the Kubernetes version of the MachinePool (a change rolls).
-    pub const KUBERNETES_VERSION: &str = "infrastructure.cluster.x-k8s.io/kubernetes-version";
+    /// Kairon's own label on each Machine its MachineSet controller makes: the set's name.
+    pub const KAIRON_MACHINESET: &str = "kairon.zyvor.dev/machineset";
 
     /// The label selector of every Kairon Machine this provider manages.
     pub(crate) fn managed_selector() -> String {
@@ -383,8 +356,3 @@ pub mod labels {
 /// Annotation recording the failure domain a Kairon Machine was placed in, so placement can be
 /// reported again after status is lost (status is never moved by `clusterctl move`).
 pub(crate) const FAILURE_DOMAIN_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/failure-domain";
-
-/// Annotation on a Kairon MachineSet: a digest of the user-data in its template. The caches
-/// drop the user-data itself, so this is how a change of the bootstrap Secret's content (a
-/// join-token rotation) is seen without reading the template back.
-pub const BOOTSTRAP_DATA_HASH_ANNOTATION: &str = "infrastructure.cluster.x-k8s.io/bootstrap-data-hash";

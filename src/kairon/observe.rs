@@ -34,13 +34,15 @@ const MAX_PHASE: usize = 64;
 /// adopts from) labelled it as its own. A plain Kairon VM, or another installation's, is never
 /// adopted and never deleted through a providerID.
 ///
-/// A member of a Kairon MachineSet is a pool's: only a KaironMachine of that pool may claim
-/// it, and a pool's KaironMachine claims nothing else ([`super::set_observe::member_rule`]).
+/// A member of a Kairon MachineSet is that set's: Kairon replaces it, or deletes it undrained
+/// when the set's template changes (or its hash does, on a Kairon upgrade), so no KaironMachine
+/// claims it.
 pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Ownership {
-    let km_pool = km.labels().get(labels::KAIRONMACHINEPOOL_NAME);
-    let km_ns = km.namespace().unwrap_or_default();
-    if let Some(verdict) = super::set_observe::member_rule(vm, km_pool.map(|p| (km_ns.as_str(), p.as_str()))) {
-        return verdict;
+    if let Some(set) = vm.labels().get(labels::KAIRON_MACHINESET) {
+        return Ownership::Foreign(format!(
+            "it is a member of Kairon MachineSet {}, which Kairon replaces and deletes by itself",
+            crate::text::bounded(set, 63)
+        ));
     }
     let uid_label = vm.labels().get(labels::KAIRONMACHINE_UID);
     if uid_label.is_some() && uid_label == km.metadata.uid.as_ref() {

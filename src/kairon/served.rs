@@ -30,15 +30,13 @@ const UNSERVED: &str = "v1alpha1";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KaironKind {
     Machine,
-    MachineSet,
     MachineMigration,
     MachineDisruptionBudget,
 }
 
 impl KaironKind {
-    pub const ALL: [KaironKind; 4] = [
+    pub const ALL: [KaironKind; 3] = [
         KaironKind::Machine,
-        KaironKind::MachineSet,
         KaironKind::MachineMigration,
         KaironKind::MachineDisruptionBudget,
     ];
@@ -46,7 +44,6 @@ impl KaironKind {
     pub fn kind(self) -> &'static str {
         match self {
             KaironKind::Machine => "Machine",
-            KaironKind::MachineSet => "MachineSet",
             KaironKind::MachineMigration => "MachineMigration",
             KaironKind::MachineDisruptionBudget => "MachineDisruptionBudget",
         }
@@ -55,7 +52,6 @@ impl KaironKind {
     pub fn plural(self) -> &'static str {
         match self {
             KaironKind::Machine => "machines",
-            KaironKind::MachineSet => "machinesets",
             KaironKind::MachineMigration => "machinemigrations",
             KaironKind::MachineDisruptionBudget => "machinedisruptionbudgets",
         }
@@ -169,7 +165,7 @@ impl Served {
         self.machine_schema.is_some()
     }
 
-    /// `Machine=v1 MachineSet=v1 ...` (`none`: not served), for logs and conditions.
+    /// `Machine=v1 MachineMigration=v1 ...` (`none`: not served), for logs and conditions.
     pub fn summary(&self) -> String {
         KaironKind::ALL
             .iter()

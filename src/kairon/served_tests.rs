@@ -29,7 +29,12 @@ fn each_kind_is_spoken_in_the_newest_supported_version_that_serves_it() {
             KaironKind::Machine,
             Some("v1"),
         ),
-        ("v1 only", group(&[("v1", all)]), KaironKind::MachineSet, Some("v1")),
+        (
+            "v1 only",
+            group(&[("v1", all)]),
+            KaironKind::MachineMigration,
+            Some("v1"),
+        ),
         (
             "older Kairon",
             group(&[("v1alpha1", all)]),
@@ -44,15 +49,15 @@ fn each_kind_is_spoken_in_the_newest_supported_version_that_serves_it() {
         ),
         // A kind newer than the rest is spoken where it is served.
         (
-            "sets only in v1",
-            group(&[("v1", &["machinesets"]), ("v1alpha1", &["machines"])]),
+            "budgets only in v1",
+            group(&[("v1", &["machinedisruptionbudgets"]), ("v1alpha1", &["machines"])]),
             KaironKind::Machine,
             Some("v1alpha1"),
         ),
         (
-            "sets only in v1 (sets)",
-            group(&[("v1", &["machinesets"]), ("v1alpha1", &["machines"])]),
-            KaironKind::MachineSet,
+            "budgets only in v1 (budgets)",
+            group(&[("v1", &["machinedisruptionbudgets"]), ("v1alpha1", &["machines"])]),
+            KaironKind::MachineDisruptionBudget,
             Some("v1"),
         ),
         (
@@ -90,7 +95,7 @@ fn resources_and_bodies_name_the_version_spoken() {
     assert_eq!(served.resource(KaironKind::MachineMigration).version, "v1alpha1");
     assert_eq!(
         served.summary(),
-        "Machine=v1 MachineSet=v1 MachineMigration=none MachineDisruptionBudget=v1"
+        "Machine=v1 MachineMigration=none MachineDisruptionBudget=v1"
     );
 }
 

@@ -8,14 +8,19 @@
 //! unpaused; and deleting the cluster deletes its budgets.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::{Rig, RigOptions};
+use capkr::api::{KaironCluster, conditions};
 use capkr::kairon;
 use capkr::kairon::budget::{BUDGET_FOR, MachineDisruptionBudget, selects};
 use capkr::kairon::labels;
+use capkr_testenv::cluster::{ClusterOptions, Infrastructure, cluster_yaml_of};
+use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 const UP: Duration = Duration::from_secs(180);
@@ -186,6 +191,166 @@ async fn a_cluster_keeps_budgets_over_its_control_plane_and_workers_and_deletes_
             .map(ResourceExt::name_any)
             .collect();
         Ok::<_, kube::Error>((left == [foreign.clone()]).then_some(()))
+    })
+    .await;
+}
+
+/// Every version of the namespace's KaironClusters, as a watch from before they exist sees them.
+fn every_version(api: Api<KaironCluster>) -> Arc<Mutex<Vec<KaironCluster>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let into = seen.clone();
+    tokio::spawn(async move {
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(Ok(kc)) = events.next().await {
+            into.lock().unwrap_or_else(|e| e.into_inner()).push(kc);
+        }
+    });
+    seen
+}
+
+fn budgets_condition(kc: &KaironCluster) -> Option<(String, String)> {
+    kc.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .and_then(|c| conditions::get(c, conditions::DISRUPTION_BUDGETS_READY))
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// CAPI makes no Machine before the KaironCluster is provisioned: the budgets are kept before
+/// that, and the version of the KaironCluster that first says provisioned already says where
+/// they stand. A budget of that name that is not ours is said (`DisruptionBudgetNameTaken`),
+/// left alone, and does not hold up the cluster.
+#[tokio::test(flavor = "multi_thread")]
+async fn budgets_are_kept_before_the_cluster_is_provisioned_and_a_taken_name_is_said() {
+    let opts = RigOptions {
+        workers: 1,
+        create: false,
+        ..RigOptions::new("e2e_budgets_first")
+    };
+    let rig = Rig::start(opts.clone()).await;
+    let budgets: Api<MachineDisruptionBudget> = Api::namespaced(rig.env.client(), &rig.ns);
+    let (cp_name, workers_name) = (format!("cp-{}", rig.cluster), format!("workers-{}", rig.cluster));
+    let theirs: MachineDisruptionBudget = serde_json::from_value(json!({
+        "apiVersion": "kairon.zyvor.dev/v1alpha1", "kind": "MachineDisruptionBudget",
+        "metadata": {"name": cp_name},
+        "spec": {"selector": {"team": "theirs"}, "minAvailable": "3"}}))
+    .unwrap();
+    budgets.create(&Default::default(), &theirs).await.unwrap();
+    let seen = every_version(rig.kcs());
+    // The watch has listed (nothing yet) before the cluster comes.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.env
+        .apply(&rig.manifests(&opts), Some(&rig.ns))
+        .await
+        .expect("cluster objects apply");
+    rig.wait_running(2, UP).await;
+
+    let versions = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let first = versions
+        .iter()
+        .find(|kc| kc.status.as_ref().is_some_and(|s| s.is_provisioned()))
+        .unwrap_or_else(|| {
+            rig.fail(format!(
+                "no provisioned KaironCluster among {} versions",
+                versions.len()
+            ))
+        });
+    eprintln!(
+        "budgets first: {} versions of the KaironCluster seen; the first provisioned one (resourceVersion {:?}) says {:?}",
+        versions.len(),
+        first.resource_version(),
+        budgets_condition(first)
+    );
+    assert_eq!(
+        budgets_condition(first),
+        Some(("False".to_string(), "DisruptionBudgetNameTaken".to_string())),
+        "the version that first says provisioned says where the budgets stand"
+    );
+    let workers = budgets
+        .get_opt(&workers_name)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| rig.fail("the workers' budget, kept although the control plane's name is taken"));
+    assert_eq!(workers.spec.max_unavailable.as_deref(), Some("0"));
+    let still_theirs = budgets.get(&cp_name).await.unwrap();
+    assert_eq!(
+        (
+            still_theirs.spec.min_available.as_deref(),
+            still_theirs.spec.selector.get("team").map(String::as_str)
+        ),
+        (Some("3"), Some("theirs")),
+        "another's budget is left as it was"
+    );
+    assert!(
+        still_theirs.labels().get(labels::CLUSTER_NAME).is_none(),
+        "and not labelled ours"
+    );
+}
+
+/// An externally managed KaironCluster (`cluster.x-k8s.io/managed-by`): its status and
+/// finalizers are another's, but its KaironMachines make their VMs here, so its budgets are
+/// kept all the same, and deleted once it is gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_externally_managed_clusters_vms_are_under_budgets_and_they_go_with_it() {
+    let opts = RigOptions {
+        workers: 1,
+        create: false,
+        ..RigOptions::new("e2e_budgets_external")
+    };
+    let rig = Rig::start(opts.clone()).await;
+    let budgets: Api<MachineDisruptionBudget> = Api::namespaced(rig.env.client(), &rig.ns);
+    let infra = Infrastructure {
+        cluster_annotations: "cluster.x-k8s.io/managed-by: e2e-external".into(),
+        ..Infrastructure::kairon(&rig.workload.host, rig.workload.port)
+    };
+    let shape = ClusterOptions {
+        workers: 1,
+        ..Default::default()
+    };
+    rig.env
+        .apply(&cluster_yaml_of(&rig.ns, &rig.cluster, &infra, &shape), Some(&rig.ns))
+        .await
+        .expect("cluster objects apply");
+    // As whoever manages it would: provisioned, its endpoint in its spec.
+    let kcs = rig.kcs();
+    let name = rig.cluster.clone();
+    rig.wait("the KaironCluster marked provisioned by its manager", UP, || async {
+        let done = kcs
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"initialization": {"provisioned": true}}})),
+            )
+            .await;
+        Ok::<_, kube::Error>(done.ok().map(|_| ()))
+    })
+    .await;
+    rig.wait_running(2, UP).await;
+    let (cp_name, workers_name) = (format!("cp-{}", rig.cluster), format!("workers-{}", rig.cluster));
+    rig.wait("both budgets of the externally managed cluster", UP, || async {
+        let cp = budgets.get_opt(&cp_name).await?;
+        let workers = budgets.get_opt(&workers_name).await?;
+        Ok::<_, kube::Error>((cp.is_some() && workers.is_some()).then_some(()))
+    })
+    .await;
+    let kc = kcs.get(&name).await.unwrap();
+    assert!(
+        kc.finalizers().iter().all(|f| !f.contains("kairon")),
+        "no finalizer of ours on it: {:?}",
+        kc.finalizers()
+    );
+    assert_eq!(budgets_condition(&kc), None, "its status is not ours to write");
+
+    rig.clusters()
+        .delete(&rig.cluster, &DeleteParams::default())
+        .await
+        .unwrap();
+    rig.wait("the KaironCluster gone, and its budgets with it", UP, || async {
+        let kc = kcs.get_opt(&name).await?;
+        let left = budgets.list(&ListParams::default()).await?.items.len();
+        Ok::<_, kube::Error>((kc.is_none() && left == 0).then_some(()))
     })
     .await;
 }

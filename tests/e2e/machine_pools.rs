@@ -1,12 +1,11 @@
-//! MachinePools on Kairon's MachineSet, with the real CAPI controllers: a KaironMachinePool
-//! backed by one Kairon MachineSet per revision, one KaironMachine (and so one CAPI Machine)
-//! per VM, each VM started by the pool with its own bootstrap data.
+//! MachinePools with the real CAPI controllers: a KaironMachinePool makes one KaironMachine
+//! (and so one CAPI Machine) per member, each of which makes its own plain Kairon Machine with
+//! the MachinePool's bootstrap data; no Kairon MachineSet anywhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::common::{Rig, RigOptions};
-use capkr::kairon::machineset::MachineSet;
 use capkr_testenv::cluster::{machine_image, machine_pool_yaml, pool_selector};
 use capkr_testenv::{capi_resource, infrastructure_resource};
 use kube::ResourceExt;
@@ -46,19 +45,27 @@ pub(crate) async fn scale_pool(rig: &Rig, pool: &str, replicas: usize) {
         .expect("scale MachinePool");
 }
 
-/// The pool's Kairon MachineSets (one per revision still there), by name.
-pub(crate) async fn pool_sets(rig: &Rig, pool: &str) -> Vec<MachineSet> {
-    let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
-    let mut sets = sets
+/// The label of the revision a pool member was made for.
+pub(crate) const REVISION_LABEL: &str = "infrastructure.cluster.x-k8s.io/kaironmachinepool-revision";
+/// Kairon's label on a member of a Kairon MachineSet.
+pub(crate) const KAIRON_MACHINESET_LABEL: &str = "kairon.zyvor.dev/machineset";
+
+/// The revisions of the pool's members (their KaironMachines' label), by member name.
+pub(crate) async fn member_revisions(rig: &Rig, pool: &str) -> BTreeMap<String, String> {
+    rig.kms()
         .list(&ListParams::default().labels(&pool_selector(pool)))
         .await
         .unwrap()
-        .items;
-    sets.sort_by_key(|s| s.name_any());
-    sets
+        .items
+        .into_iter()
+        .map(|km| {
+            let r = km.labels().get(REVISION_LABEL).cloned().unwrap_or_default();
+            (km.name_any(), r)
+        })
+        .collect()
 }
 
-/// The members of the pool's sets, by name.
+/// The VMs of the pool's members (the pool's label, from their KaironMachines), by name.
 pub(crate) async fn pool_members(rig: &Rig, pool: &str) -> BTreeMap<String, capkr::kairon::Machine> {
     rig.vms()
         .list(&ListParams::default().labels(&pool_selector(pool)))
@@ -119,8 +126,8 @@ pub(crate) fn pool_vm_spec(image: &str) -> String {
 }
 
 /// A rig (namespace `name`, manager, simulator) whose cluster has its control plane running and
-/// a MachinePool `<cluster>-mp-0` of `replicas` on a KaironMachinePool whose Kairon MachineSet
-/// (of its current revision) exists and is provisioned; returns the rig and the pool's name.
+/// a MachinePool `<cluster>-mp-0` of `replicas` on a provisioned KaironMachinePool; returns the
+/// rig and the pool's name.
 pub(crate) async fn rig_with_pool(name: &'static str, replicas: usize, audit: bool) -> (Rig, String) {
     rig_with_pool_from(
         RigOptions {
@@ -145,21 +152,20 @@ pub(crate) async fn rig_with_pool_from(options: RigOptions, replicas: usize) -> 
         )
         .await
         .expect("pool objects apply");
-    rig.wait("the pool's Kairon MachineSet, provisioned", UP, || async {
+    rig.wait("the pool provisioned", UP, || async {
         let kmp = kmps(&rig).get(&pool).await?;
         let ready = kmp.data["status"]["ready"] == true && kmp.data["status"]["initialization"]["provisioned"] == true;
-        Ok::<_, kube::Error>((ready && pool_sets(&rig, &pool).await.len() == 1).then_some(()))
+        Ok::<_, kube::Error>(ready.then_some(()))
     })
     .await;
     (rig, pool)
 }
 
-/// A pool 0 → 3 → 1: its VMs come from one Kairon MachineSet, each started by the pool with its
-/// own hostname, each with a KaironMachine and a Machine with a Node; the two Machines marked
+/// A pool 0 → 3 → 1: each member a KaironMachine of the pool's revision with a Machine with a
+/// Node and a plain Kairon Machine of its own; the two Machines marked
 /// `cluster.x-k8s.io/delete-machine` are the ones whose VMs go, each drained before its VM is
-/// deleted (held by a pre-drain hook, a Machine being deleted keeps its VM); Kairon replaces
-/// none and deletes none of its own choice. Then the pool deleted leaves no Kairon MachineSet,
-/// member or KaironMachine.
+/// deleted (held by a pre-drain hook, a Machine being deleted keeps its VM); nothing else is
+/// replaced or deleted. Then the pool deleted leaves no member, VM or KaironMachine.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then_deletion_leaves_nothing() {
     let (rig, pool) = rig_with_pool("machine_pool", 0, true).await;
@@ -177,31 +183,22 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     tokio::time::sleep(Duration::from_secs(20)).await;
     let writes = rig.manager_writes(from, None);
     assert!(writes.is_empty(), "the manager wrote at steady state: {writes:?}");
-    let sets = pool_sets(&rig, &pool).await;
-    assert_eq!(sets.len(), 1, "one revision, one set");
-    let set = &sets[0];
     let vms = pool_members(&rig, &pool).await;
     let members: BTreeSet<String> = vms.keys().cloned().collect();
     assert_eq!(members.len(), 3, "three members: {members:?}");
-    assert_eq!(set.spec.replicas, 3);
-    assert_eq!(
-        set.spec.template.spec.power_state.as_deref(),
-        Some("Stopped"),
-        "Kairon makes members Stopped"
-    );
-    assert!(
-        set.spec.template.spec.cloud_init.is_none(),
-        "no bootstrap data in the set"
-    );
     for (name, vm) in &vms {
-        assert_eq!(
-            vm.spec.power_state.as_deref(),
-            Some("Running"),
-            "{name}: started by the pool"
+        assert!(
+            !vm.labels().contains_key(KAIRON_MACHINESET_LABEL),
+            "{name}: a plain Kairon Machine, no MachineSet's"
         );
-        let hostname = vm.spec.cloud_init.as_ref().map(|c| c.hostname.as_str());
-        assert_eq!(hostname, Some(name.as_str()), "{name}: its own hostname");
+        assert!(vm.owner_references().is_empty(), "{name}: owned by no Kairon object");
     }
+    let revisions = member_revisions(&rig, &pool).await;
+    assert_eq!(
+        revisions.values().collect::<BTreeSet<_>>().len(),
+        1,
+        "one revision: {revisions:?}"
+    );
     let kmp = kmps(&rig).get(&pool).await.unwrap();
     let mut ids: Vec<String> = members.iter().map(|m| format!("kairon://{m}")).collect();
     ids.sort();
@@ -311,47 +308,33 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     }
     let left = wait_pool_running(&rig, &pool, 1).await;
     assert_eq!(left[0].name_any(), kept, "the unmarked Machine stays");
-    // Kairon's own tick runs every few seconds: long enough for it to replace a member or
-    // pick one of its own.
+    // Long enough for anything to replace a member or pick one of its own.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let vms = pool_members(&rig, &pool).await;
     let members: Vec<&String> = vms.keys().collect();
     assert_eq!(members, [&kept], "no VM replaced, the kept one untouched");
     assert_eq!(vms[&kept].metadata.uid, kept_uid);
     assert!(vms[&kept].metadata.deletion_timestamp.is_none());
-    let sets = pool_sets(&rig, &pool).await;
-    assert_eq!(
-        sets.iter().map(|s| s.spec.replicas).sum::<i32>(),
-        1,
-        "the set released both"
-    );
 
     // The pool deleted: nothing of it is left on Kairon.
     let started = Instant::now();
     pools(&rig).delete(&pool, &DeleteParams::default()).await.unwrap();
-    rig.wait(
-        "no KaironMachinePool, MachineSet, member or KaironMachine left",
-        UP,
-        || async {
-            let kmp = kmps(&rig).get_opt(&pool).await?;
-            let sets = pool_sets(&rig, &pool).await;
-            let members = pool_members(&rig, &pool).await;
-            let kms: Vec<_> = rig
-                .kms()
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|km| {
-                    km.labels()
-                        .contains_key("infrastructure.cluster.x-k8s.io/kaironmachinepool-name")
-                })
-                .collect();
-            Ok::<_, kube::Error>(
-                (kmp.is_none() && sets.is_empty() && members.is_empty() && kms.is_empty()).then_some(()),
-            )
-        },
-    )
+    rig.wait("no KaironMachinePool, member VM or KaironMachine left", UP, || async {
+        let kmp = kmps(&rig).get_opt(&pool).await?;
+        let members = pool_members(&rig, &pool).await;
+        let kms: Vec<_> = rig
+            .kms()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(|km| {
+                km.labels()
+                    .contains_key("infrastructure.cluster.x-k8s.io/kaironmachinepool-name")
+            })
+            .collect();
+        Ok::<_, kube::Error>((kmp.is_none() && members.is_empty() && kms.is_empty()).then_some(()))
+    })
     .await;
     let delete_secs = started.elapsed().as_secs_f64();
     eprintln!(
@@ -479,24 +462,17 @@ async fn an_autoscaled_pool_follows_its_machine_pool_and_rolls_without_sinking()
 }
 
 /// CABPK rotates a pool's join token inside the same bootstrap Secret. A rotation touches no
-/// Kairon MachineSet and no VM: the sets keep their resourceVersion, the members their UID and
-/// the bootstrap data digest they were started with. Only a VM started after it gets the new
-/// data (its digest is the new Secret's).
+/// VM and rolls nothing: the members keep their UID and spec, their revision stays, and the
+/// member made after it is of the same revision (its KaironMachine reads the Secret as it is
+/// then).
 #[tokio::test(flavor = "multi_thread")]
-async fn a_bootstrap_token_rotation_changes_no_vm_and_reaches_only_new_ones() {
+async fn a_bootstrap_token_rotation_changes_no_vm_and_rolls_nothing() {
     use k8s_openapi::api::core::v1::Secret;
-    const DIGEST: &str = "infrastructure.cluster.x-k8s.io/bootstrap-data-hash";
 
     let (rig, pool) = rig_with_pool("machine_pool_rotation", 2, false).await;
     wait_pool_running(&rig, &pool, 2).await;
-    let before_sets: Vec<(String, Option<String>)> = pool_sets(&rig, &pool)
-        .await
-        .iter()
-        .map(|s| (s.name_any(), s.resource_version()))
-        .collect();
     let before = pool_members(&rig, &pool).await;
-    let digest = |vm: &capkr::kairon::Machine| vm.annotations().get(DIGEST).cloned();
-    let old_digest = digest(before.values().next().unwrap()).expect("started members carry the digest");
+    let revisions_before = member_revisions(&rig, &pool).await;
 
     // The rotation: the same Secret, new content (kept a valid kubeadm cloud-config: a comment
     // is added, which the guest ignores and the digest does not).
@@ -525,16 +501,10 @@ async fn a_bootstrap_token_rotation_changes_no_vm_and_reaches_only_new_ones() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let after_sets: Vec<(String, Option<String>)> = pool_sets(&rig, &pool)
-        .await
-        .iter()
-        .map(|s| (s.name_any(), s.resource_version()))
-        .collect();
-    // Kairon writes a set's status each tick: compare the spec instead of the version.
     assert_eq!(
-        after_sets.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-        before_sets.iter().map(|(n, _)| n).collect::<Vec<_>>(),
-        "no new set"
+        member_revisions(&rig, &pool).await,
+        revisions_before,
+        "the same members, of the same revision"
     );
     let after = pool_members(&rig, &pool).await;
     for (name, vm) in &before {
@@ -543,27 +513,19 @@ async fn a_bootstrap_token_rotation_changes_no_vm_and_reaches_only_new_ones() {
             .unwrap_or_else(|| rig.fail(format!("{name}: gone after the rotation")));
         assert_eq!(now.metadata.uid, vm.metadata.uid, "{name}: the same VM");
         assert_eq!(now.spec, vm.spec, "{name}: its spec untouched");
-        assert_eq!(
-            digest(now),
-            Some(old_digest.clone()),
-            "{name}: started with the old data"
-        );
     }
-    let sets = pool_sets(&rig, &pool).await;
-    assert_eq!(
-        sets.iter().map(|s| s.spec.replicas).sum::<i32>(),
-        2,
-        "no set raised or lowered"
-    );
 
     scale_pool(&rig, &pool, 3).await;
     wait_pool_running(&rig, &pool, 3).await;
     let now = pool_members(&rig, &pool).await;
     let new: Vec<&capkr::kairon::Machine> = now.values().filter(|vm| !before.contains_key(&vm.name_any())).collect();
-    assert_eq!(new.len(), 1);
-    let new_digest = digest(new[0]).expect("digest");
-    assert_ne!(new_digest, old_digest, "the new VM was started with the rotated data");
-    assert_eq!(pool_sets(&rig, &pool).await.len(), 1, "the same set made it");
+    assert_eq!(new.len(), 1, "one new VM, the others kept");
+    let revisions = member_revisions(&rig, &pool).await;
+    assert_eq!(
+        revisions.values().collect::<BTreeSet<_>>(),
+        revisions_before.values().collect::<BTreeSet<_>>(),
+        "the new member is of the same revision: {revisions:?}"
+    );
 }
 
 /// A pool's deletion removes its own instances and nothing else: a KaironMachine labelled for
@@ -595,6 +557,7 @@ async fn deleting_a_pool_deletes_no_machine_but_its_own() {
                 "infrastructure.cluster.x-k8s.io/kaironmachinepool-name".to_string(),
                 pool.clone(),
             ),
+            ("cluster.x-k8s.io/pool-name".to_string(), pool.clone()),
             ("cluster.x-k8s.io/cluster-name".to_string(), rig.cluster.clone()),
         ]
         .into(),
@@ -609,10 +572,10 @@ async fn deleting_a_pool_deletes_no_machine_but_its_own() {
     rig.kms().create(&PostParams::default(), &rogue).await.unwrap();
 
     pools(&rig).delete(&pool, &DeleteParams::default()).await.unwrap();
-    rig.wait("the pool and its set gone", UP, || async {
+    rig.wait("the pool and its members gone", UP, || async {
         let kmp = kmps(&rig).get_opt(&pool).await?;
-        let sets = pool_sets(&rig, &pool).await;
-        Ok::<_, kube::Error>((kmp.is_none() && sets.is_empty()).then_some(()))
+        let members = pool_members(&rig, &pool).await;
+        Ok::<_, kube::Error>((kmp.is_none() && members.is_empty()).then_some(()))
     })
     .await;
     let cp = rig
@@ -632,9 +595,8 @@ async fn deleting_a_pool_deletes_no_machine_but_its_own() {
 
 /// A KaironMachinePool acts only for a MachinePool that names it: a second KaironMachinePool
 /// owned by the same MachinePool (a copy that kept the ownerReference, or the one a MachinePool
-/// was repointed away from) says so in `Ready` and makes no Kairon MachineSet, and the pool the
-/// MachinePool names keeps its VMs. (Both used to act: each made a MachineSet with the
-/// bootstrap data, and each deleted the other's Machines as vanished.)
+/// was repointed away from) says so in `Ready` and makes no member, and the pool the
+/// MachinePool names keeps its VMs.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_acts_only_for_a_machine_pool_that_names_it() {
     let (rig, pool) = rig_with_pool("pool_named", 1, false).await;
@@ -670,18 +632,20 @@ async fn a_pool_acts_only_for_a_machine_pool_that_names_it() {
     assert!(message.contains(&format!("KaironMachinePool {pool}")), "{message}");
     // It touches nothing, for as long as it is there.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(
-        pool_sets(&rig, "copy").await.is_empty(),
-        "no Kairon MachineSet for the copy"
-    );
+    let copies: Vec<_> = rig
+        .kms()
+        .list(&ListParams::default().labels(&pool_selector("copy")))
+        .await
+        .unwrap()
+        .items;
+    assert!(copies.is_empty(), "no member made by the copy");
     let after = wait_pool_running(&rig, &pool, 1).await;
     let after: BTreeSet<String> = after.iter().map(|m| m.uid().unwrap_or_default()).collect();
     assert_eq!(after, before, "the named pool's Machines are kept");
-    assert_eq!(pool_sets(&rig, &pool).await.len(), 1);
 }
 
 /// A pool scaled to 0, then its Cluster deleted (what CAPI's MachinePool spec does last): the
-/// MachinePool, the KaironMachinePool and its empty Kairon MachineSet all go.
+/// MachinePool and the KaironMachinePool go.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pool_scaled_to_0_goes_with_its_cluster() {
     let (rig, pool) = rig_with_pool("machine_pool_zero", 1, false).await;
@@ -698,11 +662,10 @@ async fn a_pool_scaled_to_0_goes_with_its_cluster() {
         .delete(&rig.cluster, &DeleteParams::default())
         .await
         .unwrap();
-    rig.wait("the Cluster, its pool and its set gone", UP, || async {
+    rig.wait("the Cluster and its pool gone", UP, || async {
         let cluster = rig.clusters().get_opt(&rig.cluster).await?;
         let kmp = kmps(&rig).get_opt(&pool).await?;
-        let sets = pool_sets(&rig, &pool).await;
-        Ok::<_, kube::Error>((cluster.is_none() && kmp.is_none() && sets.is_empty()).then_some(()))
+        Ok::<_, kube::Error>((cluster.is_none() && kmp.is_none()).then_some(()))
     })
     .await;
     eprintln!(

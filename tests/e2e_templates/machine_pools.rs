@@ -2,14 +2,13 @@
 //! flavor has its workers in a MachinePool of the class's pool class `default-worker-pool`.
 //! CAPI's topology controller clones the class's KaironMachinePoolTemplate into the pool's
 //! KaironMachinePool, the class's patches give it the worker size and the image of the
-//! MachinePool's version, and the provider makes a Kairon MachineSet for each revision of it
-//! and one KaironMachine (so one Machine, one Node) per VM.
+//! MachinePool's version, and the provider makes one KaironMachine (so one Machine, one Node,
+//! one plain Kairon Machine) per member, labelled with the pool's revision.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use capkr::api::{MACHINE_FINALIZER, MACHINE_POOL_FINALIZER};
-use capkr::kairon::machineset::MachineSet;
 use capkr_testenv::cluster::pool_selector;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -54,20 +53,23 @@ fn int(v: &Value) -> i64 {
     v.as_i64().unwrap_or(-1)
 }
 
-/// What was seen of the pool once it matched: the Kairon MachineSet's UID and the pool's VMs
-/// (KaironMachine names).
+/// What was seen of the pool once it matched: the revision its members were made for and the
+/// pool's VMs (KaironMachine names).
 pub struct PoolSeen {
-    pub set_uid: String,
+    pub revision: String,
     pub vms: BTreeSet<String>,
 }
+
+/// The label of the revision a pool member was made for.
+const REVISION_LABEL: &str = "infrastructure.cluster.x-k8s.io/kaironmachinepool-revision";
 
 /// Waits until the cluster's one MachinePool has `replicas` workers of Kubernetes `version`,
 /// then checks what the class and the provider made of it:
 /// - the KaironMachinePool: controlled by the MachinePool, owned by the Cluster (topology),
 ///   with the provider's finalizer, the `workerMachine` defaults and the image of `version`,
 ///   `spec.providerIDList` naming exactly its KaironMachines' VMs;
-/// - one Kairon MachineSet labelled for it (older revisions' sets deleted once empty), whose
-///   members are exactly the pool's VMs, each started with its own hostname;
+/// - its VMs are exactly its KaironMachines' (plain Kairon Machines, no MachineSet's member),
+///   all of one revision;
 /// - per VM a KaironMachine (the pool's template, its own providerID) controlled by the Machine
 ///   of its name and owned by the pool, and that Machine controlled by the MachinePool, with a
 ///   Node of the same providerID reporting `version`.
@@ -99,14 +101,13 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
             {
                 return Err(format!("KaironMachinePool {} {st}", kmp.data["spec"]));
             }
-            let sets: Api<MachineSet> = Api::namespaced(rig.env.client(), &rig.ns);
-            let sets = sets
+            let vms: Vec<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns)
                 .list(&ListParams::default().labels(&pool_selector(&name(kmp))))
                 .await
                 .map_err(|e| e.to_string())?
                 .items;
-            if sets.len() != 1 {
-                return Err(format!("{} Kairon MachineSets of the pool", sets.len()));
+            if vms.len() != replicas {
+                return Err(format!("{} VMs of the pool", vms.len()));
             }
             Ok(())
         },
@@ -145,32 +146,21 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
     assert_eq!(kmp.data["status"]["initialization"]["provisioned"], true);
     assert_eq!(kmp.data["status"]["infrastructureMachineKind"], "KaironMachine");
 
-    let set: MachineSet = Api::namespaced(rig.env.client(), &rig.ns)
-        .list(&ListParams::default().labels(&pool_selector(&kmp_name)))
-        .await
-        .expect("the pool's Kairon MachineSets")
-        .items
-        .remove(0);
-    assert!(
-        set.name_any().starts_with(&format!("{kmp_name}-")),
-        "a set named for the pool and its revision: {}",
-        set.name_any()
-    );
-    assert_eq!(
-        set.spec.template.spec.image_ref(),
-        Some(image.as_str()),
-        "the set makes VMs of {image}"
-    );
     let vms: Vec<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns)
         .list(&ListParams::default().labels(&pool_selector(&kmp_name)))
         .await
-        .expect("the set's members")
+        .expect("the pool's VMs")
         .items;
     for vm in &vms {
         assert_eq!(
-            vm.spec.cloud_init.as_ref().map(|c| c.hostname.as_str()),
-            Some(vm.name_any().as_str()),
-            "{}: started with its own hostname",
+            vm.spec.image_ref(),
+            Some(image.as_str()),
+            "{}: a VM of {image}",
+            vm.name_any()
+        );
+        assert!(
+            !vm.labels().contains_key("kairon.zyvor.dev/machineset"),
+            "{}: a plain Kairon Machine, no MachineSet's member",
             vm.name_any()
         );
     }
@@ -191,9 +181,14 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
     let km_names: BTreeSet<String> = pool_kms.iter().map(name).collect();
     assert_eq!(
         km_names, members,
-        "one KaironMachine per member of the set, named as its VM"
+        "one KaironMachine per VM of the pool, named as its VM"
     );
-    assert_eq!(members.len(), replicas, "the set's members: {members:?}");
+    assert_eq!(members.len(), replicas, "the pool's VMs: {members:?}");
+    let revisions: BTreeSet<String> = pool_kms
+        .iter()
+        .map(|k| k.labels().get(REVISION_LABEL).cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(revisions.len(), 1, "every member of one revision: {revisions:?}");
     let mut ids: Vec<String> = vec![];
     for km in &pool_kms {
         let km_name = name(km);
@@ -242,7 +237,7 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
     ids.sort();
     assert_eq!(kmp.data["spec"]["providerIDList"], json!(ids), "providerIDList");
     PoolSeen {
-        set_uid: set.metadata.uid.clone().unwrap_or_default(),
+        revision: revisions.into_iter().next().unwrap_or_default(),
         vms: members,
     }
 }

@@ -106,26 +106,18 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
                     templates.len()
                 ));
             }
+            // A replaced machine's Node is deleted by CAPI after its Machine goes: wait for it
+            // rather than racing it (the asserts below still say which Nodes are left).
+            let nodes = workload_nodes(rig).await?;
+            if nodes.len() != control_planes + workers || nodes.iter().any(|(_, v)| *v != to) {
+                return Err(format!("Nodes not yet one per machine at {to}: {nodes:?}"));
+            }
             Ok(())
         },
     )
     .await;
     let made = made.into_inner().unwrap_or_else(|e| e.into_inner());
-    let nodes: Vec<(String, String)> = Api::<Node>::all(rig.workload_client().await)
-        .list(&ListParams::default())
-        .await
-        .expect("the workload cluster's Nodes")
-        .items
-        .into_iter()
-        .map(|n| {
-            let version = n
-                .status
-                .and_then(|s| s.node_info)
-                .map(|i| i.kubelet_version)
-                .unwrap_or_default();
-            (n.metadata.name.unwrap_or_default(), version)
-        })
-        .collect();
+    let nodes = workload_nodes(rig).await.expect("the workload cluster's Nodes");
     eprintln!(
         "topology {from} -> {to}: {:.1}s; {} machines made: {made:?}; Nodes {nodes:?}",
         started.elapsed().as_secs_f64(),
@@ -146,4 +138,23 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
         nodes.iter().all(|(_, v)| *v == to),
         "every Node reports {to}: {nodes:?}"
     );
+}
+
+/// The workload cluster's Nodes, each with its kubelet's version.
+async fn workload_nodes(rig: &GuestRig) -> Result<Vec<(String, String)>, String> {
+    Ok(Api::<Node>::all(rig.workload_client().await)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("the workload cluster's Nodes: {e}"))?
+        .items
+        .into_iter()
+        .map(|n| {
+            let version = n
+                .status
+                .and_then(|s| s.node_info)
+                .map(|i| i.kubelet_version)
+                .unwrap_or_default();
+            (n.metadata.name.unwrap_or_default(), version)
+        })
+        .collect())
 }

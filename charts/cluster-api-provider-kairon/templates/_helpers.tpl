@@ -81,11 +81,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [kairon.zyvor.dev]
   resources: [machines]
   verbs: [get, list, watch, create, delete, patch]
-# Kairon MachineSets backing KaironMachinePools (their templates hold bootstrap data).
-- apiGroups: [kairon.zyvor.dev]
-  resources: [machinesets]
-  verbs: [get, list, watch, create, patch, delete]
-# Kairon MachineDisruptionBudgets kept per cluster (control plane, MachineDeployments, pools).
+# Kairon MachineDisruptionBudgets kept per cluster (its control plane, its other VMs).
 - apiGroups: [kairon.zyvor.dev]
   resources: [machinedisruptionbudgets]
   verbs: [list, create, patch, delete]

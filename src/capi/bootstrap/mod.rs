@@ -13,7 +13,7 @@ use crate::api::conditions::reason;
 
 mod source;
 
-pub(crate) use source::{Source, check_config, check_source};
+pub(crate) use source::{ConfigOwner, Source, check_config, check_source};
 
 /// Largest payload accepted by default. Kairon forwards it inside the Kairon Machine object,
 /// and objects must stay well below the API server's 1.5 MiB storage limit.

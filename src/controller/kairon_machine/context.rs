@@ -62,6 +62,8 @@ pub struct Context {
     pub nodes: Option<Store<k8s_openapi::api::core::v1::Node>>,
     /// The workers each tenant's machines may hold ([`crate::controller::tenant_share`]).
     pub shares: crate::controller::tenant_share::TenantShares,
+    /// MachinePools: a pool member's bootstrap data is named by its MachinePool.
+    pub machine_pools: Store<capi::MachinePool>,
 }
 
 impl Context {

@@ -1,6 +1,7 @@
 //! The create path: once the cluster's infrastructure, the bootstrap data and the failure
 //! domain are there, one Kairon Machine under the KaironMachine's name.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -8,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
 use super::context::{Context, Scope, Step, Target};
@@ -17,7 +19,7 @@ use crate::api::{self, KaironCluster};
 use crate::capi::{self, bootstrap, bootstrap::Source};
 use crate::controller::error::Error;
 use crate::events::reason as event;
-use crate::kairon::cloud_init::{GuestFacts, translate_cloud_config};
+use crate::kairon::cloud_init::{GuestFacts, translate_off_runtime};
 use crate::kairon::{self, Created, desired_kairon_machine};
 
 /// How often to look again for a bootstrap Secret that is named but missing (Secrets are read
@@ -61,7 +63,23 @@ pub(super) async fn create_instance(
             Action::await_change(),
         ));
     }
-    let Some(secret_name) = machine.data_secret_name() else {
+    // A member of a MachinePool: CAPI's Machine for it names no bootstrap data; the pool's
+    // one Secret, made for the MachinePool, is every member's.
+    let pool = match pool_of(machine, &scope.ns, ctx) {
+        PoolOf::None => None,
+        PoolOf::Found(mp) => Some(mp),
+        PoolOf::Missing(name) => {
+            return waiting(
+                reason::WAITING_FOR_BOOTSTRAP_DATA,
+                format!("waiting for MachinePool {name}, whose bootstrap data the pool member's is"),
+            );
+        }
+    };
+    let (secret_name, owner): (Option<&str>, bootstrap::ConfigOwner<'_>) = match pool.as_deref() {
+        Some(mp) => (mp.data_secret_name(), mp.into()),
+        None => (machine.data_secret_name(), machine.into()),
+    };
+    let Some(secret_name) = secret_name else {
         if !machine.is_control_plane() && !cluster.is_some_and(capi::Cluster::control_plane_initialized) {
             return waiting(
                 reason::WAITING_FOR_CONTROL_PLANE_INITIALIZED,
@@ -70,7 +88,7 @@ pub(super) async fn create_instance(
         }
         return waiting(reason::WAITING_FOR_BOOTSTRAP_DATA, "waiting for bootstrap data".into());
     };
-    let user_data = match read_bootstrap_data(scope, machine, secret_name, ctx).await? {
+    let user_data = match read_bootstrap_data(scope, owner, secret_name, ctx).await? {
         Step::Continue(data) => data,
         Step::Stop(observed, action) => return Ok(Step::Stop(observed, action)),
     };
@@ -93,7 +111,7 @@ pub(super) async fn create_instance(
     // guest's hostname (and NoCloud instance-id) the Machine's name.
     let facts = GuestFacts::kairon(&km.name_any());
     let max_decoded = 2 * ctx.settings.max_bootstrap_data_bytes;
-    let cloud_init = match translate_cloud_config(&user_data, &facts, max_decoded) {
+    let cloud_init = match translate_off_runtime(user_data, facts, max_decoded).await {
         Ok(cloud_init) => cloud_init,
         Err(e) => {
             // The same data fails again: terminal until the bootstrap config changes. The
@@ -113,7 +131,6 @@ pub(super) async fn create_instance(
             ));
         }
     };
-    drop(user_data);
     let desired = desired_kairon_machine(
         km,
         &scope.cluster_name,
@@ -169,7 +186,7 @@ pub(super) async fn create_instance(
 /// that Secret may be the Machine's bootstrap data.
 async fn read_bootstrap_data(
     scope: &Scope,
-    machine: &capi::Machine,
+    owner: bootstrap::ConfigOwner<'_>,
     secret_name: &str,
     ctx: &Context,
 ) -> Result<Step<String>, Error> {
@@ -188,11 +205,11 @@ async fn read_bootstrap_data(
         );
         return Ok(Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY)));
     };
-    let trusted = match bootstrap::check_source(&secret, machine.into()) {
+    let trusted = match bootstrap::check_source(&secret, owner) {
         Ok(Source::Given) => Ok(()),
         Ok(Source::Config(made_by)) => {
             let config = read_bootstrap_config(ns, made_by, ctx).await?;
-            bootstrap::check_config(&secret, made_by, config.as_ref(), machine.into())
+            bootstrap::check_config(&secret, made_by, config.as_ref(), owner)
         }
         Err(e) => Err(e),
     };
@@ -214,6 +231,28 @@ async fn read_bootstrap_data(
             Step::Stop(Observed::Waiting(d), Action::requeue(SECRET_RETRY))
         }
     })
+}
+
+/// The MachinePool a Machine belongs to, if its controller is one.
+enum PoolOf {
+    None,
+    Found(Arc<capi::MachinePool>),
+    /// Not in the cache (not yet, or not that one by UID): its name.
+    Missing(String),
+}
+
+fn pool_of(machine: &capi::Machine, ns: &str, ctx: &Context) -> PoolOf {
+    let Some(owner) = capi::owner(&machine.metadata, "MachinePool").filter(|o| o.controller == Some(true)) else {
+        return PoolOf::None;
+    };
+    match ctx
+        .machine_pools
+        .get(&ObjectRef::new(&owner.name).within(ns))
+        .filter(|mp| mp.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+    {
+        Some(mp) => PoolOf::Found(mp),
+        None => PoolOf::Missing(owner.name.clone()),
+    }
 }
 
 /// The metadata of the bootstrap config that made the bootstrap data Secret (its controller

@@ -19,7 +19,6 @@ use crate::capi;
 use crate::controller::error::Error;
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
-use crate::kairon::set_observe::{is_released, set_of};
 use crate::kairon::{self, Deletion, provider_id};
 
 /// How often to look again while a Kairon Machine is being deleted, on top of its watch.
@@ -109,15 +108,7 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
             .await;
         return release().await;
     }
-    // A member of a pool's set is released from it first, or Kairon would replace it; also
-    // when Kairon already deletes it (a released member is outdated) before the release was
-    // counted.
     let deleting = vm.metadata.deletion_timestamp.is_some();
-    if (!deleting || is_released(&vm))
-        && let Some(action) = release_member(&vm, &target.instances).await?
-    {
-        return Ok(action);
-    }
     if !deleting {
         match target.instances.delete(&vm).await? {
             Deletion::Started => info!(instance = %name, "deleting Kairon Machine"),
@@ -156,81 +147,6 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
     };
     write_status(ctx, km, StatusInput::Deleting(&observed), Some(&target)).await?;
     Ok(Action::requeue(retry))
-}
-
-/// Releases are made one at a time in this process: two at once on one set would only make
-/// each other's write stale, and every retry widens the gap between a member's label and its
-/// set's count.
-static RELEASES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Releases `vm` from its Kairon MachineSet, if it is a member of one: Kairon replaces any
-/// member deleted by someone else, and deletes members of its own choice when `spec.replicas`
-/// drops below them. So the member is labelled released (no template has that hash: it is
-/// outdated, and whatever Kairon does next removes it rather than another), and its set is
-/// lowered by one together with a record of it, right after, on the set's resourceVersion:
-/// exactly once. Kairon acts on sets every few seconds; between the two writes there is one
-/// request. `Some(action)`: not done yet, look again.
-async fn release_member(vm: &kairon::Machine, instances: &kairon::Instances) -> Result<Option<Action>, Error> {
-    let Some(set_name) = set_of(vm) else {
-        return Ok(None);
-    };
-    let Some(uid) = vm.metadata.uid.as_deref() else {
-        return Ok(None);
-    };
-    let _one_at_a_time = RELEASES.lock().await;
-    let ns = vm.namespace().unwrap_or_default();
-    let name = vm.name_any();
-    let sets = instances.machine_sets();
-    // Kairon writes the set's status every tick: a write that lost to it is tried again at
-    // once, on a fresh read (each try only if the release is not recorded yet).
-    let mut marked = false;
-    for _ in 0..3 {
-        let Some(set) = sets.get(&ns, set_name).await? else {
-            return Ok(None);
-        };
-        if kairon::released_members(&set).iter().any(|u| u == uid) {
-            return Ok(None);
-        }
-        // No record: the member is read again, after the set. `vm` was read before this
-        // release's turn came; meanwhile the member may have been released, deleted, and its
-        // record forgotten once it was gone (records are kept while the member exists). Only
-        // a member still there, the same one, is released.
-        let Some(now) = instances
-            .get(&ns, &name)
-            .await?
-            .filter(|now| now.metadata.uid.as_deref() == Some(uid))
-        else {
-            // Labelled released (by this release, now or in an earlier try) and gone before its
-            // set was lowered: Kairon deleted it as outdated. Its set still counts it, and
-            // Kairon would make another member in its place: lowered now. No record means it
-            // was never lowered: a record is kept while the member's KaironMachine exists.
-            if marked || is_released(vm) {
-                match sets.release(&set, uid, &name).await {
-                    Ok(()) => {
-                        info!(instance = %name, set = %set_name, "released the Kairon Machine from its MachineSet (Kairon deleted it first)");
-                        return Ok(None);
-                    }
-                    Err(kairon::SetError::Stale { .. }) => continue,
-                    Err(e) => return Err(e.into()),
-                }
-            }
-            info!(instance = %name, set = %set_name, "the Kairon Machine went while its release waited; nothing to release");
-            return Ok(Some(Action::requeue(Duration::from_secs(1))));
-        };
-        if !marked && !is_released(&now) {
-            instances.mark_released(&now).await?;
-        }
-        marked = true;
-        match sets.release(&set, uid, &name).await {
-            Ok(()) => {
-                info!(instance = %name, set = %set_name, "released the Kairon Machine from its MachineSet");
-                return Ok(None);
-            }
-            Err(kairon::SetError::Stale { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(Some(Action::requeue(Duration::from_secs(1))))
 }
 
 /// Whether the KaironMachine's Cluster no longer exists, asked of the API server when the cache

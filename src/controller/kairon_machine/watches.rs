@@ -152,6 +152,7 @@ pub(crate) fn controller(
         Synced::of(&instances),
         caches.kaironclusters.synced(),
         Synced::of(&health_checks),
+        caches.machine_pools.synced(),
     ];
     telemetry.caches.register(&synced[0]);
     telemetry.caches.register(&synced[2]);
@@ -188,6 +189,7 @@ pub(crate) fn controller(
         fresh: caches.fresh.clone(),
         evacuating: evacuating.clone(),
         nodes: Some(nodes),
+        machine_pools: caches.machine_pools.store(),
     });
     let km_synced = caches.kaironmachines.synced();
     let km_store: Store<KaironMachine> = kms.clone();

@@ -1,5 +1,5 @@
 //! What a KaironMachinePool reconcile reads: its caches, and the pool's owner MachinePool,
-//! Cluster, Kairon MachineSet, members, KaironMachines and Machines in them.
+//! Cluster, and the KaironMachines and Machines of its members.
 
 use std::sync::Arc;
 
@@ -7,34 +7,22 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
-use crate::api::{KaironCluster, KaironMachine, KaironMachinePool};
+use crate::api::{KaironMachine, KaironMachinePool};
 use crate::capi::{self, MachinePool, POOL_NAME_LABEL, format_label_value};
 use crate::controller::error::Error;
 use crate::controller::runtime::{Synced, owning_cluster};
 use crate::controller::settings::Settings;
 use crate::controller::write::Writer;
 use crate::events::Events;
-use crate::kairon::labels::KAIRONMACHINEPOOL_NAME;
-use crate::kairon::machineset::MachineSet;
-use crate::kairon::set_desired::{PoolLink, label_value};
-use crate::kairon::set_observe::is_member_of;
-use crate::kairon::{self, Instances, MachineSets};
 use crate::metrics::Metrics;
 
 /// Shared by every reconcile of the controller.
 pub struct Context {
     pub client: Client,
-    /// The manager's Kairon API (pools on an identity's are not served yet).
-    pub kairon: Instances,
     pub machine_pools: Store<MachinePool>,
     pub clusters: Store<capi::Cluster>,
-    pub kaironclusters: Store<KaironCluster>,
-    /// Kairon MachineSets this provider made (label `app.kubernetes.io/managed-by`), without
-    /// user-data.
-    pub sets: Store<MachineSet>,
-    /// Kairon Machines that are members of a MachineSet.
-    pub members: Store<kairon::Machine>,
-    /// KaironMachines of pools (label `kaironmachinepool-name`).
+    /// Every KaironMachine (the KaironMachine controller's cache); a pool's members carry its
+    /// MachinePool's `cluster.x-k8s.io/pool-name` label.
     pub kaironmachines: Store<KaironMachine>,
     /// CAPI Machines of pools (label `cluster.x-k8s.io/pool-name`).
     pub machines: Store<capi::Machine>,
@@ -44,17 +32,34 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// When each pool may next replace a broken VM.
     pub broken_backoff: super::broken_backoff::BrokenBackoff,
+    /// The KaironMachines each pool created that the cache does not show yet.
+    pub pending: super::pending::Pending,
 }
 
 /// One pool and what it belongs to, from the caches.
 pub(crate) struct Scope {
     pub pool: Arc<KaironMachinePool>,
     pub ns: String,
-    pub link: PoolLink,
     /// The owner MachinePool, once CAPI set it (and it is that very one, by UID).
     pub machine_pool: Option<Arc<MachinePool>>,
+    /// The owner MachinePool names this pool (`spec.template.spec.infrastructureRef`): only
+    /// then does the pool act for it.
+    pub named: bool,
     pub cluster_name: String,
     pub cluster: Option<Arc<capi::Cluster>>,
+}
+
+impl Scope {
+    /// The key of the pool's in-memory records (its UID: a pool made again under the same
+    /// name starts afresh).
+    pub(crate) fn key(&self) -> String {
+        format!(
+            "{}/{}/{}",
+            self.ns,
+            self.pool.name_any(),
+            self.pool.uid().unwrap_or_default()
+        )
+    }
 }
 
 impl Context {
@@ -74,83 +79,43 @@ impl Context {
             &ns,
             Some(cluster_name.as_str()).filter(|c| !c.is_empty()),
         );
-        let link = PoolLink {
-            name: pool.name_any(),
-            namespace: ns.clone(),
-            uid: pool.uid().unwrap_or_default(),
-        };
+        let named = machine_pool
+            .as_deref()
+            .is_some_and(|mp| super::reconcile::names_another(mp, &pool).is_none());
         Ok(Scope {
             pool,
             ns,
-            link,
+            named,
             machine_pool,
             cluster_name,
             cluster,
         })
     }
 
-    /// Whether the pool's KaironCluster names a Kairon API of its own (`spec.identityRef`).
-    pub(crate) fn uses_an_identity(&self, s: &Scope) -> bool {
-        let Some(name) = s
-            .cluster
-            .as_ref()
-            .and_then(|c| c.infrastructure_name(crate::api::GROUP, "KaironCluster"))
-        else {
-            return false;
-        };
-        self.kaironclusters
-            .get(&ObjectRef::new(name).within(&s.ns))
-            .is_some_and(|kc| kc.spec.identity_ref.is_some())
-    }
-
-    pub(crate) fn sets(&self) -> MachineSets {
-        self.kairon.machine_sets()
-    }
-
     pub(crate) fn writer(&self, ns: &str) -> Writer<'_, KaironMachinePool> {
         Writer::new(Api::namespaced(self.client.clone(), ns), None)
     }
 
-    /// The sets labelled for the pool, as cached, by name (whose they are is for the caller to
-    /// decide).
-    pub(crate) fn sets_of(&self, s: &Scope) -> Vec<Arc<MachineSet>> {
-        let value = label_value(&s.link.name);
-        let mut sets: Vec<_> = self
-            .sets
-            .state()
-            .into_iter()
-            .filter(|set| set.namespace().as_deref() == Some(s.ns.as_str()))
-            .filter(|set| set.labels().get(KAIRONMACHINEPOOL_NAME) == Some(&value))
-            .collect();
-        sets.sort_by_key(|set| set.name_any());
-        sets
-    }
-
-    /// The members of `set`, as cached.
-    pub(crate) fn members_of(&self, set: &MachineSet) -> Vec<Arc<kairon::Machine>> {
-        self.members
-            .state()
-            .into_iter()
-            .filter(|vm| is_member_of(vm, set))
-            .collect()
-    }
-
-    /// The pool's KaironMachines, as cached.
-    pub(crate) fn kaironmachines_of(&self, s: &Scope) -> Vec<Arc<KaironMachine>> {
-        let value = label_value(&s.link.name);
+    /// The members' KaironMachines of MachinePool `machine_pool` in the pool's cluster, as
+    /// cached, by name: whichever KaironMachinePool made them (a repointed MachinePool's new
+    /// pool takes over the old one's members).
+    pub(crate) fn kaironmachines_of(&self, s: &Scope, machine_pool: &str) -> Vec<Arc<KaironMachine>> {
+        let value = format_label_value(machine_pool);
         let mut kms: Vec<_> = self
             .kaironmachines
             .state()
             .into_iter()
             .filter(|km| km.namespace().as_deref() == Some(s.ns.as_str()))
-            .filter(|km| km.labels().get(KAIRONMACHINEPOOL_NAME) == Some(&value))
+            .filter(|km| km.labels().get(POOL_NAME_LABEL) == Some(&value))
+            .filter(|km| capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(s.cluster_name.as_str()))
             .collect();
         // By name: the store's order changes between calls, what the pool does should not.
         kms.sort_by_key(|km| km.name_any());
         kms
     }
 
-    /// The Machines CAPI made for the pool's KaironMachines, as the API server has them now.
+    /// The Machines CAPI made for the members of MachinePool `machine_pool`, as the API server
+    /// has them now.
     pub(crate) async fn list_machines_of(
         &self,
         s: &Scope,
@@ -167,13 +132,14 @@ impl Context {
             )))?
             .items
             .into_iter()
+            .filter(|m| m.spec.cluster_name == s.cluster_name)
             .map(Arc::new)
             .collect();
         machines.sort_by_key(|m| m.name_any());
         Ok(machines)
     }
 
-    /// The Machines CAPI made for the pool's KaironMachines, as cached.
+    /// The Machines CAPI made for the members of MachinePool `machine_pool`, as cached.
     pub(crate) fn machines_of(&self, s: &Scope, machine_pool: &str) -> Vec<Arc<capi::Machine>> {
         let value = format_label_value(machine_pool);
         let mut machines: Vec<_> = self
@@ -182,6 +148,7 @@ impl Context {
             .into_iter()
             .filter(|m| m.namespace().as_deref() == Some(s.ns.as_str()))
             .filter(|m| m.labels().get(POOL_NAME_LABEL) == Some(&value))
+            .filter(|m| capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(s.cluster_name.as_str()))
             .collect();
         machines.sort_by_key(|m| m.name_any());
         machines

@@ -1,10 +1,10 @@
-//! Deleting a KaironMachinePool: its instances go the way every pool instance goes (their
-//! Machines are deleted, CAPI drains each Node, the KaironMachine's finalizer releases the VM
-//! from its set and deletes it), then the pool's Kairon MachineSets (Kairon removes members no
-//! KaironMachine stands for, never started ones), and the finalizer only once they are gone.
+//! Deleting a KaironMachinePool: its members go the way every member goes (their Machines are
+//! deleted, CAPI drains each Node, the KaironMachine's finalizer deletes the VM), and the
+//! finalizer only once they are gone.
 //!
 //! Kept instead: everything, when the pool was deleted by `clusterctl move` (the pool lives on
-//! elsewhere) or after its Cluster is gone (left behind; not ours to destroy).
+//! elsewhere), after its Cluster is gone (left behind; not ours to destroy), or when its
+//! MachinePool names another pool now (a repoint: the members are the new pool's).
 
 use std::time::Duration;
 
@@ -21,8 +21,6 @@ use crate::capi;
 use crate::client::delete_exactly;
 use crate::controller::error::Error;
 use crate::events::reason as event;
-use crate::kairon::set_observe::set_ownership;
-use crate::kairon::{Deletion, Ownership};
 
 /// How often a deletion in progress looks again.
 const DELETE_RETRY: Duration = Duration::from_secs(5);
@@ -37,7 +35,7 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         return Ok(Action::await_change());
     }
     if capi::has_annotation(&pool.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
-        info!("deleted for clusterctl move; the Kairon MachineSet is kept");
+        info!("deleted for clusterctl move; its members are kept");
         return release().await;
     }
     if s.cluster.is_none() && cluster_is_gone(s, ctx).await? {
@@ -47,96 +45,69 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
                 event::INSTANCE_KEPT,
                 "Delete",
                 format!(
-                    "Cluster {} no longer exists: Kairon MachineSet {}/{} is kept, not deleted",
-                    s.cluster_name, s.ns, s.link.name
+                    "Cluster {} no longer exists: the pool's members are kept, not deleted",
+                    s.cluster_name
                 ),
             )
             .await;
         return release().await;
     }
-    // The instances first, through their Machines (drained), or their KaironMachines when
-    // CAPI has made no Machine for them. A KaironMachine labelled for the pool whose owner is
-    // a Machine not of this pool (another MachinePool's, another cluster's: a label or an
+    // A MachinePool that names another pool now (or is gone and took its Machines with it):
+    // the members are not this pool's to remove.
+    let Some(mp) = s.machine_pool.as_ref().filter(|_| s.named) else {
+        ctx.pending.forget(&s.key());
+        info!("its MachinePool names another pool or is gone; its members are left to it");
+        return release().await;
+    };
+    // The members first, through their Machines (drained), or their KaironMachines when
+    // CAPI has made no Machine for them. A KaironMachine labelled for the MachinePool whose
+    // owner is a Machine not of it (another MachinePool's, another cluster's: a label or an
     // ownerReference can be copied) is left alone, its Machine above all.
-    let kms = ctx.kaironmachines_of(s);
+    let kms = ctx.kaironmachines_of(s, &mp.name_any());
     let (ours, foreign): (Vec<_>, Vec<_>) = kms.iter().partition(|km| owned_by_the_pool(km, s, ctx));
     for km in &foreign {
         info!(kaironmachine = %km.name_any(), "labelled for the pool but owned by a Machine of another; left alone");
     }
-    if !ours.is_empty() {
-        let machines: Api<capi::Machine> = Api::namespaced(ctx.client.clone(), &s.ns);
-        let kaironmachines: Api<crate::api::KaironMachine> = Api::namespaced(ctx.client.clone(), &s.ns);
-        for km in ours.iter().filter(|km| km.metadata.deletion_timestamp.is_none()) {
-            let name = km.name_any();
-            // Exactly the object the cache names (UID precondition): never another made since
-            // under the same name.
-            let answer = match capi::owner(&km.metadata, "Machine") {
-                Some(m) => machines
-                    .delete(&m.name, &delete_exactly(Some(m.uid.clone())))
-                    .await
-                    .map(|_| ()),
-                None => kaironmachines
-                    .delete(&name, &delete_exactly(km.metadata.uid.clone()))
-                    .await
-                    .map(|_| ()),
-            };
-            match answer {
-                Ok(()) => {}
-                // Gone, or the name now stands for another object (the precondition failed).
-                Err(kube::Error::Api(e)) if e.is_not_found() || e.code == 409 => {}
-                Err(e) => return Err(Error::write("machine")(e)),
-            }
-        }
-        let d = Decided::new(
-            READY,
-            Status::False,
-            reason::DELETING,
-            format!("waiting for {} instances to be deleted", ours.len()),
-        );
-        write_status(ctx, s, None, Some(d), None).await?;
-        return Ok(Action::requeue(DELETE_RETRY));
-    }
-    // Then the sets, read from the API server: the finalizer must not go while one exists.
-    let sets = ctx.sets();
-    let lp = kube::api::ListParams::default().labels(&format!(
-        "{}={}",
-        crate::kairon::labels::KAIRONMACHINEPOOL_NAME,
-        crate::kairon::set_desired::label_value(&s.link.name)
-    ));
-    let listed = sets.api(Some(&s.ns)).list(&lp).await.map_err(Error::read(format!(
-        "Kairon MachineSets of pool {}/{}",
-        s.ns, s.link.name
-    )))?;
-    let mut left = 0;
-    for set in listed.items.into_iter().map(crate::kairon::read_set) {
-        if let Ownership::Foreign(why) =
-            set_ownership(&set, &s.link, pool.spec.provider_id.as_deref(), ctx.kairon.owner())
-        {
-            info!(set = %set.name_any(), %why, "a Kairon MachineSet labelled for the pool is not its own; it is kept");
-            continue;
-        }
-        if set.metadata.deletion_timestamp.is_none() && sets.delete(&set).await? == Deletion::Gone {
-            continue;
-        }
-        left += 1;
-        ctx.events
-            .normal(
-                pool,
-                event::MACHINE_SET_DELETED,
-                "Delete",
-                format!("deleting Kairon MachineSet {}/{}", s.ns, set.name_any()),
-            )
-            .await;
-    }
-    if left == 0 {
+    if ours.is_empty() {
+        ctx.pending.forget(&s.key());
         return release().await;
     }
+    let machines: Api<capi::Machine> = Api::namespaced(ctx.client.clone(), &s.ns);
+    let kaironmachines: Api<KaironMachine> = Api::namespaced(ctx.client.clone(), &s.ns);
+    for km in ours.iter().filter(|km| km.metadata.deletion_timestamp.is_none()) {
+        let name = km.name_any();
+        // Exactly the object the cache names (UID precondition): never another made since
+        // under the same name.
+        let answer = match capi::owner(&km.metadata, "Machine") {
+            Some(m) => machines
+                .delete(&m.name, &delete_exactly(Some(m.uid.clone())))
+                .await
+                .map(|_| ()),
+            None => kaironmachines
+                .delete(&name, &delete_exactly(km.metadata.uid.clone()))
+                .await
+                .map(|_| ()),
+        };
+        match answer {
+            Ok(()) => {}
+            // Gone, or the name now stands for another object (the precondition failed).
+            Err(kube::Error::Api(e)) if e.is_not_found() || e.code == 409 => {}
+            Err(e) => return Err(Error::write("machine")(e)),
+        }
+    }
+    let d = Decided::new(
+        READY,
+        Status::False,
+        reason::DELETING,
+        format!("waiting for {} members to be deleted", ours.len()),
+    );
+    write_status(ctx, s, Some(d), None).await?;
     Ok(Action::requeue(DELETE_RETRY))
 }
 
-/// Whether `km` is an instance of this pool that its deletion may remove: without an owner
-/// Machine (CAPI made none yet), or owned by one of the pool's own Machines, by UID: one CAPI
-/// made for the pool's MachinePool (its pool-name label) in the pool's Cluster.
+/// Whether `km` is a member this pool's deletion may remove: without an owner Machine (CAPI
+/// made none yet), or owned by one of its MachinePool's own Machines, by UID: one CAPI made for
+/// the pool's MachinePool (its pool-name label) in the pool's Cluster.
 fn owned_by_the_pool(km: &KaironMachine, s: &Scope, ctx: &Context) -> bool {
     let Some(owner) = capi::owner(&km.metadata, "Machine") else {
         return true;

@@ -1,43 +1,50 @@
-//! The plan's instances from what the caches hold: the members of the pool's sets, the pool's
-//! KaironMachines and the pool's Machines, joined by name (all three share the VM's name).
-//! Pure: the reconciler passes what it read.
+//! The plan's members from what the caches hold: the KaironMachines of the pool's MachinePool
+//! and its Machines, joined by name (CAPI names the Machine after the KaironMachine), and the
+//! KaironMachines the pool created that the cache does not show yet. Pure: the reconciler
+//! passes what it read.
 
 use std::collections::BTreeMap;
 
 use kube::ResourceExt;
 
-use super::plan::{Instance, Km, PoolMachine, Vm};
+use super::plan::{Instance, Km, PoolMachine};
+use super::revision::REVISION_LABEL;
 use crate::api::KaironMachine;
 use crate::api::conditions::{self, READY, reason};
 use crate::capi::{self, DELETE_MACHINE_ANNOTATION, OWNER_REMEDIATED};
-use crate::kairon::machineset::MachineSet;
-use crate::kairon::set_observe::{awaits_start, is_member_of, is_released, set_of};
-use crate::kairon::{Machine, observe, phase};
 
-/// Joins `vms` (any Kairon Machines; only members of `sets`, the pool's, count), `kms` and
-/// `machines` (the pool's, as selected by the caller) into instances, sorted by name. Members
-/// of any set but the one named `current` are outdated.
+/// Joins `kms` and `machines` (the MachinePool's, as selected by the caller) and `pending` (the
+/// names of KaironMachines created but not yet cached) into members, sorted by name. A
+/// KaironMachine of another revision than `revision` is outdated.
 pub fn instances(
-    sets: &[&MachineSet],
-    current: &str,
-    vms: &[&Machine],
+    revision: &str,
     kms: &[&KaironMachine],
     machines: &[&capi::Machine],
+    pending: &[String],
 ) -> Vec<Instance> {
     let mut by_name: BTreeMap<String, Instance> = BTreeMap::new();
-    for vm in vms.iter().filter(|vm| sets.iter().any(|set| is_member_of(vm, set))) {
-        let phase = observe::effective_phase(vm);
-        upsert(&mut by_name, vm.name_any()).vm = Some(Vm {
-            deleting: vm.metadata.deletion_timestamp.is_some() || is_released(vm),
+    for km in kms {
+        let ready = km
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(s.conditions.as_deref().unwrap_or_default(), READY))
+            .filter(|c| c.status == "False");
+        let why = ready.map(|c| c.reason.as_str());
+        upsert(&mut by_name, km.name_any()).km = Some(Km {
+            deleting: km.metadata.deletion_timestamp.is_some(),
+            vm_gone: why == Some(reason::INSTANCE_NOT_FOUND),
             // Unknown: a failed runtime Kairon leaves as it is. A Stopped, Halted or Paused VM
             // is someone's decision: a MachineHealthCheck decides from its Node.
-            broken: phase == phase::UNKNOWN,
-            outdated: set_of(vm) != Some(current),
-            awaits_start: awaits_start(vm),
+            broken: why == Some(reason::INSTANCE_STATE_UNKNOWN),
+            outdated: km.labels().get(REVISION_LABEL).map(String::as_str) != Some(revision),
         });
     }
-    for km in kms {
-        upsert(&mut by_name, km.name_any()).km = Some(Km { vm_gone: vm_gone(km) });
+    for name in pending {
+        by_name.entry(name.clone()).or_insert_with(|| Instance {
+            name: name.clone(),
+            km: Some(Km::default()),
+            machine: None,
+        });
     }
     for m in machines {
         upsert(&mut by_name, m.name_any()).machine = Some(PoolMachine {
@@ -61,57 +68,22 @@ fn upsert(by_name: &mut BTreeMap<String, Instance>, name: String) -> &mut Instan
     })
 }
 
-/// Whether the KaironMachine found its VM gone (it never makes another one).
-fn vm_gone(km: &KaironMachine) -> bool {
-    let conds = km
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or_default();
-    conditions::get(conds, READY).is_some_and(|c| c.status == "False" && c.reason == reason::INSTANCE_NOT_FOUND)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::conditions::{Decided, Status};
-    use crate::kairon::machineset::{MACHINESET_LABEL, TEMPLATE_HASH_LABEL};
-    use crate::kairon::set_observe::RELEASED;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
 
-    fn set(name: &str) -> MachineSet {
-        let mut s = MachineSet::new(name, Default::default());
-        s.metadata.namespace = Some("ns".into());
-        s
-    }
-
-    fn vm(name: &str, set: &str, hash: &str, phase: &str, deleting: bool) -> Machine {
-        let mut vm = Machine::new(name, Default::default());
-        vm.metadata.namespace = Some("ns".into());
-        vm.metadata.labels = Some(
-            [(MACHINESET_LABEL, set), (TEMPLATE_HASH_LABEL, hash)]
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .into(),
-        );
-        vm.status = Some(crate::kairon::MachineStatus {
-            phase: Some(phase.into()),
-            ..Default::default()
-        });
-        if deleting {
-            vm.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
-        }
-        vm
-    }
-
-    fn km(name: &str, gone: bool) -> KaironMachine {
+    fn km(name: &str, revision: &str, ready: Option<&'static str>) -> KaironMachine {
         let mut km = KaironMachine::new(name, Default::default());
         km.metadata.namespace = Some("ns".into());
-        if gone {
+        km.metadata.labels = Some([(REVISION_LABEL.to_string(), revision.to_string())].into());
+        if let Some(why) = ready {
             let mut conds = vec![];
             conditions::set(
                 &mut conds,
-                Decided::new(READY, Status::False, reason::INSTANCE_NOT_FOUND, "gone"),
+                Decided::new(READY, Status::False, why, "x"),
                 None,
                 &Time(Timestamp::UNIX_EPOCH),
             );
@@ -124,105 +96,56 @@ mod tests {
     }
 
     fn machine(name: &str, created: i64, marked: bool, conds: &[(&str, &str)]) -> capi::Machine {
-        let mut m = capi::Machine::new(name, Default::default());
-        m.metadata.namespace = Some("ns".into());
-        m.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).expect("time")));
+        let mut m: capi::Machine = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"clusterName": "c"},
+            "status": {"conditions": conds.iter().map(|(t, s)| serde_json::json!({
+                "type": t, "status": s, "reason": "R", "lastTransitionTime": "2026-01-01T00:00:00Z"
+            })).collect::<Vec<_>>()}
+        }))
+        .unwrap();
+        m.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
         if marked {
-            m.metadata.annotations = Some([(DELETE_MACHINE_ANNOTATION.to_string(), "yes".to_string())].into());
+            m.metadata.annotations = Some([(DELETE_MACHINE_ANNOTATION.to_string(), String::new())].into());
         }
-        m.status = Some(capi::MachineStatus {
-            conditions: Some(
-                conds
-                    .iter()
-                    .map(|(t, s)| capi::ClusterCondition {
-                        type_: t.to_string(),
-                        status: s.to_string(),
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        });
         m
     }
 
     #[test]
-    fn members_kaironmachines_and_machines_are_joined_by_name() {
-        let mut fresh = vm("f", "pool-new", "h9", "", false);
-        fresh.status = None;
-        fresh.spec.power_state = Some("Stopped".into());
-        let vms = [
-            vm("a", "pool-new", "h2", "Running", false),
-            vm("b", "pool-old", "h1", "Unknown", false),
-            vm("c", "pool-new", "h2", "Running", true),
-            vm("d", "pool-new", RELEASED, "Running", false),
-            vm("e", "pool-new", "h2", "Stopped", false),
-            fresh,
-            vm("x", "other", "h2", "Running", false),
+    fn kaironmachines_machines_and_pending_creates_are_joined_by_name() {
+        let kms = [
+            km("a", "r2", None),
+            km("b", "r1", None),
+            km("c", "r2", Some(reason::INSTANCE_NOT_FOUND)),
+            km("d", "r2", Some(reason::INSTANCE_STATE_UNKNOWN)),
         ];
-        let kms = [km("a", false), km("b", false), km("g", true)];
         let machines = [
-            machine("a", 10, true, &[(AVAILABLE, "True")]),
-            machine("b", 5, false, &[(AVAILABLE, "False"), (OWNER_REMEDIATED, "False")]),
-            machine("g", 1, false, &[]),
+            machine("a", 5, true, &[(AVAILABLE, "True")]),
+            machine("b", 3, false, &[(OWNER_REMEDIATED, "False")]),
+            machine("z", 1, false, &[]),
         ];
-        let (new, old) = (set("pool-new"), set("pool-old"));
         let got = instances(
-            &[&new, &old],
-            "pool-new",
-            &vms.iter().collect::<Vec<_>>(),
+            "r2",
             &kms.iter().collect::<Vec<_>>(),
             &machines.iter().collect::<Vec<_>>(),
+            &["e".to_string(), "a".to_string()],
         );
         let names: Vec<&str> = got.iter().map(|i| i.name.as_str()).collect();
-        assert_eq!(
-            names,
-            ["a", "b", "c", "d", "e", "f", "g"],
-            "another set's VM is no instance"
-        );
+        assert_eq!(names, ["a", "b", "c", "d", "e", "z"]);
         let a = &got[0];
         assert_eq!(
-            a.vm,
-            Some(Vm {
-                deleting: false,
-                broken: false,
-                outdated: false,
-                awaits_start: false,
-            })
+            a.km,
+            Some(Km::default()),
+            "current, and the cache's, not the pending one's"
         );
-        assert_eq!(a.km, Some(Km { vm_gone: false }));
-        let am = a.machine.as_ref().expect("machine");
-        assert!(am.delete_annotation && am.available && !am.remediate && !am.deleting);
-        assert_eq!(am.created, 10);
-        let b = &got[1];
-        assert_eq!(
-            b.vm,
-            Some(Vm {
-                deleting: false,
-                broken: true,
-                outdated: true,
-                awaits_start: false,
-            }),
-            "a member of the older set is outdated"
-        );
-        let bm = b.machine.as_ref().expect("machine");
-        assert!(bm.remediate && !bm.available);
-        let c = &got[2];
-        assert!(
-            c.vm.as_ref().is_some_and(|v| v.deleting && !v.broken),
-            "deleting reads as Terminating, not broken"
-        );
-        assert!(c.km.is_none() && c.machine.is_none());
-        assert!(
-            got[3].vm.as_ref().is_some_and(|v| v.deleting),
-            "released: on its way out"
-        );
-        assert!(
-            got[4].vm.as_ref().is_some_and(|v| !v.broken && !v.awaits_start),
-            "stopped after it ran: not broken, not the pool's to start"
-        );
-        assert!(got[5].vm.as_ref().is_some_and(|v| v.awaits_start && !v.broken));
-        let g = &got[6];
-        assert!(g.vm.is_none());
-        assert_eq!(g.km, Some(Km { vm_gone: true }));
+        let m = a.machine.as_ref().expect("a's Machine");
+        assert!(m.delete_annotation && m.available && !m.remediate);
+        assert_eq!(m.created, 5);
+        assert!(got[1].km.as_ref().unwrap().outdated, "another revision");
+        assert!(got[1].machine.as_ref().unwrap().remediate);
+        assert!(got[2].km.as_ref().unwrap().vm_gone);
+        assert!(got[3].km.as_ref().unwrap().broken);
+        assert_eq!((got[4].km.clone(), got[4].machine.clone()), (Some(Km::default()), None));
+        assert_eq!(got[5].km, None, "a Machine without a KaironMachine");
     }
 }

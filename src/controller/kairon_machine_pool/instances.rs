@@ -1,42 +1,70 @@
-//! Which KaironMachine stands for a VM of a pool ("MachinePool Machines"). Pure: no I/O.
+//! The KaironMachine of a new pool member ("MachinePool Machines"). Pure but for its name's
+//! random suffix.
 //!
 //! CAPI lists a pool's infrastructure machines by the labels `cluster.x-k8s.io/cluster-name`
 //! and `cluster.x-k8s.io/pool-name` (the MachinePool's name through `MustFormatValue`), makes
 //! a Machine of the same name for each, and its Machine controller then becomes the
 //! KaironMachine's controller owner. Until then a plain owner reference to the pool keeps the
-//! KaironMachine from being an orphan (CAPD does the same).
-//!
-//! The KaironMachine carries `spec.providerID` naming its VM from creation (`kairon://<VM
-//! name>`, what the guest, started with its name as hostname and instance-id, gives kubelet),
-//! so the KaironMachine controller never makes a VM for it: it only follows the one Kairon's
-//! MachineSet made, and releases and deletes it (behind its finalizer) when CAPI deletes the
-//! Machine.
+//! KaironMachine from being an orphan (CAPD does the same). From then on it is a KaironMachine
+//! like any other: it makes its VM from its own spec with its MachinePool's bootstrap data, and
+//! deletes it (behind its finalizer) when CAPI deletes the Machine after draining its Node.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
+use ring::rand::{SecureRandom, SystemRandom};
 
+use super::revision::{REVISION_LABEL, label_value};
 use crate::api::{KaironMachine, KaironMachinePool};
-use crate::capi::{CLUSTER_NAME_LABEL, POOL_NAME_LABEL, format_label_value};
+use crate::capi::{CLUSTER_NAME_LABEL, POOL_NAME_LABEL, WATCH_FILTER_LABEL, format_label_value};
 use crate::kairon::labels::KAIRONMACHINEPOOL_NAME;
-use crate::kairon::set_desired::label_value;
-use crate::kairon::{Machine, provider_id};
 
-/// The KaironMachine for member `vm` of `pool`'s set, the pool belonging to MachinePool
-/// `machine_pool` of cluster `cluster`. `None` for a VM Kairon has not given a UID (not
-/// created yet): its providerID is not known.
-pub fn kaironmachine_for_member(
-    pool: &KaironMachinePool,
-    machine_pool: &str,
-    cluster: &str,
-    vm: &Machine,
-) -> Option<KaironMachine> {
-    vm.metadata.uid.as_deref().filter(|u| !u.is_empty())?;
-    let labels = [
-        (CLUSTER_NAME_LABEL.to_string(), cluster.to_string()),
-        (POOL_NAME_LABEL.to_string(), format_label_value(machine_pool)),
+/// Longest name of a member: its VM's name, which is the guest's hostname.
+const MAX_NAME: usize = 63;
+/// The characters of a name's random suffix (Kubernetes' own for `generateName`: no vowels, no
+/// look-alikes).
+const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+const SUFFIX: usize = 5;
+
+/// Everything a new member's KaironMachine is made of besides the pool's template.
+#[derive(Clone, Copy, Debug)]
+pub struct MemberOf<'a> {
+    pub machine_pool: &'a str,
+    pub cluster: &'a str,
+    pub revision: &'a str,
+    /// The manager's `--watch-filter` value: every object it makes carries it, or its own
+    /// watches would never see them.
+    pub watch_filter: Option<&'a str>,
+}
+
+/// A new member's name: the pool's name (cut to fit) and a random suffix.
+pub fn member_name(pool: &str) -> String {
+    let mut bytes = [0u8; SUFFIX];
+    // The system's randomness never fails on the platforms the manager runs on; were it to,
+    // the all-zero suffix only makes a taken name, which the create refuses.
+    let _ = SystemRandom::new().fill(&mut bytes);
+    let suffix: String = bytes
+        .iter()
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect();
+    let mut prefix: String = pool.chars().take(MAX_NAME - SUFFIX - 1).collect();
+    while prefix.ends_with(['-', '.']) {
+        prefix.pop();
+    }
+    format!("{prefix}-{suffix}")
+}
+
+/// The KaironMachine of a new member of `pool`, named `name`.
+pub fn kaironmachine_for_member(pool: &KaironMachinePool, name: &str, of: MemberOf<'_>) -> KaironMachine {
+    let mut labels: std::collections::BTreeMap<String, String> = [
+        (CLUSTER_NAME_LABEL.to_string(), of.cluster.to_string()),
+        (POOL_NAME_LABEL.to_string(), format_label_value(of.machine_pool)),
         (KAIRONMACHINEPOOL_NAME.to_string(), label_value(&pool.name_any())),
+        (REVISION_LABEL.to_string(), of.revision.to_string()),
     ]
     .into();
+    if let Some(v) = of.watch_filter {
+        labels.insert(WATCH_FILTER_LABEL.to_string(), v.to_string());
+    }
     let owner = OwnerReference {
         api_version: KaironMachinePool::api_version(&()).into_owned(),
         kind: KaironMachinePool::kind(&()).into_owned(),
@@ -46,10 +74,10 @@ pub fn kaironmachine_for_member(
         block_owner_deletion: None,
     };
     let mut spec = pool.spec.template.clone();
-    spec.provider_id = Some(provider_id(&vm.name_any()));
-    Some(KaironMachine {
+    spec.provider_id = None;
+    KaironMachine {
         metadata: ObjectMeta {
-            name: Some(vm.name_any()),
+            name: Some(name.to_string()),
             namespace: pool.namespace(),
             labels: Some(labels),
             owner_references: Some(vec![owner]),
@@ -57,16 +85,7 @@ pub fn kaironmachine_for_member(
         },
         spec,
         status: None,
-    })
-}
-
-/// Whether an existing KaironMachine of that name is the one for `vm` (a create that found the
-/// name taken): it must name that VM (by name, or by uid as the old model did).
-pub fn stands_for(km: &KaironMachine, vm: &Machine) -> bool {
-    km.spec
-        .provider_id
-        .as_deref()
-        .is_some_and(|pid| crate::kairon::names_instance(pid, vm))
+    }
 }
 
 #[cfg(test)]
@@ -91,53 +110,67 @@ mod tests {
         p
     }
 
-    fn member(name: &str, uid: Option<&str>) -> Machine {
-        let mut vm = Machine::new(name, Default::default());
-        vm.metadata.namespace = Some("ns".into());
-        vm.metadata.uid = uid.map(Into::into);
-        vm
+    fn of<'a>(mp: &'a str, filter: Option<&'a str>) -> MemberOf<'a> {
+        MemberOf {
+            machine_pool: mp,
+            cluster: "demo",
+            revision: "0123456789abcdef",
+            watch_filter: filter,
+        }
     }
 
     #[test]
-    fn a_members_kaironmachine_is_found_by_capi_and_names_its_vm_from_creation() {
-        let km = kaironmachine_for_member(&pool(), "demo-mp-0", "demo", &member("demo-mp-0-x7k2q", Some("vm-uid")))
-            .expect("a KaironMachine");
-        assert_eq!(km.metadata.name.as_deref(), Some("demo-mp-0-x7k2q"), "the VM's name");
+    fn a_members_kaironmachine_is_found_by_capi_and_makes_its_own_vm() {
+        let km = kaironmachine_for_member(&pool(), "demo-mp-0-x7k2q", of("demo-mp-0", None));
+        assert_eq!(km.metadata.name.as_deref(), Some("demo-mp-0-x7k2q"));
         assert_eq!(km.metadata.namespace.as_deref(), Some("ns"));
         let l = km.metadata.labels.as_ref().expect("labels");
         assert_eq!(l.get(CLUSTER_NAME_LABEL).map(String::as_str), Some("demo"));
         assert_eq!(l.get(POOL_NAME_LABEL).map(String::as_str), Some("demo-mp-0"));
         assert_eq!(l.get(KAIRONMACHINEPOOL_NAME).map(String::as_str), Some("demo-mp-0"));
+        assert_eq!(l.get(REVISION_LABEL).map(String::as_str), Some("0123456789abcdef"));
+        assert!(!l.contains_key(WATCH_FILTER_LABEL));
         assert_eq!(
-            km.spec.provider_id.as_deref(),
-            Some("kairon://demo-mp-0-x7k2q"),
-            "what the guest, named so, gives kubelet"
+            km.spec.provider_id, None,
+            "the KaironMachine sets it once its VM exists"
         );
         assert_eq!(km.spec.image.image_ref.as_deref(), Some("img"));
         let owners = km.metadata.owner_references.as_ref().expect("owner");
         assert_eq!(owners.len(), 1);
-        assert_eq!(owners[0].kind, "KaironMachinePool");
-        assert_eq!(owners[0].uid, "pool-uid");
+        assert_eq!(
+            (owners[0].kind.as_str(), owners[0].uid.as_str()),
+            ("KaironMachinePool", "pool-uid")
+        );
         assert_eq!(owners[0].controller, None, "the Machine becomes its controller");
-        assert!(stands_for(&km, &member("demo-mp-0-x7k2q", Some("vm-uid"))));
-        assert!(!stands_for(&km, &member("demo-mp-0-other", Some("vm-uid"))));
-        let mut old_model = km.clone();
-        old_model.spec.provider_id = Some("kairon://vm-uid".into());
-        assert!(stands_for(&old_model, &member("demo-mp-0-x7k2q", Some("vm-uid"))));
-        assert!(!stands_for(&old_model, &member("demo-mp-0-x7k2q", Some("another-vm"))));
+    }
+
+    #[test]
+    fn under_a_watch_filter_every_member_carries_it() {
+        let km = kaironmachine_for_member(&pool(), "m", of("demo-mp-0", Some("team-a")));
+        let l = km.metadata.labels.expect("labels");
+        assert_eq!(l.get(WATCH_FILTER_LABEL).map(String::as_str), Some("team-a"));
     }
 
     #[test]
     fn a_long_machinepool_name_is_labelled_as_capi_looks_it_up() {
         let long = "machineSetName".repeat(12);
-        let km = kaironmachine_for_member(&pool(), &long, "demo", &member("m", Some("u"))).expect("km");
+        let km = kaironmachine_for_member(&pool(), "m", of(&long, None));
         let l = km.metadata.labels.expect("labels");
         assert_eq!(l.get(POOL_NAME_LABEL).map(String::as_str), Some("hash_FR_ghQ_z"));
     }
 
     #[test]
-    fn a_vm_without_a_uid_gets_no_kaironmachine_yet() {
-        assert!(kaironmachine_for_member(&pool(), "mp", "demo", &member("m", None)).is_none());
-        assert!(kaironmachine_for_member(&pool(), "mp", "demo", &member("m", Some(""))).is_none());
+    fn member_names_fit_a_host_name_and_differ() {
+        let a = member_name("demo-mp-0");
+        assert!(
+            a.starts_with("demo-mp-0-") && a.len() == "demo-mp-0-".len() + SUFFIX,
+            "{a}"
+        );
+        assert!(a.bytes().skip("demo-mp-0-".len()).all(|b| ALPHABET.contains(&b)));
+        let names: std::collections::BTreeSet<String> = (0..50).map(|_| member_name("p")).collect();
+        assert!(names.len() > 45, "random suffixes: {names:?}");
+        let long = member_name(&format!("{}-x", "a".repeat(56)));
+        assert!(long.len() <= MAX_NAME, "{long}");
+        assert!(!long.contains("--"), "{long}");
     }
 }

@@ -2,21 +2,19 @@
 //!
 //! CAPI v1.14.2 reads `status.ready` (the v1beta1 field) and re-copies it into the
 //! MachinePool every reconcile; it copies `spec.providerIDList` and `status.replicas` only
-//! while it is true. Both `ready` and `initialization.provisioned` are written together and
-//! never go back to false: a pool whose set goes away later says so in its conditions.
+//! while it is true. Both `ready` and `initialization.provisioned` are written together, once
+//! the pool first has what it needs to make members, and never go back to false: a pool that
+//! waits for something later says so in its conditions.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::conditions::{self, Decided, READY, Status, reason};
-use crate::api::{INFRASTRUCTURE_MACHINE_KIND, Initialization, KaironMachinePoolStatus, MachineSetRef};
-
-/// Whether the pool's Kairon MachineSet exists and Kairon acts on its current spec.
-pub const MACHINE_SET_PROVISIONED: &str = "MachineSetProvisioned";
+use crate::api::{INFRASTRUCTURE_MACHINE_KIND, Initialization, KaironMachinePoolStatus};
 
 /// One KaironMachine of the pool, as the status counts it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Counted {
-    /// Its `spec.providerID` (set from creation for a pool's instances).
+    /// Its `spec.providerID` (set once its VM exists).
     pub provider_id: Option<String>,
     /// Its VM runs (the KaironMachine is provisioned).
     pub running: bool,
@@ -26,27 +24,24 @@ pub struct Counted {
 #[derive(Clone, Debug, Default)]
 pub struct Observed<'a> {
     pub previous: Option<&'a KaironMachinePoolStatus>,
-    /// The set, once it exists; with whether Kairon has acted on its current spec.
-    pub set: Option<(MachineSetRef, bool)>,
-    /// Why the pool cannot go on, if it cannot (no bootstrap data yet, the set is another
-    /// pool's, …): it becomes the reason of `MachineSetProvisioned` while no set exists, and
-    /// of `Ready`.
+    /// Why the pool cannot go on, if it cannot (no bootstrap data yet, another pool is named,
+    /// …): the reason of `Ready`. `None`: it makes its members.
     pub waiting: Option<Decided>,
     /// Why the pool is paused, if it is.
     pub paused: Option<&'a str>,
-    /// The pool's KaironMachines, those being deleted included.
+    /// The members' KaironMachines, those being deleted included.
     pub instances: &'a [Counted],
     pub generation: Option<i64>,
 }
 
-/// `spec.providerIDList`: the providerIDs of every KaironMachine of the pool, sorted, those
-/// being deleted included: CAPI deletes the Node of a providerID that leaves the list, without
-/// a drain, so a VM's stays until its KaironMachine is gone (its Machine drained it first).
 /// The pool's Ready condition while it waits for something (why, and what).
 pub(super) fn waiting(why: &'static str, message: impl Into<String>) -> Decided {
     Decided::new(READY, Status::False, why, message)
 }
 
+/// `spec.providerIDList`: the providerIDs of every KaironMachine of the pool, sorted, those
+/// being deleted included: CAPI deletes the Node of a providerID that leaves the list, without
+/// a drain, so a VM's stays until its KaironMachine is gone (its Machine drained it first).
 pub fn provider_id_list(instances: &[Counted]) -> Vec<String> {
     let mut ids: Vec<String> = instances.iter().filter_map(|i| i.provider_id.clone()).collect();
     ids.sort_unstable();
@@ -57,8 +52,7 @@ pub fn provider_id_list(instances: &[Counted]) -> Vec<String> {
 /// The status the pool should have.
 pub fn pool_status(o: &Observed<'_>, now: &Time) -> KaironMachinePoolStatus {
     let previous = o.previous.cloned().unwrap_or_default();
-    let observed = o.set.as_ref().is_some_and(|(_, observed)| *observed);
-    let provisioned = previous.is_provisioned() || observed;
+    let provisioned = previous.is_provisioned() || (o.waiting.is_none() && o.paused.is_none());
     let mut conds = previous.conditions.clone().unwrap_or_default();
     let set = |conds: &mut Vec<_>, d: Decided| conditions::set(conds, d, o.generation, now);
 
@@ -70,47 +64,14 @@ pub fn pool_status(o: &Observed<'_>, now: &Time) -> KaironMachinePoolStatus {
             ..previous
         };
     }
-    let set_condition = match (&o.set, &o.waiting) {
-        (Some((_, true)), _) => Decided::new(MACHINE_SET_PROVISIONED, Status::True, reason::PROVISIONED, ""),
-        (Some((s, false)), _) => Decided::new(
-            MACHINE_SET_PROVISIONED,
-            Status::False,
-            reason::MACHINE_SET_NOT_OBSERVED,
-            format!("Kairon has not acted on MachineSet {} yet", s.name),
-        ),
-        (None, Some(w)) => Decided {
-            type_: MACHINE_SET_PROVISIONED,
-            ..w.clone()
-        },
-        (None, None) => Decided::new(
-            MACHINE_SET_PROVISIONED,
-            Status::False,
-            reason::MACHINE_SET_NOT_FOUND,
-            "the Kairon MachineSet does not exist yet",
-        ),
-    };
     let ready = match &o.waiting {
-        Some(w) if observed => Decided {
+        Some(w) => Decided {
             type_: READY,
             ..w.clone()
         },
-        _ => Decided {
-            type_: READY,
-            ..set_condition.clone()
-        },
+        None => Decided::new(READY, Status::True, reason::READY, ""),
     };
-    set(&mut conds, set_condition);
-    set(
-        &mut conds,
-        Decided {
-            reason: if ready.status == Status::True {
-                reason::READY
-            } else {
-                ready.reason
-            },
-            ..ready
-        },
-    );
+    set(&mut conds, ready);
 
     let replicas = i32::try_from(provider_id_list(o.instances).len()).unwrap_or(i32::MAX);
     let running = o.instances.iter().filter(|i| i.running).count();
@@ -123,7 +84,6 @@ pub fn pool_status(o: &Observed<'_>, now: &Time) -> KaironMachinePoolStatus {
         ready_replicas: Some(i32::try_from(running).unwrap_or(i32::MAX)),
         infrastructure_machine_kind: Some(INFRASTRUCTURE_MACHINE_KIND.into()),
         conditions: Some(conds),
-        machine_set: o.set.as_ref().map(|(s, _)| s.clone()).or(previous.machine_set),
     }
 }
 
@@ -134,14 +94,6 @@ mod tests {
 
     fn at(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).expect("time"))
-    }
-
-    fn set_ref() -> MachineSetRef {
-        MachineSetRef {
-            name: "pool".into(),
-            uid: Some("set-uid".into()),
-            ..Default::default()
-        }
     }
 
     fn counted(id: &str, running: bool) -> Counted {
@@ -157,7 +109,7 @@ mod tests {
     }
 
     #[test]
-    fn ready_and_provisioned_together_once_kairon_acts_on_the_set_and_never_back() {
+    fn ready_and_provisioned_together_once_the_pool_can_make_members_and_never_back() {
         let waiting = Decided::new(
             READY,
             Status::False,
@@ -172,33 +124,14 @@ mod tests {
             &at(1),
         );
         assert_eq!((before.ready, before.initialization.clone()), (None, None));
-        assert_eq!(
-            cond(&before, MACHINE_SET_PROVISIONED),
-            ("False", reason::WAITING_FOR_BOOTSTRAP_DATA)
-        );
         assert_eq!(cond(&before, READY), ("False", reason::WAITING_FOR_BOOTSTRAP_DATA));
         assert_eq!(before.infrastructure_machine_kind.as_deref(), Some("KaironMachine"));
         assert_eq!(before.replicas, Some(0), "both fall to 0 together with the list");
 
-        let created = pool_status(
-            &Observed {
-                previous: Some(&before),
-                set: Some((set_ref(), false)),
-                ..Default::default()
-            },
-            &at(2),
-        );
-        assert_eq!(created.ready, None, "not before Kairon acts on the set");
-        assert_eq!(
-            cond(&created, MACHINE_SET_PROVISIONED),
-            ("False", reason::MACHINE_SET_NOT_OBSERVED)
-        );
-
-        let up = [counted("b", true), counted("a", false)];
+        let up = [counted("b", true), counted("a", false), Counted::default()];
         let ready = pool_status(
             &Observed {
-                previous: Some(&created),
-                set: Some((set_ref(), true)),
+                previous: Some(&before),
                 instances: &up,
                 ..Default::default()
             },
@@ -206,12 +139,13 @@ mod tests {
         );
         assert_eq!(ready.ready, Some(true));
         assert_eq!(ready.initialization.as_ref().and_then(|i| i.provisioned), Some(true));
-        assert_eq!((ready.replicas, ready.ready_replicas), (Some(2), Some(1)));
+        assert_eq!(
+            (ready.replicas, ready.ready_replicas),
+            (Some(2), Some(1)),
+            "a member without a VM yet is not counted"
+        );
         assert_eq!(cond(&ready, READY), ("True", reason::READY));
-        assert_eq!(ready.machine_set, Some(set_ref()));
 
-        // The set gone later (or a new bootstrap Secret awaited): conditions say it, the
-        // contract fields stay true.
         let later = pool_status(
             &Observed {
                 previous: Some(&ready),
@@ -223,7 +157,6 @@ mod tests {
         assert_eq!(later.ready, Some(true), "never flips back");
         assert_eq!(later.initialization.as_ref().and_then(|i| i.provisioned), Some(true));
         assert_eq!(cond(&later, READY).0, "False");
-        assert_eq!(later.machine_set, Some(set_ref()), "the set it had is remembered");
     }
 
     #[test]
@@ -242,7 +175,6 @@ mod tests {
         let up = [counted("a", true)];
         let o = |previous| Observed {
             previous,
-            set: Some((set_ref(), true)),
             instances: &up,
             generation: Some(3),
             ..Default::default()

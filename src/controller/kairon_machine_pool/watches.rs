@@ -1,7 +1,6 @@
 //! What a KaironMachinePool reconcile is triggered by: its own changes, its MachinePool's
-//! (replicas, bootstrap data, version), its Cluster's (pause, provisioning), its Kairon
-//! MachineSet's and members', its KaironMachines' and the Machines CAPI made for them; and
-//! the caches those watches fill.
+//! (replicas, bootstrap data, version), its Cluster's (pause, provisioning), and its members'
+//! KaironMachines and the Machines CAPI made for them; and the caches those watches fill.
 
 use std::sync::Arc;
 
@@ -14,38 +13,29 @@ use kube::{Client, Resource, ResourceExt};
 use super::context::Context;
 use super::reconcile::reconcile;
 use crate::api::{self, KaironMachine, KaironMachinePool};
-use crate::capi::{self, MachinePool, POOL_NAME_LABEL};
+use crate::capi::{self, MachinePool, POOL_NAME_LABEL, format_label_value};
 use crate::controller::caches::Caches;
 use crate::controller::runtime::{
-    Backoff, Synced, Telemetry, error_policy, instrumented, keep_read_annotations, log_outcome, strip_managed_fields,
-    watch_error,
+    Backoff, Synced, Telemetry, error_policy, instrumented, keep_read_annotations, log_outcome, watch_error,
 };
-use crate::controller::settings::{Settings, initial_lists};
-use crate::kairon::labels::{KAIRONMACHINEPOOL_NAME, KAIRONMACHINEPOOL_NAMESPACE};
-use crate::kairon::machineset::{MACHINESET_LABEL, MachineSet};
-use crate::kairon::{self, Instances, keep_set_what_is_read, labels, read_set};
+use crate::controller::settings::Settings;
 
-/// The pool a KaironMachinePool-labelled object (a set, a member) names.
-fn pool_of_labels<K: Resource>(obj: &K) -> Option<ObjectRef<KaironMachinePool>> {
-    let l = obj.meta().labels.as_ref()?;
-    let name = l.get(KAIRONMACHINEPOOL_NAME)?;
-    let ns = l
-        .get(KAIRONMACHINEPOOL_NAMESPACE)
-        .cloned()
-        .or_else(|| obj.meta().namespace.clone())?;
-    Some(ObjectRef::new(name).within(&ns))
-}
-
-/// A watch event of untyped Kairon MachineSets, read as [`read_set`] does.
-fn read_set_event(e: watcher::Event<kube::api::DynamicObject>) -> watcher::Event<MachineSet> {
-    use watcher::Event;
-    match e {
-        Event::Apply(o) => Event::Apply(read_set(o)),
-        Event::Delete(o) => Event::Delete(read_set(o)),
-        Event::Init => Event::Init,
-        Event::InitApply(o) => Event::InitApply(read_set(o)),
-        Event::InitDone => Event::InitDone,
-    }
+/// The pool whose MachinePool an object labelled `cluster.x-k8s.io/pool-name` (a member's
+/// KaironMachine, its Machine) belongs to: the one that MachinePool names now.
+fn pool_of_member<K: Resource>(machine_pools: &Store<MachinePool>, obj: &K) -> Option<ObjectRef<KaironMachinePool>> {
+    let meta = obj.meta();
+    let value = meta.labels.as_ref()?.get(POOL_NAME_LABEL)?;
+    let ns = meta.namespace.as_deref()?;
+    let cluster = capi::label(meta, capi::CLUSTER_NAME_LABEL);
+    machine_pools
+        .state()
+        .into_iter()
+        .find(|mp| {
+            mp.namespace().as_deref() == Some(ns)
+                && Some(mp.spec.cluster_name.as_str()) == cluster
+                && format_label_value(&mp.name_any()) == *value
+        })
+        .and_then(|mp| pool_of_machine_pool(&mp))
 }
 
 /// What of a Cluster a pool reacts to: pause, provisioning, deletion.
@@ -106,10 +96,10 @@ where
     (store, synced, s)
 }
 
-/// Builds the controller. It reads Clusters from the shared cache and watches the rest itself.
+/// Builds the controller. It reads Clusters, MachinePools and KaironMachines from the shared
+/// caches and watches its pools and their Machines itself.
 pub(crate) fn controller(
     client: Client,
-    kairon: Instances,
     caches: &Caches,
     settings: Settings,
     telemetry: Telemetry,
@@ -126,21 +116,6 @@ pub(crate) fn controller(
         .modify(keep_read_annotations)
         .reflect(w)
         .applied_objects();
-
-    let (machine_pools, mp_synced, mp_events) = reflect(
-        watcher(settings.api::<MachinePool>(&client), wc.clone()).map_ok(|e| e.modify(strip_managed_fields)),
-        "machinepools.cluster.x-k8s.io",
-        &telemetry,
-    );
-    let (kaironmachines, km_synced, km_events) = reflect(
-        watcher(
-            settings.api::<KaironMachine>(&client),
-            wc.clone().labels(KAIRONMACHINEPOOL_NAME),
-        )
-        .map_ok(|e| e.modify(keep_read_annotations)),
-        "kaironmachines.infrastructure.cluster.x-k8s.io",
-        &telemetry,
-    );
     let (machines, m_synced, m_events) = reflect(
         watcher(
             settings.api::<capi::Machine>(&client),
@@ -150,52 +125,26 @@ pub(crate) fn controller(
         "machines.cluster.x-k8s.io",
         &telemetry,
     );
-    let kairon_wc = initial_lists(settings.kairon_streaming_lists);
-    let sets_api = kairon.machine_sets().api(settings.namespace.as_deref());
-    let (sets, sets_synced, set_events) = reflect(
-        watcher(sets_api, kairon_wc.clone().labels(&labels::managed_selector()))
-            .map_ok(|e| read_set_event(e).modify(keep_set_what_is_read)),
-        "machinesets.kairon.zyvor.dev",
-        &telemetry,
-    );
-    let (members, members_synced, member_events) = reflect(
-        watcher(
-            kairon.api(settings.namespace.as_deref()),
-            kairon_wc.labels(MACHINESET_LABEL),
-        )
-        .map_ok(|e| kairon::read_event(e).modify(kairon::keep_what_is_read)),
-        "machines.kairon.zyvor.dev",
-        &telemetry,
-    );
-
-    let clusters = caches.clusters.store();
+    let machine_pools = caches.machine_pools.store();
     let ctx = Arc::new(Context {
         client,
-        kairon,
-        machine_pools,
-        clusters,
-        kaironclusters: caches.kaironclusters.store(),
-        sets,
-        members,
-        kaironmachines: kaironmachines.clone(),
+        machine_pools: machine_pools.clone(),
+        clusters: caches.clusters.store(),
+        kaironmachines: caches.kaironmachines.store(),
         machines,
         synced: vec![
             caches.clusters.synced(),
-            caches.kaironclusters.synced(),
-            mp_synced,
-            km_synced,
+            caches.machine_pools.synced(),
+            caches.kaironmachines.synced(),
             m_synced,
-            sets_synced,
-            members_synced,
         ],
         settings: settings.clone(),
         events: telemetry.recorder("kaironmachinepool"),
         metrics: telemetry.metrics.clone(),
         broken_backoff: Default::default(),
+        pending: Default::default(),
     });
-    for s in &ctx.synced {
-        telemetry.caches.register(s);
-    }
+    telemetry.caches.register(&ctx.synced[3]);
     let pools_by_cluster = pools.clone();
     let by_cluster = move |c: Arc<capi::Cluster>| {
         let ns = c.namespace();
@@ -209,20 +158,30 @@ pub(crate) fn controller(
             .map(|p| ObjectRef::from(p.as_ref()))
             .collect::<Vec<_>>()
     };
-    let kms_for_machines = kaironmachines;
-    let by_machine = move |m: capi::Machine| {
-        let ns = m.namespace()?;
-        let km = kms_for_machines.get(&ObjectRef::new(&m.name_any()).within(&ns))?;
-        pool_of_labels(km.as_ref())
+    let (for_kms, for_machines) = (machine_pools.clone(), machine_pools);
+    let owned = pools.clone();
+    // A MachinePool's change reaches the pool it names and every pool it owns: one it was
+    // repointed away from learns that it is no longer named.
+    let by_machine_pool = move |mp: Arc<MachinePool>| {
+        let uid = mp.metadata.uid.clone();
+        let mut refs: Vec<ObjectRef<KaironMachinePool>> = owned
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace() == mp.namespace())
+            .filter(|p| capi::owner(&p.metadata, "MachinePool").is_some_and(|o| Some(&o.uid) == uid.as_ref()))
+            .map(|p| ObjectRef::from(p.as_ref()))
+            .collect();
+        refs.extend(pool_of_machine_pool(&mp));
+        refs
     };
     let backoff = Backoff::new(pools.clone());
     Controller::for_stream(pool_events, pools)
         .with_config(ControllerConfig::default().concurrency(settings.pool_concurrency))
-        .watches_stream(mp_events, |mp| pool_of_machine_pool(&mp))
-        .watches_stream(km_events, |km| pool_of_labels(&km))
-        .watches_stream(m_events, by_machine)
-        .watches_stream(set_events, |set: MachineSet| pool_of_labels(&set))
-        .watches_stream(member_events, |vm: kairon::Machine| pool_of_labels(&vm))
+        .watches_shared_stream(caches.machine_pools.touched(), by_machine_pool)
+        .watches_shared_stream(caches.kaironmachines.touched(), move |km: Arc<KaironMachine>| {
+            pool_of_member(&for_kms, km.as_ref())
+        })
+        .watches_stream(m_events, move |m: capi::Machine| pool_of_member(&for_machines, &m))
         .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), by_cluster)
         .graceful_shutdown_on(shutdown)
         .run(

@@ -110,6 +110,8 @@ pub enum TranslateError {
     InvalidHostname { key: &'static str },
     #[error("hostname and fqdn name different hosts; Kairon sets one name")]
     ConflictingHostname,
+    #[error("bootstrap data could not be translated: the translation stopped unexpectedly")]
+    Interrupted,
 }
 
 /// At most this many aliases (`*name`) in bootstrap data: CAPI's bootstrap providers write
@@ -165,6 +167,19 @@ const IGNORED_KEYS: &[(&str, &str)] = &[
     ("merge_how", "nothing to merge with"),
     ("merge_type", "nothing to merge with"),
 ];
+
+/// [`translate_cloud_config`] on a thread for blocking work: bootstrap data is written by a
+/// tenant, and its translation (bounded, under a second for the largest data a debug build
+/// takes) must not hold a thread of the runtime every reconcile shares.
+pub async fn translate_off_runtime(
+    user_data: String,
+    facts: GuestFacts,
+    max_decoded_bytes: usize,
+) -> Result<CloudInit, TranslateError> {
+    tokio::task::spawn_blocking(move || translate_cloud_config(&user_data, &facts, max_decoded_bytes))
+        .await
+        .unwrap_or(Err(TranslateError::Interrupted))
+}
 
 /// The Kairon cloudInit that does on the guest what `user_data` (CAPI bootstrap data) would,
 /// with `facts` for its template variables and at most `max_decoded_bytes` of decoded files.

@@ -234,7 +234,7 @@ fn which_vms_are_this_kaironmachines() {
         ("providerID names a VM of ours no KaironMachine claims", vec![(mc, "mc-a")], this_vm, &owner, Ownership::OursBeforeMove { holder: None }),
         ("providerID names a VM of ours another KaironMachine claims", vec![(mc, "mc-a"), (uid, "old-uid"), (labels::KAIRONMACHINE_NAME, "m0")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m0", "old-uid") }),
         ("providerID names a VM of the cluster moved from", vec![(mc, "mc-old"), (uid, "old-uid")], this_vm, &owner, Ownership::OursBeforeMove { holder: holder("m1", "old-uid") }),
-        ("a member of a Kairon MachineSet is no standalone KaironMachine's, whatever its labels", vec![(uid, "km-uid"), (mc, "mc-a"), (crate::kairon::machineset::MACHINESET_LABEL, "pool")], this_vm, &owner, foreign("member of Kairon MachineSet pool")),
+        ("a member of a Kairon MachineSet is no KaironMachine's, whatever its labels", vec![(uid, "km-uid"), (mc, "mc-a"), (labels::KAIRON_MACHINESET, "pool")], this_vm, &owner, foreign("member of Kairon MachineSet pool")),
         ("no management-cluster id (request-sequence tests)", vec![], this_vm, &no_id, Ownership::OursBeforeMove { holder: None }),
     ];
     for (name, vm_labels, pid, owner, want) in cases {

@@ -6,11 +6,10 @@
 //! At most one Machine write and one guest operation are in flight per Machine. Host and
 //! address bookkeeping follows the Machines' statuses, and nothing is decided before the
 //! first full lists, so a restart picks up where the objects say. Nodes and
-//! migrations: [`site`]; MachineSets: [`sets`]; a guest's address and whether its join gets
+//! migrations: [`site`]; a guest's address and whether its join gets
 //! through its network: [`joins`].
 
 mod joins;
-mod sets;
 mod site;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -30,14 +29,12 @@ use crate::guest_ops::{post_status, register, remove_node, stop};
 use crate::hosts::Allocations;
 use crate::kubelet::{Guest, GuestOutcome, KubeletStep, next_kubelet_step};
 use crate::machines::{MachineWriter, WriteResult};
-use crate::machineset_writes::SetWriter;
 use crate::placement::{FORBIDDEN, node_selector, preferred_anti_affinity, required_anti_affinity};
 use crate::scripts::GuestScripts;
 use crate::sim::{self, BootOutcome, Clock, Delays, Key, Step};
 use crate::site_writes::SiteWriter;
 use crate::workload::Workloads;
 use crate::{images, reachability};
-use sets::{SetDone, Sets};
 use site::{Site, SiteDone, is_older};
 
 /// Timers are checked at their deadlines, and at least this often.
@@ -65,8 +62,6 @@ pub struct Options {
     pub cordon_evacuation: bool,
     /// Resolve `imageRef`s against MachineImages, as kairon-controller (see [`crate::images`]).
     pub machine_images: bool,
-    /// kairon-controller's tick: MachineSets are acted on this often, not on every change.
-    pub machineset_interval: Duration,
 }
 
 struct Timer {
@@ -87,7 +82,6 @@ enum Done {
         outcome: GuestOutcome,
     },
     Site(SiteDone),
-    Set(SetDone),
 }
 
 pub struct Engine {
@@ -98,7 +92,6 @@ pub struct Engine {
     fleet: Option<Arc<Fleet>>,
     scripts: Option<Arc<GuestScripts>>,
     site: Site,
-    sets: Sets,
     permits: Arc<Semaphore>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
@@ -137,7 +130,6 @@ impl Engine {
             fleet: opts.guest_tools.clone().map(|t| Arc::new(Fleet::new(t))),
             scripts: opts.guest_scripts_dir.clone().map(|d| Arc::new(GuestScripts::new(d))),
             site: Site::new(SiteWriter::new(client.clone()), opts.host_objects, opts.migration_delay),
-            sets: Sets::new(SetWriter::new(client.clone())),
             client,
             opts,
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
@@ -170,7 +162,6 @@ impl Engine {
         };
         let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
         let (mut migration_events, mut node_events) = self.site_watches().await;
-        let mut set_events = self.set_watch();
         let mut image_events = match self.opts.machine_images {
             true => watcher(
                 Api::<MachineImage>::all(self.client.clone()),
@@ -196,10 +187,6 @@ impl Engine {
                     Ok(event) => self.on_node_event(event),
                     Err(e) => tracing::warn!(error = %e, "watching Kairon's Nodes"),
                 },
-                Some(event) = set_events.next() => match event {
-                    Ok(event) => self.on_set_event(event),
-                    Err(e) => tracing::warn!(error = %e, "watching Kairon MachineSets"),
-                },
                 Some(event) = image_events.next() => match event {
                     Ok(event) => self.on_image_event(event),
                     Err(e) => tracing::warn!(error = %e, "watching Kairon MachineImages"),
@@ -209,7 +196,6 @@ impl Engine {
             }
             self.process_dirty();
             self.process_site();
-            self.process_sets();
             wake = self.next_wake();
         }
     }
@@ -240,13 +226,11 @@ impl Engine {
                     );
                     self.dirty.extend(self.machines.keys().cloned());
                 }
-                self.sets.relisted();
             }
             watcher::Event::Apply(m) => self.store(m),
             watcher::Event::Delete(m) => self.forget(&Key::of(&m)),
         }
         self.site.dirty = true;
-        self.sets.dirty = true;
     }
 
     /// MachineImages by name; every Machine is looked at again on a change.
@@ -299,7 +283,6 @@ impl Engine {
     }
 
     fn forget(&mut self, key: &Key) {
-        self.sets.member_deleted(key);
         let Some(m) = self.machines.remove(key) else { return };
         self.allocations.release(key);
         if let Some(uid) = m.uid() {
@@ -349,7 +332,6 @@ impl Engine {
                 self.observe(&key);
                 self.dirty.insert(key);
                 self.site.dirty = true;
-                self.sets.dirty = true;
             }
             Done::Guest { key, uid, outcome } => {
                 self.guests_busy.remove(&key);
@@ -359,7 +341,6 @@ impl Engine {
                 self.dirty.insert(key);
             }
             Done::Site(done) => self.on_site_done(done),
-            Done::Set(done) => self.on_set_done(done),
         }
     }
 
@@ -387,8 +368,6 @@ impl Engine {
             .chain(retries)
             .chain(guests)
             .chain(self.site.retry_at())
-            .chain(self.sets.retry_at())
-            .chain(Some(self.sets.next_tick))
             .filter(|t| *t > now)
             .fold(now + TICK, Instant::min)
     }
@@ -406,7 +385,6 @@ impl Engine {
         self.dirty.extend(due);
         // Migration delays and evacuation deadlines are wall-clock times in the objects.
         self.site.dirty = true;
-        self.sets.dirty = true;
     }
 
     // --- decisions ------------------------------------------------------------------------

@@ -5,14 +5,12 @@
 //! - [`placement`], [`hosts`]: placement, capacity and the address pool (pure bookkeeping);
 //! - [`migration`], [`evacuation`]: MachineMigrations (live and cold) and the older model's host
 //!   maintenance (pure); [`evacuate`]: the `evacuate` subcommand, as `kaironctl evacuate`;
-//! - [`machineset`]: Kairon's MachineSets as kairon-controller keeps them: members made,
-//!   outdated ones replaced, extra ones removed in list order (pure);
 //! - [`guest`]: what a guest makes of its cloud-init user-data (pure); [`cloud_init`]: the
 //!   NoCloud seed Kairon renders from a structured cloudInit (pure);
 //! - [`kubelet`]: when the guest's kubelet registers, posts Ready and stops (pure);
 //! - [`network`]: the guest's network (`spec.network`): which address Kairon reports, what
 //!   reaches what (pure); [`join_reach`]: whether a guest's `kubeadm join` gets through (pure);
-//! - [`machines`], [`site_writes`], [`machineset_writes`], [`workload`], [`guest_ops`]: writes to the management
+//! - [`machines`], [`site_writes`], [`workload`], [`guest_ops`]: writes to the management
 //!   and the workload API servers ([`status_patch`]: what a status write sends);
 //! - [`kubeadm`], [`fleet`], [`static_pods`], [`procs`], [`endpoint`], [`kubeadm_objects`]:
 //!   with `--guest-bin-dir`, what `kubeadm init`/`join --control-plane` start on a
@@ -50,8 +48,6 @@ mod kubeadm_objects;
 mod kubelet;
 mod kwok;
 mod machines;
-mod machineset;
-mod machineset_writes;
 mod migration;
 mod network;
 mod placement;
@@ -105,9 +101,6 @@ struct Args {
     /// deletionTimestamp -> finalizer removed.
     #[arg(long, default_value = "1s", value_parser = flags::parse_duration)]
     delete_delay: Duration,
-    /// How often kairon-controller acts on MachineSets (its reconcile tick, `--interval`).
-    #[arg(long, default_value = "5s", value_parser = flags::parse_duration)]
-    machineset_interval: Duration,
     /// +- this fraction applied to each delay.
     #[arg(long, default_value = "0.2", value_parser = flags::parse_fraction)]
     jitter: f64,
@@ -239,7 +232,6 @@ async fn main() -> anyhow::Result<()> {
         host_objects: args.host_objects,
         cordon_evacuation: args.cordon_evacuation,
         machine_images: args.machine_images,
-        machineset_interval: args.machineset_interval,
     };
     let allocations = Allocations {
         placement: Placement::new(hosts, args.host_capacity),
