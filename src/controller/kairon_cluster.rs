@@ -449,6 +449,27 @@ pub(crate) struct Remote {
     pub cut_off: futures::stream::BoxStream<'static, ObjectRef<KaironCluster>>,
 }
 
+/// Whether a KaironMachine's change is one its KaironCluster reconciles on: it is being deleted
+/// (the KaironCluster's deletion waits for its machines), or it says the Kairon API of its
+/// identity cannot be used (the KaironCluster's Ready says so). Nothing else of a machine
+/// changes what the KaironCluster decides, and a reconcile per machine event would cost a list
+/// of the cluster's budgets each.
+fn concerns_its_cluster(km: &KaironMachine) -> bool {
+    let api_problem = km
+        .status
+        .as_ref()
+        .and_then(|s| conditions::get(s.conditions.as_deref().unwrap_or_default(), READY))
+        .is_some_and(|c| {
+            [
+                reason::KAIRON_API_UNAVAILABLE,
+                reason::KAIRON_API_NOT_ANSWERING,
+                reason::KAIRON_API_SERVER_NOT_ALLOWED,
+            ]
+            .contains(&c.reason.as_str())
+        });
+    km.metadata.deletion_timestamp.is_some() || api_problem
+}
+
 /// Builds the controller; it runs until `shutdown` resolves and the future is driven. It
 /// reads Clusters, KaironClusters and KaironMachines from the shared `caches` (whose watches
 /// are driven elsewhere).
@@ -489,12 +510,13 @@ pub(crate) fn controller(
         .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), |c| {
             kaironcluster_for_cluster(&c)
         })
-        .watches_shared_stream(caches.kaironmachines.touched(), move |m: Arc<KaironMachine>| {
-            // A KaironMachine came, changed or went: its cluster's KaironCluster may be waiting
-            // on it (deletion), a pool may have come with it (its budget), or it may have seen
-            // the identity's Kairon API fail (the KaironCluster's Ready says so).
-            kaironcluster_of(&cluster_lookup, &m)
-        })
+        .watches_shared_stream(
+            caches
+                .kaironmachines
+                .touched()
+                .filter(|m| futures::future::ready(concerns_its_cluster(m))),
+            move |m: Arc<KaironMachine>| kaironcluster_of(&cluster_lookup, &m),
+        )
         .reconcile_on(cut_off)
         .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
         .graceful_shutdown_on(shutdown)

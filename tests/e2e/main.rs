@@ -23,6 +23,7 @@ mod left_behind;
 mod lifecycle;
 mod machine_pools;
 mod machine_pools_acceptance;
+mod machine_pools_filtered;
 mod machine_pools_repoint;
 mod maintenance;
 mod power;

@@ -326,15 +326,15 @@ fn indent(text: &str, n: usize) -> String {
     text.lines().map(|l| format!("{pad}{l}")).collect::<Vec<_>>().join("\n")
 }
 
-/// A MachinePool `<cluster>-mp-0` of `replicas` workers of Kairon's (KaironMachinePool of the
-/// same name, on Kairon's MachineSet), joining with a KubeadmConfig whose kubelet gets the
-/// Kairon providerID: the objects to apply beside [`cluster_yaml`]'s.
-/// The label selector of a KaironMachinePool's Kairon MachineSets (one per revision) and of
-/// their members (the template's labels).
+/// The label selector of a KaironMachinePool's members: their KaironMachines and the VMs
+/// those make.
 pub fn pool_selector(pool: &str) -> String {
     format!("infrastructure.cluster.x-k8s.io/kaironmachinepool-name={pool}")
 }
 
+/// A MachinePool `<cluster>-mp-0` of `replicas` workers of Kairon's (KaironMachinePool of the
+/// same name), joining with a KubeadmConfig whose kubelet gets the Kairon providerID: the
+/// objects to apply beside [`cluster_yaml`]'s.
 pub fn machine_pool_yaml(namespace: &str, cluster: &str, replicas: usize, machine_spec: &str) -> String {
     let template = indent(machine_spec, 2);
     format!(
