@@ -393,8 +393,8 @@ async fn topology_flavor_from_clusterctl_comes_up_upgrades_and_goes() {
 /// The topology-machinepool flavor: the class's pool class makes the MachinePool's
 /// KaironMachinePool, whose workers come up with Nodes, each KaironMachine and Machine owned
 /// as CAPI's MachinePool Machines are; an upgrade rolls the pool onto VMs of the image of the
-/// new version, in a new revision's Kairon MachineSet (the old one deleted once empty);
-/// deleting the Cluster leaves no pool, set or VM.
+/// new version, members of a new revision replacing the old through their Machines; deleting
+/// the Cluster leaves no pool or VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_machinepool_flavor_from_clusterctl_comes_up_upgrades_its_pool_and_goes() {
     let rig = GuestRig::start("templates_topology_pool").await;

@@ -85,6 +85,7 @@ where
         fresh: Default::default(),
         evacuating: Default::default(),
         machine_pools: kube::runtime::reflector::store().0,
+        checked_configs: Default::default(),
         nodes: None,
         shares: capkr::controller::tenant_share::TenantShares::new(10),
     });

@@ -154,6 +154,7 @@ where
         fresh: Default::default(),
         evacuating: Default::default(),
         machine_pools: kube::runtime::reflector::store().0,
+        checked_configs: Default::default(),
         nodes: Some(filled(vec![node("h1", world.h1_cordoned), node("h2", false)]).0),
         shares: capkr::controller::tenant_share::TenantShares::new(10),
     });

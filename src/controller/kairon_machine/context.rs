@@ -64,6 +64,8 @@ pub struct Context {
     pub shares: crate::controller::tenant_share::TenantShares,
     /// MachinePools: a pool member's bootstrap data is named by its MachinePool.
     pub machine_pools: Store<capi::MachinePool>,
+    /// The bootstrap configs already found to be a MachinePool's.
+    pub checked_configs: super::checked_configs::CheckedConfigs,
 }
 
 impl Context {

@@ -12,6 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::info;
 
+use super::checked_configs::CheckedKey;
 use super::context::{Context, Scope, Step, Target};
 use super::status::Observed;
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
@@ -208,8 +209,23 @@ async fn read_bootstrap_data(
     let trusted = match bootstrap::check_source(&secret, owner) {
         Ok(Source::Given) => Ok(()),
         Ok(Source::Config(made_by)) => {
-            let config = read_bootstrap_config(ns, made_by, ctx).await?;
-            bootstrap::check_config(&secret, made_by, config.as_ref(), owner)
+            // A MachinePool's one Secret serves every member: its config, once found to be the
+            // MachinePool's, is not read again for each.
+            let key = (owner.kind == "MachinePool").then(|| CheckedKey {
+                secret: secret.metadata.uid.clone().unwrap_or_default(),
+                config: made_by.uid.clone(),
+                owner: owner.uid.unwrap_or_default().to_string(),
+            });
+            if key.as_ref().is_some_and(|k| ctx.checked_configs.contains(k)) {
+                Ok(())
+            } else {
+                let config = read_bootstrap_config(ns, made_by, ctx).await?;
+                let checked = bootstrap::check_config(&secret, made_by, config.as_ref(), owner);
+                if let (Ok(()), Some(key)) = (&checked, key) {
+                    ctx.checked_configs.insert(key);
+                }
+                checked
+            }
         }
         Err(e) => Err(e),
     };

@@ -24,6 +24,7 @@
 //! Kairon goes through [`crate::kairon::Instances`]; every reconcile has a deadline
 //! ([`deadline`]).
 
+pub mod checked_configs;
 mod context;
 mod create;
 mod deadline;

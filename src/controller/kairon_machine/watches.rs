@@ -190,6 +190,7 @@ pub(crate) fn controller(
         evacuating: evacuating.clone(),
         nodes: Some(nodes),
         machine_pools: caches.machine_pools.store(),
+        checked_configs: Default::default(),
     });
     let km_synced = caches.kaironmachines.synced();
     let km_store: Store<KaironMachine> = kms.clone();

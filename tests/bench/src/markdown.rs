@@ -353,8 +353,8 @@ fn pool_section(o: &mut String, res: &Results) {
         o,
         "## MachinePool vs MachineDeployment\n\n\
          The full CAPI path with capkr-manager, the same cluster twice: its N workers as a \
-         MachineDeployment, then as a MachinePool of a KaironMachinePool (one Kairon MachineSet, one \
-         KaironMachine per VM), each in a fresh environment. Times from the scale 0 → N; requests are \
+         MachineDeployment, then as a MachinePool of a KaironMachinePool (one KaironMachine, so one \
+         plain Kairon Machine, per member), each in a fresh environment. Times from the scale 0 → N; requests are \
          capkr-manager's (audit log, no Leases) from the scale until it went quiet, per worker.\n"
     );
     type Figure = (&'static str, fn(&PoolPathRun) -> f64, fn(f64) -> String);

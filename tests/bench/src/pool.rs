@@ -1,8 +1,8 @@
 //! Part 6, MachinePool against MachineDeployment: the same cluster as part 4 (one
 //! control-plane Machine, the real CAPI core, kubeadm bootstrap and control plane managers, a
 //! workload API server where the simulated guests register their Nodes), its N workers once
-//! as a MachineDeployment and once as a MachinePool of a KaironMachinePool (one Kairon
-//! MachineSet, one KaironMachine per VM), each in a fresh environment, one after the other.
+//! as a MachineDeployment and once as a MachinePool of a KaironMachinePool (one KaironMachine,
+//! so one plain Kairon Machine, per member), each in a fresh environment, one after the other.
 //! Timed from the scale 0 → N until every Machine runs with a nodeRef, every Node is Ready and
 //! the owner counts N ready replicas; the manager's requests from the scale until it went quiet.
 
@@ -168,8 +168,8 @@ async fn run_in(env: &Env, workers: Workers, n: usize, quiet: Duration) -> Resul
     Ok(run)
 }
 
-/// Waits until the KaironMachinePool says its Kairon MachineSet exists (with 0 replicas):
-/// what a MachinePool of 0 has before it is scaled.
+/// Waits until the KaironMachinePool is provisioned (it can make members): what a MachinePool
+/// of 0 has before it is scaled.
 async fn wait_pool_provisioned(env: &Env, pool: &str, timeout: Duration) -> Result<()> {
     let kmps: Api<DynamicObject> = Api::namespaced_with(
         env.client(),

@@ -8,22 +8,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Future, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
-use kube::runtime::Controller;
-use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use tracing::{debug, info};
 
 use super::budgets;
-use super::caches::Caches;
 use super::endpoints::Endpoints;
 use super::error::Error;
 use super::identity_protection;
 use super::runtime::Synced;
-use super::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, owning_cluster, pause_step};
+use super::runtime::{owning_cluster, pause_step};
 use super::settings::Settings;
 use super::tenant_share::{TURNED_AWAY_RETRY, TenantShares};
 use super::write::{Writer, has_finalizer};
@@ -34,7 +31,6 @@ use crate::api::{
 };
 use crate::capi;
 use crate::events::{Events, reason as event};
-use crate::hashing::hash_of;
 use crate::kairon::{Budgets, Instances};
 
 /// How often to look again while waiting for KaironMachines to go, on top of their watch.
@@ -294,58 +290,6 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
     Ok(Action::requeue(ctx.settings.sync_period))
 }
 
-/// An externally managed KaironCluster: nothing of it is ours to write, but its KaironMachines
-/// still make their VMs here, so the cluster's budgets are kept all the same (said by Warning
-/// events, not a condition), and deleted with it: here while someone else's finalizer holds it,
-/// by [`forget_external`] once it is gone.
-async fn keep_budgets_of_external(kc: &KaironCluster, ns: &str, ctx: &Context) -> Result<Action, Error> {
-    let cluster = owning_cluster(&ctx.clusters, ns, capi::cluster_name(&kc.metadata));
-    if capi::paused_reason(cluster.as_deref(), &kc.metadata).is_some() {
-        debug!("externally managed and paused; budgets left as they are");
-        return Ok(Action::await_change());
-    }
-    let Some(budgets) = ctx.budgets(kc, ns).await else {
-        return Ok(Action::await_change());
-    };
-    if kc.metadata.deletion_timestamp.is_some() {
-        budgets::remove(kc, &budgets).await?;
-        return Ok(Action::await_change());
-    }
-    let Some(cluster) = capi::owner(&kc.metadata, "Cluster").and(cluster) else {
-        debug!("externally managed, waiting for an owner Cluster");
-        return Ok(Action::await_change());
-    };
-    let kept = budgets::keep(kc, &cluster, &budgets).await?;
-    if let budgets::Kept::Taken(_) | budgets::Kept::Forbidden(_) = &kept {
-        ctx.events
-            .warning(
-                kc,
-                event::DISRUPTION_BUDGETS_NOT_KEPT,
-                "KeepBudgets",
-                kept.condition().message,
-            )
-            .await;
-        return Ok(Action::requeue(ENDPOINT_RETRY));
-    }
-    Ok(Action::requeue(ctx.settings.sync_period))
-}
-
-/// The budgets of an externally managed KaironCluster that was deleted (it carries no
-/// finalizer of ours): deleted after it. One deleted while the manager was not watching keeps
-/// its budgets, which select no VM once the cluster's are gone.
-async fn forget_external(kc: Arc<KaironCluster>, ctx: Arc<Context>) {
-    if !capi::is_externally_managed(&kc.metadata) {
-        return;
-    }
-    let ns = kc.namespace().unwrap_or_default();
-    if let Some(budgets) = ctx.budgets(&kc, &ns).await
-        && let Err(e) = budgets::remove(&kc, &budgets).await
-    {
-        tracing::warn!(kaironcluster = %kc.name_any(), namespace = %ns, error = %e,
-            "the budgets of a deleted externally managed KaironCluster could not be deleted");
-    }
-}
-
 /// Why the Kairon API of an identity cannot be used now.
 struct IdentityProblem {
     reason: &'static str,
@@ -413,238 +357,11 @@ async fn write_status_with(
     Ok(wrote.then_some(next))
 }
 
-/// The KaironCluster of a Cluster: its `spec.infrastructureRef`.
-pub(crate) fn kaironcluster_for_cluster(c: &capi::Cluster) -> Option<ObjectRef<KaironCluster>> {
-    let name = c.infrastructure_name(crate::api::GROUP, "KaironCluster")?;
-    Some(ObjectRef::new(name).within(&c.namespace()?))
-}
+mod external;
+mod watches;
 
-/// What of a Cluster a KaironCluster reacts to: pause, the endpoint, the reference, deletion.
-pub(crate) fn cluster_trigger(c: &capi::Cluster) -> Option<u64> {
-    Some(hash_of(&(
-        c.spec.paused,
-        &c.spec.control_plane_endpoint,
-        &c.spec.infrastructure_ref,
-        c.metadata.deletion_timestamp.is_some(),
-        // What the cluster's disruption budgets follow: workers added or removed (a pool came
-        // or went).
-        c.status
-            .as_ref()
-            .map(|s| s.workers.as_ref().map(|w| w.desired_replicas)),
-    )))
-}
-
-/// The KaironCluster of `m`'s cluster, through the Cluster in `clusters`.
-fn kaironcluster_of(clusters: &Store<capi::Cluster>, m: &KaironMachine) -> Option<ObjectRef<KaironCluster>> {
-    let ns = m.namespace()?;
-    let cluster = capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL)?;
-    let c = clusters.get(&ObjectRef::new(cluster).within(&ns))?;
-    kaironcluster_for_cluster(&c)
-}
-
-/// The Kairon APIs of identities, as the KaironCluster controller follows them.
-pub(crate) struct Remote {
-    pub endpoints: Arc<Endpoints>,
-    /// KaironClusters whose identity's endpoint was cut off: they say so at once.
-    pub cut_off: futures::stream::BoxStream<'static, ObjectRef<KaironCluster>>,
-}
-
-/// Whether a KaironMachine's change is one its KaironCluster reconciles on: it is being deleted
-/// (the KaironCluster's deletion waits for its machines), or it says the Kairon API of its
-/// identity cannot be used (the KaironCluster's Ready says so). Nothing else of a machine
-/// changes what the KaironCluster decides, and a reconcile per machine event would cost a list
-/// of the cluster's budgets each.
-fn concerns_its_cluster(km: &KaironMachine) -> bool {
-    let api_problem = km
-        .status
-        .as_ref()
-        .and_then(|s| conditions::get(s.conditions.as_deref().unwrap_or_default(), READY))
-        .is_some_and(|c| {
-            [
-                reason::KAIRON_API_UNAVAILABLE,
-                reason::KAIRON_API_NOT_ANSWERING,
-                reason::KAIRON_API_SERVER_NOT_ALLOWED,
-            ]
-            .contains(&c.reason.as_str())
-        });
-    km.metadata.deletion_timestamp.is_some() || api_problem
-}
-
-/// Builds the controller; it runs until `shutdown` resolves and the future is driven. It
-/// reads Clusters, KaironClusters and KaironMachines from the shared `caches` (whose watches
-/// are driven elsewhere).
-pub(crate) fn controller(
-    client: Client,
-    kairon: Instances,
-    remote: Option<Remote>,
-    caches: &Caches,
-    settings: Settings,
-    telemetry: Telemetry,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> impl Future<Output = ()> + Send {
-    let (endpoints, cut_off) = match remote {
-        Some(r) => (Some(r.endpoints), r.cut_off),
-        None => (None, futures::stream::empty().boxed()),
-    };
-    let clusters = caches.clusters.store();
-    let cluster_lookup = clusters.clone();
-    let synced = vec![caches.clusters.synced(), caches.kaironmachines.synced()];
-    let ctx = Arc::new(Context {
-        events: telemetry.recorder("capkr-kaironcluster-controller"),
-        client,
-        endpoints,
-        settings: settings.clone(),
-        clusters,
-        members: caches.kaironmachines.store(),
-        synced,
-        kairon: Some(kairon),
-        shares: TenantShares::new(settings.cluster_concurrency),
-    });
-    let backoff = Backoff::new(caches.kaironclusters.store());
-    let sweeper = ctx.clone();
-    let forgotten = caches
-        .kaironclusters
-        .deleted()
-        .for_each_concurrent(4, move |kc| forget_external(kc, sweeper.clone()));
-    let controller = Controller::for_shared_stream(caches.kaironclusters.applied(), caches.kaironclusters.store())
-        .watches_shared_stream(caches.clusters.touched_when(cluster_trigger), |c| {
-            kaironcluster_for_cluster(&c)
-        })
-        .watches_shared_stream(
-            caches
-                .kaironmachines
-                .touched()
-                .filter(|m| futures::future::ready(concerns_its_cluster(m))),
-            move |m: Arc<KaironMachine>| kaironcluster_of(&cluster_lookup, &m),
-        )
-        .reconcile_on(cut_off)
-        .with_config(ControllerConfig::default().concurrency(settings.cluster_concurrency))
-        .graceful_shutdown_on(shutdown)
-        .run(
-            instrumented("kaironcluster", telemetry.metrics, backoff.clone(), reconcile),
-            error_policy(backoff),
-            ctx,
-        )
-        .for_each(log_outcome);
-    // The sweep of deleted clusters' budgets ends with the controller.
-    async move {
-        futures::pin_mut!(controller, forgotten);
-        futures::future::select(controller, forgotten).await;
-    }
-}
+use external::keep_budgets_of_external;
+pub(crate) use watches::{Remote, controller};
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::conditions::PAUSED;
-    use crate::api::{APIEndpoint, FailureDomainSpec, KaironClusterSpec};
-    use k8s_openapi::jiff::Timestamp;
-
-    fn at(s: i64) -> Time {
-        Time(Timestamp::from_second(s).unwrap())
-    }
-
-    fn kc() -> KaironCluster {
-        KaironCluster::new(
-            "c",
-            KaironClusterSpec {
-                control_plane_endpoint: Some(APIEndpoint {
-                    host: Some("10.0.0.10".into()),
-                    port: Some(6443),
-                }),
-                failure_domains: Some(vec![
-                    FailureDomainSpec {
-                        name: "zone-b".into(),
-                        control_plane: None,
-                        node_selector: Some([("zone".to_string(), "b".to_string())].into()),
-                    },
-                    FailureDomainSpec {
-                        name: "zone-a".into(),
-                        control_plane: Some(true),
-                        node_selector: None,
-                    },
-                ]),
-                identity_ref: None,
-            },
-        )
-    }
-
-    fn ready(s: &KaironClusterStatus) -> (String, String) {
-        let c = conditions::get(s.conditions.as_deref().unwrap(), READY).unwrap();
-        (c.status.clone(), c.reason.clone())
-    }
-
-    #[test]
-    fn provisioned_publishes_failure_domains_with_it() {
-        let s = next_status(&kc(), &Decision::Provisioned, &at(1));
-        assert!(s.is_provisioned());
-        let fds = s.failure_domains.clone().unwrap();
-        assert_eq!(
-            fds.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
-            ["zone-a", "zone-b"],
-            "sorted by name"
-        );
-        assert_eq!(fds[0].control_plane, Some(true));
-        assert_eq!(fds[1].attributes.as_ref().unwrap()["zone"], "b");
-        assert_eq!(ready(&s), ("True".into(), "Ready".into()));
-    }
-
-    #[test]
-    fn cluster_status_table() {
-        let cases = [
-            (
-                Decision::WaitingForEndpoint,
-                ("False", reason::WAITING_FOR_CONTROL_PLANE_ENDPOINT),
-                false,
-            ),
-            (Decision::Provisioned, ("True", reason::READY), true),
-            (
-                Decision::Deleting { machines: 2 },
-                ("False", reason::WAITING_FOR_MACHINES_DELETION),
-                false,
-            ),
-            (Decision::Deleting { machines: 0 }, ("False", reason::DELETING), false),
-            (
-                Decision::KaironUnavailable {
-                    reason: reason::KAIRON_API_UNAVAILABLE,
-                    why: "down".into(),
-                },
-                ("False", reason::KAIRON_API_UNAVAILABLE),
-                false,
-            ),
-            (
-                Decision::KaironUnavailable {
-                    reason: reason::KAIRON_API_SERVER_NOT_ALLOWED,
-                    why: "server 10.9.9.9 is not allowed".into(),
-                },
-                ("False", reason::KAIRON_API_SERVER_NOT_ALLOWED),
-                false,
-            ),
-        ];
-        for (decision, want, provisioned) in cases {
-            let s = next_status(&kc(), &decision, &at(1));
-            assert_eq!(ready(&s), (want.0.to_string(), want.1.to_string()), "{decision:?}");
-            assert_eq!(s.is_provisioned(), provisioned, "{decision:?}");
-        }
-    }
-
-    #[test]
-    fn steady_state_is_a_fixed_point() {
-        let mut k = kc();
-        k.status = Some(next_status(&k, &Decision::Provisioned, &at(1)));
-        assert_eq!(
-            next_status(&k, &Decision::Provisioned, &at(99)),
-            k.status.clone().unwrap()
-        );
-    }
-
-    #[test]
-    fn paused_sets_only_paused() {
-        let mut k = kc();
-        k.status = Some(next_status(&k, &Decision::Provisioned, &at(1)));
-        let s = next_status(&k, &Decision::Paused("Cluster spec.paused is set to true"), &at(5));
-        let p = conditions::get(s.conditions.as_deref().unwrap(), PAUSED).unwrap();
-        assert_eq!((p.status.as_str(), p.reason.as_str()), ("True", "Paused"));
-        assert_eq!(ready(&s), ("True".into(), "Ready".into()));
-    }
-}
+mod tests;
