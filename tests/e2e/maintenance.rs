@@ -571,7 +571,7 @@ async fn a_cordoned_nodes_pool_members_are_replaced_by_their_pool() {
         .filter(|(name, _)| !on_node.contains(*name))
         .map(|(name, vm)| (name.clone(), vm.metadata.uid.clone().unwrap()))
         .collect();
-    let emptied = cordon_and_wait_for_empty(&rig, &node, &format!("mp-{pool}")).await;
+    let emptied = cordon_and_wait_for_empty(&rig, &node, &format!("workers-{}", rig.cluster)).await;
 
     let machines_after: Vec<String> = wait_pool_running(&rig, &pool, 3)
         .await
