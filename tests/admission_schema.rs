@@ -641,8 +641,9 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         .expect("metadata edits are allowed");
 
     // A KaironMachinePool's template is mutable (a change rolls the pool; ClusterClass
-    // topology patches it in place); its providerID is write-once; its status takes both
-    // `ready` (what CAPI v1.14.2 reads) and `initialization.provisioned`.
+    // topology patches it in place); it has no providerID of its own (each member's
+    // KaironMachine has one), so one written is pruned; its status takes both `ready` (what
+    // CAPI v1.14.2 reads) and `initialization.provisioned`.
     let pools = api(&env, "KaironMachinePool", "kaironmachinepools");
     pools
         .create(
@@ -653,19 +654,17 @@ async fn invalid_specs_are_rejected_with_messages_naming_the_field() {
         .expect("a valid KaironMachinePool");
     let rolled = json!({"spec": {"template": {"image": {"imageRef": "ubuntu-2404-kube-v1.36.9"}, "resources": {"cpu": 4}},
         "providerID": "kairon://machinesets/a", "providerIDList": ["kairon://vm-1", "kairon://vm-2"]}});
-    pools
+    let written = pools
         .patch("good", &pp, &Patch::Merge(rolled))
         .await
-        .expect("the pool's template and lists are writable");
-    let err = pools
-        .patch(
-            "good",
-            &pp,
-            &Patch::Merge(json!({"spec": {"providerID": "kairon://machinesets/b"}})),
-        )
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("spec.providerID is write-once"), "{err}");
+        .expect("the pool's template and list are writable");
+    assert_eq!(written.data["spec"]["template"]["resources"]["cpu"], 4);
+    assert_eq!(written.data["spec"]["providerIDList"][1], "kairon://vm-2");
+    assert!(
+        written.data["spec"].get("providerID").is_none(),
+        "a pool has no providerID: {:?}",
+        written.data["spec"]
+    );
     let status = json!({"status": {"ready": true, "initialization": {"provisioned": true}, "replicas": 2,
         "readyReplicas": 1, "infrastructureMachineKind": "KaironMachine"}});
     let written = pools
