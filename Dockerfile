@@ -4,7 +4,7 @@
 #   docker build -t ghcr.io/zyvor/cluster-api-provider-kairon:v0.1.0 .
 #
 # The build stage runs hack/release-build.sh: the same script, flags and target that
-# `make release-build` and tests/distribution_image.rs use in CI (where there is no Docker
+# `make release-build` and tests/distribution/distribution_image.rs use in CI (where there is no Docker
 # engine); that test checks the binary is statically linked and starts.
 ARG RUST_VERSION=1.95
 

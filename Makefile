@@ -48,18 +48,26 @@ test-tools:
 # Unit, CEL and mock-server tests only: no control plane needed.
 test-unit:
 	$(CARGO) test --workspace --lib --bins
-	$(CARGO) test --test cel_rules --test mock_reconcile --test mock_reconcile_maintenance --test mock_kaironcluster
+	$(CARGO) test --test mock
 
-# Every test binary of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner:
-# a binary is one job of one test thread; TEST_WIDE ones take two: the files whose tests start
-# several API servers each (simulated kubeadm guests, management clusters per move);
-# TEST_SHARED ones (TARGET=N) take N: binaries whose tests share one environment and run side
-# by side in it, the CAPI e2e suite's three parts among them; in TEST_FIRST's order, then
-# cargo's, each job starting once enough slots are free; logs in target/test-logs/). At five
-# slots the wide files run one after the other beside the CAPI suite, which is the longest
-# job; the suite's runs mostly wait on controllers, so more of them at once cost little.
-# The last line counts the environments and API servers the tests started, and which
-# binaries started full ones.
+# Every test of the workspace, TEST_THREADS tests at a time in all (capkr-test-runner). The
+# root package has three test binaries, one per tier: `mock` (no control plane), `e2e`
+# (everything that starts processes) and `distribution` (the release artefacts). A job is a
+# binary, or a module of one named in TEST_OWN, which runs in a process of its own as each
+# was its own binary: the modules that start environments of their own, or whose managers
+# watch every namespace. A job takes one test thread; TEST_WIDE ones take two: the groups
+# whose tests start several API servers each (simulated kubeadm guests, management clusters
+# per move); TEST_SHARED ones (JOB=N) take N: groups whose tests share one environment and
+# run side by side in it, the CAPI e2e suite's three parts among them. Jobs start in
+# TEST_FIRST's order, then cargo's, each once enough slots are free; logs in
+# target/test-logs/. At five slots the wide groups run one after the other beside the CAPI
+# suite, which is the longest job; the suite's runs mostly wait on controllers, so more of
+# them at once cost little. The last line counts the environments and API servers the tests
+# started, and which jobs started full ones.
+TEST_OWN := $(addprefix e2e/,e2e_capi_suite e2e_templates e2e_move e2e_maintenance e2e_identity \
+	e2e_api_faults e2e_hostile_endpoint e2e_lanes admission_schema \
+	operability_flags operability_leader operability_metrics operability_qps operability_rbac operability_readyz) \
+	distribution/distribution_image
 TEST_FIRST := e2e_capi_suite e2e_templates e2e e2e_move e2e_maintenance e2e_identity distribution_image
 TEST_WIDE := e2e_templates e2e_move
 TEST_SHARED := e2e=2 e2e_capi_suite=3
@@ -77,7 +85,7 @@ test: check-generate fmt-check build
 	$(CARGO) test --workspace --no-run -q
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(GOGC=400 hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-test-runner \
-		--slots $${TEST_THREADS:-5} $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
+		--slots $${TEST_THREADS:-5} $(addprefix --own ,$(TEST_OWN)) $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
 		$(addprefix --first ,$(TEST_FIRST))
 
 # The demo binary as `make build` built it: `cargo run -p capkr-testenv` would build it again

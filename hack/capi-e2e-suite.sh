@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiles the Ginkgo suite of Cluster API's e2e specs (the Go module tests/capi-e2e, run by
-# tests/e2e_capi_suite.rs) with `go test -c`, and the test Runtime Extension the Runtime SDK
+# tests/e2e/e2e_capi_suite.rs) with `go test -c`, and the test Runtime Extension the Runtime SDK
 # specs call (tests/capi-e2e/extension, `go build`), once per content, into a cache outside
 # the source tree:
 #

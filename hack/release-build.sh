@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The release build of capkr-manager: the exact command the Dockerfile runs, and the one
-# `make release-build` and tests/distribution_image.rs run (there is no Docker engine in CI).
+# `make release-build` and tests/distribution/distribution_image.rs run (there is no Docker engine in CI).
 #
 # A statically linked binary (glibc, `crt-static`; rustls + ring, no OpenSSL) for the
 # host's linux-gnu target, so it runs on a base image without a libc (distroless/static).

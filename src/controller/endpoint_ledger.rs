@@ -20,7 +20,7 @@ pub const ENDPOINTS_PER_NAMESPACE: usize = 8;
 /// ([`super::endpoint_budget::MAX_BYTES`]), however many identities the namespace names; an
 /// eighth of [`BYTES`].
 ///
-/// Measured (`tests/e2e_hostile_endpoint.rs`, a debug build): a namespace whose 8 endpoints all
+/// Measured (`tests/e2e/e2e_hostile_endpoint.rs`, a debug build): a namespace whose 8 endpoints all
 /// send just under their own budget at once costs the manager 18 MiB of resident memory at its
 /// peak, over 34 MiB before: about 1.5 times what is kept, and 0.75 MiB per endpoint for the
 /// answers being parsed and the allocator's slack. At 16 MiB it cost 28–31 MiB.

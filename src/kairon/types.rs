@@ -3,7 +3,7 @@
 //! provider writes or reads. Kairon declares every spec field optional and prunes what it does
 //! not declare, so each field here is optional and omitted when empty: what the provider sends
 //! is accepted unchanged by Kairon's schema under strict field validation
-//! (`tests/admission_schema.rs`).
+//! (`tests/e2e/admission_schema.rs`).
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -1,7 +1,7 @@
 // Package e2e runs Cluster API's own end-to-end specs (sigs.k8s.io/cluster-api/test/e2e)
 // against the Kairon provider.
 //
-// The management cluster is not created here: tests/e2e_capi_suite.rs starts it (etcd,
+// The management cluster is not created here: tests/e2e/e2e_capi_suite.rs starts it (etcd,
 // kube-apiserver, CAPI core, CABPK and KCP, the provider's manager and the Kairon simulator,
 // all as local processes) and passes its kubeconfig. The framework uses it as an existing
 // cluster; clusterctl init is not run, since the controllers already run. What clusterctl

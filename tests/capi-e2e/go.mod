@@ -1,5 +1,5 @@
 // Runs Cluster API's own end-to-end specs (sigs.k8s.io/cluster-api/test/e2e) against the
-// provider. Built and run by tests/e2e_capi_suite.rs.
+// provider. Built and run by tests/e2e/e2e_capi_suite.rs.
 module capkr.test/capi-e2e
 
 go 1.26.0

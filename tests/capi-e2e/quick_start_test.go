@@ -81,7 +81,7 @@ var _ = Describe("When following the Cluster API quick-start with ClusterClass",
 	})
 })
 
-// The ClusterClass `kairon-kcp-only` has no worker classes (tests/e2e_capi_suite.rs writes
+// The ClusterClass `kairon-kcp-only` has no worker classes (tests/e2e/e2e_capi_suite.rs writes
 // it and the flavor from the shipped topology flavor).
 var _ = Describe("When following the Cluster API quick-start with ClusterClass without any worker definitions", Label("quick-start-kcp-only", "ClusterClass"), func() {
 	capie2e.QuickStartSpec(ctx, func() capie2e.QuickStartSpecInput {

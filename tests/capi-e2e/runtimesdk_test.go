@@ -10,10 +10,10 @@ import (
 )
 
 // The Runtime SDK specs call the test Runtime Extension (tests/capi-e2e/extension), which
-// tests/e2e_capi_suite.rs runs as a local process where upstream's ExtensionConfigs expect
+// tests/e2e/e2e_capi_suite.rs runs as a local process where upstream's ExtensionConfigs expect
 // its Service. Their flavor, upgrades-runtimesdk, is a Cluster of the ClusterClass
 // kairon-runtimesdk, whose machine images the extension patches by Kubernetes version
-// (tests/e2e_capi_suite.rs writes both from the shipped topology flavor).
+// (tests/e2e/e2e_capi_suite.rs writes both from the shipped topology flavor).
 
 const (
 	extensionServiceNamespace = "test-extension-system"

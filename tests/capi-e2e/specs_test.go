@@ -33,7 +33,7 @@ var _ = Describe("When testing KCP and MachineDeployment rollout", Label("kcp-md
 			BootstrapClusterProxy: bootstrapClusterProxy,
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
-			// The default flavor with Machine taints (tests/e2e_capi_suite.rs writes it).
+			// The default flavor with Machine taints (tests/e2e/e2e_capi_suite.rs writes it).
 			Flavor: "kcp-md-taints",
 		}
 	})
@@ -48,7 +48,7 @@ var _ = Describe("When testing MachineDeployment remediation", Label("md-remedia
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
 			// The shipped md-remediation flavor with upstream's test condition in its
-			// MachineHealthCheck (tests/e2e_capi_suite.rs writes it).
+			// MachineHealthCheck (tests/e2e/e2e_capi_suite.rs writes it).
 			Flavor: ptr.To("md-remediation-e2e"),
 		}
 	})
@@ -56,7 +56,7 @@ var _ = Describe("When testing MachineDeployment remediation", Label("md-remedia
 
 // Control-plane remediation, including of Machines stuck before kubeadm: the flavor gates
 // kubeadm on a signal ConfigMap (a pre-kubeadm script the simulated guests run,
-// kairon-sim --guest-scripts-dir); tests/e2e_capi_suite.rs writes it from the shipped default
+// kairon-sim --guest-scripts-dir); tests/e2e/e2e_capi_suite.rs writes it from the shipped default
 // flavor.
 var _ = Describe("When testing KCP remediation", Label("kcp-remediation"), func() {
 	capie2e.KCPRemediationSpec(ctx, func() capie2e.KCPRemediationSpecInput {
@@ -71,7 +71,7 @@ var _ = Describe("When testing KCP remediation", Label("kcp-remediation"), func(
 	})
 })
 
-// KCP adopts a control-plane Machine made without it: tests/e2e_capi_suite.rs writes the
+// KCP adopts a control-plane Machine made without it: tests/e2e/e2e_capi_suite.rs writes the
 // two-step flavor from the shipped default flavor.
 var _ = Describe("When testing KCP adoption", Label("kcp-adoption"), func() {
 	capie2e.KCPAdoptionSpec(ctx, func() capie2e.KCPAdoptionSpecInput {
@@ -182,7 +182,7 @@ var _ = Describe("When testing ClusterClass rollouts", Label("clusterclass-rollo
 			BootstrapClusterProxy: bootstrapClusterProxy,
 			ArtifactFolder:        artifactFolder,
 			SkipCleanup:           skipCleanup,
-			// The topology flavor with Machine taints (tests/e2e_capi_suite.rs writes it).
+			// The topology flavor with Machine taints (tests/e2e/e2e_capi_suite.rs writes it).
 			Flavor: "topology-taints",
 		}
 	})

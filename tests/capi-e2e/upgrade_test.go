@@ -20,7 +20,7 @@ import (
 
 // A Kubernetes upgrade of a Cluster of the shipped ClusterClass, whose patches give each
 // machine the image of its version: KUBERNETES_VERSION_UPGRADE_FROM to _TO (see
-// tests/e2e_capi_suite.rs). Upstream's input, conformance tests skipped as upstream does.
+// tests/e2e/e2e_capi_suite.rs). Upstream's input, conformance tests skipped as upstream does.
 var _ = Describe("When upgrading a workload cluster using ClusterClass [ClusterClass]", Label("k8s-upgrade", "ClusterClass"), func() {
 	capie2e.ClusterUpgradeConformanceSpec(ctx, func() capie2e.ClusterUpgradeConformanceSpecInput {
 		return capie2e.ClusterUpgradeConformanceSpecInput{
@@ -39,7 +39,7 @@ var _ = Describe("When upgrading a workload cluster using ClusterClass [ClusterC
 
 // KCP's pre-drain hook holds each old control-plane Machine until the workload cluster is
 // stable (every Node Ready, a Ready kube-proxy Pod per Node); the spec's caller releases it.
-// tests/e2e_capi_suite.rs writes the flavor: the shipped topology flavor with the hook's
+// tests/e2e/e2e_capi_suite.rs writes the flavor: the shipped topology flavor with the hook's
 // annotation on the control plane.
 var _ = Describe("When upgrading a workload cluster using ClusterClass with a HA control plane [ClusterClass]", Label("k8s-upgrade-ha", "ClusterClass"), func() {
 	controlPlaneMachineCount := int64(3)
@@ -67,7 +67,7 @@ var _ = Describe("When upgrading a workload cluster using ClusterClass with a HA
 })
 
 // KCP rolls out by removing a Machine before creating its replacement (maxSurge 0): the flavor
-// is the shipped topology flavor on a copy of the class that sets it (tests/e2e_capi_suite.rs).
+// is the shipped topology flavor on a copy of the class that sets it (tests/e2e/e2e_capi_suite.rs).
 var _ = Describe("When upgrading a workload cluster using ClusterClass with a HA control plane using scale-in rollout [ClusterClass]", Label("k8s-upgrade-scale-in", "ClusterClass"), func() {
 	capie2e.ClusterUpgradeConformanceSpec(ctx, func() capie2e.ClusterUpgradeConformanceSpecInput {
 		return capie2e.ClusterUpgradeConformanceSpecInput{

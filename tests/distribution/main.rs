@@ -5,11 +5,11 @@
 //! installs CAPI's own components into its cluster, and the Cluster API Operator, which
 //! installs and upgrades ours cluster-wide, have one of their own.
 
-#[path = "../distribution_support/mod.rs"]
-mod distribution_support;
+use capkr_testenv::distribution as distribution_support;
 
 mod admission;
 mod clusterctl;
+mod distribution_image;
 mod docs;
 mod helm;
 mod operator;

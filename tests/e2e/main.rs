@@ -1,4 +1,8 @@
-//! The end-to-end tests that share one environment: one binary, one management control plane
+//! The tests that start processes: the real control plane (etcd, kube-apiserver,
+//! kube-controller-manager, CAPI's managers), the simulator and the manager. One binary, run
+//! by `make test` as several jobs (`capkr-test-runner --own`).
+//!
+//! The topic modules below share one environment per process: one management control plane
 //! (`capkr_testenv::Env::shared`: etcd, kube-apiserver with an audit log,
 //! kube-controller-manager, CAPI core, CABPK and KCP with their webhooks), and for each test a
 //! namespace of its own with its workload API server, simulator and manager, both watching that
@@ -6,10 +10,14 @@
 //! in one envtest. A test that changes the environment itself, or whose manager must watch every
 //! namespace, asks for an environment of its own (`RigOptions::own_env`).
 //!
-//! One module per topic, as the files were: see `tests/README.md`.
+//! The `e2e_*`, `operability_*` and `admission_schema` modules each run as a job of their own
+//! (`TEST_OWN` in the Makefile): their tests start environments of their own or share one
+//! among themselves only. See `tests/README.md` for what goes where.
 
-#[path = "../common/mod.rs"]
 mod common;
+mod templates_support;
+
+use capkr_testenv::distribution as distribution_support;
 
 mod api_versions;
 mod budgets;
@@ -31,3 +39,20 @@ mod resilience;
 mod smoke;
 mod trust;
 mod unreachable;
+
+// Each a job of its own (`TEST_OWN`).
+mod admission_schema;
+mod e2e_api_faults;
+mod e2e_capi_suite;
+mod e2e_hostile_endpoint;
+mod e2e_identity;
+mod e2e_lanes;
+mod e2e_maintenance;
+mod e2e_move;
+mod e2e_templates;
+mod operability_flags;
+mod operability_leader;
+mod operability_metrics;
+mod operability_qps;
+mod operability_rbac;
+mod operability_readyz;

@@ -1,5 +1,5 @@
 // Command extension is the test Runtime Extension the Runtime SDK specs of Cluster API's e2e
-// package call, run by tests/e2e_capi_suite.rs as a local process.
+// package call, run by tests/e2e/e2e_capi_suite.rs as a local process.
 //
 // The lifecycle and upgrade-plan handlers are upstream's (sigs.k8s.io/cluster-api/test/extension,
 // generic over providers); the topology-mutation and in-place update handlers are ours, for the

@@ -23,7 +23,7 @@ import (
 const kaironGroup = "infrastructure.cluster.x-k8s.io"
 
 // topologyMutationHandlers generate the patches of the e2e ClusterClass `kairon-runtimesdk`
-// (tests/e2e_capi_suite.rs derives it from the shipped class `kairon`): what the shipped class
+// (tests/e2e/e2e_capi_suite.rs derives it from the shipped class `kairon`): what the shipped class
 // does with inline patches and variables for the machine image, here as an external patch with
 // the variables it declares (an external patch is given only those). Every
 // KaironMachineTemplate gets the image of the Kubernetes version its machines run —

@@ -26,6 +26,7 @@ mod certs;
 mod clients;
 pub mod cluster;
 pub mod demo;
+pub mod distribution;
 mod dump;
 mod env;
 pub mod faults;

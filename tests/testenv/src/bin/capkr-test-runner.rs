@@ -2,21 +2,27 @@
 //! runs them with a fixed number of test threads *in all*, instead of one binary after the
 //! other each with its own threads.
 //!
-//! `cargo test -- --test-threads=2` keeps two test threads busy only inside a binary: a binary
-//! with one long test (most of the real-control-plane files) leaves the second idle, and the
-//! next binary waits. Here each binary is a job of one slot (`--test-threads=1`), except those
-//! named with `--wide`, which take two slots and two threads (the CAPI e2e suite, whose two
-//! halves are meant to run side by side), and those named with `--threads TARGET=N`, which take
-//! N slots and N threads (a binary whose tests share one environment and run side by side in
-//! it); jobs start, longest first, whenever enough slots are free. So at most `--slots` tests
-//! run at once, and no slot idles while work is left.
+//! A job is a binary, or one top-level module of it: `--own TARGET/MODULE` runs that module's
+//! tests as a job of their own, in a process of their own (named MODULE), and the binary's
+//! other tests as the binary's job. So one test binary per tier still gives each group of tests
+//! that starts its own environment a process of its own, as when each was a binary. Every test
+//! of a binary is in exactly one of its jobs (read from its `--list`, run by `--exact` names).
 //!
-//! Each binary's output goes to `target/test-logs/<binary>.log`. When a binary ends, its
-//! libtest lines are printed as cargo would print them (`running N tests`, a line per test,
-//! `test result: …`), a failed binary's panics too; the run ends with a table of every binary's
-//! time and the tests counted over all binaries. Exit status 1 when any binary failed, or when
-//! a binary that exited 0 printed no `test result` line; every binary runs regardless (as
-//! `--no-fail-fast`). The last line says how many environments and API servers the tests
+//! `cargo test -- --test-threads=2` keeps two test threads busy only inside a binary: a job
+//! with one long test (most of the real-control-plane groups) leaves the second idle, and the
+//! next one waits. Here each job takes one slot (`--test-threads=1`), except those named with
+//! `--wide`, which take two slots and two threads (the groups whose tests start several API
+//! servers each), and those named with `--threads JOB=N`, which take N slots and N threads (a
+//! group whose tests share one environment and run side by side in it); jobs start, longest
+//! first, whenever enough slots are free. So at most `--slots` tests run at once, and no slot
+//! idles while work is left.
+//!
+//! Each job's output goes to `target/test-logs/<job>.log`. When a job ends, its libtest lines
+//! are printed as cargo would print them (`running N tests`, a line per test, `test result:
+//! …`), a failed job's panics too; the run ends with a table of every job's time and the tests
+//! counted over all jobs. Exit status 1 when any job failed, or when a job that exited 0
+//! printed no `test result` line; every job runs regardless (as `--no-fail-fast`). The last
+//! line says how many environments and API servers the tests
 //! started (`capkr_testenv::tally`).
 
 use std::collections::VecDeque;
@@ -31,7 +37,7 @@ use anyhow::{Context, Result, bail};
 /// A test binary built by cargo.
 #[derive(Clone, Debug)]
 struct Binary {
-    /// `<package>::<target>` as shown; the log file's name.
+    /// `<package>::<kind>::<target>` as shown.
     name: String,
     target: String,
     executable: PathBuf,
@@ -39,8 +45,22 @@ struct Binary {
     cwd: PathBuf,
 }
 
+/// What runs as one process: a binary's tests, or those of one of its top-level modules.
+#[derive(Clone, Debug)]
+struct Job {
+    /// `<package>::<kind>::<target>[::<module>]` as shown; the log file's name.
+    name: String,
+    /// What `--wide`, `--threads` and `--first` name: the module, or the binary's target.
+    key: String,
+    binary: Binary,
+    /// The job's tests by exact name; empty for the whole binary.
+    tests: Vec<String>,
+}
+
 struct Options {
     slots: usize,
+    /// `(target, module)`: modules run as jobs of their own.
+    own: Vec<(String, String)>,
     wide: Vec<String>,
     /// Binaries that run with more than one thread (and take as many slots).
     threads: Vec<(String, usize)>,
@@ -53,12 +73,13 @@ struct Options {
 }
 
 fn usage() -> &'static str {
-    "usage: capkr-test-runner [--slots N] [--wide TARGET]... [--threads TARGET=N]... [--first TARGET]... [--log-dir DIR] [--timeout-minutes M (50)]"
+    "usage: capkr-test-runner [--slots N] [--own TARGET/MODULE]... [--wide JOB]... [--threads JOB=N]... [--first JOB]... [--log-dir DIR] [--timeout-minutes M (50)]"
 }
 
 fn parse_args() -> Result<Options> {
     let mut opts = Options {
         slots: 2,
+        own: vec![],
         wide: vec![],
         threads: vec![],
         first: vec![],
@@ -70,12 +91,19 @@ fn parse_args() -> Result<Options> {
         let mut value = || args.next().with_context(|| format!("{a} wants a value\n{}", usage()));
         match a.as_str() {
             "--slots" => opts.slots = value()?.parse().context("--slots wants a number")?,
+            "--own" => {
+                let v = value()?;
+                let (target, module) = v
+                    .split_once('/')
+                    .with_context(|| format!("--own wants TARGET/MODULE, not {v:?}"))?;
+                opts.own.push((target.to_string(), module.to_string()));
+            }
             "--wide" => opts.wide.push(value()?),
             "--threads" => {
                 let v = value()?;
                 let (target, n) = v
                     .split_once('=')
-                    .with_context(|| format!("--threads wants TARGET=N, not {v:?}"))?;
+                    .with_context(|| format!("--threads wants JOB=N, not {v:?}"))?;
                 let n: usize = n.parse().with_context(|| format!("--threads {v}: N is a number"))?;
                 if n == 0 {
                     bail!("--threads {v}: at least one thread");
@@ -151,8 +179,92 @@ fn build() -> Result<Vec<Binary>> {
     Ok(binaries)
 }
 
+/// A binary's tests by name, from its `--list`.
+fn list_tests(b: &Binary) -> Result<Vec<String>> {
+    let out = Command::new(&b.executable)
+        .args(["--list", "--format=terse"])
+        .current_dir(&b.cwd)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("listing the tests of {}", b.executable.display()))?;
+    if !out.status.success() {
+        bail!("{} --list failed", b.executable.display());
+    }
+    Ok(test_names(&String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The test names of libtest's `--list --format=terse` output (`path::name: test` lines).
+fn test_names(list: &str) -> Vec<String> {
+    list.lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A binary's jobs: one per module `own` names for it, and one for the rest of its tests
+/// (none when no test is left). A named module without tests is an error: a renamed module
+/// would otherwise run, unnoticed, in the binary's job.
+fn split(b: &Binary, own: &[&str], tests: &[String]) -> Result<Vec<Job>> {
+    let mut jobs = vec![];
+    let mut rest: Vec<String> = tests.to_vec();
+    for module in own {
+        let prefix = format!("{module}::");
+        let (mine, others): (Vec<String>, Vec<String>) = rest.into_iter().partition(|t| t.starts_with(&prefix));
+        if mine.is_empty() {
+            bail!(
+                "--own {}/{module}: the binary has no test in a module {module}",
+                b.target
+            );
+        }
+        rest = others;
+        jobs.push(Job {
+            name: format!("{}::{module}", b.name),
+            key: module.to_string(),
+            binary: b.clone(),
+            tests: mine,
+        });
+    }
+    if !rest.is_empty() {
+        jobs.push(Job {
+            name: b.name.clone(),
+            key: b.target.clone(),
+            binary: b.clone(),
+            tests: rest,
+        });
+    }
+    Ok(jobs)
+}
+
+/// Every binary's jobs, in cargo's order.
+fn jobs(binaries: &[Binary], own: &[(String, String)]) -> Result<Vec<Job>> {
+    for (target, module) in own {
+        if !binaries.iter().any(|b| &b.target == target) {
+            bail!("--own {target}/{module}: no test binary {target}");
+        }
+    }
+    let mut jobs = vec![];
+    for b in binaries {
+        let mine: Vec<&str> = own
+            .iter()
+            .filter(|(t, _)| t == &b.target)
+            .map(|(_, m)| m.as_str())
+            .collect();
+        if mine.is_empty() {
+            jobs.push(Job {
+                name: b.name.clone(),
+                key: b.target.clone(),
+                binary: b.clone(),
+                tests: vec![],
+            });
+        } else {
+            jobs.extend(split(b, &mine, &list_tests(b)?)?);
+        }
+    }
+    Ok(jobs)
+}
+
 struct Running {
-    binary: Binary,
+    job: Job,
     child: Child,
     slots: usize,
     started: Instant,
@@ -213,20 +325,25 @@ fn libtest_report(log: &str) -> (Vec<&str>, Option<Counts>) {
     (lines, counts)
 }
 
-fn start(b: &Binary, threads: usize, log_dir: &Path, tally_dir: &Path) -> Result<Running> {
-    let log = log_dir.join(format!("{}.log", b.name.replace("::", "-")));
-    // What this binary started, in a tally directory of its own (named after it).
-    let tally = tally_dir.join(b.name.replace("::", "-"));
+fn start(job: &Job, threads: usize, log_dir: &Path, tally_dir: &Path) -> Result<Running> {
+    let log = log_dir.join(format!("{}.log", job.name.replace("::", "-")));
+    // What this job started, in a tally directory of its own (named after it).
+    let tally = tally_dir.join(job.name.replace("::", "-"));
     std::fs::create_dir_all(&tally)?;
     let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
     let err = out.try_clone()?;
     println!(
         "start  {} ({threads} thread{})",
-        b.name,
+        job.name,
         if threads == 1 { "" } else { "s" }
     );
-    let child = Command::new(&b.executable)
-        .arg(format!("--test-threads={threads}"))
+    let b = &job.binary;
+    let mut cmd = Command::new(&b.executable);
+    cmd.arg(format!("--test-threads={threads}"));
+    if !job.tests.is_empty() {
+        cmd.arg("--exact").args(&job.tests);
+    }
+    let child = cmd
         .current_dir(&b.cwd)
         .env(capkr_testenv::tally::TALLY_DIR_ENV, &tally)
         .stdin(Stdio::null())
@@ -235,7 +352,7 @@ fn start(b: &Binary, threads: usize, log_dir: &Path, tally_dir: &Path) -> Result
         .spawn()
         .with_context(|| format!("starting {}", b.executable.display()))?;
     Ok(Running {
-        binary: b.clone(),
+        job: job.clone(),
         child,
         slots: threads,
         started: Instant::now(),
@@ -270,19 +387,21 @@ fn main() -> Result<()> {
     let tally_dir = tally_dir.canonicalize()?;
     let t0 = Instant::now();
     let binaries = build()?;
+    let jobs = jobs(&binaries, &opts.own)?;
     println!(
-        "{} test binaries built in {:.0}s; running them in {} slots",
+        "{} test binaries built in {:.0}s; running them as {} jobs in {} slots",
         binaries.len(),
         t0.elapsed().as_secs_f64(),
+        jobs.len(),
         opts.slots
     );
     // Longest first (as named), then cargo's order.
-    let mut queue: VecDeque<Binary> = opts
+    let mut queue: VecDeque<Job> = opts
         .first
         .iter()
-        .filter_map(|f| binaries.iter().find(|b| &b.target == f).cloned())
+        .filter_map(|f| jobs.iter().find(|j| &j.key == f).cloned())
         .collect();
-    queue.extend(binaries.iter().filter(|b| !opts.first.contains(&b.target)).cloned());
+    queue.extend(jobs.iter().filter(|j| !opts.first.contains(&j.key)).cloned());
 
     let mut running: Vec<Running> = vec![];
     let mut finished: Vec<Finished> = vec![];
@@ -290,10 +409,10 @@ fn main() -> Result<()> {
         let used: usize = running.iter().map(|r| r.slots).sum();
         let free = opts.slots - used;
         // The first job that fits: a wide job waits for two free slots while narrow ones run.
-        let fits = |b: &Binary| {
-            let want = if let Some((_, n)) = opts.threads.iter().find(|(t, _)| t == &b.target) {
+        let fits = |j: &Job| {
+            let want = if let Some((_, n)) = opts.threads.iter().find(|(t, _)| t == &j.key) {
                 opts.slots.min(*n)
-            } else if opts.wide.contains(&b.target) {
+            } else if opts.wide.contains(&j.key) {
                 opts.slots.min(2)
             } else {
                 1
@@ -301,9 +420,9 @@ fn main() -> Result<()> {
             (want <= free).then_some(want)
         };
         if let Some(i) = queue.iter().position(|b| fits(b).is_some()) {
-            let b = queue.remove(i).expect("index in range");
-            let threads = fits(&b).expect("fits");
-            running.push(start(&b, threads, &opts.log_dir, &tally_dir)?);
+            let j = queue.remove(i).expect("index in range");
+            let threads = fits(&j).expect("fits");
+            running.push(start(&j, threads, &opts.log_dir, &tally_dir)?);
             continue;
         }
         std::thread::sleep(Duration::from_millis(200));
@@ -329,7 +448,7 @@ fn main() -> Result<()> {
                 println!(
                     "{}   {} in {:.0}s{}",
                     if ok { "ok " } else { "FAIL" },
-                    r.binary.name,
+                    r.job.name,
                     took.as_secs_f64(),
                     if timed_out {
                         format!(
@@ -346,13 +465,13 @@ fn main() -> Result<()> {
                 if !ok {
                     println!(
                         "----- {} (whole log: {}) -----\n{}\n-----",
-                        r.binary.name,
+                        r.job.name,
                         r.log.display(),
                         failure_excerpt(&r.log)
                     );
                 }
                 finished.push(Finished {
-                    name: r.binary.name,
+                    name: r.job.name,
                     ok,
                     took,
                     log: r.log,
@@ -376,7 +495,7 @@ fn main() -> Result<()> {
             )
         })
         .collect();
-    println!("\n{:>7}  {:<4}  binary", "seconds", "");
+    println!("\n{:>7}  {:<4}  job", "seconds", "");
     for line in &table {
         println!("{line}");
     }
@@ -388,13 +507,13 @@ fn main() -> Result<()> {
         all += c;
     }
     println!(
-        "\n{} binaries, {} failed, {:.1} min in all",
+        "\n{} jobs, {} failed, {:.1} min in all",
         finished.len(),
         failed.len(),
         t0.elapsed().as_secs_f64() / 60.0
     );
     println!(
-        "test result: {}. {} passed; {} failed; {} ignored (all {} binaries)",
+        "test result: {}. {} passed; {} failed; {} ignored (all {} jobs)",
         if failed.is_empty() { "ok" } else { "FAILED" },
         all.passed,
         all.failed,
@@ -553,5 +672,72 @@ mod tests {
             "full environments by binary: main-test-b 2, main-test-a 1"
         );
         assert_eq!(by_binary.iter().map(|(_, t)| t.api_servers).sum::<usize>(), 5);
+    }
+
+    fn binary(target: &str) -> Binary {
+        Binary {
+            name: format!("main::test::{target}"),
+            target: target.into(),
+            executable: PathBuf::from("/bin/false"),
+            cwd: PathBuf::new(),
+        }
+    }
+
+    #[test]
+    fn a_binary_is_split_into_its_own_modules_and_the_rest() {
+        let list = "smoke::a_cluster_comes_up: test\ne2e_move::moves: test\ne2e_move::moves_back: test\n\
+                    maintenance::drains: test\ne2e_maintenance::hosts::cordons: test\n\n5 tests, 0 benchmarks\n";
+        let tests = test_names(list);
+        assert_eq!(tests.len(), 5);
+        let jobs = split(&binary("e2e"), &["e2e_move", "e2e_maintenance"], &tests).unwrap();
+        let shown: Vec<(&str, &str, Vec<&str>)> = jobs
+            .iter()
+            .map(|j| {
+                (
+                    j.name.as_str(),
+                    j.key.as_str(),
+                    j.tests.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                (
+                    "main::test::e2e::e2e_move",
+                    "e2e_move",
+                    vec!["e2e_move::moves", "e2e_move::moves_back"]
+                ),
+                (
+                    "main::test::e2e::e2e_maintenance",
+                    "e2e_maintenance",
+                    vec!["e2e_maintenance::hosts::cordons"]
+                ),
+                (
+                    "main::test::e2e",
+                    "e2e",
+                    vec!["smoke::a_cluster_comes_up", "maintenance::drains"]
+                ),
+            ]
+        );
+        // Every test is in exactly one job.
+        assert_eq!(jobs.iter().map(|j| j.tests.len()).sum::<usize>(), tests.len());
+        // A module named to run on its own but without tests is an error, not a silent no-op.
+        let err = split(&binary("e2e"), &["e2e_gone"], &tests).unwrap_err();
+        assert!(err.to_string().contains("no test in a module e2e_gone"), "{err}");
+        // Nothing left: no job for the binary itself.
+        let only = split(
+            &binary("e2e"),
+            &["smoke", "e2e_move", "maintenance", "e2e_maintenance"],
+            &tests,
+        )
+        .unwrap();
+        assert!(only.iter().all(|j| j.key != "e2e"));
+    }
+
+    #[test]
+    fn own_modules_must_name_a_built_binary() {
+        let err = jobs(&[binary("e2e")], &[("e2e_move".into(), "x".into())]).unwrap_err();
+        assert!(err.to_string().contains("no test binary e2e_move"), "{err}");
     }
 }

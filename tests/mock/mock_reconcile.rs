@@ -20,7 +20,7 @@ use kube::client::Body;
 use serde_json::json;
 use tower_test::mock::{self, Handle};
 
-mod mock_support;
+use crate::mock_support;
 use mock_support::{condition, expect, expect_no_more, filled, status_error};
 
 const NS: &str = "ns";

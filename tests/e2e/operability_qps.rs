@@ -1,7 +1,7 @@
 //! The client-side rate limit against the real control plane: `--kube-api-qps` and
 //! `--kube-api-burst` as the API server's audit log sees the manager's requests.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@
 //! namespaces it made while its manager still runs (what our finalizers hold is released) and
 //! stopping the API servers it started, so the next test's manager finds nothing of it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

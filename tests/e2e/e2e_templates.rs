@@ -5,17 +5,11 @@
 //! the cluster's own CAs, kube-vip's endpoint forwards to them, and KubeadmControlPlane sees
 //! its etcd members and static pods through port-forward to each Node's kubelet endpoint.
 
-#[path = "e2e_templates/addons.rs"]
 mod addons;
-mod distribution_support;
-#[path = "e2e_templates/machine_pools.rs"]
 mod machine_pools;
-#[path = "e2e_templates/networks.rs"]
 mod networks;
-mod templates_support;
-#[path = "e2e_templates/upgrade.rs"]
+use crate::templates_support;
 mod upgrade;
-#[path = "e2e_templates/workloads.rs"]
 mod workloads;
 
 use std::collections::BTreeSet;

@@ -28,7 +28,7 @@
 //! The test then waits for every Machine to run with its Node, one Kairon Machine per
 //! KaironMachine: the lanes lose no machine.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -22,8 +22,8 @@
 //! one pair run one after the other ([`Install::serial`]), each leaving the pair without
 //! anything of its own for the next test's managers to act on.
 
-mod common;
-mod distribution_support;
+use crate::common;
+use crate::distribution_support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

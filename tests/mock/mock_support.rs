@@ -1,8 +1,6 @@
 //! What the mock-server tests share: caches filled by hand, and a mock API server that takes
 //! requests one by one, checks each and answers it.
 
-#![allow(dead_code)] // each test file uses its own subset
-
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};

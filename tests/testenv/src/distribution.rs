@@ -1,12 +1,11 @@
-//! Shared by the `distribution_*` tests: the release assets as a clusterctl local repository,
-//! the real `clusterctl`, `helm` and `kubectl` binaries, and small YAML helpers.
-
-#![allow(dead_code)]
+//! For the tests of the release artefacts (the `distribution` test binary, and the `e2e`
+//! modules that install the provider as users do): the release assets as a clusterctl local
+//! repository, the real `clusterctl`, `helm` and `kubectl` binaries, and small YAML helpers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use capkr_testenv::{Binaries, KUBERNETES_VERSION, ScratchDir, machine_image, parse_yaml_documents, workspace_root};
+use crate::{Binaries, KUBERNETES_VERSION, ScratchDir, machine_image, parse_yaml_documents, workspace_root};
 use serde_json::Value;
 
 pub const VERSION: &str = "v0.1.0";
@@ -67,6 +66,8 @@ pub struct LocalRepo {
 }
 
 impl LocalRepo {
+    /// Runs `hack/release-manifests.sh` into a new temp dir: work, not a default value.
+    #[expect(clippy::new_without_default, reason = "new builds the release assets")]
     pub fn new() -> LocalRepo {
         let dir = ScratchDir::new("capkr-clusterctl-repo-").expect("a temp dir");
         let repo = LocalRepo { dir, bins: bins() };

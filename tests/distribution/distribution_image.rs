@@ -2,7 +2,7 @@
 //! hack/release-build.sh, and so does this test; the binary must be statically linked (it
 //! runs on distroless/static, which has no libc) and must start.
 
-mod distribution_support;
+use crate::distribution_support;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! server: one resource list per supported version (a version not served answers 404), then
 //! the OpenAPI document of the version chosen for Machines; and what it then speaks.
 
-mod mock_support;
+use crate::mock_support;
 
 use capkr::kairon::served::{KaironKind, discover};
 use capkr::kairon::{Image, Machine, MachineSpec};

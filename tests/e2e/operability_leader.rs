@@ -3,7 +3,7 @@
 //! leader's /readyz and /metrics reflect what happened; a leader that loses the lease exits at
 //! once.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -25,7 +25,7 @@ use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 use tower_test::mock::{self, Handle};
 
-mod mock_support;
+use crate::mock_support;
 use mock_support::{condition, expect, expect_no_more, filled};
 
 const NS: &str = "ns";

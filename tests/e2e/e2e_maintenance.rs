@@ -13,10 +13,8 @@
 //!   budget, etcd keeping quorum, the Cluster Available throughout, no VM migrated, and
 //!   `evacuate --wait` ends with the node empty.
 
-mod distribution_support;
-#[path = "e2e_maintenance/hosts.rs"]
 mod hosts;
-mod templates_support;
+use crate::templates_support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

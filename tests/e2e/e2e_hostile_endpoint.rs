@@ -5,8 +5,7 @@
 //! one process: the others must not notice. A tenant's many identities, each within what the
 //! manager holds for one, cannot together exhaust it either ([`many_identities`]).
 
-mod common;
-#[path = "e2e_hostile_endpoint/many_identities.rs"]
+use crate::common;
 mod many_identities;
 
 use std::io::BufRead;

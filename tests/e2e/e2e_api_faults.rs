@@ -4,7 +4,7 @@
 //! never "not found": it must not create a second VM, leave one behind, report a VM that
 //! exists as gone, or get a healthy Machine remediated.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -4,8 +4,6 @@
 //! a MachineDeployment (kubeadm join data). An end-to-end test starts with [`Rig::start`];
 //! everything else it needs (versions, API resources, ports, HTTP) comes from `capkr_testenv`.
 
-#![allow(dead_code)] // each test binary uses part of it
-
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
