@@ -157,7 +157,7 @@ pub async fn run(args: Args) -> Result<()> {
     let kairon = if args.kairon_kubeconfig.is_empty() {
         None
     } else {
-        let config = controller::endpoint_trust::bounded_waits(config_from(&args.kairon_kubeconfig).await?);
+        let config = controller::endpoints::trust::bounded_waits(config_from(&args.kairon_kubeconfig).await?);
         Some(client_with(config, &identity, Some(&limits))?)
     };
     // Lease renewals and probes must not queue behind a burst of reconciles.

@@ -17,7 +17,7 @@
 //! `workqueue_depth`, `workqueue_adds_total` and `workqueue_queue_duration_seconds` are not
 //! exposed rather than made up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +30,10 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+mod controller_runtime;
+
+use controller_runtime::{ControllerRuntime, ControllerState, QueueLabels, RESULTS, ResultLabels};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct ControllerLabels {
@@ -73,35 +77,8 @@ pub(crate) struct RequestLabels {
     pub code: String,
 }
 
-/// controller-runtime's `result` of a reconcile.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct ResultLabels {
-    pub controller: &'static str,
-    pub result: &'static str,
-}
-
-/// controller-runtime's labels of a work queue: its name and its controller's, both the
-/// controller's name.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct QueueLabels {
-    pub name: &'static str,
-    pub controller: &'static str,
-}
-
-impl QueueLabels {
-    fn of(controller: &'static str) -> Self {
-        QueueLabels {
-            name: controller,
-            controller,
-        }
-    }
-}
-
 /// The stage of a reconcile dropped at its deadline (controller-runtime's reconcile timeout).
 const DEADLINE_STAGE: &str = "deadline";
-
-/// controller-runtime's results, in its words.
-const RESULTS: [&str; 4] = ["success", "error", "requeue", "requeue_after"];
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type SecondsGauge = Gauge<f64, AtomicU64>;
@@ -109,111 +86,6 @@ type SecondsGauge = Gauge<f64, AtomicU64>;
 fn reconcile_buckets() -> Histogram {
     // 1 ms .. ~16 s
     Histogram::new(exponential_buckets(0.001, 2.0, 15))
-}
-
-/// `controller_runtime_reconcile_time_seconds`' buckets (controller-runtime v0.24).
-fn controller_runtime_buckets() -> Histogram {
-    Histogram::new([
-        0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5,
-        1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
-    ])
-}
-
-/// The work queue's duration buckets (controller-runtime's `ExponentialBuckets(10e-9, 10, 12)`).
-fn workqueue_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(1e-8, 10.0, 12))
-}
-
-/// What is known of one controller: its resync (a reconcile that ends with it succeeded, as
-/// controller-runtime's informers resync and its reconcile returns an empty result), and its
-/// reconciles running now, by when they started.
-#[derive(Default)]
-struct ControllerState {
-    resync: Option<Duration>,
-    running: HashMap<u64, Instant>,
-}
-
-/// controller-runtime's metrics of reconciles and work queues.
-struct ControllerRuntime {
-    reconciles: Family<ResultLabels, Counter>,
-    errors: Family<ControllerLabels, Counter>,
-    /// Reconciles dropped at their deadline (KaironMachines': [`DEADLINE_STAGE`]).
-    timeouts: Family<ControllerLabels, Counter>,
-    time: HistogramFamily<ControllerLabels>,
-    active_workers: Family<ControllerLabels, Gauge>,
-    max_concurrent: Family<ControllerLabels, Gauge>,
-    retries: Family<QueueLabels, Counter>,
-    work_duration: HistogramFamily<QueueLabels>,
-    longest_running: Family<QueueLabels, SecondsGauge>,
-    unfinished: Family<QueueLabels, SecondsGauge>,
-}
-
-impl ControllerRuntime {
-    fn register(registry: &mut Registry) -> Self {
-        let m = ControllerRuntime {
-            reconciles: Family::default(),
-            errors: Family::default(),
-            timeouts: Family::default(),
-            time: Family::new_with_constructor(controller_runtime_buckets),
-            active_workers: Family::default(),
-            max_concurrent: Family::default(),
-            retries: Family::default(),
-            work_duration: Family::new_with_constructor(workqueue_buckets),
-            longest_running: Family::default(),
-            unfinished: Family::default(),
-        };
-        registry.register(
-            "controller_runtime_reconcile",
-            "Total number of reconciliations per controller",
-            m.reconciles.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_errors",
-            "Total number of reconciliation errors per controller",
-            m.errors.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_timeouts",
-            "Total number of reconciliation timeouts per controller",
-            m.timeouts.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_time_seconds",
-            "Length of time per reconciliation per controller",
-            m.time.clone(),
-        );
-        registry.register(
-            "controller_runtime_active_workers",
-            "Number of currently used workers per controller",
-            m.active_workers.clone(),
-        );
-        registry.register(
-            "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
-            m.max_concurrent.clone(),
-        );
-        registry.register(
-            "workqueue_retries",
-            "Total number of retries handled by workqueue: reconciles that ended with an error or a requeue other than the resync",
-            m.retries.clone(),
-        );
-        registry.register(
-            "workqueue_work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes.",
-            m.work_duration.clone(),
-        );
-        registry.register(
-            "workqueue_longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running.",
-            m.longest_running.clone(),
-        );
-        registry.register(
-            "workqueue_unfinished_work_seconds",
-            "How many seconds of work has been done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads.",
-            m.unfinished.clone(),
-        );
-        m
-    }
 }
 
 /// Every metric of the manager, registered once.
@@ -543,142 +415,4 @@ impl Drop for ReconcileTimer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn series_are_exposed_with_their_names() {
-        let m = Metrics::new();
-        {
-            let t = m.reconcile_started("kaironmachine");
-            t.failed("write");
-        }
-        m.provision_duration.observe(3.0);
-        m.count_phases_with(Box::new(|| {
-            [("Running".to_string(), 2), ("Pending".to_string(), 1)].into()
-        }));
-        let text = m.encode();
-        for want in [
-            "capkr_reconcile_total{controller=\"kaironmachine\"} 1",
-            "capkr_reconcile_errors_total{controller=\"kaironmachine\",stage=\"write\"} 1",
-            "capkr_reconcile_in_flight{controller=\"kaironmachine\"} 0",
-            "capkr_reconcile_duration_seconds_count{controller=\"kaironmachine\"} 1",
-            "capkr_kaironmachine_provision_duration_seconds_count 1",
-            "capkr_kairon_machines{phase=\"Running\"} 2",
-            "capkr_kairon_machines{phase=\"Pending\"} 1",
-            "capkr_instance_migrations_total 0",
-            "capkr_evacuations 0",
-        ] {
-            assert!(text.contains(want), "{want} missing in\n{text}");
-        }
-    }
-
-    #[test]
-    fn results_are_named_as_controller_runtime_names_them() {
-        let resync = Some(Duration::from_secs(600));
-        let cases = [
-            (Action::await_change(), resync, "success"),
-            (Action::requeue(Duration::from_secs(600)), resync, "success"),
-            (Action::requeue(Duration::from_secs(600)), None, "requeue_after"),
-            (Action::requeue(Duration::from_secs(30)), resync, "requeue_after"),
-            (Action::requeue(Duration::ZERO), resync, "requeue"),
-        ];
-        for (action, resync, want) in cases {
-            assert_eq!(result_of(&action, resync), want, "{action:?} with resync {resync:?}");
-        }
-    }
-
-    #[test]
-    fn controller_runtime_series_follow_the_reconciles() {
-        let m = Metrics::new();
-        m.controller_started("kaironmachine", 20, Duration::from_secs(600));
-        let text = m.encode();
-        for want in [
-            "controller_runtime_reconcile_total{controller=\"kaironmachine\",result=\"success\"} 0",
-            "controller_runtime_reconcile_total{controller=\"kaironmachine\",result=\"requeue_after\"} 0",
-            "controller_runtime_reconcile_errors_total{controller=\"kaironmachine\"} 0",
-            "controller_runtime_reconcile_timeouts_total{controller=\"kaironmachine\"} 0",
-            "controller_runtime_max_concurrent_reconciles{controller=\"kaironmachine\"} 20",
-            "controller_runtime_active_workers{controller=\"kaironmachine\"} 0",
-            "controller_runtime_reconcile_time_seconds_count{controller=\"kaironmachine\"} 0",
-            "workqueue_retries_total{name=\"kaironmachine\",controller=\"kaironmachine\"} 0",
-            "workqueue_work_duration_seconds_count{name=\"kaironmachine\",controller=\"kaironmachine\"} 0",
-            "workqueue_unfinished_work_seconds{name=\"kaironmachine\",controller=\"kaironmachine\"} 0.0",
-            "workqueue_longest_running_processor_seconds{name=\"kaironmachine\",controller=\"kaironmachine\"} 0.0",
-        ] {
-            assert!(text.contains(want), "{want} missing in\n{text}");
-        }
-        assert!(
-            !text.contains("workqueue_depth") && !text.contains("workqueue_adds") && !text.contains("queue_duration"),
-            "what kube-runtime does not show is not made up"
-        );
-
-        let running = m.reconcile_started("kaironmachine");
-        {
-            let t = m.reconcile_started("kaironmachine");
-            t.succeeded(&Action::requeue(Duration::from_secs(600)));
-        }
-        {
-            let t = m.reconcile_started("kaironmachine");
-            t.failed("write");
-        }
-        {
-            let t = m.reconcile_started("kaironmachine");
-            t.succeeded(&Action::requeue(Duration::from_secs(5)));
-        }
-        {
-            let t = m.reconcile_started("kaironmachine");
-            t.failed("deadline");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        let text = m.encode();
-        let value = |series: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-                .unwrap_or_else(|| panic!("{series} missing in\n{text}"))
-        };
-        let km = "{controller=\"kaironmachine\"}";
-        let q = "{name=\"kaironmachine\",controller=\"kaironmachine\"}";
-        let result = |r: &str| {
-            value(&format!(
-                "controller_runtime_reconcile_total{{controller=\"kaironmachine\",result=\"{r}\"}}"
-            ))
-        };
-        assert_eq!(
-            (result("success"), result("error"), result("requeue_after")),
-            (1.0, 2.0, 1.0)
-        );
-        assert_eq!(value(&format!("controller_runtime_reconcile_errors_total{km}")), 2.0);
-        assert_eq!(value(&format!("controller_runtime_reconcile_timeouts_total{km}")), 1.0);
-        assert_eq!(
-            value(&format!("workqueue_retries_total{q}")),
-            3.0,
-            "the errors and the requeue"
-        );
-        assert_eq!(
-            value(&format!("controller_runtime_active_workers{km}")),
-            1.0,
-            "one still running"
-        );
-        assert_eq!(
-            value(&format!("controller_runtime_reconcile_time_seconds_count{km}")),
-            4.0
-        );
-        assert_eq!(value(&format!("workqueue_work_duration_seconds_count{q}")), 4.0);
-        let longest = value(&format!("workqueue_longest_running_processor_seconds{q}"));
-        let unfinished = value(&format!("workqueue_unfinished_work_seconds{q}"));
-        assert!(longest >= 0.02 && unfinished >= longest, "{longest} {unfinished}");
-        assert_eq!(value(&format!("capkr_reconcile_total{km}")), 5.0, "ours are kept");
-
-        drop(running);
-        let text = m.encode();
-        assert!(
-            text.contains(&format!("controller_runtime_active_workers{km} 0")),
-            "{text}"
-        );
-        assert!(
-            text.contains(&format!("workqueue_longest_running_processor_seconds{q} 0.0")),
-            "{text}"
-        );
-    }
-}
+mod tests;

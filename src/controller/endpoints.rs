@@ -15,44 +15,45 @@
 //! Secret content never reaches a log line, an event or a condition: messages say which Secret
 //! and what is wrong with it, and the watch's own error (an HTTP status, a connection failure),
 //! cleaned and bounded (the server is the tenant's). What a kubeconfig may name, and the bounds
-//! of its client, are in [`super::endpoint_trust`].
+//! of its client, are in [`trust`].
 //!
-//! What each endpoint may make the manager hold is bounded ([`super::endpoint_budget`]), and so
-//! is what all of them may together ([`super::endpoint_ledger`]): a namespace opens at most
+//! What each endpoint may make the manager hold is bounded ([`budget`]), and so
+//! is what all of them may together ([`ledger`]): a namespace opens at most
 //! `--identity-endpoints-per-namespace` endpoints (a KaironCluster naming one more identity
 //! waits, saying so, until one is no longer used), and an endpoint that takes its namespace's,
 //! or all endpoints', keeping over budget is cut off. The KaironClusters naming an endpoint cut
 //! off are told at once ([`Endpoints::with_cut_off_trigger`]).
 
+pub(crate) mod budget;
+mod connect;
+pub(crate) mod error;
+pub(crate) mod health;
+pub(crate) mod ledger;
+pub(crate) mod protection;
+pub(crate) mod trust;
+mod watch;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 
-use super::endpoint_budget::within_budget;
-use super::endpoint_ledger::{EndpointCaps, Ledger};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
+use ledger::{EndpointCaps, Ledger};
 use tracing::{info, warn};
 
-pub(crate) use super::endpoint_error::EndpointError;
-pub(crate) use super::endpoint_health::Endpoint;
-use super::endpoint_health::MAX_PROBLEM;
-use super::endpoint_trust::{self, AllowedServers, ServerRefusal, refusal};
-use super::runtime::Synced;
 use super::runtime::Telemetry;
 use crate::api::{
-    IDENTITY_KIND_CLUSTER_IDENTITY, IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster,
-    KaironClusterIdentity, KaironIdentityReference, KaironMachine,
+    IDENTITY_KIND_SECRET, IDENTITY_KUBECONFIG_KEY, KaironCluster, KaironIdentityReference, KaironMachine,
 };
 use crate::hashing::hash_of;
-use crate::kairon::{self, Instances, Owner, labels};
-use crate::text::bounded;
+use crate::kairon::{self, Owner};
+pub(crate) use error::EndpointError;
+pub(crate) use health::Endpoint;
+use trust::AllowedServers;
 
 /// How often the Secret of an endpoint in use is read again (credential rotation).
 pub(crate) const RECHECK: Duration = Duration::from_secs(30);
@@ -180,37 +181,6 @@ impl Endpoints {
     /// The namespace of the Secrets of KaironClusterIdentities.
     pub(crate) fn identity_namespace(&self) -> &str {
         &self.identity_namespace
-    }
-
-    /// The Secret (namespace, name) that holds the credentials of `key`: for a
-    /// KaironClusterIdentity, after checking that it allows the namespace.
-    async fn secret_of(&self, key: &IdentityKey) -> Result<(String, String), EndpointError> {
-        let r = &key.identity;
-        match r.kind.as_str() {
-            IDENTITY_KIND_SECRET => Ok((key.namespace.clone(), r.name.clone())),
-            IDENTITY_KIND_CLUSTER_IDENTITY => {
-                let identity = Api::<KaironClusterIdentity>::all(self.management.clone())
-                    .get_opt(&r.name)
-                    .await
-                    .map_err(|e| EndpointError::ReadIdentity(r.name.clone(), e.to_string()))?
-                    .ok_or_else(|| EndpointError::IdentityNotFound(r.name.clone()))?;
-                let labels = if identity.needs_labels(&key.namespace) {
-                    let ns = Api::<Namespace>::all(self.management.clone())
-                        .get_metadata_opt(&key.namespace)
-                        .await
-                        .map_err(|e| EndpointError::ReadIdentity(r.name.clone(), e.to_string()))?;
-                    Some(ns.and_then(|n| n.metadata.labels).unwrap_or_default())
-                } else {
-                    None
-                };
-                match identity.allows(&key.namespace, labels.as_ref()) {
-                    Ok(true) => Ok((self.identity_namespace.clone(), identity.spec.secret_name)),
-                    Ok(false) => Err(EndpointError::NotAllowed(r.name.clone(), key.namespace.clone())),
-                    Err(why) => Err(EndpointError::BadIdentity(r.name.clone(), why)),
-                }
-            }
-            other => Err(EndpointError::UnknownKind(other.to_string())),
-        }
     }
 
     /// The endpoint of identity `r` of namespace `ns`, started if it is not running, restarted
@@ -342,168 +312,6 @@ impl Endpoints {
         ))
     }
 
-    /// A client from kubeconfig `bytes`; refuses what would make the manager run a command or
-    /// read its own files (exec plugins, auth providers, file paths), what would send the
-    /// cluster's bootstrap data unverified, and servers the operator does not allow: the Secret
-    /// is written by the cluster's owner, not by the provider's operator.
-    async fn client_from(&self, what: &str, bytes: &[u8]) -> Result<(Client, String), EndpointError> {
-        let bad = |why: &str| EndpointError::BadKubeconfig(what.to_string(), why.to_string());
-        let text = std::str::from_utf8(bytes).map_err(|_| bad("the kubeconfig is not UTF-8"))?;
-        let kubeconfig = Kubeconfig::from_yaml(text).map_err(|_| bad("the kubeconfig cannot be parsed"))?;
-        if let Some(why) = refusal(&kubeconfig) {
-            return Err(bad(why));
-        }
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .map_err(|_| bad("the kubeconfig has no usable context"))?;
-        let config = endpoint_trust::checked(config, &self.allowed).map_err(|refused| match refused {
-            ServerRefusal::Unsafe(why) => bad(why),
-            ServerRefusal::NotAllowed(host) => EndpointError::ServerNotAllowed(what.to_string(), host),
-        })?;
-        let fingerprint = kairon::endpoint_fingerprint(&config);
-        let client = (self.factory)(config).map_err(|_| bad("no client can be built from the kubeconfig"))?;
-        Ok((client, fingerprint))
-    }
-
-    /// Asks the endpoint's Kairon API which versions of Kairon's kinds it serves until it answers;
-    /// meanwhile its machines say why they wait (`problem`), in words of the provider's only.
-    async fn discover_versions(
-        instances: Instances,
-        identity: String,
-        problem: Arc<Mutex<Option<String>>>,
-        metrics: Arc<crate::metrics::Metrics>,
-    ) {
-        let mut delay = Duration::from_secs(1);
-        loop {
-            match instances.discover().await {
-                Ok(served) => {
-                    info!(identity = %identity, versions = %served.summary(),
-                    schema_checked = served.knows_machine_schema(), "Kairon API versions spoken");
-                    metrics.kairon_versions(&identity, served);
-                    return;
-                }
-                Err(e) => {
-                    let why = match &e {
-                        kube::Error::Api(s) => format!("it answered HTTP {}", s.code),
-                        _ => "it did not answer".to_string(),
-                    };
-                    warn!(identity = %identity, error = %bounded(&e.to_string(), MAX_PROBLEM),
-                    "the Kairon API cannot tell which versions it serves; asking again");
-                    *problem.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
-                        "the Kairon API cannot tell which versions of Kairon's kinds it serves: {why}"
-                    ));
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(60));
-                }
-            }
-        }
-    }
-
-    /// Starts the watch of the Kairon Machines of namespace `key.namespace` on `client`: a store, and a
-    /// reconcile of the KaironMachine of every Kairon Machine that changes, if it is of that
-    /// namespace ([`kaironmachine_in`]).
-    fn start(&self, key: &IdentityKey, client: Client, fingerprint: String) -> (Endpoint, tokio::task::AbortHandle) {
-        // Which versions the API serves is asked first, by the endpoint's task (a reconcile
-        // never waits on it); once per kubeconfig: a Kairon upgraded under a running endpoint
-        // is seen when the identity's Secret changes or the manager restarts.
-        let instances = Instances::undiscovered(client)
-            .with_owner(self.owner.clone())
-            .with_write_gate();
-        let (store, writer) = reflector::store();
-        let problem: Arc<Mutex<Option<String>>> = Arc::default();
-        let cut_off: Arc<Mutex<Option<String>>> = Arc::default();
-        // Pages small enough for the client's response limit; watches the server ends before
-        // the client's read timeout would.
-        let wc = watcher::Config::default()
-            .page_size(endpoint_trust::LIST_PAGE)
-            .timeout(endpoint_trust::WATCH_TIMEOUT_SECS)
-            .labels(&labels::managed_selector());
-        let set_problem = problem.clone();
-        let clear_problem = problem.clone();
-        let metrics = self.telemetry.metrics.clone();
-        let identity = key.to_string();
-        let trigger = self.trigger.clone();
-        let on_problem = self.trigger.clone();
-        let known = store.clone();
-        let (served, served_on_problem) = (key.namespace.clone(), key.namespace.clone());
-        let discovered = Self::discover_versions(
-            instances.clone(),
-            key.to_string(),
-            problem.clone(),
-            self.telemetry.metrics.clone(),
-        );
-        let (watched, watched_ns) = (instances.clone(), key.namespace.clone());
-        let events = futures::stream::once(discovered)
-            .flat_map(move |()| watcher(watched.api(Some(&watched_ns)), wc.clone()))
-            .inspect_err(move |e| {
-                let e = bounded(&e.to_string(), MAX_PROBLEM);
-                warn!(identity = %identity, error = %e, "Kairon endpoint watch failed; retrying with backoff");
-                metrics
-                    .watch_errors
-                    .get_or_create(&crate::metrics::WatchLabels {
-                        resource: "machines.kairon.zyvor.dev",
-                    })
-                    .inc();
-                let first = set_problem
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .replace(format!("the Kairon API cannot be watched: {e}"))
-                    .is_none();
-                if first {
-                    // The machines on this endpoint say so at once, not at their next resync.
-                    for vm in known.state() {
-                        if let Some(km) = kaironmachine_in(&vm, &served_on_problem) {
-                            let _ = on_problem.unbounded_send(km);
-                        }
-                    }
-                }
-            })
-            .default_backoff()
-            .map_ok(kairon::read_event)
-            // Never hold bootstrap payloads in memory, nor what is never read back.
-            .modify(kairon::keep_what_is_read);
-        let served_cut = key.namespace.clone();
-        let on_cut = self.trigger.clone();
-        let (cut_key, clusters_cut) = (key.clone(), self.cut_offs.clone());
-        let events = within_budget(
-            events,
-            writer,
-            store.clone(),
-            cut_off.clone(),
-            key.to_string(),
-            self.ledger.claim(&key.namespace),
-            move |vms| {
-                // Its machines and clusters say so at once.
-                for vm in vms {
-                    if let Some(km) = kaironmachine_in(&vm, &served_cut) {
-                        let _ = on_cut.unbounded_send(km);
-                    }
-                }
-                if let Some(clusters) = &clusters_cut {
-                    let _ = clusters.unbounded_send(cut_key.clone());
-                }
-            },
-        );
-        let task = tokio::spawn(events.for_each(move |event| {
-            if let Ok(event) = event {
-                *clear_problem.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                use kube::runtime::watcher::Event;
-                let vm = match event {
-                    Event::Apply(vm) | Event::Delete(vm) | Event::InitApply(vm) => Some(vm),
-                    Event::Init | Event::InitDone => None,
-                };
-                if let Some(km) = vm.as_ref().and_then(|vm| kaironmachine_in(vm, &served)) {
-                    let _ = trigger.unbounded_send(km);
-                }
-            }
-            futures::future::ready(())
-        }));
-        let synced = Synced::of(&store);
-        let endpoint =
-            Endpoint::new(instances, store, synced, key.namespace.clone(), fingerprint, problem).with_cut_off(cut_off);
-        (endpoint, task.abort_handle())
-    }
-
     /// Stops the endpoints no KaironCluster and no KaironMachine names any more, and reads the
     /// Secrets of the others again (rotation is picked up even when nothing is reconciled).
     /// Returns the identities whose endpoints it stopped.
@@ -582,44 +390,4 @@ pub(crate) fn identities_in_use(kcs: &Store<KaironCluster>, kms: &Store<KaironMa
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kairon_machine_reconciles_only_a_kaironmachine_of_the_namespace_served() {
-        const SERVED: &str = "team-a";
-        // (case, the Kairon Machine's namespace, the namespace its labels name, the
-        // KaironMachine reconciled)
-        for (case, vm_namespace, labelled, expected) in [
-            ("labelled for the namespace served", SERVED, Some(SERVED), Some("km1")),
-            (
-                "no labels: its own name, in the namespace served",
-                SERVED,
-                None,
-                Some("m1"),
-            ),
-            ("labelled for another namespace", SERVED, Some("team-b"), None),
-            ("in another namespace, without labels", "team-b", None, None),
-            (
-                "in another namespace, labelled for the one served",
-                "team-b",
-                Some(SERVED),
-                Some("km1"),
-            ),
-        ] {
-            let mut vm = kairon::fixtures::vm(Some("Running"));
-            vm.metadata.namespace = Some(vm_namespace.into());
-            if let Some(ns) = labelled {
-                vm.metadata.labels = Some(
-                    [
-                        (labels::KAIRONMACHINE_NAME.to_string(), "km1".to_string()),
-                        (labels::KAIRONMACHINE_NAMESPACE.to_string(), ns.to_string()),
-                    ]
-                    .into(),
-                );
-            }
-            let expected = expected.map(|name| ObjectRef::<KaironMachine>::new(name).within(SERVED));
-            assert_eq!(kaironmachine_in(&vm, SERVED), expected, "{case}");
-        }
-    }
-}
+mod tests;

@@ -7,12 +7,12 @@
 //! - [`runtime`]: what runs them — cache readiness, the first steps of every reconcile (caches,
 //!   owning Cluster, pause), a span and metrics per reconcile, the error policy, and
 //!   `backoff`, its per-object delays;
-//! - `identity_protection`: what keeps an identity (`spec.identityRef`) until its cluster's
+//! - `endpoints::protection`: what keeps an identity (`spec.identityRef`) until its cluster's
 //!   VMs are gone, and takes it along on `clusterctl move`;
-//! - [`endpoints`] (the Kairon APIs of identities), `endpoint_health` (one of them as the
-//!   reconcilers use it, and whether it can be used now), `endpoint_trust` (what an
-//!   identity's kubeconfig may name, and the bounds of its client), `endpoint_budget` (what one
-//!   of them may make the manager hold) and `endpoint_ledger` (what all of them may, together,
+//! - [`endpoints`] (the Kairon APIs of identities), `endpoints::health` (one of them as the
+//!   reconcilers use it, and whether it can be used now), `endpoints::trust` (what an
+//!   identity's kubeconfig may name, and the bounds of its client), `endpoints::budget` (what one
+//!   of them may make the manager hold) and `endpoints::ledger` (what all of them may, together,
 //!   and how many a namespace opens);
 //! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
 //!   reconcile;
@@ -21,15 +21,9 @@
 mod backoff;
 mod budgets;
 pub(crate) mod caches;
-mod endpoint_budget;
-mod endpoint_error;
-mod endpoint_health;
-pub(crate) mod endpoint_ledger;
-pub(crate) mod endpoint_trust;
 pub mod endpoints;
 pub(crate) mod error;
 pub(crate) mod fresh;
-pub(crate) mod identity_protection;
 pub mod kairon_cluster;
 pub mod kairon_machine;
 pub mod kairon_machine_pool;
@@ -40,9 +34,9 @@ pub(crate) mod settings;
 pub mod tenant_share;
 mod write;
 
-pub use endpoint_ledger::EndpointCaps;
-pub(crate) use endpoint_trust::AllowedServers;
 pub use endpoints::Endpoints;
+pub use endpoints::ledger::EndpointCaps;
+pub(crate) use endpoints::trust::AllowedServers;
 pub use error::Error;
 pub use fresh::Fresher;
 pub use runtime::Synced;

@@ -10,8 +10,8 @@ use kube::Client;
 use tracing::{info, warn};
 
 use super::caches::Caches;
-use super::endpoint_ledger::EndpointCaps;
-use super::endpoint_trust::AllowedServers;
+use super::endpoints::ledger::EndpointCaps;
+use super::endpoints::trust::AllowedServers;
 use super::endpoints::{ClientFactory, Endpoints, kaironclusters_naming};
 use super::runtime::Telemetry;
 use super::settings::{Settings, streams_initial_lists};

@@ -17,8 +17,8 @@ use tracing::{debug, info};
 
 use super::budgets;
 use super::endpoints::Endpoints;
+use super::endpoints::protection;
 use super::error::Error;
-use super::identity_protection;
 use super::runtime::Synced;
 use super::runtime::{owning_cluster, pause_step};
 use super::settings::Settings;
@@ -214,7 +214,7 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
             if let Some(r) = &kc.spec.identity_ref {
                 let all = ctx.settings.api::<KaironCluster>(&ctx.client);
                 let secrets = ctx.endpoints.as_ref().map(|e| e.identity_namespace());
-                identity_protection::release(&ctx.client, &kc, r, all, secrets).await?;
+                protection::release(&ctx.client, &kc, r, all, secrets).await?;
             }
             info!("no KaironMachine left; releasing the finalizer");
             writer.remove_finalizer(kc.as_ref(), CLUSTER_FINALIZER).await?;
@@ -241,7 +241,7 @@ pub async fn reconcile(kc: Arc<KaironCluster>, ctx: Arc<Context>) -> Result<Acti
         (Some(r), Some(endpoints)) => {
             let (problem, allowed) = identity_problem(endpoints, &ns, r).await;
             if allowed {
-                identity_protection::protect(&ctx.client, &ns, r, endpoints.identity_namespace()).await?;
+                protection::protect(&ctx.client, &ns, r, endpoints.identity_namespace()).await?;
             }
             problem
         }

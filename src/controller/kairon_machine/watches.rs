@@ -18,8 +18,8 @@ use super::triggers::{cluster_trigger, cluster_whole_trigger, kaironmachine_for_
 use crate::api::KaironMachine;
 use crate::capi;
 use crate::controller::caches::Caches;
+use crate::controller::endpoints::protection::sweep_every;
 use crate::controller::endpoints::{Endpoints, kaironmachine_in};
-use crate::controller::identity_protection::sweep_every;
 use crate::controller::runtime::Synced;
 use crate::controller::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, watch_error};
 use crate::controller::settings::{Settings, initial_lists};

@@ -28,13 +28,13 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use super::endpoints::{Endpoints, identities_in_use};
-use super::error::Error;
-use super::write::has_finalizer;
 use crate::api::kairon_cluster_identity::OWNED_BY_IDENTITY_ANNOTATION;
 use crate::api::{
     IDENTITY_KIND_CLUSTER_IDENTITY, KaironCluster, KaironClusterIdentity, KaironIdentityReference, KaironMachine,
 };
+use crate::controller::endpoints::{Endpoints, identities_in_use};
+use crate::controller::error::Error;
+use crate::controller::write::has_finalizer;
 
 /// Finalizer on an identity (its Secret, and a KaironClusterIdentity) while a KaironCluster
 /// uses it: it holds the only credentials to delete the cluster's VMs, so it must outlive them.

@@ -1,5 +1,5 @@
 //! What the Kairon APIs of all identities together may make the manager hold. Each endpoint is
-//! bounded on its own ([`super::endpoint_budget`]), but a tenant names as many identities as it
+//! bounded on its own ([`crate::controller::endpoints::budget`]), but a tenant names as many identities as it
 //! creates Secrets: forty, each just under its endpoint's budget, would be many times the
 //! manager's memory limit — killed, restarted, the same endpoints opened again, a crash loop for
 //! every tenant. So a namespace opens at most so many endpoints ([`EndpointCaps::refuses_another`]),
@@ -17,7 +17,7 @@ const MIB: usize = 1024 * 1024;
 pub const ENDPOINTS_PER_NAMESPACE: usize = 8;
 /// Bytes (as kept) of the endpoints of one namespace together, by default
 /// (`--identity-cache-bytes-per-namespace`): what one endpoint may keep
-/// ([`super::endpoint_budget::MAX_BYTES`]), however many identities the namespace names; an
+/// ([`crate::controller::endpoints::budget::MAX_BYTES`]), however many identities the namespace names; an
 /// eighth of [`BYTES`].
 ///
 /// Measured (`tests/e2e/e2e_hostile_endpoint.rs`, a debug build): a namespace whose 8 endpoints all

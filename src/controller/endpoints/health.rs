@@ -1,14 +1,14 @@
 //! One Kairon API of an identity as the reconcilers use it ([`Endpoint`]): its client, the
 //! cache its watch fills, and whether it can be used now — what its watch reported, checked
 //! again with a request of our own, and its first list waited for only so long. The registry
-//! that starts and stops endpoints is [`super::endpoints`].
+//! that starts and stops endpoints is [`crate::controller::endpoints`].
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kube::runtime::reflector::Store;
 
-use super::runtime::Synced;
+use crate::controller::runtime::Synced;
 use crate::kairon::{self, Instances};
 use crate::text::bounded;
 

@@ -4,7 +4,7 @@
 //! reflector's buffer) until the manager is killed — and, crash-looping, every tenant with it.
 //! An endpoint that goes over its budget is cut off: its watch stops, what it buffered is
 //! dropped, and its clusters say why until its identity changes. What it keeps also counts
-//! against the budgets over all endpoints ([`super::endpoint_ledger`]): over one of those, it is
+//! against the budgets over all endpoints ([`crate::controller::endpoints::ledger`]): over one of those, it is
 //! cut off as well.
 
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,7 @@ use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use tracing::warn;
 
-use super::endpoint_ledger::Claim;
+use crate::controller::endpoints::ledger::Claim;
 use crate::kairon::Machine;
 
 /// At most this many Kairon Machines of one namespace from one identity's Kairon API.
@@ -159,7 +159,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::endpoint_ledger::{EndpointCaps, Ledger};
+    use crate::controller::endpoints::ledger::{EndpointCaps, Ledger};
 
     /// The budget of an endpoint of namespace `t`, with the default budgets over all endpoints.
     fn budget() -> Budget {
