@@ -740,4 +740,77 @@ mod tests {
         let err = jobs(&[binary("e2e")], &[("e2e_move".into(), "x".into())]).unwrap_err();
         assert!(err.to_string().contains("no test binary e2e_move"), "{err}");
     }
+
+    /// `tests/README.md`'s module map is true by construction: a row per module of the three
+    /// test binaries, a module per row, and each row's job as the Makefile's `TEST_OWN` makes it.
+    #[test]
+    fn the_module_map_has_a_row_per_module_and_the_makefiles_jobs() {
+        let root = capkr_testenv::workspace_root();
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+        let makefile = read("Makefile");
+        let own = makefile_own(&makefile);
+        assert!(
+            own.contains(&("e2e".into(), "e2e_move".into())),
+            "TEST_OWN read: {own:?}"
+        );
+        let mut modules = std::collections::BTreeMap::new();
+        for binary in ["mock", "e2e", "distribution"] {
+            for line in read(&format!("tests/{binary}/main.rs")).lines() {
+                if let Some(m) = line.strip_prefix("mod ").and_then(|l| l.strip_suffix(';')) {
+                    let job = if own.contains(&(binary.to_string(), m.to_string())) {
+                        m
+                    } else {
+                        binary
+                    };
+                    modules.insert(format!("{binary}/{m}"), job.to_string());
+                }
+            }
+        }
+        assert!(modules.len() > 40, "modules read: {modules:?}");
+        let readme = read("tests/README.md");
+        let rows: std::collections::BTreeMap<String, String> = readme
+            .lines()
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let module = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let job = cells.get(2)?.strip_prefix('`')?.strip_suffix('`')?;
+                module.contains('/').then(|| (module.to_string(), job.to_string()))
+            })
+            .collect();
+        assert_eq!(
+            rows, modules,
+            "tests/README.md's module map (left) against the modules and TEST_OWN (right)"
+        );
+    }
+
+    /// The Makefile's `TEST_OWN` as `(binary, module)` pairs: `$(addprefix BINARY/,MODULES)`
+    /// groups and plain `BINARY/MODULE` words, over continuation lines.
+    fn makefile_own(makefile: &str) -> Vec<(String, String)> {
+        let start = makefile.find("TEST_OWN := ").expect("TEST_OWN in the Makefile");
+        let mut text = String::new();
+        for line in makefile[start + "TEST_OWN := ".len()..].lines() {
+            text.push_str(line.trim_end_matches('\\'));
+            text.push(' ');
+            if !line.ends_with('\\') {
+                break;
+            }
+        }
+        let mut own = vec![];
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("$(addprefix ") {
+            for word in rest[..i].split_whitespace() {
+                own.extend(word.split_once('/').map(|(b, m)| (b.to_string(), m.to_string())));
+            }
+            let group = &rest[i + "$(addprefix ".len()..];
+            let end = group.find(')').expect("a closing parenthesis");
+            let (prefix, modules) = group[..end].split_once(',').expect("$(addprefix P,WORDS)");
+            let binary = prefix.trim().trim_end_matches('/');
+            own.extend(modules.split_whitespace().map(|m| (binary.to_string(), m.to_string())));
+            rest = &group[end + 1..];
+        }
+        for word in rest.split_whitespace() {
+            own.extend(word.split_once('/').map(|(b, m)| (b.to_string(), m.to_string())));
+        }
+        own
+    }
 }
