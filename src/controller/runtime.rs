@@ -162,12 +162,16 @@ where
     Fut: Future<Output = Result<(), Error>>,
 {
     let Some(why) = why else { return Ok(None) };
-    let said =
-        conditions::says(current, &conditions::paused(Some(why))) && also.iter().all(|d| conditions::says(current, d));
-    if !said {
+    if !paused_said(why, current, also) {
         write_paused(why).await?;
     }
     Ok(Some(Action::await_change()))
+}
+
+/// Whether the conditions already say the object is paused for `why`, with `also`: then a
+/// pause step writes nothing.
+pub(crate) fn paused_said(why: &str, current: Option<&[Condition]>, also: &[conditions::Decided]) -> bool {
+    conditions::says(current, &conditions::paused(Some(why))) && also.iter().all(|d| conditions::says(current, d))
 }
 
 /// Logs a watch error at warn and counts it (`capkr_watch_errors_total`): a watch that keeps

@@ -1,8 +1,8 @@
 //! What a KaironMachine reconcile works with, read in one place: the [`Context`] (clients,
 //! settings, caches), the [`Scope`] it dereferences first (the KaironMachine as fresh as we
 //! know it, its owner Machine and Cluster from the caches), the [`Target`] Kairon API its VM
-//! lives on, and the one way its status is written ([`write_status`]). The create and delete
-//! paths and the reconcile's entry build on it.
+//! lives on. The create and delete paths and the reconcile's entry build on it; the status is
+//! written on the way out ([`super::finish`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,9 +13,9 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 
 pub use super::evacuate::Evacuating;
-use super::status::{Observed, StatusInput, next_status};
-use crate::api::conditions::{self, Decided, INSTANCE_PROVISIONED, Status, reason};
-use crate::api::{self, KaironCluster, KaironIdentityReference, KaironMachine, KaironMachineStatus};
+use super::status::Observed;
+use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
+use crate::api::{self, KaironCluster, KaironIdentityReference, KaironMachine};
 use crate::capi;
 use crate::controller::endpoints::Endpoints;
 use crate::controller::error::Error;
@@ -280,47 +280,4 @@ pub(super) fn retry_elsewhere(target: &Target, ctx: &Context) -> Action {
     } else {
         ctx.resync()
     }
-}
-
-/// Writes the status that follows from `input`, if it differs; returns what it wrote.
-/// With the `target` its VM was seen on, the identity and endpoint holding it are recorded.
-pub(super) async fn write_status(
-    ctx: &Context,
-    km: &KaironMachine,
-    input: StatusInput<'_>,
-    target: Option<&Target>,
-) -> Result<Option<KaironMachineStatus>, Error> {
-    write_status_with(ctx, km, input, target, &[]).await
-}
-
-/// [`write_status`], with conditions decided besides the instance's (host maintenance).
-pub(super) async fn write_status_with(
-    ctx: &Context,
-    km: &KaironMachine,
-    input: StatusInput<'_>,
-    target: Option<&Target>,
-    extra: &[Decided],
-) -> Result<Option<KaironMachineStatus>, Error> {
-    let now = conditions::now();
-    let mut next = next_status(km.status.as_ref(), input, km.metadata.generation, &now);
-    if !extra.is_empty() {
-        let conds = next.conditions.get_or_insert_with(Vec::new);
-        for d in extra {
-            conditions::set(conds, d.clone(), km.metadata.generation, &now);
-        }
-    }
-    // Only a VM seen on the target's Kairon API records it: a status kept while the VM is
-    // elsewhere keeps the endpoint that holds it.
-    let seen = matches!(
-        input,
-        StatusInput::Live(Observed::Instance(_) | Observed::InstanceWithoutNode(_))
-            | StatusInput::Deleting(Observed::Instance(_) | Observed::InstanceWithoutNode(_))
-    );
-    if let (Some(target), Some(instance), true) = (target, next.instance.as_mut(), seen) {
-        instance.identity_ref = target.identity.clone();
-        instance.endpoint = target.endpoint.clone();
-    }
-    let ns = km.namespace().ok_or(Error::MissingNamespace)?;
-    let wrote = ctx.writer(&ns).apply_status(km, km.status.as_ref(), &next).await?;
-    Ok(wrote.then_some(next))
 }

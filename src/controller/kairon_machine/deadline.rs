@@ -18,9 +18,10 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::warn;
 
-use super::context::{Context, write_status};
+use super::context::Context;
+use super::finish::{Outcome, Report, Seen, finish};
 use super::reconcile::reconcile;
-use super::status::{Observed, StatusInput};
+use super::status::Observed;
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironIdentityReference, KaironMachine};
 use crate::capi;
@@ -79,12 +80,14 @@ async fn report(km: &Arc<KaironMachine>, ctx: &Context, why: String) -> Result<(
         reason::KAIRON_API_NOT_ANSWERING,
         why,
     ));
-    let input = if km.metadata.deletion_timestamp.is_some() {
-        StatusInput::Deleting(&observed)
+    let seen = if km.metadata.deletion_timestamp.is_some() {
+        Seen::Deleting(observed)
     } else {
-        StatusInput::Live(&observed)
+        Seen::Live(observed)
     };
-    write_status(ctx, &km, input, None).await.map(|_| ())
+    finish(ctx, Outcome::report(Report::new(km, seen), Action::await_change()))
+        .await
+        .map(|_| ())
 }
 
 /// The Kairon API the machine is reconciled against, in words, from what is known without a

@@ -10,9 +10,10 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
-use super::context::{Context, ENDPOINT_RETRY, Scope, Step, write_status};
+use super::context::{Context, ENDPOINT_RETRY, Scope, Step};
+use super::finish::{Outcome, Report, Seen};
 use super::ownership::{Verdict, whose};
-use super::status::{Observed, StatusInput};
+use super::status::Observed;
 use crate::api::MACHINE_FINALIZER;
 use crate::api::conditions::{self, INSTANCE_PROVISIONED, reason};
 use crate::capi;
@@ -25,15 +26,15 @@ use crate::kairon::{self, Deletion, provider_id};
 const DELETE_RETRY: Duration = Duration::from_secs(30);
 
 /// Deletion: the Kairon Machine goes first, then the finalizer.
-pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Action, Error> {
+pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Outcome, Error> {
     let km = scope.km.as_ref();
     let ns = scope.ns.as_str();
     if !has_finalizer(km, MACHINE_FINALIZER) {
-        return Ok(Action::await_change());
+        return Ok(Outcome::done(Action::await_change()));
     }
     let release = || async {
         ctx.writer(ns).remove_finalizer(km, MACHINE_FINALIZER).await?;
-        Ok::<_, Error>(Action::await_change())
+        Ok::<_, Error>(Outcome::done(Action::await_change()))
     };
     if capi::has_annotation(&km.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
         // Moved to another management cluster: the VM lives on there.
@@ -63,8 +64,10 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
     let target = match ctx.target(scope).await? {
         Step::Continue(t) => t,
         Step::Stop(observed, action) => {
-            write_status(ctx, km, StatusInput::Deleting(&observed), None).await?;
-            return Ok(action);
+            return Ok(Outcome::report(
+                Report::new(scope.km.clone(), Seen::Deleting(observed)),
+                action,
+            ));
         }
     };
     // Authoritative read: the finalizer must not go while the VM exists. When the identity
@@ -78,8 +81,8 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
         && let Some(elsewhere) = target.elsewhere(&name)
     {
         warn!(instance = %name, "the identity names another Kairon API than the one that holds the Kairon Machine; the deletion waits");
-        write_status(ctx, km, StatusInput::Deleting(&elsewhere), None).await?;
-        return Ok(Action::requeue(ENDPOINT_RETRY));
+        let report = Report::new(scope.km.clone(), Seen::Deleting(elsewhere));
+        return Ok(Outcome::report(report, Action::requeue(ENDPOINT_RETRY)));
     }
     let Some(vm) = vm else {
         info!("Kairon Machine is gone; releasing the finalizer");
@@ -145,8 +148,8 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Act
             (Observed::Instance(Box::new(vm)), retry)
         }
     };
-    write_status(ctx, km, StatusInput::Deleting(&observed), Some(&target)).await?;
-    Ok(Action::requeue(retry))
+    let report = Report::new(scope.km.clone(), Seen::Deleting(observed)).on(target);
+    Ok(Outcome::report(report, Action::requeue(retry)))
 }
 
 /// Whether the KaironMachine's Cluster no longer exists, asked of the API server when the cache

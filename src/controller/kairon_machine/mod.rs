@@ -14,7 +14,8 @@
 //! 6. host maintenance ([`evacuate`]): a live migration is followed (event, failure-domain
 //!    check); Kairon's request to evacuate the VM gets its Machine replaced by CAPI, one
 //!    Machine of the cluster at a time ([`evacuation`]);
-//! 7. status from what Kairon reports ([`status`]), written only when it differs.
+//! 7. status from what Kairon reports ([`status`]), written only when it differs, by the one
+//!    exit every path returns through ([`finish`]).
 //!
 //! The finalizer is handled by hand rather than with `kube::runtime::finalizer`, because the
 //! contract puts two steps before it that the helper cannot express: pause is checked before
@@ -31,6 +32,7 @@ mod deadline;
 mod delete;
 mod evacuate;
 mod evacuation;
+mod finish;
 mod lanes;
 mod ownership;
 mod reconcile;
