@@ -14,7 +14,7 @@ use kube::runtime::controller::Action;
 use tracing::info;
 
 use super::context::{Context, Scope};
-use super::publish::write_status;
+use super::publish::{Next, Outcome};
 use crate::api::conditions::{Decided, READY, Status, reason};
 use crate::api::{KaironMachine, MACHINE_POOL_FINALIZER};
 use crate::capi;
@@ -25,14 +25,14 @@ use crate::events::reason as event;
 /// How often a deletion in progress looks again.
 const DELETE_RETRY: Duration = Duration::from_secs(5);
 
-pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action, Error> {
+pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Outcome, Error> {
     let pool = s.pool.as_ref();
     let release = || async {
         ctx.writer(&s.ns).remove_finalizer(pool, MACHINE_POOL_FINALIZER).await?;
-        Ok::<_, Error>(Action::await_change())
+        Ok::<_, Error>(Outcome::Done(Action::await_change()))
     };
     if !crate::controller::write::has_finalizer(pool, MACHINE_POOL_FINALIZER) {
-        return Ok(Action::await_change());
+        return Ok(Outcome::Done(Action::await_change()));
     }
     if capi::has_annotation(&pool.metadata, capi::DELETE_FOR_MOVE_ANNOTATION) {
         info!("deleted for clusterctl move; its members are kept");
@@ -101,8 +101,11 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Action,
         reason::DELETING,
         format!("waiting for {} members to be deleted", ours.len()),
     );
-    write_status(ctx, s, Some(d), None).await?;
-    Ok(Action::requeue(DELETE_RETRY))
+    Ok(Outcome::Publish {
+        waiting: Some(d),
+        paused: None,
+        next: Next::Now(Action::requeue(DELETE_RETRY)),
+    })
 }
 
 /// Whether `km` is a member this pool's deletion may remove: without an owner Machine (CAPI

@@ -9,10 +9,11 @@
 //! 6. the plan ([`super::plan`]) carried out: KaironMachines created for new members (each
 //!    makes its own VM), Machines deleted (CAPI drains them, then deletes the KaironMachine,
 //!    which deletes its VM);
-//! 7. `spec.providerIDList` and the status, each written only when it differs.
+//! 7. `spec.providerIDList` and the status, each written only when it differs, on the way out
+//!    ([`super::publish::finish`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -23,44 +24,55 @@ use super::context::{Context, Scope};
 use super::gather;
 use super::instances::{MemberOf, kaironmachine_for_member, member_name};
 use super::plan::{PlanInput, PoolPlan, Why, plan_pool};
-use super::publish::write_status;
+use super::publish::{Next, Outcome, finish};
 use super::revision::revision;
 use super::status::waiting;
-use crate::api::conditions::reason;
+use crate::api::conditions::{Decided, reason};
 use crate::api::{FIELD_MANAGER, KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
 use crate::capi::{self, MachinePool};
 use crate::client::delete_exactly;
 use crate::controller::error::Error;
-use crate::controller::runtime::{Synced, pause_step};
+use crate::controller::runtime::{Synced, paused_said};
 use crate::controller::write::has_finalizer;
 use crate::events::reason as event;
 
-/// How soon a pool that changed something looks again (its watches usually come first).
-const BUSY_REQUEUE: Duration = Duration::from_secs(5);
-/// The shortest wait before a broken VM's turn.
-const MIN_REQUEUE: Duration = Duration::from_secs(1);
-
-/// Reconciles one KaironMachinePool.
+/// Reconciles one KaironMachinePool: what it does ([`decide`]), then what it publishes
+/// ([`finish`]).
 pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Result<Action, Error> {
     Synced::all(&ctx.synced).await?;
     let scope = ctx.dereference(pool)?;
+    let outcome = decide(&scope, &ctx).await?;
+    finish(&ctx, &scope, outcome).await
+}
+
+/// Publishes the members with why the pool waits, then looks again on a change.
+fn wait_with(d: Decided) -> Outcome {
+    Outcome::Publish {
+        waiting: Some(d),
+        paused: None,
+        next: Next::Now(Action::await_change()),
+    }
+}
+
+/// Everything a pool reconcile reads and does, in the contract's order, up to publishing.
+async fn decide(scope: &Scope, ctx: &Arc<Context>) -> Result<Outcome, Error> {
     let pool = scope.pool.as_ref();
-    let why = capi::paused_reason(scope.cluster.as_deref(), &pool.metadata);
-    let current = pool.status.as_ref().and_then(|s| s.conditions.as_deref());
-    let c = ctx.as_ref();
-    let s = &scope;
-    if let Some(action) = pause_step(why, current, |why| async move {
-        write_status(c, s, None, Some(why)).await.map(|_| ())
-    })
-    .await?
-    {
-        return Ok(action);
+    if let Some(why) = capi::paused_reason(scope.cluster.as_deref(), &pool.metadata) {
+        let current = pool.status.as_ref().and_then(|s| s.conditions.as_deref());
+        if paused_said(why, current, &[]) {
+            return Ok(Outcome::Done(Action::await_change()));
+        }
+        return Ok(Outcome::Publish {
+            waiting: None,
+            paused: Some(why),
+            next: Next::Now(Action::await_change()),
+        });
     }
     if pool.metadata.deletion_timestamp.is_some() {
-        return super::delete::reconcile_delete(&scope, &ctx).await;
+        return super::delete::reconcile_delete(scope, ctx).await;
     }
     let Some(mp) = scope.machine_pool.clone() else {
-        return Ok(Action::await_change());
+        return Ok(Outcome::Done(Action::await_change()));
     };
     // The MachinePool that owns the pool must also name it: after a repoint (or a copy that
     // kept the ownerReference) two pools would otherwise serve one MachinePool. Only the one
@@ -73,8 +85,7 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
                 mp.name_any()
             ),
         );
-        write_status(&ctx, &scope, Some(d), None).await?;
-        return Ok(Action::await_change());
+        return Ok(wait_with(d));
     }
     if !has_finalizer(pool, MACHINE_POOL_FINALIZER) {
         ctx.writer(&scope.ns)
@@ -86,16 +97,14 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
             reason::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
             "the Cluster's infrastructure is not provisioned yet",
         );
-        write_status(&ctx, &scope, Some(d), None).await?;
-        return Ok(Action::await_change());
+        return Ok(wait_with(d));
     }
     let Some(secret_name) = mp.data_secret_name().map(str::to_string) else {
         let d = waiting(
             reason::WAITING_FOR_BOOTSTRAP_DATA,
             "the MachinePool has no bootstrap data Secret yet",
         );
-        write_status(&ctx, &scope, Some(d), None).await?;
-        return Ok(Action::await_change());
+        return Ok(wait_with(d));
     };
     let revision = revision(
         &pool.spec.template,
@@ -103,16 +112,16 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         &secret_name,
     );
     let mp_name = mp.name_any();
-    let mut machines = ctx.machines_of(&scope, &mp_name);
+    let mut machines = ctx.machines_of(scope, &mp_name);
     let key = scope.key();
     let backing_off = ctx.broken_backoff.wait(&key, Instant::now());
-    let mut plan = plan_for(&scope, &mp, &revision, &machines, &ctx, backing_off.is_some());
+    let mut plan = plan_for(scope, &mp, &revision, &machines, ctx, backing_off.is_some());
     if plan.delete_machines.iter().any(|(_, why)| *why == Why::ScaleIn) {
         // Whoever scales a pool in marks its choice (`delete-machine`) just before lowering the
         // MachinePool; the cache of Machines may not show the mark yet when the MachinePool's
         // change arrives. The victims are chosen from the Machines as the API server has them.
-        machines = ctx.list_machines_of(&scope, &mp_name).await?;
-        plan = plan_for(&scope, &mp, &revision, &machines, &ctx, backing_off.is_some());
+        machines = ctx.list_machines_of(scope, &mp_name).await?;
+        plan = plan_for(scope, &mp, &revision, &machines, ctx, backing_off.is_some());
     }
     let broken_now = plan
         .delete_machines
@@ -144,14 +153,14 @@ pub async fn reconcile(pool: Arc<KaironMachinePool>, ctx: Arc<Context>) -> Resul
         revision: &revision,
         watch_filter: ctx.settings.watch_filter.as_deref(),
     };
-    let busy = carry_out_plan(&scope, &plan, &machines, of, &ctx).await?;
-    let changed = write_status(&ctx, &scope, None, None).await?;
-    Ok(match backing_off.filter(|_| plan.broken_held > 0) {
-        // A broken VM waits for its turn: looked at again when the wait is over.
-        Some(wait) if !busy && !changed => Action::requeue(wait.max(MIN_REQUEUE)),
-        Some(wait) => Action::requeue(wait.clamp(MIN_REQUEUE, BUSY_REQUEUE)),
-        None if busy || changed => Action::requeue(BUSY_REQUEUE),
-        None => Action::requeue(ctx.settings.sync_period),
+    let busy = carry_out_plan(scope, &plan, &machines, of, ctx).await?;
+    Ok(Outcome::Publish {
+        waiting: None,
+        paused: None,
+        next: Next::AfterPlan {
+            busy,
+            broken_wait: backing_off.filter(|_| plan.broken_held > 0),
+        },
     })
 }
 
