@@ -81,7 +81,7 @@ impl Context {
         );
         let named = machine_pool
             .as_deref()
-            .is_some_and(|mp| super::reconcile::names_another(mp, &pool).is_none());
+            .is_some_and(|mp| names_another(mp, &pool).is_none());
         Ok(Scope {
             pool,
             ns,
@@ -152,5 +152,16 @@ impl Context {
             .collect();
         machines.sort_by_key(|m| m.name_any());
         machines
+    }
+}
+
+/// What `mp`'s infrastructure reference names instead of `pool`, if it does not name `pool`.
+pub(super) fn names_another(mp: &MachinePool, pool: &KaironMachinePool) -> Option<String> {
+    let named = mp.spec.template.spec.infrastructure_ref.as_ref();
+    match named {
+        Some(r) if r.is(crate::api::GROUP, "KaironMachinePool") && r.name == pool.name_any() => None,
+        Some(r) if r.name.is_empty() => Some("nothing".to_string()),
+        Some(r) => Some(format!("{} {}", r.kind, r.name)),
+        None => Some("nothing".to_string()),
     }
 }

@@ -20,7 +20,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use tracing::info;
 
-use super::context::{Context, Scope};
+use super::context::{Context, Scope, names_another};
 use super::gather;
 use super::instances::{MemberOf, kaironmachine_for_member, member_name};
 use super::plan::{PlanInput, PoolPlan, Why, plan_pool};
@@ -162,17 +162,6 @@ async fn decide(scope: &Scope, ctx: &Arc<Context>) -> Result<Outcome, Error> {
             broken_wait: backing_off.filter(|_| plan.broken_held > 0),
         },
     })
-}
-
-/// What `mp`'s infrastructure reference names instead of `pool`, if it does not name `pool`.
-pub(super) fn names_another(mp: &MachinePool, pool: &KaironMachinePool) -> Option<String> {
-    let named = mp.spec.template.spec.infrastructure_ref.as_ref();
-    match named {
-        Some(r) if r.is(crate::api::GROUP, "KaironMachinePool") && r.name == pool.name_any() => None,
-        Some(r) if r.name.is_empty() => Some("nothing".to_string()),
-        Some(r) => Some(format!("{} {}", r.kind, r.name)),
-        None => Some("nothing".to_string()),
-    }
 }
 
 /// The plan for the pool, from the caches.
