@@ -9,7 +9,6 @@ use capkr::api::conditions::{PAUSED, READY, reason};
 use capkr::api::{APIEndpoint, CLUSTER_FINALIZER, FailureDomainSpec, KaironCluster, KaironClusterSpec, KaironMachine};
 use capkr::capi::{self, ClusterSpec};
 use capkr::controller::kairon_cluster::{Context, Decision, next_status, reconcile};
-use capkr::controller::{Settings, Synced};
 use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Client;
@@ -122,15 +121,9 @@ where
     let (clusters, _w1) = filled(clusters);
     let (members, _w2) = filled(members);
     let ctx = Arc::new(Context {
-        client: Client::new(service, "default"),
-        endpoints: None,
-        settings: Settings::default(),
         clusters,
         members,
-        synced: vec![Synced::ready()],
-        events: capkr::events::Events::disabled(),
-        kairon: None,
-        shares: capkr::controller::tenant_share::TenantShares::new(10),
+        ..Context::for_request_tests(Client::new(service, "default"))
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(kc), ctx).await;
@@ -374,15 +367,10 @@ async fn a_transient_error_reading_an_identity_leaves_the_identity_untouched() {
         let (clusters, _w1) = filled(vec![cluster(false)]);
         let (members, _w2) = filled(vec![]);
         let ctx = Arc::new(Context {
-            client: client.clone(),
-            endpoints: Some(Arc::new(Endpoints::for_request_tests(client, "capkr-system"))),
-            settings: Settings::default(),
+            endpoints: Some(Arc::new(Endpoints::for_request_tests(client.clone(), "capkr-system"))),
             clusters,
             members,
-            synced: vec![Synced::ready()],
-            events: capkr::events::Events::disabled(),
-            kairon: None,
-            shares: capkr::controller::tenant_share::TenantShares::new(10),
+            ..Context::for_request_tests(client)
         });
         let (identity_json, secret_json) = (identity_json.clone(), secret_json.clone());
         // Answers whatever comes, the identity's first read with a 500 in the first case and

@@ -197,17 +197,12 @@ fn cluster(paused: bool) -> capi::Cluster {
 
 fn context(client: Client, w: World, settings: Settings) -> Arc<Context> {
     Arc::new(Context {
-        client,
         machine_pools: filled(vec![w.mp]).0,
         clusters: filled(vec![cluster(w.cluster_paused)]).0,
         kaironmachines: filled(w.kms).0,
         machines: filled(w.machines).0,
-        synced: vec![capkr::controller::Synced::ready()],
         settings,
-        events: capkr::events::Events::disabled(),
-        metrics: capkr::metrics::Metrics::new(),
-        broken_backoff: Default::default(),
-        pending: Default::default(),
+        ..Context::for_request_tests(client)
     })
 }
 

@@ -9,7 +9,6 @@ use std::time::Duration;
 use capkr::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
 use capkr::api::{KaironMachine, MACHINE_FINALIZER};
 use capkr::capi::{self, ContractVersionedObjectReference};
-use capkr::controller::Settings;
 use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::cloud_init::RUNCMD_SCRIPT;
 use capkr::kairon::{self, MachineStatus, labels};
@@ -73,24 +72,10 @@ where
     let (clusters, _w2) = filled(world.clusters);
     let (instances, _w3) = filled(world.instances);
     let ctx = Arc::new(Context {
-        client: client.clone(),
-        kairon: kairon::Instances::new(client, kairon::served::Served::assumed("v1alpha1")),
-        endpoints: None,
-        kaironclusters: filled(vec![]).0,
-        settings: Settings::default(),
         machines,
-        health_checks: filled(vec![]).0,
         clusters,
         instances,
-        synced: vec![capkr::controller::Synced::ready()],
-        events: capkr::events::Events::disabled(),
-        metrics: capkr::metrics::Metrics::new(),
-        fresh: Default::default(),
-        evacuating: Default::default(),
-        machine_pools: kube::runtime::reflector::store().0,
-        checked_configs: Default::default(),
-        nodes: None,
-        shares: capkr::controller::tenant_share::TenantShares::new(10),
+        ..Context::for_request_tests(client)
     });
     let server = tokio::spawn(server(handle));
     let result = reconcile(Arc::new(km), ctx).await;

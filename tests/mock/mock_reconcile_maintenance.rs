@@ -136,10 +136,6 @@ where
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
     let ctx = Arc::new(Context {
-        client: client.clone(),
-        kairon: kairon::Instances::new(client.clone(), kairon::served::Served::assumed("v1alpha1")),
-        endpoints: None,
-        kaironclusters: filled(vec![]).0,
         settings: Settings {
             evacuation_grace_period: world.grace,
             ..Settings::default()
@@ -148,15 +144,9 @@ where
         health_checks: filled(world.health_checks).0,
         clusters: filled(vec![world.cluster]).0,
         instances: filled(world.instances).0,
-        synced: vec![capkr::controller::Synced::ready()],
-        events: capkr::events::Events::new(client, "capkr-kaironmachine-controller", "test"),
-        metrics: capkr::metrics::Metrics::new(),
-        fresh: Default::default(),
-        evacuating: Default::default(),
-        machine_pools: kube::runtime::reflector::store().0,
-        checked_configs: Default::default(),
+        events: capkr::events::Events::new(client.clone(), "capkr-kaironmachine-controller", "test"),
         nodes: Some(filled(vec![node("h1", world.h1_cordoned), node("h2", false)]).0),
-        shares: capkr::controller::tenant_share::TenantShares::new(10),
+        ..Context::for_request_tests(client)
     });
     let server = tokio::spawn(server(handle));
     reconcile(Arc::new(km), ctx).await.expect("reconcile succeeds");

@@ -60,6 +60,24 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context for the request-sequence tests: every request goes to `client`, no
+    /// identities and no budgets, every cache empty and synced, events off. Its fields are
+    /// public: a test fills the caches it needs.
+    #[doc(hidden)]
+    pub fn for_request_tests(client: Client) -> Self {
+        Context {
+            client,
+            endpoints: None,
+            settings: Settings::default(),
+            clusters: kube::runtime::reflector::store().0,
+            members: kube::runtime::reflector::store().0,
+            synced: vec![Synced::ready()],
+            events: Events::disabled(),
+            kairon: None,
+            shares: TenantShares::new(10),
+        }
+    }
+
     /// The budgets client of the Kairon API the cluster's VMs are on; `None`: none is known
     /// (no Kairon client, or the identity's API cannot be used now).
     async fn budgets(&self, kc: &KaironCluster, ns: &str) -> Option<Budgets> {

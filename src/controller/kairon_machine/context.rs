@@ -69,6 +69,33 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context for the request-sequence tests: every request goes to `client` (Kairon's
+    /// too, at `v1alpha1`), no identities, every cache empty and synced, events off. Its
+    /// fields are public: a test fills the caches it needs.
+    #[doc(hidden)]
+    pub fn for_request_tests(client: Client) -> Self {
+        Context {
+            kairon: Instances::new(client.clone(), kairon::served::Served::assumed("v1alpha1")),
+            client,
+            endpoints: None,
+            kaironclusters: kube::runtime::reflector::store().0,
+            settings: Settings::default(),
+            machines: kube::runtime::reflector::store().0,
+            health_checks: kube::runtime::reflector::store().0,
+            clusters: kube::runtime::reflector::store().0,
+            instances: kube::runtime::reflector::store().0,
+            synced: vec![Synced::ready()],
+            events: Events::disabled(),
+            metrics: Metrics::new(),
+            fresh: Default::default(),
+            evacuating: Default::default(),
+            nodes: None,
+            shares: crate::controller::tenant_share::TenantShares::new(10),
+            machine_pools: kube::runtime::reflector::store().0,
+            checked_configs: Default::default(),
+        }
+    }
+
     /// The cache of Kairon's nodes of the Kairon API `target` is on: the manager's own only
     /// (a tenant's Kairon API is not asked for its Nodes).
     pub(super) fn nodes_of(&self, target: &Target) -> Option<&Store<k8s_openapi::api::core::v1::Node>> {

@@ -36,6 +36,27 @@ pub struct Context {
     pub pending: super::pending::Pending,
 }
 
+impl Context {
+    /// A context for the request-sequence tests: every request goes to `client`, every cache
+    /// empty and synced, events off. Its fields are public: a test fills the caches it needs.
+    #[doc(hidden)]
+    pub fn for_request_tests(client: Client) -> Self {
+        Context {
+            client,
+            machine_pools: kube::runtime::reflector::store().0,
+            clusters: kube::runtime::reflector::store().0,
+            kaironmachines: kube::runtime::reflector::store().0,
+            machines: kube::runtime::reflector::store().0,
+            synced: vec![Synced::ready()],
+            settings: Settings::default(),
+            events: Events::disabled(),
+            metrics: Metrics::new(),
+            broken_backoff: Default::default(),
+            pending: Default::default(),
+        }
+    }
+}
+
 /// One pool and what it belongs to, from the caches.
 pub(crate) struct Scope {
     pub pool: Arc<KaironMachinePool>,
