@@ -8,7 +8,7 @@
 //! - [`api`]: our CRD types and condition vocabulary;
 //! - [`capi`]: read-only views of CAPI core objects and the contract helpers (owners, pause);
 //! - [`kairon`]: everything we assume about Kairon's Machine API, in one place;
-//! - [`controller`]: the three reconcilers and what runs them;
+//! - [`controller`]: the reconcilers (one per kind of ours) and what runs them;
 //! - [`manager`]: the binary's wiring (flags, clients, leader election, admin endpoints), with
 //!   [`client`] (rate limit and request metrics), [`leader`], [`admin`], [`events`] and
 //!   [`metrics`] beside it.

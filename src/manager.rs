@@ -1,4 +1,4 @@
-//! Wiring of the manager: flags, logging, clients, the three controllers, shutdown.
+//! Wiring of the manager: flags, logging, clients, the controllers, shutdown.
 
 use std::io::IsTerminal;
 use std::sync::Arc;

@@ -36,7 +36,7 @@ use crate::capi;
 
 /// The caches more than one controller reads, one watch each.
 pub(crate) struct Caches {
-    /// Read by all three controllers (owning Cluster, pause) and mapped to the KaironMachines
+    /// Read by every controller (owning Cluster, pause) and mapped to the KaironMachines
     /// and KaironClusters of each Cluster.
     pub clusters: Shared<capi::Cluster>,
     /// The KaironCluster controller's own objects; the KaironMachine controller reads the

@@ -1,4 +1,4 @@
-//! The three reconcilers and what they share.
+//! The reconcilers, one per kind of ours, and what they share.
 //!
 //! - [`kairon_machine`] (a folder: the reconcile workflow, the status mapping, the watches),
 //!   [`kairon_cluster`], [`kairon_machine_template`]: one reconciler each;

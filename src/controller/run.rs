@@ -1,4 +1,4 @@
-//! What runs the four controllers: the endpoints of identities and the channel by which their
+//! What runs the controllers: the endpoints of identities and the channel by which their
 //! watches wake KaironMachines, how the initial lists are read, the watches and caches the
 //! controllers share, and the controllers themselves, until shutdown.
 

@@ -18,7 +18,7 @@ use crate::capi;
 use crate::events::{EventSource, Events};
 use crate::metrics::Metrics;
 
-/// What the controllers report besides their writes, shared by the three.
+/// What the controllers report besides their writes, shared by all of them.
 #[derive(Clone)]
 pub(crate) struct Telemetry {
     pub metrics: Arc<Metrics>,
