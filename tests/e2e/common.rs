@@ -431,3 +431,32 @@ pub fn condition<'a>(obj: &'a DynamicObject, type_: &str) -> Option<&'a Value> {
         .iter()
         .find(|c| c["type"] == type_)
 }
+
+/// A Cluster and its KaironCluster at endpoint `host`, nothing else (no control plane, no
+/// Machine), naming the identity `(kind, name)` if given: enough for the KaironCluster
+/// reconciler to use, and protect, the identity.
+pub fn bare_cluster_yaml(name: &str, host: &str, identity: Option<(&str, &str)>) -> String {
+    let identity = identity.map_or(String::new(), |(kind, name)| {
+        format!("\n  identityRef:\n    kind: {kind}\n    name: {name}")
+    });
+    format!(
+        r#"apiVersion: cluster.x-k8s.io/v1beta2
+kind: Cluster
+metadata:
+  name: {name}
+spec:
+  infrastructureRef:
+    apiGroup: infrastructure.cluster.x-k8s.io
+    kind: KaironCluster
+    name: {name}
+---
+apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
+kind: KaironCluster
+metadata:
+  name: {name}
+spec:
+  controlPlaneEndpoint:
+    host: {host}
+    port: 6443{identity}"#
+    )
+}

@@ -436,29 +436,7 @@ async fn hostile_kairon_apis_of_a_tenant_stall_no_one_else_and_cannot_exhaust_th
 /// A Cluster with its KaironCluster in `ns`, at endpoint `host`, naming identity Secret
 /// `identity` if given.
 async fn create_cluster(rig: &Rig, ns: &str, name: &str, host: &str, identity: Option<&str>) {
-    let identity = identity.map_or(String::new(), |i| {
-        format!("\n  identityRef:\n    kind: Secret\n    name: {i}")
-    });
-    let yaml = format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
-    name: {name}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
-metadata:
-  name: {name}
-spec:
-  controlPlaneEndpoint:
-    host: {host}
-    port: 6443{identity}"#
-    );
+    let yaml = common::bare_cluster_yaml(name, host, identity.map(|i| ("Secret", i)));
     rig.env.apply(&yaml, Some(ns)).await.expect("cluster");
 }
 

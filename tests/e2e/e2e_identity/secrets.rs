@@ -5,29 +5,7 @@ use super::*;
 /// A Cluster and its KaironCluster, nothing else (no control plane, no Machine): enough for
 /// the KaironCluster reconciler to use, and protect, the identity it names.
 fn bare_cluster(name: &str, kind: &str, identity: &str) -> String {
-    format!(
-        r#"apiVersion: cluster.x-k8s.io/v1beta2
-kind: Cluster
-metadata:
-  name: {name}
-spec:
-  infrastructureRef:
-    apiGroup: infrastructure.cluster.x-k8s.io
-    kind: KaironCluster
-    name: {name}
----
-apiVersion: infrastructure.cluster.x-k8s.io/v1alpha1
-kind: KaironCluster
-metadata:
-  name: {name}
-spec:
-  controlPlaneEndpoint:
-    host: 10.0.0.1
-    port: 6443
-  identityRef:
-    kind: {kind}
-    name: {identity}"#
-    )
+    common::bare_cluster_yaml(name, "10.0.0.1", Some((kind, identity)))
 }
 
 /// Shared identities naming Secrets of the manager's namespace that were not made for them
