@@ -9,9 +9,11 @@ use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, AuditEvent, RequestC
 use capkr_testenv::cluster::{
     ClusterOptions, all_running_with_a_node, cluster_yaml, running_with_a_node, scale_machine_deployment,
 };
-use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, capi_resource};
-use kube::api::{Api, DynamicObject, ListParams};
+use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, api_resource, capi_resource};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 
+use crate::phases::{Phase, phases};
 use crate::procstat::{cpu_seconds, peak_rss_kib};
 use crate::provider::{health_port, mib, wait_ready};
 use crate::results::{FullCapiRun, PerMachine};
@@ -67,16 +69,18 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     wait_running(&machines, 1, Duration::from_secs(180)).await?;
     let control_plane = t_cp.elapsed();
 
-    let scaled = scale(
-        env,
-        NAMESPACE,
-        &format!("{CLUSTER}-md-0"),
-        n,
+    let under = Under {
         pid,
-        is_manager_request,
-        quiet,
-    )
-    .await?;
+        is_provider: is_manager_request,
+        infra: api_resource(
+            "infrastructure.cluster.x-k8s.io",
+            "v1beta2",
+            "KaironMachine",
+            "kaironmachines",
+        ),
+        vm_group: Some("kairon.zyvor.dev"),
+    };
+    let scaled = scale(env, NAMESPACE, &format!("{CLUSTER}-md-0"), n, &under, quiet).await?;
     let run = FullCapiRun {
         n,
         manager_args: manager_args(),
@@ -86,6 +90,7 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
         requests: scaled.requests,
         peak_rss_mib: scaled.peak_rss_mib,
         cpu_s: scaled.cpu_s,
+        phases: scaled.phases,
     };
     eprintln!(
         "capkr-bench: full CAPI path, 0 -> {n} workers: {:.1}s ({:.2} manager writes per machine)",
@@ -102,39 +107,60 @@ pub struct Scaled {
     pub requests: RequestCounts,
     pub peak_rss_mib: f64,
     pub cpu_s: f64,
+    pub phases: Vec<Phase>,
 }
 
-/// With one control-plane Machine running: waits until the provider manager (process `pid`,
-/// requests selected by `is_provider`) has gone quiet, scales the MachineDeployment `md` of
-/// `namespace` from 0 to `n`, waits until all `n + 1` Machines run with a nodeRef and the
-/// manager has gone quiet again, and returns the time to all Running, the manager's requests
-/// from the scale until quiet, its CPU time over the same window and its peak RSS.
-pub async fn scale(
-    env: &Env,
-    namespace: &str,
-    md: &str,
-    n: usize,
-    pid: u32,
-    is_provider: fn(&AuditEvent) -> bool,
-    quiet: Duration,
-) -> Result<Scaled> {
+/// The provider [`scale`] measures.
+pub struct Under {
+    /// Its manager's process.
+    pub pid: u32,
+    /// Its manager's requests.
+    pub is_provider: fn(&AuditEvent) -> bool,
+    /// Its infrastructure machines.
+    pub infra: ApiResource,
+    /// The API group of the VMs it creates (`None`: it creates none).
+    pub vm_group: Option<&'static str>,
+}
+
+/// With one control-plane Machine running: waits until the provider manager has gone quiet,
+/// scales the MachineDeployment `md` of `namespace` from 0 to `n`, waits until all `n + 1`
+/// Machines run with a nodeRef and the manager has gone quiet again, and returns the time to
+/// all Running, the manager's requests from the scale until quiet, its CPU time over the same
+/// window, its peak RSS and where each worker's time went ([`phases`], from every client's
+/// requests of the window).
+pub async fn scale(env: &Env, namespace: &str, md: &str, n: usize, under: &Under, quiet: Duration) -> Result<Scaled> {
     let machines: Api<DynamicObject> =
         Api::namespaced_with(env.client(), namespace, &capi_resource("Machine", "machines"));
     let mut traffic = Traffic::from_now(env)?;
-    traffic.until_quiet(is_provider, quiet, Duration::from_secs(30)).await?;
-    let cpu0 = cpu_seconds(pid)?;
+    traffic
+        .until_quiet(under.is_provider, quiet, Duration::from_secs(30))
+        .await?;
+    let cpu0 = cpu_seconds(under.pid)?;
     let t0 = Instant::now();
+    let scaled_at = Timestamp::now();
     scale_machine_deployment(&env.client(), namespace, md, n)
         .await
         .context("scaling the MachineDeployment")?;
     wait_running(&machines, n + 1, Duration::from_secs(180 + 3 * n as u64)).await?;
     let scale_s = t0.elapsed().as_secs_f64();
-    let (events, _) = traffic.until_quiet(is_provider, quiet, Duration::from_secs(60)).await?;
+    let (events, _) = traffic
+        .until_quiet_keeping(|_| true, under.is_provider, quiet, Duration::from_secs(60))
+        .await?;
+    let provider_events: Vec<AuditEvent> = events.iter().filter(|e| (under.is_provider)(e)).cloned().collect();
+    let infra: Api<DynamicObject> = Api::namespaced_with(env.client(), namespace, &under.infra);
+    let phases = phases(
+        scaled_at,
+        &events,
+        &machines.list(&ListParams::default()).await?.items,
+        &infra.list(&ListParams::default()).await?.items,
+        under.vm_group,
+    );
     Ok(Scaled {
         scale_s,
-        requests: RequestCounts::of(&events, |_| true),
-        peak_rss_mib: mib(peak_rss_kib(pid)?),
-        cpu_s: cpu_seconds(pid)? - cpu0,
+        requests: RequestCounts::of(&provider_events, |_| true),
+        peak_rss_mib: mib(peak_rss_kib(under.pid)?),
+        cpu_s: cpu_seconds(under.pid)? - cpu0,
+        phases,
     })
 }
 

@@ -27,6 +27,7 @@ pub mod markdown;
 pub mod objects;
 pub mod observe;
 pub mod peer;
+pub mod phases;
 pub mod plot;
 pub mod pool;
 pub mod procstat;

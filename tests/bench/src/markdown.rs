@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use crate::results::{FullCapiRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
+use crate::results::{FullCapiRun, PeerRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
 
 fn secs(s: f64) -> String {
     if s < 10.0 { format!("{s:.2}") } else { format!("{s:.1}") }
@@ -333,6 +333,7 @@ fn peer_section(o: &mut String, res: &Results) {
             let get = |r: &FullCapiRun| r.per_machine.by_resource.get(k).copied().unwrap_or(0.0);
             let _ = writeln!(o, "| `{k}` | {} | {} |", per(get(&p.ours)), per(get(&p.capd)));
         }
+        phases_table(o, p);
         o.push('\n');
     }
     if let Some(p) = res.peer.first() {
@@ -495,4 +496,42 @@ pub fn summary(res: &Results) -> String {
         );
     }
     o
+}
+
+/// Where each worker's time went with each provider: median and p99 of every phase, from the
+/// end of the phase before (crate::phases).
+fn phases_table(o: &mut String, p: &PeerRun) {
+    if p.ours.phases.is_empty() && p.capd.phases.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nWhere each worker's time went, phase by phase from the end of the one before (median / \
+         p99 in seconds; creates timed by the audit log, ends marked * read from objects' \
+         timestamps, to the second):\n\n| until | whose | capkr-manager | CAPD in-memory |\n|---|---|---:|---:|"
+    );
+    let mut untils: Vec<&str> = p.ours.phases.iter().map(|x| x.until.as_str()).collect();
+    for x in &p.capd.phases {
+        if !untils.contains(&x.until.as_str()) {
+            untils.push(&x.until);
+        }
+    }
+    let cell = |r: &FullCapiRun, until: &str| {
+        r.phases
+            .iter()
+            .find(|x| x.until == until)
+            .map(|x| format!("{:.2} / {:.2}", x.latency.p50, x.latency.p99))
+            .unwrap_or_else(|| "–".into())
+    };
+    for until in untils {
+        let of = p.ours.phases.iter().chain(&p.capd.phases).find(|x| x.until == until);
+        let mark = if of.is_some_and(|x| x.whole_seconds) { " *" } else { "" };
+        let by = of.map(|x| x.by.as_str()).unwrap_or_default();
+        let _ = writeln!(
+            o,
+            "| {until}{mark} | {by} | {} | {} |",
+            cell(&p.ours, until),
+            cell(&p.capd, until)
+        );
+    }
 }

@@ -17,14 +17,14 @@ use anyhow::{Context, Result, anyhow, bail};
 use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, AuditEvent};
 use capkr_testenv::cluster::{ClusterOptions, Infrastructure, cluster_yaml_of};
 use capkr_testenv::{
-    Env, EnvOptions, Process, ProcessSpec, Signal, capi_resource, free_port, http_get, parse_yaml_documents,
-    workspace_root,
+    Env, EnvOptions, Process, ProcessSpec, Signal, api_resource, capi_resource, free_port, http_get,
+    parse_yaml_documents, workspace_root,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::Value;
 
-use crate::full_capi::{scale, wait_running};
+use crate::full_capi::{Under, scale, wait_running};
 use crate::results::{FullCapiRun, PerMachine};
 
 const NAMESPACE: &str = "bench-capd";
@@ -107,16 +107,18 @@ async fn run_in(env: &Env, capd: &Path, n: usize, quiet: Duration) -> Result<Ful
             Api::namespaced_with(env.client(), NAMESPACE, &capi_resource("Machine", "machines"));
         wait_running(&machines, 1, Duration::from_secs(180)).await?;
         let control_plane = t_cp.elapsed();
-        let scaled = scale(
-            env,
-            NAMESPACE,
-            &format!("{CLUSTER}-md-0"),
-            n,
+        let under = Under {
             pid,
-            is_capd_request,
-            quiet,
-        )
-        .await?;
+            is_provider: is_capd_request,
+            infra: api_resource(
+                "infrastructure.cluster.x-k8s.io",
+                "v1beta2",
+                "DevMachine",
+                "devmachines",
+            ),
+            vm_group: None,
+        };
+        let scaled = scale(env, NAMESPACE, &format!("{CLUSTER}-md-0"), n, &under, quiet).await?;
         let run = FullCapiRun {
             n,
             manager_args: capd_args(),
@@ -126,6 +128,7 @@ async fn run_in(env: &Env, capd: &Path, n: usize, quiet: Duration) -> Result<Ful
             requests: scaled.requests,
             peak_rss_mib: scaled.peak_rss_mib,
             cpu_s: scaled.cpu_s,
+            phases: scaled.phases,
         };
         eprintln!(
             "capkr-bench: CAPD in-memory, 0 -> {n} workers: {:.1}s ({:.2} CAPD writes per machine)",

@@ -197,6 +197,9 @@ pub struct FullCapiRun {
     /// The provider manager's CPU time (user + system) from the scale until it went quiet.
     #[serde(default)]
     pub cpu_s: f64,
+    /// Where each worker's time went, phase by phase.
+    #[serde(default)]
+    pub phases: Vec<crate::phases::Phase>,
 }
 
 /// Part 4 for one N with both providers, from the same run: capkr-manager with the simulator
