@@ -5,11 +5,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use capkr::api::KaironMachine;
 use capkr_testenv::audit::{AUDIT_POLICY_METADATA_RESPONSES, AuditEvent, RequestCounts};
 use capkr_testenv::cluster::{
     ClusterOptions, all_running_with_a_node, cluster_yaml, running_with_a_node, scale_machine_deployment,
 };
-use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, api_resource, capi_resource};
+use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, capi_resource};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 
@@ -72,12 +73,7 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     let under = Under {
         pid,
         is_provider: is_manager_request,
-        infra: api_resource(
-            "infrastructure.cluster.x-k8s.io",
-            "v1beta2",
-            "KaironMachine",
-            "kaironmachines",
-        ),
+        infra: ApiResource::erase::<KaironMachine>(&()),
         vm_group: Some("kairon.zyvor.dev"),
     };
     let scaled = scale(env, NAMESPACE, &format!("{CLUSTER}-md-0"), n, &under, quiet).await?;

@@ -116,16 +116,15 @@ pub fn phases(
 }
 
 /// When each object was created (the first successful create of its group, resource and name
-/// after `scale`), in seconds after the scale.
+/// after `scale`, or the server-side apply that created it), in seconds after the scale.
 fn creates(scale: Timestamp, events: &[AuditEvent]) -> BTreeMap<(&str, &str, &str), f64> {
     let mut out = BTreeMap::new();
     for e in events {
-        let ok = e
-            .response_status
-            .as_ref()
-            .and_then(|s| s.code)
-            .is_some_and(|c| c / 100 == 2);
-        if e.verb != "create" || e.stage != "ResponseComplete" || !ok {
+        // CAPI's MachineSet controller creates its Machines, their bootstrap configs and
+        // infrastructure machines by server-side apply: a patch answered 201 Created.
+        let code = e.response_status.as_ref().and_then(|s| s.code).unwrap_or_default();
+        let created = (e.verb == "create" && code / 100 == 2) || (e.verb == "patch" && code == 201);
+        if !created || e.stage != "ResponseComplete" {
             continue;
         }
         let Some(r) = &e.object_ref else { continue };
@@ -196,8 +195,15 @@ mod tests {
     #[test]
     fn each_phase_runs_from_the_end_of_the_one_before() {
         let scale: Timestamp = "2026-12-06T10:00:00Z".parse().unwrap();
+        let mut applied = create("cluster.x-k8s.io", "machines", "w1", "2026-12-06T10:00:00.500Z");
+        applied.verb = "patch".into();
+        // An apply that changed an existing object (200) is not a creation.
+        let mut before = create("cluster.x-k8s.io", "machines", "w1", "2026-12-06T10:00:00.250Z");
+        before.verb = "patch".into();
+        before.response_status = Some(AuditResponseStatus { code: Some(200) });
         let events = vec![
-            create("cluster.x-k8s.io", "machines", "w1", "2026-12-06T10:00:00.500Z"),
+            before,
+            applied,
             create("", "secrets", "w1-data", "2026-12-06T10:00:01.500Z"),
             create("kairon.zyvor.dev", "machines", "w1-vm", "2026-12-06T10:00:01.750Z"),
             // The control plane's Machine, created before the scale, is not one of them.
