@@ -80,6 +80,28 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
     // capkr-manager creates one Kairon Machine per worker.
     let by = |k: &str| full.requests.by_resource.get(k).copied().unwrap_or(0);
     assert_eq!(by("create machines.kairon.zyvor.dev"), W as u64, "{:?}", full.requests);
+    // Where the workers' time went: every phase timed for each worker, from the scale on.
+    let phase = |r: &capkr_bench::results::FullCapiRun, until: &str| {
+        r.phases.iter().find(|p| p.until == until).map(|p| p.latency)
+    };
+    for until in [
+        "Machine created",
+        "bootstrap data Secret created",
+        "VM created",
+        "infrastructure machine Ready",
+        "Machine Running with a Node",
+        "all of it",
+    ] {
+        let p = phase(full, until).unwrap_or_else(|| panic!("no phase {until:?}: {:?}", full.phases));
+        assert_eq!(p.count, W, "{until}: {:?}", full.phases);
+    }
+    let all = phase(full, "all of it").unwrap();
+    assert!(
+        all.max > 0.0 && all.max <= full.scale_s + 1.0,
+        "{:?} in {} s",
+        all,
+        full.scale_s
+    );
 
     // Side by side: the same figures for CAPD's in-memory provider, from its own requests.
     assert_eq!(res.peer.len(), 1);
@@ -88,6 +110,14 @@ async fn benchmark_runs_at_a_tiny_size_with_sane_numbers() {
     assert_eq!(peer.ours.requests, full.requests);
     let capd = &peer.capd;
     assert!(capd.scale_s > 0.0 && capd.control_plane_s > 0.0, "{capd:?}");
+    // CAPD's in-memory provider creates no VM: its phases go from the Secret to Ready.
+    assert!(phase(capd, "VM created").is_none(), "{:?}", capd.phases);
+    assert_eq!(
+        phase(capd, "Machine Running with a Node").map(|p| p.count),
+        Some(W),
+        "{:?}",
+        capd.phases
+    );
     assert!(capd.peak_rss_mib > 1.0 && capd.cpu_s > 0.0, "{capd:?}");
     // CAPD patches each new DevMachine (finalizer, providerID, status); none of capkr-manager's
     // requests are counted as CAPD's, nor the other way round.
