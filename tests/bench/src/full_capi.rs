@@ -14,9 +14,10 @@ use capkr_testenv::{Env, EnvOptions, SIMULATOR_HOSTS, Signal, capi_resource};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 
-use crate::phases::{Phase, phases};
+use crate::phases::phases;
 use crate::procstat::{cpu_seconds, peak_rss_kib};
 use crate::provider::{health_port, mib, wait_ready};
+use crate::results::Phase;
 use crate::results::{FullCapiRun, PerMachine};
 use crate::traffic::{MANAGER_IDENTITY, Traffic, is_manager_request};
 

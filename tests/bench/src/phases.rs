@@ -12,25 +12,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::DynamicObject;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use capkr_testenv::audit::AuditEvent;
 
-use crate::results::Percentiles;
-
-/// One phase over the Machines that went through it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Phase {
-    /// What ends the phase.
-    pub until: String,
-    /// Whose work the phase is.
-    pub by: String,
-    /// Seconds from the end of the phase before.
-    pub latency: Percentiles,
-    /// Whether its end is read to the second only (an object's timestamp).
-    pub whole_seconds: bool,
-}
+use crate::results::{Percentiles, Phase};
 
 /// The end of each phase for one Machine, in seconds after the scale.
 #[derive(Debug, Default, Clone, PartialEq)]

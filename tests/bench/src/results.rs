@@ -80,6 +80,20 @@ impl Percentiles {
     }
 }
 
+/// One phase of the full CAPI path over the Machines that went through it
+/// ([`crate::phases`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Phase {
+    /// What ends the phase.
+    pub until: String,
+    /// Whose work the phase is.
+    pub by: String,
+    /// Seconds from the end of the phase before.
+    pub latency: Percentiles,
+    /// Whether its end is read to the second only (an object's timestamp).
+    pub whole_seconds: bool,
+}
+
 /// Requests divided by the number of machines.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct PerMachine {
@@ -199,7 +213,7 @@ pub struct FullCapiRun {
     pub cpu_s: f64,
     /// Where each worker's time went, phase by phase.
     #[serde(default)]
-    pub phases: Vec<crate::phases::Phase>,
+    pub phases: Vec<Phase>,
 }
 
 /// Part 4 for one N with both providers, from the same run: capkr-manager with the simulator
