@@ -233,13 +233,14 @@ impl Metrics {
         Arc::new(Metrics::default())
     }
 
-    /// Records the versions spoken on Kairon API `api`.
-    pub(crate) fn kairon_versions(&self, api: &str, served: &crate::kairon::served::Served) {
-        for kind in crate::kairon::served::KaironKind::ALL {
+    /// Records the versions spoken on Kairon API `api`: each Kairon kind with its version
+    /// (`none`: not served there).
+    pub(crate) fn kairon_versions(&self, api: &str, versions: impl IntoIterator<Item = (&'static str, &'static str)>) {
+        for (kind, version) in versions {
             let labels = KaironVersionLabels {
                 api: api.to_string(),
-                kind: kind.kind(),
-                version: served.version(kind).unwrap_or("none"),
+                kind,
+                version,
             };
             self.kairon_api_versions.get_or_create(&labels).set(1);
         }

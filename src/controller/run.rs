@@ -40,7 +40,7 @@ async fn discover_kairon(client: &Client, telemetry: &Telemetry) -> Served {
         schema_checked = served.knows_machine_schema(),
         "Kairon API versions spoken"
     );
-    telemetry.metrics.kairon_versions("manager", &served);
+    telemetry.metrics.kairon_versions("manager", served.versions());
     served
 }
 

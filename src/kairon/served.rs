@@ -149,6 +149,13 @@ impl Served {
         self.versions[kind.index()]
     }
 
+    /// Every Kairon kind with the version spoken (`none`: not served), as the metrics tell them.
+    pub fn versions(&self) -> impl Iterator<Item = (&'static str, &'static str)> + '_ {
+        KaironKind::ALL
+            .into_iter()
+            .map(|kind| (kind.kind(), self.version(kind).unwrap_or("none")))
+    }
+
     /// `group/version` of `kind` as spoken.
     pub fn api_version(&self, kind: KaironKind) -> String {
         format!("{GROUP}/{}", self.version(kind).unwrap_or(UNSERVED))

@@ -267,3 +267,26 @@ fn the_machine_schema_is_found_in_the_published_openapi_document() {
     );
     assert_eq!(schema_of(&doc, "v1alpha1"), None);
 }
+
+#[test]
+fn the_metrics_get_every_kind_with_its_version_or_none() {
+    let served = Served::choose(&group(&[("v1", &["machines"])]), None);
+    let versions: Vec<_> = served.versions().collect();
+    assert_eq!(
+        versions,
+        vec![
+            ("Machine", "v1"),
+            ("MachineMigration", "none"),
+            ("MachineDisruptionBudget", "none"),
+        ]
+    );
+    let metrics = crate::metrics::Metrics::new();
+    metrics.kairon_versions("manager", served.versions());
+    let text = metrics.encode();
+    for want in [
+        "capkr_kairon_api_version{api=\"manager\",kind=\"Machine\",version=\"v1\"} 1",
+        "capkr_kairon_api_version{api=\"manager\",kind=\"MachineDisruptionBudget\",version=\"none\"} 1",
+    ] {
+        assert!(text.contains(want), "{want} missing in\n{text}");
+    }
+}

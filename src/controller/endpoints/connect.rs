@@ -89,7 +89,7 @@ impl Endpoints {
                 Ok(served) => {
                     info!(identity = %identity, versions = %served.summary(),
                     schema_checked = served.knows_machine_schema(), "Kairon API versions spoken");
-                    metrics.kairon_versions(&identity, served);
+                    metrics.kairon_versions(&identity, served.versions());
                     return;
                 }
                 Err(e) => {
