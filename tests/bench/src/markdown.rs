@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use crate::results::{FullCapiRun, PeerRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
+use crate::results::{FullCapiRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
 
 fn secs(s: f64) -> String {
     if s < 10.0 { format!("{s:.2}") } else { format!("{s:.1}") }
@@ -252,6 +252,12 @@ pub fn render(res: &Results) -> String {
         if let Some(r) = res.full_capi.first() {
             let _ = writeln!(o, "\nManager flags: `{}`\n", r.manager_args.join(" "));
         }
+        // Without CAPD beside it (`--no-peer`), the phases are told here.
+        for r in res.full_capi.iter().filter(|r| !res.peer.iter().any(|p| p.n == r.n)) {
+            let _ = writeln!(o, "N={}:", r.n);
+            phases_table(&mut o, &[("capkr-manager", r)]);
+            o.push('\n');
+        }
     }
 
     if !res.peer.is_empty() {
@@ -333,7 +339,7 @@ fn peer_section(o: &mut String, res: &Results) {
             let get = |r: &FullCapiRun| r.per_machine.by_resource.get(k).copied().unwrap_or(0.0);
             let _ = writeln!(o, "| `{k}` | {} | {} |", per(get(&p.ours)), per(get(&p.capd)));
         }
-        phases_table(o, p);
+        phases_table(o, &[("capkr-manager", &p.ours), ("CAPD in-memory", &p.capd)]);
         o.push('\n');
     }
     if let Some(p) = res.peer.first() {
@@ -498,40 +504,97 @@ pub fn summary(res: &Results) -> String {
     o
 }
 
-/// Where each worker's time went with each provider: median and p99 of every phase, from the
-/// end of the phase before (crate::phases).
-fn phases_table(o: &mut String, p: &PeerRun) {
-    if p.ours.phases.is_empty() && p.capd.phases.is_empty() {
+/// Where each worker's time went with each provider (`columns`: its name and its run): median
+/// and p99 of every phase, from the end of the phase before (crate::phases).
+fn phases_table(o: &mut String, columns: &[(&str, &FullCapiRun)]) {
+    if columns.iter().all(|(_, r)| r.phases.is_empty()) {
         return;
     }
+    let names: Vec<&str> = columns.iter().map(|(name, _)| *name).collect();
     let _ = writeln!(
         o,
         "\nWhere each worker's time went, phase by phase from the end of the one before (median / \
          p99 in seconds; creates timed by the audit log, ends marked * read from objects' \
-         timestamps, to the second):\n\n| until | whose | capkr-manager | CAPD in-memory |\n|---|---|---:|---:|"
+         timestamps, to the second):\n\n| until | whose | {} |\n|---|---|{}",
+        names.join(" | "),
+        "---:|".repeat(columns.len())
     );
-    let mut untils: Vec<&str> = p.ours.phases.iter().map(|x| x.until.as_str()).collect();
-    for x in &p.capd.phases {
-        if !untils.contains(&x.until.as_str()) {
-            untils.push(&x.until);
+    let mut untils: Vec<&crate::results::Phase> = Vec::new();
+    for x in columns.iter().flat_map(|(_, r)| &r.phases) {
+        if !untils.iter().any(|u| u.until == x.until) {
+            untils.push(x);
         }
     }
-    let cell = |r: &FullCapiRun, until: &str| {
-        r.phases
+    for phase in untils {
+        let mark = if phase.whole_seconds { " *" } else { "" };
+        let cells: Vec<String> = columns
             .iter()
-            .find(|x| x.until == until)
-            .map(|x| format!("{:.2} / {:.2}", x.latency.p50, x.latency.p99))
-            .unwrap_or_else(|| "–".into())
-    };
-    for until in untils {
-        let of = p.ours.phases.iter().chain(&p.capd.phases).find(|x| x.until == until);
-        let mark = if of.is_some_and(|x| x.whole_seconds) { " *" } else { "" };
-        let by = of.map(|x| x.by.as_str()).unwrap_or_default();
-        let _ = writeln!(
-            o,
-            "| {until}{mark} | {by} | {} | {} |",
-            cell(&p.ours, until),
-            cell(&p.capd, until)
+            .map(|(_, r)| {
+                r.phases
+                    .iter()
+                    .find(|x| x.until == phase.until)
+                    .map(|x| format!("{:.2} / {:.2}", x.latency.p50, x.latency.p99))
+                    .unwrap_or_else(|| "–".into())
+            })
+            .collect();
+        let _ = writeln!(o, "| {}{mark} | {} | {} |", phase.until, phase.by, cells.join(" | "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::results::Phase;
+
+    fn run(phases: &[(&str, f64, bool)]) -> FullCapiRun {
+        FullCapiRun {
+            n: 2,
+            manager_args: vec![],
+            control_plane_s: 1.0,
+            scale_s: 9.0,
+            requests: Default::default(),
+            per_machine: Default::default(),
+            peak_rss_mib: 1.0,
+            cpu_s: 1.0,
+            phases: phases
+                .iter()
+                .map(|(until, p50, whole_seconds)| Phase {
+                    until: until.to_string(),
+                    by: "who".into(),
+                    latency: Percentiles::of(&[*p50, 2.0 * p50]),
+                    whole_seconds: *whole_seconds,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn phases_are_told_per_provider_with_a_dash_where_one_has_none() {
+        let ours = run(&[
+            ("Machine created", 1.0, false),
+            ("VM created", 0.5, false),
+            ("all of it", 4.0, true),
+        ]);
+        let capd = run(&[("Machine created", 2.0, false), ("all of it", 5.0, true)]);
+        let mut o = String::new();
+        phases_table(&mut o, &[("capkr-manager", &ours), ("CAPD in-memory", &capd)]);
+        assert!(
+            o.contains("| until | whose | capkr-manager | CAPD in-memory |\n|---|---|---:|---:|"),
+            "{o}"
         );
+        assert!(
+            o.contains("| Machine created | who | 1.00 / 2.00 | 2.00 / 4.00 |"),
+            "{o}"
+        );
+        assert!(o.contains("| VM created | who | 0.50 / 1.00 | – |"), "{o}");
+        assert!(o.contains("| all of it * | who | 4.00 / 8.00 | 5.00 / 10.00 |"), "{o}");
+
+        // One provider alone (`--no-peer`): one column; no phases, no table.
+        let mut o = String::new();
+        phases_table(&mut o, &[("capkr-manager", &ours)]);
+        assert!(o.contains("| until | whose | capkr-manager |\n|---|---|---:|"), "{o}");
+        let mut o = String::new();
+        phases_table(&mut o, &[("capkr-manager", &run(&[]))]);
+        assert!(o.is_empty(), "{o}");
     }
 }
