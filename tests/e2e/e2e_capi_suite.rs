@@ -192,9 +192,9 @@ intervals:
   default/check-machines-stable: ["30s", "5s"]
   default/wait-machine-provisioned: ["5m", "2s"]
   default/wait-machines: ["5m", "2s"]
-  quick-start/wait-resource-versions-become-stable: ["1m", "5s"]
+  quick-start/wait-resource-versions-become-stable: ["4m", "5s"]
   quick-start/wait-resource-versions-remain-stable: ["20s", "5s"]
-  k8s-upgrade-with-runtimesdk/wait-resource-versions-become-stable: ["1m", "5s"]
+  k8s-upgrade-with-runtimesdk/wait-resource-versions-become-stable: ["4m", "5s"]
   k8s-upgrade-with-runtimesdk/wait-resource-versions-remain-stable: ["20s", "5s"]
 "#
     )
@@ -438,31 +438,57 @@ fn endpoint_ip(net: &GuestNetwork, part: usize) -> String {
 }
 
 /// Ginkgo's closing summary of the failed specs (from "Summarizing" on, at most 60 lines),
-/// so that the panic message, which CI shows, names the spec and where it failed.
+/// after the first lines of each spec's own failure (from its `[FAILED]` on, at most 40
+/// lines, at most 3 specs): the summary names the spec and the line, the failure says what
+/// was expected and what was found there (which objects kept changing, which condition was
+/// false), so that the panic message, which CI shows, is enough to start from.
 fn failure_summary(text: &str) -> String {
-    let from = text
-        .rfind("Summarizing ")
-        .or_else(|| text.rfind("[FAILED]"))
-        .unwrap_or(text.len());
-    let lines: Vec<&str> = text[from..].lines().take(60).collect();
-    if lines.is_empty() {
-        "(no Ginkgo failure summary in the output)".to_string()
-    } else {
-        lines.join("\n")
+    let summary_at = text.rfind("Summarizing ");
+    let before = &text[..summary_at.unwrap_or(text.len())];
+    let starts: Vec<usize> = before
+        .match_indices("[FAILED]")
+        .map(|(at, _)| at)
+        // The failure starts a line; Ginkgo's timeline marks where it happened with a line
+        // "[FAILED] in [It] - file:line", which is not a failure of its own.
+        .filter(|&at| {
+            before[..at].rsplit('\n').next().is_some_and(|l| l.trim().is_empty())
+                && !before[at..].starts_with("[FAILED] in [")
+        })
+        .collect();
+    let mut parts: Vec<String> = starts
+        .iter()
+        .enumerate()
+        .take(3)
+        .map(|(i, &at)| {
+            let end = starts.get(i + 1).copied().unwrap_or(before.len());
+            before[at..end].lines().take(40).collect::<Vec<_>>().join("\n")
+        })
+        .collect();
+    match summary_at {
+        Some(at) => parts.push(text[at..].lines().take(60).collect::<Vec<_>>().join("\n")),
+        None if parts.is_empty() => return "(no Ginkgo failure summary in the output)".to_string(),
+        None => {}
     }
+    parts.join("\n…\n")
 }
 
 #[test]
 fn the_failure_summary_is_ginkgos_and_says_so_when_there_is_none() {
-    let out = "spec output\n[FAILED] early line\nmore\nSummarizing 1 Failure:\n  [FAIL] kcp-adoption [It] x\n  /path/kcp_adoption.go:203\n\nRan 7 of 13 Specs\n";
+    let out = "spec output\n  [FAILED] Timed out after 60s.\n  resourceVersions never became stable\n  -  \"KaironMachine/a\": \"1\",\n  [FAILED] in [It] - x.go:64 @ 12/06/26\nmore\nSummarizing 1 Failure:\n  [FAIL] kcp-adoption [It] x\n  /path/kcp_adoption.go:203\n\nRan 7 of 13 Specs\n";
     let summary = failure_summary(out);
-    assert!(summary.starts_with("Summarizing 1 Failure:"), "{summary}");
+    assert!(summary.starts_with("[FAILED] Timed out after 60s."), "{summary}");
+    assert!(summary.contains("KaironMachine/a"), "{summary}");
+    assert!(summary.contains("Summarizing 1 Failure:"), "{summary}");
     assert!(summary.contains("kcp_adoption.go:203"), "{summary}");
     assert!(!summary.contains("spec output"), "{summary}");
+    // The end marker's repetition is not a failure of its own.
+    assert_eq!(summary.matches("[FAILED] in [It]").count(), 1, "{summary}");
     let no_summary = failure_summary("panic: no ginkgo at all\n");
     assert_eq!(no_summary, "(no Ginkgo failure summary in the output)");
     let long = format!("Summarizing 2 Failures:\n{}", "x\n".repeat(200));
     assert_eq!(failure_summary(&long).lines().count(), 60);
+    let many = format!("{}Summarizing 5 Failures:\n", "[FAILED] one\nline\n".repeat(5));
+    assert_eq!(failure_summary(&many).matches("[FAILED] one").count(), 3);
 }
 
 /// Every Describe of `tests/capi-e2e` is in exactly one part: a label in none would run in no
