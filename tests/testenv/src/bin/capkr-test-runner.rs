@@ -20,7 +20,9 @@
 //! Each job's output goes to `target/test-logs/<job>.log`. When a job ends, its libtest lines
 //! are printed as cargo would print them (`running N tests`, a line per test, `test result:
 //! …`), a failed job's panics too; the run ends with a table of every job's time and the tests
-//! counted over all jobs. Exit status 1 when any job failed, or when a job that exited 0
+//! counted over all jobs, and each job's CPU time: its process's and that of every process it
+//! waited for (its environments' API servers, etcd, controllers, the simulator and its
+//! guests), from `wait4`'s resource usage. Exit status 1 when any job failed, or when a job that exited 0
 //! printed no `test result` line; every job runs regardless (as `--no-fail-fast`). The last
 //! line says how many environments and API servers the tests
 //! started (`capkr_testenv::tally`).
@@ -29,7 +31,7 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -275,6 +277,8 @@ struct Finished {
     name: String,
     ok: bool,
     took: Duration,
+    /// User and system CPU time of the job's process and of all it waited for.
+    cpu: Duration,
     log: PathBuf,
     counts: Option<Counts>,
 }
@@ -360,6 +364,36 @@ fn start(job: &Job, threads: usize, log_dir: &Path, tally_dir: &Path) -> Result<
     })
 }
 
+/// Reaps `child` if it has exited (or waits for it, `block`): its exit status, and the CPU time
+/// (user + system) it and every descendant it waited for used. `None` while it runs.
+fn reap(child: &Child, block: bool) -> Result<Option<(ExitStatus, Duration)>> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = libc::pid_t::try_from(child.id()).context("a pid out of range")?;
+    let mut status: libc::c_int = 0;
+    // SAFETY: an all-zero rusage is a valid value; wait4 only writes into the two locals.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let flags = if block { 0 } else { libc::WNOHANG };
+    loop {
+        // SAFETY: `pid` is our own child, not reaped yet (std's Child is never waited on here).
+        let r = unsafe { libc::wait4(pid, &mut status, flags, &mut usage) };
+        if r == 0 {
+            return Ok(None);
+        }
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e).context("waiting for a test job");
+        }
+    }
+    let tv = |t: libc::timeval| Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64);
+    Ok(Some((
+        ExitStatus::from_raw(status),
+        tv(usage.ru_utime) + tv(usage.ru_stime),
+    )))
+}
+
 /// What of a failed binary's log is worth printing: every panic with what follows it, and the
 /// summary at the end.
 fn failure_excerpt(log: &Path) -> String {
@@ -433,12 +467,7 @@ fn main() -> Result<()> {
                 // SIGKILL: its environments' processes go with their owner's death (testenv).
                 let _ = running[i].child.kill();
             }
-            let status = if timed_out {
-                Some(running[i].child.wait()?)
-            } else {
-                running[i].child.try_wait()?
-            };
-            if let Some(status) = status {
+            if let Some((status, cpu)) = reap(&running[i].child, timed_out)? {
                 let r = running.remove(i);
                 let took = r.started.elapsed();
                 let text = std::fs::read_to_string(&r.log).unwrap_or_default();
@@ -446,10 +475,11 @@ fn main() -> Result<()> {
                 // A binary that exits 0 without libtest's summary ran no test harness at all.
                 let ok = !timed_out && status.success() && counts.is_some();
                 println!(
-                    "{}   {} in {:.0}s{}",
+                    "{}   {} in {:.0}s ({:.0} CPU-s){}",
                     if ok { "ok " } else { "FAIL" },
                     r.job.name,
                     took.as_secs_f64(),
+                    cpu.as_secs_f64(),
                     if timed_out {
                         format!(
                             ", killed: still running after {} min (--timeout-minutes)",
@@ -474,6 +504,7 @@ fn main() -> Result<()> {
                     name: r.job.name,
                     ok,
                     took,
+                    cpu,
                     log: r.log,
                     counts,
                 });
@@ -488,14 +519,15 @@ fn main() -> Result<()> {
         .iter()
         .map(|f| {
             format!(
-                "{:>7.0}  {:<4}  {}",
+                "{:>7.0}  {:>7.0}  {:<4}  {}",
                 f.took.as_secs_f64(),
+                f.cpu.as_secs_f64(),
                 if f.ok { "ok" } else { "FAIL" },
                 f.name
             )
         })
         .collect();
-    println!("\n{:>7}  {:<4}  job", "seconds", "");
+    println!("\n{:>7}  {:>7}  {:<4}  job", "seconds", "CPU-s", "");
     for line in &table {
         println!("{line}");
     }
@@ -506,11 +538,13 @@ fn main() -> Result<()> {
     for c in finished.iter().filter_map(|f| f.counts) {
         all += c;
     }
+    let cpu: Duration = finished.iter().map(|f| f.cpu).sum();
     println!(
-        "\n{} jobs, {} failed, {:.1} min in all",
+        "\n{} jobs, {} failed, {:.1} min in all, {:.0} CPU-s in the jobs",
         finished.len(),
         failed.len(),
-        t0.elapsed().as_secs_f64() / 60.0
+        t0.elapsed().as_secs_f64() / 60.0,
+        cpu.as_secs_f64()
     );
     println!(
         "test result: {}. {} passed; {} failed; {} ignored (all {} jobs)",
@@ -608,6 +642,31 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[expect(clippy::zombie_processes, reason = "reap() waits for both, with wait4")]
+    fn a_jobs_cpu_time_counts_the_descendants_it_waited_for() {
+        // A shell that waits for a shell that burns CPU: the grandchild's time is the job's.
+        let child = Command::new("sh")
+            .args([
+                "-c",
+                "sh -c 'i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done'; exit 3",
+            ])
+            .spawn()
+            .unwrap();
+        let (status, cpu) = loop {
+            if let Some(done) = reap(&child, false).unwrap() {
+                break done;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(3));
+        assert!(cpu >= Duration::from_millis(50), "{cpu:?}");
+        let quick = Command::new("true").spawn().unwrap();
+        let (status, cpu) = reap(&quick, true).unwrap().expect("a blocking reap returns");
+        assert!(status.success());
+        assert!(cpu < Duration::from_millis(50), "{cpu:?}");
+    }
 
     #[test]
     fn the_tally_counts_environments_and_every_api_server() {
