@@ -40,11 +40,7 @@ pub fn manager_args() -> Vec<String> {
 pub async fn run(n: usize, quiet: Duration) -> Result<FullCapiRun> {
     let env =
         Env::start(EnvOptions::new(format!("bench-capi-{n}")).audit_policy(AUDIT_POLICY_METADATA_RESPONSES)).await?;
-    let result = run_in(&env, n, quiet).await;
-    if result.is_err() {
-        crate::explain_failure(&env, n);
-    }
-    result
+    crate::explain_failure(&env, n, run_in(&env, n, quiet).await)
 }
 
 async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {

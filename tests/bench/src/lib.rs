@@ -156,10 +156,7 @@ pub async fn run(opts: &Options) -> Result<Results> {
                     .audit_policy(AUDIT_POLICY_METADATA_RESPONSES),
             )
             .await?;
-            let result = size_run(&env, opts, n, limits, i == 0).await;
-            if result.is_err() {
-                explain_failure(&env, n);
-            }
+            let result = explain_failure(&env, n, size_run(&env, opts, n, limits, i == 0).await);
             runs.push(result.with_context(|| format!("N={n}, client limit {limits}"))?);
         }
     }
@@ -237,9 +234,13 @@ fn in_workspace(path: &Path) -> String {
     path.strip_prefix(&root).unwrap_or(path).display().to_string()
 }
 
-/// Prints what the environment holds when a run failed: everything for a small N, where the
-/// objects fit on a screen; otherwise where the logs are.
-pub fn explain_failure(env: &Env, n: usize) {
+/// A failed run's result, with what explains it: the environment's processes that had exited
+/// in the error, and printed, everything the environment holds for a small N, where the
+/// objects fit on a screen (otherwise where the logs are).
+pub fn explain_failure<T>(env: &Env, n: usize, result: Result<T>) -> Result<T> {
+    let Err(e) = result else {
+        return result;
+    };
     if n <= 20 {
         env.dump();
     } else {
@@ -247,6 +248,11 @@ pub fn explain_failure(env: &Env, n: usize) {
             "capkr-bench: process logs are in {} (kept with CAPKR_TEST_KEEP=1)",
             env.log_dir().display()
         );
+    }
+    // The dump goes to the log; the error is what a summary shows.
+    match env.exited(20) {
+        gone if gone.is_empty() => Err(e),
+        gone => Err(e.context(format!("processes of the environment had exited:\n{gone}"))),
     }
 }
 

@@ -86,11 +86,7 @@ pub fn capd_args() -> Vec<String> {
 pub async fn run(capd: &Path, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     let env =
         Env::start(EnvOptions::new(format!("bench-capd-{n}")).audit_policy(AUDIT_POLICY_METADATA_RESPONSES)).await?;
-    let result = run_in(&env, capd, n, quiet).await;
-    if result.is_err() {
-        crate::explain_failure(&env, n);
-    }
-    result
+    crate::explain_failure(&env, n, run_in(&env, capd, n, quiet).await)
 }
 
 async fn run_in(env: &Env, capd: &Path, n: usize, quiet: Duration) -> Result<FullCapiRun> {

@@ -83,11 +83,8 @@ async fn run_path(workers: Workers, n: usize, quiet: Duration) -> Result<PoolPat
     let env =
         Env::start(EnvOptions::new(format!("bench-pool-{label}-{n}")).audit_policy(AUDIT_POLICY_METADATA_RESPONSES))
             .await?;
-    let result = run_in(&env, workers, n, quiet).await;
-    if result.is_err() {
-        crate::explain_failure(&env, n);
-    }
-    result.with_context(|| format!("{} 0 -> {n}", workers.name()))
+    crate::explain_failure(&env, n, run_in(&env, workers, n, quiet).await)
+        .with_context(|| format!("{} 0 -> {n}", workers.name()))
 }
 
 async fn run_in(env: &Env, workers: Workers, n: usize, quiet: Duration) -> Result<PoolPathRun> {

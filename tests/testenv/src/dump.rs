@@ -26,6 +26,9 @@ const MANAGEMENT_RESOURCES: &[&str] = &[
 pub(crate) fn dump(env: &Env) {
     let prefix = format!("[{}]", env.name);
     eprintln!("{prefix} ===== capkr-testenv dump: {} =====", env.dir.display());
+    for line in env.exited(0).lines() {
+        eprintln!("{prefix} {line}");
+    }
     dump_logs(env, LOG_LINES);
     for r in MANAGEMENT_RESOURCES {
         dump_objects(

@@ -563,6 +563,29 @@ impl Env {
         }
     }
 
+    /// Every process of the environment that has exited: its name, exit status and last
+    /// `lines` log lines; empty while all run. A failure whose cause is a webhook or an API
+    /// server that is gone (a refused connection) names that cause with it.
+    pub fn exited(&self, lines: usize) -> String {
+        let mut out = String::new();
+        let mut one = |p: &Process| {
+            if let Some(status) = p.try_exit_status() {
+                out.push_str(&format!("{} exited ({status})", p.name()));
+                if lines > 0 {
+                    out.push_str(&format!("; last log lines:\n{}", p.log_tail(lines)));
+                }
+                out.push('\n');
+            }
+        };
+        if let Some(p) = self.etcd.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            one(p);
+        }
+        for p in self.procs.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            one(p);
+        }
+        out
+    }
+
     /// Hands a process the test started (a simulator, a manager) to the environment, which
     /// stops it with its own: what a shared environment's setup starts lives as long as it.
     pub fn keep(&self, p: Process) {

@@ -262,6 +262,25 @@ async fn teardown_leaves_no_process() {
     for (name, pid) in &pids {
         assert!(pid_alive(*pid), "{name} ({pid}) should run");
     }
+    // A process that dies under the environment is named, with how it ended, in what a
+    // failing test reports.
+    assert_eq!(env.exited(5), "", "nothing has exited yet");
+    let cabpk = pids
+        .iter()
+        .find_map(|(name, pid)| (name == "capi-kubeadm-bootstrap").then_some(*pid))
+        .expect("CABPK runs");
+    // SAFETY: plain syscall on the environment's own child.
+    assert_eq!(unsafe { libc::kill(cabpk as libc::pid_t, libc::SIGKILL) }, 0);
+    let gone = wait_for("CABPK to be seen gone", Duration::from_secs(10), || async {
+        Ok::<_, anyhow::Error>(Some(env.exited(5)).filter(|s| !s.is_empty()))
+    })
+    .await
+    .unwrap();
+    assert!(
+        gone.starts_with("capi-kubeadm-bootstrap exited (signal: 9") && gone.contains("last log lines:"),
+        "{gone}"
+    );
+    pids.retain(|(_, pid)| *pid != cabpk);
     let dir = env.dir().to_path_buf();
     drop(manager);
     drop(env);
