@@ -682,7 +682,15 @@ impl Env {
 
     /// Server-side applies multi-document YAML (see [`crate::apply_yaml`]).
     pub async fn apply(&self, yaml: &str, default_namespace: Option<&str>) -> Result<Vec<DynamicObject>> {
-        apply_yaml(&self.client(), yaml, default_namespace).await
+        let applied = apply_yaml(&self.client(), yaml, default_namespace).await;
+        // A webhook whose manager is gone refuses every write: name it with the refusal.
+        match applied {
+            Err(e) if !self.exited(0).is_empty() => Err(e.context(format!(
+                "processes of the environment had exited: {}",
+                self.exited(0).trim_end().replace('\n', "; ")
+            ))),
+            applied => applied,
+        }
     }
 
     /// Starts `capkr-manager --kubeconfig <admin> <extra_args>`; logs to `logs/capkr-manager*.log`.
