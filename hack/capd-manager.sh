@@ -10,7 +10,7 @@
 #
 # <hash> covers tests/capi-e2e/go.mod, go.sum and this script. The LAST line on stdout is the
 # absolute cache dir (DIR=$(hack/capd-manager.sh | tail -1)); progress goes to stderr. The
-# benchmark (tests/bench) runs CAPD beside capkr-manager. Needs Go and the Go module proxy.
+# benchmark (testbed/bench) runs CAPD beside capkr-manager. Needs Go and the Go module proxy.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

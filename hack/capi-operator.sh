@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # Builds the Cluster API Operator (sigs.k8s.io/cluster-api-operator, pinned by the Go module
-# tests/tools/operator) into a cache outside the source tree:
+# testbed/tools/operator) into a cache outside the source tree:
 #
 #   ${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}/operator-<hash>/
 #     capi-operator   the operator's manager
 #     crd/            its CRD bases (CoreProvider, InfrastructureProvider, ...), copied from the
 #                     Go module cache
 #
-# <hash> covers tests/tools/operator/go.mod, go.sum and this script. The LAST line on stdout is
+# <hash> covers testbed/tools/operator/go.mod, go.sum and this script. The LAST line on stdout is
 # the absolute cache dir (DIR=$(hack/capi-operator.sh | tail -1)); progress goes to stderr.
 # tests/distribution/operator.rs installs the provider with it. Needs Go and the Go module proxy.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-MOD="$ROOT/tests/tools/operator"
+MOD="$ROOT/testbed/tools/operator"
 CACHE=${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}
 PKG=sigs.k8s.io/cluster-api-operator/cmd
 
@@ -38,7 +38,7 @@ export CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" GOWORK=off
 tmp=$(mktemp -d "$CACHE/operator-$HASH.tmp.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 v=$(cd "$MOD" && go list -m -f '{{.Version}}' sigs.k8s.io/cluster-api-operator)
-log "building $PKG $v (tests/tools/operator) ..."
+log "building $PKG $v (testbed/tools/operator) ..."
 (cd "$MOD" && go build -trimpath -ldflags="-s -w" -o "$tmp/capi-operator" "$PKG")
 dir=$(cd "$MOD" && go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api-operator)
 [[ -d "$dir/config/crd/bases" ]] || die "no operator CRDs under $dir"

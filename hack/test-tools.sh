@@ -2,11 +2,11 @@
 # Builds the upstream binaries the integration tests run (etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubectl, the Cluster API managers, clusterctl, helm,
 # KWOK's controller) from the
-# Go modules pinned under tests/tools/, into a cache outside the source tree:
+# Go modules pinned under testbed/tools/, into a cache outside the source tree:
 #
 #   ${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}/<hash>/bin
 #
-# <hash> covers tests/tools/*/go.mod, go.sum, tests/tools/guest/*.go and this script, so a warm run only hashes a
+# <hash> covers testbed/tools/*/go.mod, go.sum, testbed/tools/guest/*.go and this script, so a warm run only hashes a
 # few files and checks that the binaries exist. The LAST line on stdout is the absolute bin
 # dir (BIN=$(hack/test-tools.sh | tail -1)); progress goes to stderr.
 #
@@ -19,15 +19,15 @@
 # Next to bin/ it also keeps manifests/capi/{core,bootstrap-kubeadm,control-plane-kubeadm}/
 # {crd/*.yaml,webhook/manifests.yaml} (+ manifests/capi/metadata.yaml): the raw CRD bases and
 # webhook manifests of the pinned Cluster API, copied from the Go module cache, which the
-# test environment (tests/testenv) installs the way envtest does; and manifests/kwok/stages.yaml,
+# test environment (testbed/testenv) installs the way envtest does; and manifests/kwok/stages.yaml,
 # KWOK's node heartbeat and fast pod Stages, which kairon-sim gives its KWOK controllers.
 # <bin>/../manifests finds them.
 #
-# Needs only Go (the version in tests/tools/*/go.mod, 1.26) and the Go module proxy.
+# Needs only Go (the version in testbed/tools/*/go.mod, 1.26) and the Go module proxy.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-TOOLS="$ROOT/tests/tools"
+TOOLS="$ROOT/testbed/tools"
 SCRIPT="$ROOT/hack/test-tools.sh"
 CACHE=${CAPKR_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/capkr-test-tools}
 

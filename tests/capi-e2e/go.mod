@@ -171,7 +171,7 @@ require (
 )
 
 // The test module v1.14.4 (its upgrade specs check that an upgrade replaces each Machine once)
-// builds against CAPI v1.14.2, the release of the managers (tests/tools/capi): it requires the
+// builds against CAPI v1.14.2, the release of the managers (testbed/tools/capi): it requires the
 // core and api modules as v0.0.0 (a relative replace in its own repository), and the module
 // proxy serves neither at v1.14.4.
 replace sigs.k8s.io/cluster-api => sigs.k8s.io/cluster-api v1.14.2

@@ -35,7 +35,7 @@ use capkr_testenv::{
 mod flavors;
 use flavors::*;
 
-/// The CAPI release of the managers (tests/tools/capi); the specs are those of the test module
+/// The CAPI release of the managers (testbed/tools/capi); the specs are those of the test module
 /// v1.14.4, built against this release (tests/capi-e2e/go.mod).
 const CAPI_VERSION: &str = "v1.14.2";
 

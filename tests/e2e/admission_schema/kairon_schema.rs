@@ -77,7 +77,7 @@ async fn kairons_published_machine_schema_takes_the_machines_the_provider_writes
     let machines: Api<DynamicObject> = Api::namespaced_with(env.client(), "kairon", &resource);
     // Server-side apply: the one write whose field validation can be asked Strict here.
     let strict = PatchParams::apply("capkr-test").validation(kube::api::ValidationDirective::Strict);
-    let testdata = root.join("tests/kairon-sim/testdata/cabpk");
+    let testdata = root.join("testbed/kairon-sim/testdata/cabpk");
     let zone = FailureDomainSpec {
         name: "zone-a".into(),
         control_plane: Some(true),

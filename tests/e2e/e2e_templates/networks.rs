@@ -1,5 +1,5 @@
 //! The shipped default flavor on Kairon's networks, as the simulator plays them
-//! (`tests/kairon-sim/README.md`, "Networks"): without `spec.network` (Kairon's user mode, a
+//! (`testbed/kairon-sim/README.md`, "Networks"): without `spec.network` (Kairon's user mode, a
 //! NAT of each VM's own) no cluster forms and the KaironMachines say why; on a bridge without
 //! `learnIP` or the guest agent the cluster forms but Kairon reports no address, and a rollout
 //! to the flavor's own network brings the addresses.

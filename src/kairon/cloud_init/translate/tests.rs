@@ -1,5 +1,5 @@
 //! Table tests of the translation on cloud-configs written for one behaviour each. The
-//! simulator's tests (`tests/kairon-sim/src/cloud_init.rs`) check, on CABPK's own output, that
+//! simulator's tests (`testbed/kairon-sim/src/cloud_init.rs`) check, on CABPK's own output, that
 //! the guest Kairon's rendering boots does what the original would.
 
 use super::*;

@@ -1,5 +1,5 @@
 // Command kairon-guest plays the parts of a control-plane VM that the Kairon simulator
-// (tests/kairon-sim) does not run as upstream binaries: what `kubeadm` computes on the VM
+// (testbed/kairon-sim) does not run as upstream binaries: what `kubeadm` computes on the VM
 // (certificates from the CAs that the bootstrap data carries, joining the etcd cluster) and
 // kubelet's port-forward endpoint, which is what the API server's `pods/portforward` reaches
 // and what KubeadmControlPlane uses to talk to etcd and to check the API server's certificate.

@@ -195,13 +195,13 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
-/// The source dir and version of the pinned Cluster API module (`tests/tools/capi`), from the
+/// The source dir and version of the pinned Cluster API module (`testbed/tools/capi`), from the
 /// Go module cache.
 pub fn capi_module() -> (PathBuf, String) {
     let out = run_ok(
         Command::new("go")
             .args(["mod", "download", "-json", "sigs.k8s.io/cluster-api"])
-            .current_dir(root().join("tests/tools/capi")),
+            .current_dir(root().join("testbed/tools/capi")),
     );
     let module: Value = serde_json::from_slice(&out.stdout).expect("go mod download -json");
     let dir = PathBuf::from(module["Dir"].as_str().expect("module dir"));

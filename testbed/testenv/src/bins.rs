@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
 
-/// The workspace root (this crate lives in `<root>/tests/testenv`).
+/// The workspace root (this crate lives in `<root>/testbed/testenv`).
 pub fn workspace_root() -> PathBuf {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     here.parent()

@@ -3,7 +3,7 @@
 # kube-apiserver with the development Kairon CRD, and a "workload" kube-apiserver sharing
 # etcd under another prefix. Source it:
 #
-#   source tests/kairon-sim/scripts/env.sh     # from the repo root
+#   source testbed/kairon-sim/scripts/env.sh     # from the repo root
 #   kubectl get machines.kairon.zyvor.dev -A   # KUBECONFIG points at the management server
 #   env_down                                   # stops everything, removes the temp dir
 #

@@ -9,7 +9,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use serde_json::json;
 
 /// The Kubernetes version of the test environment: the kube-apiserver that `hack/test-tools.sh`
-/// builds (`tests/tools/k8s`), and the version the test clusters' Machines ask for.
+/// builds (`testbed/tools/k8s`), and the version the test clusters' Machines ask for.
 pub const KUBERNETES_VERSION: &str = "v1.37.2";
 
 /// The Kairon image of the test clusters' machines.

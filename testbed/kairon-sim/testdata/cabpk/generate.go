@@ -1,12 +1,12 @@
 //go:build ignore
 
-// Generates the CABPK v1.14.2 user-data fixtures of tests/kairon-sim/testdata/cabpk with CAPI's
+// Generates the CABPK v1.14.2 user-data fixtures of testbed/kairon-sim/testdata/cabpk with CAPI's
 // own cloud-init templates (sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/cloudinit), fed as
 // the KubeadmConfig reconciler feeds them. Certificates and keys are fake PEM blocks.
 //
 // Run from the module pinning the CAPI managers (offline, from the module cache):
 //
-//	cd tests/tools/capi && GOFLAGS=-mod=mod GOPROXY=off \
+//	cd testbed/tools/capi && GOFLAGS=-mod=mod GOPROXY=off \
 //	  go run ../../kairon-sim/testdata/cabpk/generate.go ../../kairon-sim/testdata/cabpk
 package main
 
