@@ -17,7 +17,7 @@ use serde_json::json;
 use tower_test::mock::{self, Handle};
 
 use crate::mock_support;
-use mock_support::{condition, expect, expect_no_more, filled};
+use mock_support::{World, condition, expect, expect_no_more};
 
 const NS: &str = "ns";
 const KC_PATH: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironclusters/demo";
@@ -117,21 +117,16 @@ where
     F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let (clusters, _w1) = filled(clusters);
-    let (members, _w2) = filled(members);
-    let ctx = Arc::new(Context {
+    let world = World {
         clusters,
-        members,
-        ..Context::for_request_tests(Client::new(service, "default"))
-    });
-    let server = tokio::spawn(server(handle));
-    let result = reconcile(Arc::new(kc), ctx).await;
-    tokio::time::timeout(Duration::from_secs(2), server)
-        .await
-        .expect("mock server finished")
-        .expect("mock server did not panic");
-    result.map(|_| ())
+        kaironmachines: members,
+        ..World::default()
+    };
+    mock_support::against(server, |client| {
+        reconcile(Arc::new(kc), Arc::new(world.cluster_context(client)))
+    })
+    .await
+    .map(|_| ())
 }
 
 #[tokio::test]
@@ -364,13 +359,13 @@ async fn a_transient_error_reading_an_identity_leaves_the_identity_untouched() {
         let kc_json = serde_json::to_value(&kc).unwrap();
         let (service, mut h) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let (clusters, _w1) = filled(vec![cluster(false)]);
-        let (members, _w2) = filled(vec![]);
+        let world = World {
+            clusters: vec![cluster(false)],
+            ..World::default()
+        };
         let ctx = Arc::new(Context {
             endpoints: Some(Arc::new(Endpoints::for_request_tests(client.clone(), "capkr-system"))),
-            clusters,
-            members,
-            ..Context::for_request_tests(client)
+            ..world.cluster_context(client)
         });
         let (identity_json, secret_json) = (identity_json.clone(), secret_json.clone());
         // Answers whatever comes, the identity's first read with a 500 in the first case and

@@ -7,7 +7,6 @@
 //! that drains the members first, and keeps them while paused or moved.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use capkr::api::conditions::{PAUSED, reason};
 use capkr::api::{KaironMachine, KaironMachinePool, MACHINE_POOL_FINALIZER};
@@ -19,14 +18,13 @@ use capkr::controller::kairon_machine_pool::{Context, reconcile};
 use capkr::kairon::labels;
 use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::Client;
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle};
+use tower_test::mock::Handle;
 
 use crate::mock_support;
-use mock_support::{condition, expect, expect_no_more, filled};
+use mock_support::{World, condition, expect, expect_no_more};
 
 const NS: &str = "ns";
 const KMP: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachinepools/pool";
@@ -145,7 +143,7 @@ fn pool(w: &World) -> KaironMachinePool {
         ..Default::default()
     }]);
     let counted: Vec<Counted> = w
-        .kms
+        .kaironmachines
         .iter()
         .map(|km| Counted {
             provider_id: km.spec.provider_id.clone(),
@@ -166,21 +164,15 @@ fn pool(w: &World) -> KaironMachinePool {
     p
 }
 
-struct World {
-    mp: MachinePool,
-    cluster_paused: bool,
-    kms: Vec<KaironMachine>,
-    machines: Vec<capi::Machine>,
-}
-
 /// A pool of `replicas` wanted, with two members a and b of the current revision, their
 /// KaironMachines and Machines.
 fn steady(replicas: i32) -> World {
     World {
-        mp: machine_pool(replicas),
-        cluster_paused: false,
-        kms: vec![km("pool-a", VERSION, true), km("pool-b", VERSION, true)],
+        machine_pools: vec![machine_pool(replicas)],
+        clusters: vec![cluster(false)],
+        kaironmachines: vec![km("pool-a", VERSION, true), km("pool-b", VERSION, true)],
         machines: vec![machine("pool-a", 10, false), machine("pool-b", 20, false)],
+        ..World::default()
     }
 }
 
@@ -195,17 +187,6 @@ fn cluster(paused: bool) -> capi::Cluster {
     c
 }
 
-fn context(client: Client, w: World, settings: Settings) -> Arc<Context> {
-    Arc::new(Context {
-        machine_pools: filled(vec![w.mp]).0,
-        clusters: filled(vec![cluster(w.cluster_paused)]).0,
-        kaironmachines: filled(w.kms).0,
-        machines: filled(w.machines).0,
-        settings,
-        ..Context::for_request_tests(client)
-    })
-}
-
 /// Reconciles `pool` in `w` against `server` with `settings`; returns what the reconcile
 /// returned.
 async fn run_with<F, Fut>(
@@ -218,15 +199,14 @@ where
     F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = context(Client::new(service, "default"), w, settings);
-    let server = tokio::spawn(server(handle));
-    let result = reconcile(Arc::new(pool), ctx).await;
-    tokio::time::timeout(Duration::from_secs(2), server)
-        .await
-        .expect("mock server finished")
-        .expect("mock server did not panic");
-    result
+    mock_support::against(server, |client| {
+        let ctx = Context {
+            settings,
+            ..w.pool_context(client)
+        };
+        reconcile(Arc::new(pool), Arc::new(ctx))
+    })
+    .await
 }
 
 async fn run<F, Fut>(pool: KaironMachinePool, w: World, server: F)
@@ -269,7 +249,7 @@ async fn nothing_is_written_before_capi_sets_the_owner_machine_pool() {
 #[tokio::test]
 async fn first_provisioning_adds_the_finalizer_then_a_kaironmachine_per_member() {
     let world = World {
-        kms: vec![],
+        kaironmachines: vec![],
         machines: vec![],
         ..steady(2)
     };
@@ -359,7 +339,7 @@ async fn scale_in_chooses_from_the_machines_as_the_api_server_has_them() {
 #[tokio::test]
 async fn a_new_revision_surges_one_member_first_and_deletes_none_yet() {
     let w = World {
-        kms: vec![km("pool-a", OLD_VERSION, true), km("pool-b", OLD_VERSION, true)],
+        kaironmachines: vec![km("pool-a", OLD_VERSION, true), km("pool-b", OLD_VERSION, true)],
         ..steady(2)
     };
     let p = pool(&w);
@@ -378,7 +358,7 @@ async fn a_new_revision_surges_one_member_first_and_deletes_none_yet() {
 #[tokio::test]
 async fn an_outdated_member_goes_through_its_machine_once_its_replacement_is_available() {
     let mut w = World {
-        kms: vec![
+        kaironmachines: vec![
             km("pool-a", OLD_VERSION, true),
             km("pool-b", OLD_VERSION, true),
             km("pool-c", VERSION, true),
@@ -401,7 +381,14 @@ async fn an_outdated_member_goes_through_its_machine_once_its_replacement_is_ava
 async fn a_pool_its_machine_pool_no_longer_names_touches_nothing_and_its_deletion_leaves_the_members() {
     let repointed = || {
         let mut w = steady(2);
-        w.mp.spec.template.spec.infrastructure_ref.as_mut().unwrap().name = "pool-new".into();
+        w.machine_pools[0]
+            .spec
+            .template
+            .spec
+            .infrastructure_ref
+            .as_mut()
+            .unwrap()
+            .name = "pool-new".into();
         w
     };
     let w = repointed();
@@ -437,7 +424,7 @@ fn deleting(mut p: KaironMachinePool) -> KaironMachinePool {
 #[tokio::test]
 async fn a_paused_deletion_deletes_nothing_and_only_reports_paused() {
     let world = World {
-        cluster_paused: true,
+        clusters: vec![cluster(true)],
         ..steady(2)
     };
     let p = deleting(pool(&world));
@@ -482,7 +469,7 @@ async fn deletion_drains_the_members_first_then_releases_the_finalizer() {
     .await;
 
     let gone = World {
-        kms: vec![],
+        kaironmachines: vec![],
         machines: vec![],
         ..steady(2)
     };

@@ -4,23 +4,21 @@
 //! proven by the tests that run the real control plane.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use capkr::api::conditions::{self, Decided, INSTANCE_PROVISIONED, PAUSED, READY, Status, reason};
 use capkr::api::{KaironMachine, MACHINE_FINALIZER};
 use capkr::capi::{self, ContractVersionedObjectReference};
-use capkr::controller::kairon_machine::{Context, Observed, StatusInput, next_status, reconcile};
+use capkr::controller::kairon_machine::{Observed, StatusInput, next_status, reconcile};
 use capkr::kairon::cloud_init::RUNCMD_SCRIPT;
 use capkr::kairon::{self, MachineStatus, labels};
 use http::{Request, Response};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::Client;
 use kube::client::Body;
 use serde_json::json;
-use tower_test::mock::{self, Handle};
+use tower_test::mock::Handle;
 
 use crate::mock_support;
-use mock_support::{condition, expect, expect_no_more, filled, status_error};
+use mock_support::{World, condition, expect, expect_no_more, status_error};
 
 /// A bootstrap Secret is used once its config is read to be this machine's; what follows a VM Kairon reports.
 mod bootstrap_config;
@@ -54,36 +52,17 @@ fn vm(phase: &str) -> kairon::Machine {
     vm
 }
 
-struct World {
-    machines: Vec<capi::Machine>,
-    clusters: Vec<capi::Cluster>,
-    instances: Vec<kairon::Machine>,
-}
-
-/// Runs one reconcile of `km` against a mock API server driven by `server`.
+/// Runs one reconcile of `km` in `world` against a mock API server driven by `server`.
 async fn run<F, Fut>(km: KaironMachine, world: World, server: F) -> Result<(), capkr::controller::Error>
 where
     F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    let (machines, _w1) = filled(world.machines);
-    let (clusters, _w2) = filled(world.clusters);
-    let (instances, _w3) = filled(world.instances);
-    let ctx = Arc::new(Context {
-        machines,
-        clusters,
-        instances,
-        ..Context::for_request_tests(client)
-    });
-    let server = tokio::spawn(server(handle));
-    let result = reconcile(Arc::new(km), ctx).await;
-    tokio::time::timeout(Duration::from_secs(2), server)
-        .await
-        .expect("mock server finished")
-        .expect("mock server did not panic");
-    result.map(|_| ())
+    mock_support::against(server, |client| {
+        reconcile(Arc::new(km), Arc::new(world.machine_context(client)))
+    })
+    .await
+    .map(|_| ())
 }
 
 /// `km` with the status the reconciler would have written for `observed` earlier.
@@ -106,6 +85,7 @@ async fn first_provisioning_adds_finalizer_reads_secret_once_creates_vm_then_rec
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let created = {
         let mut v = vm("Pending");
@@ -214,6 +194,7 @@ async fn steady_state_makes_no_request() {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![vm("Running")],
+        ..World::default()
     };
     run(km, world, |mut h| async move { expect_no_more(&mut h).await })
         .await
@@ -230,6 +211,7 @@ async fn waiting_for_bootstrap_data_reads_nothing_and_writes_status_once() {
         machines: vec![m.clone()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km.clone(), world, move |mut h| async move {
@@ -255,6 +237,7 @@ async fn waiting_for_bootstrap_data_reads_nothing_and_writes_status_once() {
         machines: vec![m],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     run(km, world, |mut h| async move { expect_no_more(&mut h).await })
         .await
@@ -275,6 +258,7 @@ async fn a_control_plane_in_user_mode_gets_no_vm_and_says_why() {
         machines: vec![m.clone()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km.clone(), world(), move |mut h| async move {
@@ -325,6 +309,7 @@ async fn ignition_bootstrap_data_is_a_terminal_condition_and_nothing_is_created(
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -361,6 +346,7 @@ async fn a_foreign_vm_with_our_name_is_reported_and_left_alone() {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -386,6 +372,7 @@ async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreat
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -419,6 +406,7 @@ async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![vm("Running")],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let vm_json = serde_json::to_value(vm("Running")).unwrap();
@@ -456,6 +444,7 @@ async fn deletion_without_machine_but_with_its_cluster_still_cleans_up() {
         machines: vec![],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -474,6 +463,7 @@ async fn deletion_after_the_cluster_is_gone_keeps_the_vm_and_releases_the_finali
         machines: vec![],
         clusters: vec![],
         instances: vec![vm("Running")],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -502,6 +492,7 @@ async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
         machines: vec![machine()],
         clusters: vec![cluster(true)],
         instances: vec![vm("Running")],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km.clone(), world(), move |mut h| async move {
@@ -539,6 +530,7 @@ async fn paused_by_annotation_blocks_provisioning() {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -567,6 +559,7 @@ async fn without_an_owner_machine_nothing_is_written_not_even_the_finalizer() {
         machines: vec![],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     run(km, world, |mut h| async move { expect_no_more(&mut h).await })
         .await
@@ -581,6 +574,7 @@ async fn deleted_for_move_releases_the_finalizer_and_keeps_the_vm() {
         machines: vec![],
         clusters: vec![],
         instances: vec![vm("Running")],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -606,6 +600,7 @@ async fn an_owner_machine_that_does_not_name_us_gets_a_condition_and_nothing_els
             machines: vec![m],
             clusters: vec![cluster(false)],
             instances: vec![],
+            ..World::default()
         };
         run(km, world, move |mut h| async move {
             // No finalizer, no Secret read, no VM: only the condition.
@@ -634,6 +629,7 @@ async fn a_bootstrap_secret_not_made_by_the_machines_config_is_not_used() {
         machines: vec![m],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -677,6 +673,7 @@ async fn a_vm_replaced_under_our_name_is_gone_not_ours() {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![replaced],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -702,6 +699,7 @@ async fn a_create_kairon_rejects_is_reported_with_code_and_reason_and_is_an_erro
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let result = run(km, world, move |mut h| async move {

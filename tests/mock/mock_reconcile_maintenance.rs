@@ -15,13 +15,12 @@ use capkr::kairon::{self, labels};
 use http::{Request, Response};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kube::Client;
 use kube::client::Body;
 use serde_json::{Value, json};
-use tower_test::mock::{self, Handle};
+use tower_test::mock::Handle;
 
 use crate::mock_support;
-use mock_support::{condition, expect, expect_no_more, filled};
+use mock_support::{World, condition, expect, expect_no_more};
 
 const NS: &str = "ns";
 const KM_STATUS: &str = "/apis/infrastructure.cluster.x-k8s.io/v1alpha1/namespaces/ns/kaironmachines/m1/status";
@@ -114,46 +113,40 @@ fn node(name: &str, cordoned: bool) -> Node {
     n
 }
 
-struct World {
-    machines: Vec<capi::Machine>,
-    cluster: capi::Cluster,
-    instances: Vec<kairon::Machine>,
-    /// Kairon's nodes h1 (cordoned or not) and h2.
-    h1_cordoned: bool,
-    /// `--evacuation-grace-period` (none unless a test says so).
-    grace: Duration,
-    /// The MachineHealthChecks there are now.
-    health_checks: Vec<capi::MachineHealthCheck>,
+/// Kairon's nodes h1 (cordoned or not) and h2.
+fn hosts(h1_cordoned: bool) -> Option<Vec<Node>> {
+    Some(vec![node("h1", h1_cordoned), node("h2", false)])
 }
 
-/// Runs one reconcile of `km` against a mock API server driven by `server`; events are
-/// published (to the mock server).
+/// Runs one reconcile of `km` in `world` against a mock API server driven by `server`, no
+/// `--evacuation-grace-period`; events are published (to the mock server).
 async fn run<F, Fut>(km: KaironMachine, world: World, server: F)
 where
     F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    let ctx = Arc::new(Context {
-        settings: Settings {
-            evacuation_grace_period: world.grace,
-            ..Settings::default()
-        },
-        machines: filled(world.machines).0,
-        health_checks: filled(world.health_checks).0,
-        clusters: filled(vec![world.cluster]).0,
-        instances: filled(world.instances).0,
-        events: capkr::events::Events::new(client.clone(), "capkr-kaironmachine-controller", "test"),
-        nodes: Some(filled(vec![node("h1", world.h1_cordoned), node("h2", false)]).0),
-        ..Context::for_request_tests(client)
-    });
-    let server = tokio::spawn(server(handle));
-    reconcile(Arc::new(km), ctx).await.expect("reconcile succeeds");
-    tokio::time::timeout(Duration::from_secs(3), server)
-        .await
-        .expect("mock server finished")
-        .expect("mock server did not panic");
+    run_with_grace(km, world, Duration::ZERO, server).await
+}
+
+/// [`run`] with `--evacuation-grace-period` `grace`.
+async fn run_with_grace<F, Fut>(km: KaironMachine, world: World, grace: Duration, server: F)
+where
+    F: FnOnce(Handle<Request<Body>, Response<Body>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    mock_support::against(server, |client| {
+        let ctx = Context {
+            settings: Settings {
+                evacuation_grace_period: grace,
+                ..Settings::default()
+            },
+            events: capkr::events::Events::new(client.clone(), "capkr-kaironmachine-controller", "test"),
+            ..world.machine_context(client)
+        };
+        reconcile(Arc::new(km), Arc::new(ctx))
+    })
+    .await
+    .expect("reconcile succeeds");
 }
 
 /// Takes the next request, an event, and returns its reason.
@@ -176,11 +169,11 @@ async fn a_live_migration_writes_the_host_and_one_event() {
     let km = provisioned_on(vm("h1"));
     let world = || World {
         machines: vec![machine("m1")],
-        cluster: cluster(false),
+        clusters: vec![cluster(false)],
         instances: vec![vm("h2")],
-        h1_cordoned: false,
-        grace: Duration::ZERO,
+        nodes: hosts(false),
         health_checks: vec![health_check()],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -230,11 +223,11 @@ async fn a_cordoned_node_marks_the_machine_once_and_steady_state_writes_nothing(
         }
         World {
             machines: vec![m, machine("m2")],
-            cluster: cluster(false),
+            clusters: vec![cluster(false)],
             instances: vec![vm("h1")],
-            h1_cordoned: true,
-            grace: Duration::ZERO,
+            nodes: hosts(true),
             health_checks: vec![health_check()],
+            ..World::default()
         }
     };
     let km_json = serde_json::to_value(&km).unwrap();
@@ -291,11 +284,11 @@ async fn an_evacuation_waits_while_another_machine_of_the_cluster_is_being_repla
     other.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
     let world = World {
         machines: vec![machine("m1"), other],
-        cluster: cluster(false),
+        clusters: vec![cluster(false)],
         instances: vec![vm("h1")],
-        h1_cordoned: true,
-        grace: Duration::ZERO,
+        nodes: hosts(true),
         health_checks: vec![health_check()],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -320,11 +313,11 @@ async fn a_paused_evacuation_writes_only_status() {
     let km = provisioned_on(vm("h1"));
     let world = || World {
         machines: vec![machine("m1")],
-        cluster: cluster(true),
+        clusters: vec![cluster(true)],
         instances: vec![vm("h1")],
-        h1_cordoned: true,
-        grace: Duration::ZERO,
+        nodes: hosts(true),
         health_checks: vec![health_check()],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let sent = Arc::new(Mutex::new(Value::Null));
@@ -352,14 +345,14 @@ async fn a_cordoned_node_first_waits_its_grace_period_writing_the_status_alone()
     let km = provisioned_on(vm("h1"));
     let world = World {
         machines: vec![machine("m1")],
-        cluster: cluster(false),
+        clusters: vec![cluster(false)],
         instances: vec![vm("h1")],
-        h1_cordoned: true,
-        grace: Duration::from_secs(60),
+        nodes: hosts(true),
         health_checks: vec![health_check()],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
-    run(km, world, move |mut h| async move {
+    run_with_grace(km, world, Duration::from_secs(60), move |mut h| async move {
         let (_, body) = expect(&mut h, "PATCH", KM_STATUS, 200, km_json).await;
         let evacuation = condition(&body["status"], EVACUATION);
         assert_eq!(
@@ -396,11 +389,11 @@ async fn a_marked_worker_whose_machine_health_check_is_gone_is_deleted() {
     );
     let world = World {
         machines: vec![marked, machine("m2")],
-        cluster: cluster(false),
+        clusters: vec![cluster(false)],
         instances: vec![vm("h1")],
-        h1_cordoned: true,
-        grace: Duration::ZERO,
+        nodes: hosts(true),
         health_checks: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     let machine_json = serde_json::to_value(machine("m1")).unwrap();

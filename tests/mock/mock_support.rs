@@ -1,14 +1,92 @@
-//! What the mock-server tests share: caches filled by hand, and a mock API server that takes
-//! requests one by one, checks each and answers it.
+//! What the mock-server tests share: the world a reconcile starts in (every cache filled by
+//! hand, for any of the reconcilers), and a mock API server that takes requests one by one,
+//! checks each and answers it.
 
+use std::future::Future;
 use std::time::Duration;
 
+use capkr::api::KaironMachine;
+use capkr::controller::{kairon_cluster, kairon_machine, kairon_machine_pool};
+use capkr::{capi, kairon};
 use http::{Request, Response, StatusCode};
+use k8s_openapi::api::core::v1::Node;
+use kube::Client;
 use kube::client::Body;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
-use tower_test::mock::Handle;
+use tower_test::mock::{self, Handle};
+
+/// What the caches hold when a reconcile starts. Each reconciler's test context is made from
+/// it, on top of that reconciler's `Context::for_request_tests`; a test names the objects it
+/// needs and leaves the rest to `..World::default()`.
+#[derive(Clone, Default)]
+pub struct World {
+    pub machines: Vec<capi::Machine>,
+    pub clusters: Vec<capi::Cluster>,
+    /// Kairon Machines.
+    pub instances: Vec<kairon::Machine>,
+    /// KaironMachines: a pool's members, a KaironCluster's members.
+    pub kaironmachines: Vec<KaironMachine>,
+    pub machine_pools: Vec<capi::MachinePool>,
+    pub health_checks: Vec<capi::MachineHealthCheck>,
+    /// Kairon's Nodes (`None`: not readable, as on a tenant's Kairon API).
+    pub nodes: Option<Vec<Node>>,
+}
+
+impl World {
+    /// The KaironMachine reconciler's context: every request to `client`.
+    pub fn machine_context(self, client: Client) -> kairon_machine::Context {
+        kairon_machine::Context {
+            machines: filled(self.machines).0,
+            clusters: filled(self.clusters).0,
+            instances: filled(self.instances).0,
+            health_checks: filled(self.health_checks).0,
+            machine_pools: filled(self.machine_pools).0,
+            nodes: self.nodes.map(|n| filled(n).0),
+            ..kairon_machine::Context::for_request_tests(client)
+        }
+    }
+
+    /// The KaironCluster reconciler's context: its members are the KaironMachines.
+    pub fn cluster_context(self, client: Client) -> kairon_cluster::Context {
+        kairon_cluster::Context {
+            clusters: filled(self.clusters).0,
+            members: filled(self.kaironmachines).0,
+            ..kairon_cluster::Context::for_request_tests(client)
+        }
+    }
+
+    /// The KaironMachinePool reconciler's context.
+    pub fn pool_context(self, client: Client) -> kairon_machine_pool::Context {
+        kairon_machine_pool::Context {
+            machine_pools: filled(self.machine_pools).0,
+            clusters: filled(self.clusters).0,
+            kaironmachines: filled(self.kaironmachines).0,
+            machines: filled(self.machines).0,
+            ..kairon_machine_pool::Context::for_request_tests(client)
+        }
+    }
+}
+
+/// Runs `reconcile` with a client whose every request goes to a mock API server that
+/// `server` drives; the server must be done within 3 s of the reconcile, without panicking.
+/// Returns what the reconcile returned.
+pub async fn against<S, SFut, R>(server: S, reconcile: impl FnOnce(Client) -> R) -> R::Output
+where
+    S: FnOnce(Handle<Request<Body>, Response<Body>>) -> SFut,
+    SFut: Future<Output = ()> + Send + 'static,
+    R: Future,
+{
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(server(handle));
+    let result = reconcile(Client::new(service, "default")).await;
+    tokio::time::timeout(Duration::from_secs(3), server)
+        .await
+        .expect("mock server finished")
+        .expect("mock server did not panic");
+    result
+}
 
 /// A cache holding `objs`, synced.
 pub fn filled<K>(objs: Vec<K>) -> (Store<K>, Writer<K>)

@@ -38,6 +38,7 @@ async fn a_bootstrap_secret_from_a_config_is_used_once_the_config_is_read_to_be_
         machines: vec![m],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let created = serde_json::to_value(vm("Pending")).unwrap();
     let km_json = serde_json::to_value(&km).unwrap();
@@ -74,6 +75,7 @@ async fn the_bootstrap_secret_of_another_machines_config_is_not_used() {
         machines: vec![m],
         clusters: vec![cluster(false)],
         instances: vec![],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -127,6 +129,7 @@ async fn deletion_keeps_a_vm_another_live_kaironmachine_holds_and_releases_the_f
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![held],
+        ..World::default()
     };
     let km_json = serde_json::to_value(&km).unwrap();
     run(km, world, move |mut h| async move {
@@ -160,6 +163,7 @@ async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_th
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![running.clone()],
+        ..World::default()
     };
     let vm_json = serde_json::to_value(&running).unwrap();
     run(km.clone(), world, move |mut h| async move {
@@ -189,6 +193,7 @@ async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_th
         machines: vec![machine()],
         clusters: vec![cluster(false)],
         instances: vec![recorded],
+        ..World::default()
     };
     run(km, world, |mut h| async move { expect_no_more(&mut h).await })
         .await
