@@ -14,7 +14,9 @@ use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
 use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::faults::FaultProxy;
-use capkr_testenv::{Env, EnvOptions, Process, SIMULATOR_HOSTS, WorkloadCluster, capi_resource, merged_args, wait_for};
+use capkr_testenv::{
+    CapiManagers, Env, EnvOptions, Process, SIMULATOR_HOSTS, WorkloadCluster, capi_resource, merged_args, wait_for,
+};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
@@ -95,9 +97,13 @@ impl std::ops::Deref for RigEnv {
 }
 
 /// The options of the environment the rigs of a test binary share: every rig may read the
-/// audit log (its own manager's requests are told apart by identity).
+/// audit log (its own manager's requests are told apart by identity). A rig's cluster has no
+/// control-plane provider (its control-plane Machine is a plain Machine), so no rig's
+/// environment runs KubeadmControlPlane's manager.
 fn shared_env_options() -> EnvOptions {
-    EnvOptions::new("shared").audit_policy(capkr_testenv::AUDIT_POLICY_METADATA)
+    EnvOptions::new("shared")
+        .capi_managers(CapiManagers::WITHOUT_CONTROL_PLANE)
+        .audit_policy(capkr_testenv::AUDIT_POLICY_METADATA)
 }
 
 /// Fast simulator delays, hosts in two zones.
@@ -112,7 +118,7 @@ impl Rig {
         let ns = opts.name.replace('_', "-");
         let own = opts.own_env || opts.api_faults.is_some() || opts.kairon_crds != Default::default();
         let env = if own {
-            let mut env_opts = EnvOptions::new(opts.name);
+            let mut env_opts = EnvOptions::new(opts.name).capi_managers(CapiManagers::WITHOUT_CONTROL_PLANE);
             env_opts.kairon_crds = opts.kairon_crds.clone();
             if opts.audit {
                 env_opts = env_opts.audit_policy(capkr_testenv::AUDIT_POLICY_METADATA);

@@ -43,6 +43,14 @@ impl CapiManagers {
         bootstrap: false,
         control_plane: false,
     };
+    /// CAPI core and the kubeadm bootstrap provider, without KubeadmControlPlane's manager:
+    /// for clusters whose control-plane Machines are plain Machines (no control-plane
+    /// provider), as the end-to-end rig's are.
+    pub const WITHOUT_CONTROL_PLANE: CapiManagers = CapiManagers {
+        core: true,
+        bootstrap: true,
+        control_plane: false,
+    };
 }
 
 impl Default for CapiManagers {
