@@ -1,11 +1,11 @@
 //! What a failing test prints: the tail of every process log and the objects that explain the
 //! state of the clusters (bootstrap data redacted).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
-use crate::env::Env;
 use crate::manifests::redact_user_data;
 use crate::process::tail_file;
 
@@ -23,39 +23,41 @@ const MANAGEMENT_RESOURCES: &[&str] = &[
     "kubeadmconfigs.bootstrap.cluster.x-k8s.io",
 ];
 
-pub(crate) fn dump(env: &Env) {
+/// What a dump reads of an environment, taken by the environment itself.
+pub(crate) struct Subject {
+    /// The environment's name, prefixing every line.
+    pub name: String,
+    pub dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub kubectl: PathBuf,
+    pub kubeconfig: PathBuf,
+    /// Each workload cluster as `(namespace/name, kubeconfig)`.
+    pub workloads: Vec<(String, PathBuf)>,
+    /// [`crate::Env::exited`]'s lines.
+    pub exited: String,
+}
+
+pub(crate) fn dump(env: &Subject) {
     let prefix = format!("[{}]", env.name);
     eprintln!("{prefix} ===== capkr-testenv dump: {} =====", env.dir.display());
-    for line in env.exited(0).lines() {
+    for line in env.exited.lines() {
         eprintln!("{prefix} {line}");
     }
-    dump_logs(env, LOG_LINES);
+    dump_logs(&env.name, &env.log_dir, LOG_LINES);
     for r in MANAGEMENT_RESOURCES {
-        dump_objects(
-            env,
-            &prefix,
-            env.kubeconfig_path.to_string_lossy().as_ref(),
-            r,
-            "management",
-        );
+        dump_objects(&env.kubectl, &prefix, &env.kubeconfig, r, "management");
     }
-    let workloads = env.workloads.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for w in workloads {
-        let what = format!("workload {}/{}", w.namespace, w.name);
-        dump_objects(
-            env,
-            &prefix,
-            w.kubeconfig_path.to_string_lossy().as_ref(),
-            "nodes",
-            &what,
-        );
+    for (name, kubeconfig) in &env.workloads {
+        dump_objects(&env.kubectl, &prefix, kubeconfig, "nodes", &format!("workload {name}"));
     }
     eprintln!("{prefix} ===== end of dump =====");
 }
 
-pub(crate) fn dump_logs(env: &Env, lines: usize) {
-    let prefix = format!("[{}]", env.name);
-    let mut files: Vec<_> = match std::fs::read_dir(env.log_dir()) {
+/// The last `lines` lines of every log in `log_dir`, each line prefixed with the
+/// environment's `name` and the log's.
+pub(crate) fn dump_logs(name: &str, log_dir: &Path, lines: usize) {
+    let prefix = format!("[{name}]");
+    let mut files: Vec<_> = match std::fs::read_dir(log_dir) {
         Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) => {
             eprintln!("{prefix} cannot list logs: {e}");
@@ -75,11 +77,11 @@ pub(crate) fn dump_logs(env: &Env, lines: usize) {
     }
 }
 
-fn dump_objects(env: &Env, prefix: &str, kubeconfig: &str, resource: &str, cluster: &str) {
-    let out = Command::new(&env.bins.kubectl)
+fn dump_objects(kubectl: &Path, prefix: &str, kubeconfig: &Path, resource: &str, cluster: &str) {
+    let out = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
         .args([
-            "--kubeconfig",
-            kubeconfig,
             "--request-timeout=10s",
             "get",
             resource,

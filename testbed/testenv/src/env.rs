@@ -797,11 +797,23 @@ impl Env {
 
     /// Prints the last lines of every process log and the CAPI/Kairon objects (see `dump.rs`).
     pub fn dump(&self) {
-        crate::dump::dump(self);
+        let workloads = self.workloads.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        crate::dump::dump(&crate::dump::Subject {
+            name: self.name.clone(),
+            dir: self.dir.clone(),
+            log_dir: self.log_dir(),
+            kubectl: self.bins.kubectl.clone(),
+            kubeconfig: self.kubeconfig_path.clone(),
+            workloads: workloads
+                .into_iter()
+                .map(|w| (format!("{}/{}", w.namespace, w.name), w.kubeconfig_path))
+                .collect(),
+            exited: self.exited(0),
+        });
     }
 
     pub(crate) fn dump_logs(&self, lines: usize) {
-        crate::dump::dump_logs(self, lines);
+        crate::dump::dump_logs(&self.name, &self.log_dir(), lines);
     }
 
     /// Stops every process: API servers and managers first (kube-apiserver hangs on SIGTERM
