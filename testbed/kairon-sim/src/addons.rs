@@ -4,7 +4,7 @@
 //! scheduled and go Running like any workload, and the workload cluster holds what KCP reads
 //! and upgrades (the `kube-proxy` DaemonSet's image, the `coredns` Deployment and Corefile).
 //!
-//! [`AddonSettings`] is what the phases read from the ClusterConfiguration; the objects are
+//! [`AddonSettings`] (`addons_objects`) is what the phases read from the ClusterConfiguration; the objects are
 //! built by [`crate::addons_objects`] (pure) and written here, each created if missing.
 
 use std::net::IpAddr;
@@ -14,44 +14,15 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::core::Status;
 use serde_json::Value;
 
-use crate::addons_objects::{coredns_objects, kube_proxy_objects};
+use crate::addons_objects::{AddonSettings, DEFAULT_IMAGE_REPOSITORY, coredns_objects, kube_proxy_objects};
 use crate::kubeadm::{ControlPlanePlan, first_service_ip};
-use crate::kubeadm_objects::create_if_missing;
+use crate::workload::create_if_missing;
 
 /// The Kubernetes version used when the ClusterConfiguration names none (CABPK always
 /// writes one; kubeadm itself would look up the latest stable release): kubeadm's own.
 pub const KUBEADM_VERSION: &str = "v1.37.2";
-/// kubeadm v1.37.2's `constants.CoreDNSVersion`, the CoreDNS image tag unless `dns.imageTag`.
-pub const COREDNS_VERSION: &str = "v1.14.6";
-/// kubeadm's default `imageRepository`.
-pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
 /// kubeadm's default `networking.dnsDomain`.
 pub const DEFAULT_DNS_DOMAIN: &str = "cluster.local";
-
-/// What the addon phases read from the ClusterConfiguration, kubeadm's defaults applied.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AddonSettings {
-    /// `kubernetesVersion`: kube-proxy's image tag.
-    pub kubernetes_version: String,
-    /// `imageRepository`: where both images come from unless overridden.
-    pub image_repository: String,
-    /// `dns.imageRepository`: overrides CoreDNS's repository.
-    pub dns_image_repository: Option<String>,
-    /// `dns.imageTag`: overrides CoreDNS's tag.
-    pub dns_image_tag: Option<String>,
-    /// `networking.dnsDomain`: the zone in the Corefile.
-    pub dns_domain: String,
-    /// `networking.podSubnet`: kube-proxy's `clusterCIDR`.
-    pub pod_subnet: Option<String>,
-    /// `networking.serviceSubnet`: where the `kube-dns` Service's address comes from.
-    pub service_subnet: String,
-    /// The API server URL in kube-proxy's kubeconfig.
-    pub server: String,
-    /// `proxy.disabled` (kubeadm v1beta4): the kube-proxy phase is skipped.
-    pub proxy_disabled: bool,
-    /// `dns.disabled` (kubeadm v1beta4): the CoreDNS phase is skipped.
-    pub dns_disabled: bool,
-}
 
 impl AddonSettings {
     /// The settings of an init plan's ClusterConfiguration (kubeadm's defaults without one).
@@ -86,36 +57,6 @@ impl AddonSettings {
             proxy_disabled: disabled("/proxy/disabled"),
             dns_disabled: disabled("/dns/disabled"),
         }
-    }
-
-    /// kubeadm's `GetKubernetesImage(kube-proxy)`: the control plane's repository and version,
-    /// the version made a valid tag (`+` and the like become `_`).
-    pub fn kube_proxy_image(&self) -> String {
-        let tag: String = self
-            .kubernetes_version
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        format!("{}/kube-proxy:{tag}", self.image_repository)
-    }
-
-    /// kubeadm's `GetDNSImage`: `dns.imageRepository` else `imageRepository` (the official
-    /// registry's image lives under `coredns/`), `dns.imageTag` else [`COREDNS_VERSION`].
-    pub fn coredns_image(&self) -> String {
-        let repository = self.dns_image_repository.as_ref().unwrap_or(&self.image_repository);
-        let repository = if repository == DEFAULT_IMAGE_REPOSITORY {
-            format!("{repository}/coredns")
-        } else {
-            repository.clone()
-        };
-        let tag = self.dns_image_tag.as_deref().unwrap_or(COREDNS_VERSION);
-        format!("{repository}/coredns:{tag}")
     }
 }
 

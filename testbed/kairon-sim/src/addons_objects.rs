@@ -6,7 +6,67 @@ use std::net::IpAddr;
 
 use serde_json::{Value, json};
 
-use crate::addons::AddonSettings;
+/// kubeadm v1.37.2's `constants.CoreDNSVersion`, the CoreDNS image tag unless `dns.imageTag`.
+pub const COREDNS_VERSION: &str = "v1.14.6";
+/// kubeadm's default `imageRepository`.
+pub const DEFAULT_IMAGE_REPOSITORY: &str = "registry.k8s.io";
+
+/// What the addon phases read from the ClusterConfiguration, kubeadm's defaults applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AddonSettings {
+    /// `kubernetesVersion`: kube-proxy's image tag.
+    pub kubernetes_version: String,
+    /// `imageRepository`: where both images come from unless overridden.
+    pub image_repository: String,
+    /// `dns.imageRepository`: overrides CoreDNS's repository.
+    pub dns_image_repository: Option<String>,
+    /// `dns.imageTag`: overrides CoreDNS's tag.
+    pub dns_image_tag: Option<String>,
+    /// `networking.dnsDomain`: the zone in the Corefile.
+    pub dns_domain: String,
+    /// `networking.podSubnet`: kube-proxy's `clusterCIDR`.
+    pub pod_subnet: Option<String>,
+    /// `networking.serviceSubnet`: where the `kube-dns` Service's address comes from.
+    pub service_subnet: String,
+    /// The API server URL in kube-proxy's kubeconfig.
+    pub server: String,
+    /// `proxy.disabled` (kubeadm v1beta4): the kube-proxy phase is skipped.
+    pub proxy_disabled: bool,
+    /// `dns.disabled` (kubeadm v1beta4): the CoreDNS phase is skipped.
+    pub dns_disabled: bool,
+}
+
+impl AddonSettings {
+    /// kubeadm's `GetKubernetesImage(kube-proxy)`: the control plane's repository and version,
+    /// the version made a valid tag (`+` and the like become `_`).
+    pub fn kube_proxy_image(&self) -> String {
+        let tag: String = self
+            .kubernetes_version
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{}/kube-proxy:{tag}", self.image_repository)
+    }
+
+    /// kubeadm's `GetDNSImage`: `dns.imageRepository` else `imageRepository` (the official
+    /// registry's image lives under `coredns/`), `dns.imageTag` else [`COREDNS_VERSION`].
+    pub fn coredns_image(&self) -> String {
+        let repository = self.dns_image_repository.as_ref().unwrap_or(&self.image_repository);
+        let repository = if repository == DEFAULT_IMAGE_REPOSITORY {
+            format!("{repository}/coredns")
+        } else {
+            repository.clone()
+        };
+        let tag = self.dns_image_tag.as_deref().unwrap_or(COREDNS_VERSION);
+        format!("{repository}/coredns:{tag}")
+    }
+}
 
 const SYSTEM: &str = "kube-system";
 /// kubeadm's `constants.LabelNodeRoleControlPlane`, the taint of control-plane nodes.

@@ -31,9 +31,8 @@ use crate::static_pods::{
     ETCD_CLIENT_PORT, ETCD_PEER_PORT, admin_kubeconfig, apiserver_args, controller_manager_args, scheduler_args,
     write_kubeconfig, write_pki,
 };
-use crate::workload::{NodeFacts, client_from_kubeconfig};
+use crate::workload::{KUBELET_PORT, NodeFacts, client_from_kubeconfig};
 
-pub const KUBELET_PORT: u16 = 10250;
 /// How long an API server may take to answer after it was started.
 const API_READY_TIMEOUT: Duration = Duration::from_secs(120);
 

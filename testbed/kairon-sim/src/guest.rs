@@ -47,6 +47,9 @@ pub enum GuestError {
     NoKubeadm,
 }
 
+/// The kubelet version reported when neither the image name nor the kubeadm config says.
+pub const DEFAULT_KUBELET_VERSION: &str = "v1.37.2";
+
 /// kubeadm's control-plane role label and taint key.
 pub const CONTROL_PLANE_ROLE: &str = "node-role.kubernetes.io/control-plane";
 
@@ -162,12 +165,10 @@ pub fn resolve(user_data: &str, meta: &MetaData) -> Result<GuestIdentity, GuestE
 /// Machine's image matches its `spec.version`. So the image name decides; an image name
 /// without a version falls back to the ClusterConfiguration's `kubernetesVersion` (the init
 /// node's bootstrap data; join data carries none), then to [`DEFAULT_KUBELET_VERSION`].
-///
-/// [`DEFAULT_KUBELET_VERSION`]: crate::workload::DEFAULT_KUBELET_VERSION
 pub fn kubelet_version(image: &str, kubeadm_version: Option<&str>) -> String {
     version_in_image(image)
         .or_else(|| kubeadm_version.map(str::to_string))
-        .unwrap_or_else(|| crate::workload::DEFAULT_KUBELET_VERSION.to_string())
+        .unwrap_or_else(|| DEFAULT_KUBELET_VERSION.to_string())
 }
 
 /// The last `v<major>.<minor>.<patch>` in an image name, as a token of its own: not followed
@@ -671,19 +672,9 @@ write_files:
                 Some("v1.34.2"),
                 "v1.34.2",
             ),
-            (
-                "v inside a word",
-                "dev1.2.3",
-                None,
-                crate::workload::DEFAULT_KUBELET_VERSION,
-            ),
-            (
-                "four numbers",
-                "kube-v1.36.4.1",
-                None,
-                crate::workload::DEFAULT_KUBELET_VERSION,
-            ),
-            ("nothing known", "img", None, crate::workload::DEFAULT_KUBELET_VERSION),
+            ("v inside a word", "dev1.2.3", None, DEFAULT_KUBELET_VERSION),
+            ("four numbers", "kube-v1.36.4.1", None, DEFAULT_KUBELET_VERSION),
+            ("nothing known", "img", None, DEFAULT_KUBELET_VERSION),
         ];
         for (name, image, kubeadm, want) in cases {
             assert_eq!(kubelet_version(image, kubeadm), want, "{name}");

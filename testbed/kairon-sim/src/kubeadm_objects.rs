@@ -9,40 +9,16 @@ use std::path::Path;
 use base64::Engine;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::kubeadm::ControlPlanePlan;
 use crate::sim::FIELD_MANAGER;
+use crate::workload::create_if_missing;
 
 /// kubeadm's static pods, in the order kubeadm writes them.
 pub const STATIC_PODS: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"];
-
-fn post() -> PostParams {
-    PostParams {
-        field_manager: Some(FIELD_MANAGER.to_string()),
-        ..Default::default()
-    }
-}
-
-/// Creates `obj` unless an object of its name exists. Looked up first: a Service of a fixed
-/// ClusterIP that exists is refused as "IP already allocated" (422), not as AlreadyExists.
-pub(crate) async fn create_if_missing<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
-where
-    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
-{
-    if let Some(name) = obj.meta().name.as_deref()
-        && api.get_opt(name).await?.is_some()
-    {
-        return Ok(());
-    }
-    match api.create(&post(), obj).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
-        Err(e) => Err(e),
-    }
-}
 
 fn config_map(namespace: &str, name: &str, data: BTreeMap<String, String>) -> ConfigMap {
     ConfigMap {

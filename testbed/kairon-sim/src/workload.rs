@@ -24,10 +24,34 @@ use crate::guest::GuestIdentity;
 use crate::network::Attachment;
 use crate::sim::FIELD_MANAGER;
 
-/// kubelet version reported when neither the image name nor the kubeadm config says.
-pub const DEFAULT_KUBELET_VERSION: &str = "v1.37.2";
 /// How long a cached client is trusted before its Secret is read again.
 const SECRET_RECHECK: Duration = Duration::from_secs(10);
+
+/// The port the guests' kubelet endpoint listens on.
+pub const KUBELET_PORT: u16 = 10250;
+
+/// Creates `obj` in a workload cluster unless an object of its name exists. Looked up first: a
+/// Service of a fixed ClusterIP that exists is refused as "IP already allocated" (422), not as
+/// AlreadyExists.
+pub(crate) async fn create_if_missing<K>(api: &Api<K>, obj: &K) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    if let Some(name) = obj.meta().name.as_deref()
+        && api.get_opt(name).await?.is_some()
+    {
+        return Ok(());
+    }
+    let post = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    };
+    match api.create(&post, obj).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
@@ -368,7 +392,7 @@ pub fn node_status(facts: &NodeFacts, ready: bool, ready_since: Timestamp, now: 
         // Where the API server reaches kubelet (port-forward, logs, exec).
         daemon_endpoints: Some(NodeDaemonEndpoints {
             kubelet_endpoint: Some(DaemonEndpoint {
-                port: i32::from(crate::fleet::KUBELET_PORT),
+                port: i32::from(KUBELET_PORT),
             }),
         }),
         capacity: Some(resources.clone()),

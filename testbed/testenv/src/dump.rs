@@ -81,14 +81,7 @@ fn dump_objects(kubectl: &Path, prefix: &str, kubeconfig: &Path, resource: &str,
     let out = Command::new(kubectl)
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .args([
-            "--request-timeout=10s",
-            "get",
-            resource,
-            "-A",
-            "-o",
-            "json",
-        ])
+        .args(["--request-timeout=10s", "get", resource, "-A", "-o", "json"])
         .output();
     let out = match out {
         Ok(o) if o.status.success() => o.stdout,
