@@ -2,7 +2,7 @@
 //! hack/release-build.sh, and so does this test; the binary must be statically linked (it
 //! runs on distroless/static, which has no libc) and must start. The test builds it with the
 //! `static-check` profile, the release profile unoptimized (same flags, target and link): the
-//! optimizer cannot change either, and it is three quarters of the release build's CPU
+//! optimizer cannot change either, and it is about two thirds of the release build's CPU
 //! (`docs/development.md`).
 
 use crate::distribution_support;

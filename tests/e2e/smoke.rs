@@ -1,5 +1,5 @@
-//! Smoke test against the real control plane: real CAPI core, kubeadm bootstrap and control
-//! plane managers, the Kairon simulator and capkr-manager. A cluster of one control-plane
+//! Smoke test against the real control plane: real CAPI core and kubeadm bootstrap managers,
+//! the Kairon simulator and capkr-manager. A cluster of one control-plane
 //! Machine and a MachineDeployment comes up — every Machine `Running` with a nodeRef, its
 //! KaironMachine provisioned and Ready with the Node's providerID, its Kairon Machine Running —
 //! and deleting the Cluster leaves no Kairon Machine behind.

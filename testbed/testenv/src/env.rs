@@ -690,15 +690,16 @@ impl Env {
 
     /// Server-side applies multi-document YAML (see [`crate::apply_yaml`]).
     pub async fn apply(&self, yaml: &str, default_namespace: Option<&str>) -> Result<Vec<DynamicObject>> {
-        let applied = apply_yaml(&self.client(), yaml, default_namespace).await;
         // A webhook whose manager is gone refuses every write: name it with the refusal.
-        match applied {
-            Err(e) if !self.exited(0).is_empty() => Err(e.context(format!(
-                "processes of the environment had exited: {}",
-                self.exited(0).trim_end().replace('\n', "; ")
-            ))),
-            applied => applied,
-        }
+        apply_yaml(&self.client(), yaml, default_namespace)
+            .await
+            .map_err(|e| match self.exited(0) {
+                gone if gone.is_empty() => e,
+                gone => e.context(format!(
+                    "processes of the environment had exited: {}",
+                    gone.trim_end().replace('\n', "; ")
+                )),
+            })
     }
 
     /// Starts `capkr-manager --kubeconfig <admin> <extra_args>`; logs to `logs/capkr-manager*.log`.
