@@ -553,3 +553,38 @@ fn every_test_flavor_derives_from_the_shipped_templates() {
     }
     let _ = std::fs::remove_dir_all(&assets);
 }
+
+/// CAPI's KCP adoption spec applies step 2 in file order and gives the KubeadmControlPlane 5 s
+/// to carry the cluster-name label, which only the Cluster controller sets. A Cluster pointed
+/// at a control plane that does not exist yet is looked at again only 30 s later (CAPI's
+/// `externalReadyWait`), so the flavor creates everything the Cluster refers to before it
+/// updates the Cluster.
+#[test]
+fn kcp_adoption_flavor_creates_what_the_cluster_refers_to_before_the_cluster() {
+    let assets = std::env::temp_dir().join(format!("capkr-capi-e2e-adoption-{}", std::process::id()));
+    std::fs::create_dir_all(&assets).expect("a temp dir");
+    let templates = workspace_root().join("templates");
+    for entry in std::fs::read_dir(&templates).expect("reading templates/").flatten() {
+        std::fs::copy(entry.path(), assets.join(entry.file_name())).expect("copying a template");
+    }
+    write_test_flavors(&assets);
+    let flavor = std::fs::read_to_string(assets.join("cluster-template-kcp-adoption.yaml")).expect("written");
+    let _ = std::fs::remove_dir_all(&assets);
+    for step in ["kcp-adoption.step1", "kcp-adoption.step2"] {
+        let kinds: Vec<&str> = flavor
+            .split("\n---\n")
+            .filter(|doc| doc.contains(step))
+            .map(|doc| {
+                doc.lines()
+                    .find_map(|l| l.strip_prefix("kind: "))
+                    .expect("every document has a kind")
+            })
+            .collect();
+        let cluster = kinds.iter().position(|k| *k == "Cluster").expect("each step has the Cluster");
+        for referred in ["KaironCluster", "KubeadmControlPlane"] {
+            if let Some(at) = kinds.iter().position(|k| *k == referred) {
+                assert!(at < cluster, "{step} applies the {referred} after the Cluster: {kinds:?}");
+            }
+        }
+    }
+}

@@ -254,9 +254,12 @@ pub(super) fn write_kcp_adoption_flavor(assets: &Path) {
         .split_once("\n  controlPlaneRef:\n")
         .map(|(head, _)| head.to_string())
         .expect("the shipped Cluster ends with its controlPlaneRef");
+    // Each step creates what the Cluster refers to before the Cluster: CAPI's Cluster controller
+    // looks again only 30 s after it finds a reference missing, and the spec waits 5 s for the
+    // adopted control plane to carry the cluster's label, which that controller sets.
     let step1_docs = [
-        labelled(&without_control_plane, step1),
         labelled(&infra_cluster, step1),
+        labelled(&without_control_plane, step1),
         format!(
             "\napiVersion: infrastructure.cluster.x-k8s.io/v1alpha1\nkind: KaironMachine\nmetadata:\n  name: {cp0}\n  labels:\n{control_plane}{step1}spec:\n{machine_spec}"
         ),
@@ -267,7 +270,7 @@ pub(super) fn write_kcp_adoption_flavor(assets: &Path) {
             "\napiVersion: cluster.x-k8s.io/v1beta2\nkind: Machine\nmetadata:\n  name: {cp0}\n  labels:\n{control_plane}{step1}spec:\n  clusterName: ${{CLUSTER_NAME}}\n  version: ${{KUBERNETES_VERSION}}\n  bootstrap:\n    configRef:\n      apiGroup: bootstrap.cluster.x-k8s.io\n      kind: KubeadmConfig\n      name: {cp0}\n  infrastructureRef:\n    apiGroup: infrastructure.cluster.x-k8s.io\n    kind: KaironMachine\n    name: {cp0}\n"
         ),
     ];
-    let step2_docs = [&cluster, &infra_cluster, &cp_template, &kcp].map(|d| labelled(d, step2));
+    let step2_docs = [&infra_cluster, &cp_template, &kcp, &cluster].map(|d| labelled(d, step2));
     let all: Vec<String> = step1_docs
         .iter()
         .chain(step2_docs.iter())
