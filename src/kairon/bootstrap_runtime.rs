@@ -44,6 +44,18 @@ pub enum BootstrapRuntime {
     Recreated,
 }
 
+impl BootstrapRuntime {
+    /// The runtime to record, if there is one to record.
+    pub fn runtime_id(&self) -> Option<&str> {
+        match self {
+            BootstrapRuntime::Created { runtime_id } | BootstrapRuntime::MovedLive { runtime_id, .. } => {
+                Some(runtime_id)
+            }
+            BootstrapRuntime::NoRuntime | BootstrapRuntime::Same | BootstrapRuntime::Recreated => None,
+        }
+    }
+}
+
 /// Decides what `vm`'s current runtime is (see the module docs).
 pub fn bootstrap_runtime(vm: &Machine) -> BootstrapRuntime {
     let Some(runtime_id) = vm

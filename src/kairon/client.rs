@@ -40,6 +40,34 @@ pub struct Instances {
     gate: Option<Arc<WriteGate>>,
     /// The versions this API serves, and the one spoken per kind, once known.
     served: Arc<std::sync::OnceLock<Served>>,
+    /// Runtimes recorded on VMs by this client ([`Instances::record_runtime`]).
+    recorded: Arc<RecordedRuntimes>,
+}
+
+/// The runtimes this client recorded on VMs, by VM UID: a reconcile that runs before the cache
+/// shows its own record (the next one often does, woken by the status write that follows)
+/// would send the same patch again. A record is a fact for good (a runtime ID names one
+/// runtime of one VM), so the set is only bounded: past [`MAX_RECORDED`] it is forgotten at
+/// once, costing at most one repeated patch per VM whose cache still lags.
+#[derive(Default)]
+struct RecordedRuntimes(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
+
+/// How many records [`RecordedRuntimes`] keeps before it forgets them all.
+const MAX_RECORDED: usize = 4096;
+
+impl RecordedRuntimes {
+    fn contains(&self, uid: &str, runtime_id: &str) -> bool {
+        let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        all.contains(&(uid.to_string(), runtime_id.to_string()))
+    }
+
+    fn insert(&self, uid: &str, runtime_id: &str) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() >= MAX_RECORDED {
+            all.clear();
+        }
+        all.insert((uid.to_string(), runtime_id.to_string()));
+    }
 }
 
 /// What is spoken before an API has said what it serves: the oldest version, nothing checked.
@@ -55,6 +83,7 @@ impl Instances {
             owner: Owner::default(),
             gate: None,
             served: Arc::new(served.into()),
+            recorded: Arc::default(),
         }
     }
 
@@ -66,6 +95,7 @@ impl Instances {
             owner: Owner::default(),
             gate: None,
             served: Arc::default(),
+            recorded: Arc::default(),
         }
     }
 
@@ -241,6 +271,12 @@ impl Instances {
         let Some(body) = super::bootstrap_runtime::runtime_patch(vm, runtime) else {
             return Ok(());
         };
+        let uid = vm.metadata.uid.as_deref().unwrap_or_default();
+        let runtime_id = runtime.runtime_id().unwrap_or_default();
+        if self.recorded.contains(uid, runtime_id) {
+            // Ours, and the cache has not shown it yet.
+            return Ok(());
+        }
         let ns = vm.namespace().unwrap_or_default();
         let name = vm.name_any();
         let pp = PatchParams {
@@ -251,7 +287,10 @@ impl Instances {
         let answer = self.namespaced(&ns).patch(&name, &pp, &Patch::Merge(&body)).await;
         settle(permit, &answer);
         match answer {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                self.recorded.insert(uid, runtime_id);
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.code == 409 || s.is_not_found() => Ok(()),
             Err(kube::Error::Api(s)) => Err(KaironError::Runtime {
                 name,

@@ -580,10 +580,16 @@ fn kcp_adoption_flavor_creates_what_the_cluster_refers_to_before_the_cluster() {
                     .expect("every document has a kind")
             })
             .collect();
-        let cluster = kinds.iter().position(|k| *k == "Cluster").expect("each step has the Cluster");
+        let cluster = kinds
+            .iter()
+            .position(|k| *k == "Cluster")
+            .expect("each step has the Cluster");
         for referred in ["KaironCluster", "KubeadmControlPlane"] {
             if let Some(at) = kinds.iter().position(|k| *k == referred) {
-                assert!(at < cluster, "{step} applies the {referred} after the Cluster: {kinds:?}");
+                assert!(
+                    at < cluster,
+                    "{step} applies the {referred} after the Cluster: {kinds:?}"
+                );
             }
         }
     }

@@ -96,6 +96,23 @@ async fn create_then_steady_state_writes_nothing() {
     }
     assert_eq!(vms.len(), 4);
     rig.assert_one_vm_per_kaironmachine().await;
+    // Each Machine's bootstrap Secret was checked against its KubeadmConfig: from the watch of
+    // KubeadmConfigs (metadata only) once it is listed, not with a read per machine.
+    let config_requests: Vec<String> = rig
+        .manager_requests(0)
+        .iter()
+        .filter(|e| e.object_ref.as_ref().and_then(|o| o.resource.as_deref()) == Some("kubeadmconfigs"))
+        .map(|e| e.verb.clone())
+        .collect();
+    let gets = config_requests.iter().filter(|v| *v == "get").count();
+    assert!(
+        config_requests.iter().any(|v| v == "watch"),
+        "KubeadmConfigs are watched: {config_requests:?}"
+    );
+    assert!(
+        gets <= 2,
+        "at most the first machine's config (and one the watch lagged behind) is read, not each of the 4: {config_requests:?}"
+    );
 
     // Steady state. Let the last status writes (from the final reconciles) settle, then watch.
     tokio::time::sleep(Duration::from_secs(5)).await;

@@ -53,11 +53,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [cluster.x-k8s.io]
   resources: [machines]
   verbs: [get, list, watch, patch, delete]
-# Bootstrap configs (any bootstrap provider's kinds): one GET of the metadata of the one
-# config that made a Machine's bootstrap data Secret, to check it is that Machine's.
+# Bootstrap configs (any bootstrap provider's kinds): the metadata of the config that made a
+# Machine's bootstrap data Secret, to check it is that Machine's. Watched metadata-only per
+# kind once met (no read per machine), read (get) while that watch lags behind.
 - apiGroups: [bootstrap.cluster.x-k8s.io]
   resources: ["*"]
-  verbs: [get]
+  verbs: [get, list, watch]
 # Bootstrap data and identities (KaironCluster spec.identityRef): one GET of the one Secret
 # named; patch to put a finalizer, the clusterctl move label (a Secret named directly) or an
 # owner reference (a KaironClusterIdentity's Secret) on an identity Secret while the

@@ -66,6 +66,8 @@ pub struct Context {
     pub machine_pools: Store<capi::MachinePool>,
     /// The bootstrap configs already found to be a MachinePool's.
     pub checked_configs: super::checked_configs::CheckedConfigs,
+    /// The metadata of bootstrap configs, watched once a kind is met.
+    pub bootstrap_configs: super::bootstrap_configs::BootstrapConfigs,
 }
 
 impl Context {
@@ -93,6 +95,7 @@ impl Context {
             shares: crate::controller::tenant_share::TenantShares::new(10),
             machine_pools: kube::runtime::reflector::store().0,
             checked_configs: Default::default(),
+            bootstrap_configs: super::bootstrap_configs::BootstrapConfigs::not_watched(),
         }
     }
 

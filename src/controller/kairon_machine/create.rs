@@ -219,8 +219,7 @@ async fn read_bootstrap_data(
             if key.as_ref().is_some_and(|k| ctx.checked_configs.contains(k)) {
                 Ok(())
             } else {
-                let config = read_bootstrap_config(ns, made_by, ctx).await?;
-                let checked = bootstrap::check_config(&secret, made_by, config.as_ref(), owner);
+                let checked = check_bootstrap_config(&secret, ns, made_by, owner, ctx).await?;
                 if let (Ok(()), Some(key)) = (&checked, key) {
                     ctx.checked_configs.insert(key);
                 }
@@ -269,6 +268,24 @@ fn pool_of(machine: &capi::Machine, ns: &str, ctx: &Context) -> PoolOf {
         Some(mp) => PoolOf::Found(mp),
         None => PoolOf::Missing(owner.name.clone()),
     }
+}
+
+/// Checks that the config `made_by` that made `secret` is `owner`'s: from the watch of its kind
+/// when that says so ([`super::bootstrap_configs`]), else from the config read.
+async fn check_bootstrap_config(
+    secret: &Secret,
+    ns: &str,
+    made_by: &OwnerReference,
+    owner: bootstrap::ConfigOwner<'_>,
+    ctx: &Context,
+) -> Result<Result<(), bootstrap::BootstrapDataError>, Error> {
+    if let Some(cached) = ctx.bootstrap_configs.cached(ns, made_by)
+        && bootstrap::check_config(secret, made_by, Some(&cached), owner).is_ok()
+    {
+        return Ok(Ok(()));
+    }
+    let config = read_bootstrap_config(ns, made_by, ctx).await?;
+    Ok(bootstrap::check_config(secret, made_by, config.as_ref(), owner))
 }
 
 /// The metadata of the bootstrap config that made the bootstrap data Secret (its controller

@@ -25,6 +25,7 @@
 //! Kairon goes through [`crate::kairon::Instances`]; every reconcile has a deadline
 //! ([`deadline`]).
 
+pub mod bootstrap_configs;
 pub mod checked_configs;
 mod context;
 mod create;

@@ -172,6 +172,7 @@ pub(crate) fn controller(
         .clone()
         .map(|e| sweep_every(e, kaironclusters.clone(), kms.clone(), SWEEP_PERIOD, shutdown.clone()));
     let evacuating = super::Evacuating::default();
+    let ctx_client = client.clone();
     let ctx = Arc::new(Context {
         shares: crate::controller::tenant_share::TenantShares::new(settings.machine_concurrency),
         events: telemetry.recorder("capkr-kaironmachine-controller"),
@@ -191,6 +192,11 @@ pub(crate) fn controller(
         nodes: Some(nodes),
         machine_pools: caches.machine_pools.store(),
         checked_configs: Default::default(),
+        bootstrap_configs: super::bootstrap_configs::BootstrapConfigs::watching(
+            ctx_client.clone(),
+            settings.namespace.clone(),
+            crate::controller::settings::initial_lists(settings.streaming_lists),
+        ),
     });
     let km_synced = caches.kaironmachines.synced();
     let km_store: Store<KaironMachine> = kms.clone();

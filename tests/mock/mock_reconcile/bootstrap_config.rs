@@ -199,3 +199,38 @@ async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_th
         .await
         .expect("reconcile succeeds");
 }
+
+#[tokio::test]
+async fn a_reconcile_before_the_cache_shows_the_recorded_runtime_does_not_record_it_again() {
+    let mut km = kaironmachine();
+    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
+    km.spec.provider_id = Some("kairon://vm-uid".into());
+    let mut running = vm("Running");
+    running.status.as_mut().unwrap().runtime_id = Some("rt-1".into());
+    let km = Arc::new(with_status(
+        km,
+        Observed::InstanceWithoutNode(Box::new(running.clone())),
+    ));
+    // The cache keeps showing the VM as it was before the record, as it does until the watch
+    // brings the patched VM.
+    let world = World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![running.clone()],
+        ..World::default()
+    };
+    let vm_json = serde_json::to_value(&running).unwrap();
+    mock_support::against(
+        move |mut h| async move {
+            expect(&mut h, "PATCH", VM_PATH, 200, vm_json).await;
+            expect_no_more(&mut h).await;
+        },
+        |client| async move {
+            let ctx = Arc::new(world.machine_context(client));
+            reconcile(km.clone(), ctx.clone()).await?;
+            reconcile(km, ctx).await
+        },
+    )
+    .await
+    .expect("both reconciles succeed");
+}
