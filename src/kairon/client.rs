@@ -46,11 +46,11 @@ pub struct Instances {
 
 /// The runtimes this client recorded on VMs, by VM UID: a reconcile that runs before the cache
 /// shows its own record (the next one often does, woken by the status write that follows)
-/// would send the same patch again. A record is a fact for good (a runtime ID names one
-/// runtime of one VM), so the set is only bounded: past [`MAX_RECORDED`] it is forgotten at
-/// once, costing at most one repeated patch per VM whose cache still lags.
+/// would send the same patch again. A record is forgotten once the cache shows it
+/// ([`Instances::saw_runtime_recorded`]); the set is bounded besides: past [`MAX_RECORDED`] it
+/// is forgotten at once, costing at most one repeated patch per VM whose cache still lags.
 #[derive(Default)]
-struct RecordedRuntimes(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
+struct RecordedRuntimes(std::sync::Mutex<std::collections::HashMap<String, String>>);
 
 /// How many records [`RecordedRuntimes`] keeps before it forgets them all.
 const MAX_RECORDED: usize = 4096;
@@ -58,7 +58,7 @@ const MAX_RECORDED: usize = 4096;
 impl RecordedRuntimes {
     fn contains(&self, uid: &str, runtime_id: &str) -> bool {
         let all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        all.contains(&(uid.to_string(), runtime_id.to_string()))
+        all.get(uid).is_some_and(|r| r == runtime_id)
     }
 
     fn insert(&self, uid: &str, runtime_id: &str) {
@@ -66,7 +66,14 @@ impl RecordedRuntimes {
         if all.len() >= MAX_RECORDED {
             all.clear();
         }
-        all.insert((uid.to_string(), runtime_id.to_string()));
+        all.insert(uid.to_string(), runtime_id.to_string());
+    }
+
+    fn forget(&self, uid: &str) {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !all.is_empty() {
+            all.remove(uid);
+        }
     }
 }
 
@@ -303,6 +310,14 @@ impl Instances {
         }
     }
 
+    /// Says that the cache shows `vm` with its runtime recorded: the record kept against a
+    /// lagging cache ([`RecordedRuntimes`]) is no longer needed.
+    pub(crate) fn saw_runtime_recorded(&self, vm: &Machine) {
+        if let Some(uid) = vm.metadata.uid.as_deref() {
+            self.recorded.forget(uid);
+        }
+    }
+
     /// Merges `body` (labels, and the uid it must have) into `vm`'s metadata.
     async fn relabel(&self, vm: &Machine, body: &serde_json::Value) -> Result<(), KaironError> {
         let ns = vm.namespace().unwrap_or_default();
@@ -370,5 +385,28 @@ pub(super) fn redacted_error_kind(e: &kube::Error) -> String {
     match e {
         kube::Error::HyperError(_) | kube::Error::Service(_) => "the API server could not be reached".into(),
         _ => "the request failed".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recorded_runtime_is_kept_until_the_cache_shows_it_or_too_many_are() {
+        let r = RecordedRuntimes::default();
+        r.insert("vm-1", "rt-1");
+        assert!(r.contains("vm-1", "rt-1"));
+        assert!(!r.contains("vm-1", "rt-2"), "another runtime of the VM is not recorded");
+        r.forget("vm-1");
+        assert!(!r.contains("vm-1", "rt-1"), "forgotten once the cache shows it");
+        r.insert("vm-0", "rt-0");
+        for n in 1..MAX_RECORDED {
+            r.insert(&format!("vm-{n}"), "rt");
+        }
+        assert!(r.contains("vm-0", "rt-0"), "still there at the bound");
+        r.insert("vm-last", "rt");
+        assert!(!r.contains("vm-0", "rt-0"), "all forgotten past the bound");
+        assert!(r.contains("vm-last", "rt"));
     }
 }

@@ -217,6 +217,8 @@ async fn reconcile_instance(
     } {
         target.instances.record_runtime(&vm, &runtime).await?;
         info!(instance = %name, "{done}");
+    } else if runtime == BootstrapRuntime::Same {
+        target.instances.saw_runtime_recorded(&vm);
     }
 
     if km.spec.provider_id.is_none() && vm.metadata.uid.is_some() {
