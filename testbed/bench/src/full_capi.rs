@@ -69,6 +69,7 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
 
     let under = Under {
         pid,
+        name: "capkr-manager",
         is_provider: is_manager_request,
         infra: ApiResource::erase::<KaironMachine>(&()),
         vm_group: Some("kairon.zyvor.dev"),
@@ -84,6 +85,7 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
         peak_rss_mib: scaled.peak_rss_mib,
         cpu_s: scaled.cpu_s,
         phases: scaled.phases,
+        environment_cpu_s: scaled.environment_cpu_s,
     };
     eprintln!(
         "capkr-bench: full CAPI path, 0 -> {n} workers: {:.1}s ({:.2} manager writes per machine)",
@@ -101,12 +103,14 @@ pub struct Scaled {
     pub peak_rss_mib: f64,
     pub cpu_s: f64,
     pub phases: Vec<Phase>,
+    pub environment_cpu_s: std::collections::BTreeMap<String, f64>,
 }
 
 /// The provider [`scale`] measures.
 pub struct Under {
-    /// Its manager's process.
+    /// Its manager's process, and the name its CPU is shown under.
     pub pid: u32,
+    pub name: &'static str,
     /// Its manager's requests.
     pub is_provider: fn(&AuditEvent) -> bool,
     /// Its infrastructure machines.
@@ -129,6 +133,7 @@ pub async fn scale(env: &Env, namespace: &str, md: &str, n: usize, under: &Under
         .until_quiet(under.is_provider, quiet, Duration::from_secs(30))
         .await?;
     let cpu0 = cpu_seconds(under.pid)?;
+    let env_cpu0 = environment_cpu(env, under);
     let t0 = Instant::now();
     let scaled_at = Timestamp::now();
     scale_machine_deployment(&env.client(), namespace, md, n)
@@ -154,7 +159,30 @@ pub async fn scale(env: &Env, namespace: &str, md: &str, n: usize, under: &Under
         peak_rss_mib: mib(peak_rss_kib(under.pid)?),
         cpu_s: cpu_seconds(under.pid)? - cpu0,
         phases,
+        environment_cpu_s: cpu_since(&env_cpu0, &environment_cpu(env, under)),
     })
+}
+
+/// CPU seconds so far of each process of `env` and of the manager `under` (which may run
+/// outside it), by pid, with its name.
+fn environment_cpu(env: &Env, under: &Under) -> Vec<(String, u32, f64)> {
+    env.pids()
+        .into_iter()
+        .filter(|(_, pid)| *pid != under.pid)
+        .chain([(under.name.to_string(), under.pid)])
+        .filter_map(|(name, pid)| cpu_seconds(pid).ok().map(|s| (name, pid, s)))
+        .collect()
+}
+
+/// CPU seconds from `before` to `after`, summed by process name; a process that was not there
+/// before counts from zero.
+fn cpu_since(before: &[(String, u32, f64)], after: &[(String, u32, f64)]) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for (name, pid, s) in after {
+        let was = before.iter().find(|(_, p, _)| p == pid).map_or(0.0, |(_, _, s)| *s);
+        *by_name.entry(name.clone()).or_insert(0.0) += s - was;
+    }
+    by_name
 }
 
 /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
@@ -173,5 +201,30 @@ pub async fn wait_running(machines: &Api<DynamicObject>, n: usize, timeout: Dura
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_is_summed_by_name_from_each_pids_own_start() {
+        let before = vec![
+            ("kube-apiserver".to_string(), 1, 10.0),
+            ("kube-apiserver".to_string(), 2, 1.0),
+        ];
+        let after = vec![
+            ("kube-apiserver".to_string(), 1, 12.0),
+            ("kube-apiserver".to_string(), 2, 4.0),
+            ("kairon-sim".to_string(), 3, 0.5),
+        ];
+        let got = cpu_since(&before, &after);
+        assert_eq!(got.get("kube-apiserver"), Some(&5.0));
+        assert_eq!(
+            got.get("kairon-sim"),
+            Some(&0.5),
+            "a process started since counts from zero"
+        );
     }
 }

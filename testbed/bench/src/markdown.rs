@@ -339,6 +339,7 @@ fn peer_section(o: &mut String, res: &Results) {
             let get = |r: &FullCapiRun| r.per_machine.by_resource.get(k).copied().unwrap_or(0.0);
             let _ = writeln!(o, "| `{k}` | {} | {} |", per(get(&p.ours)), per(get(&p.capd)));
         }
+        environment_cpu_table(o, &p.ours, &p.capd);
         phases_table(o, &[("capkr-manager", &p.ours), ("CAPD in-memory", &p.capd)]);
         o.push('\n');
     }
@@ -505,6 +506,35 @@ pub fn summary(res: &Results) -> String {
 }
 
 /// Where each worker's time went with each provider (`columns`: its name and its run): median
+/// CPU of every process of each environment over the scale's window, by process name, with
+/// the sum (nothing when the run predates the figure).
+fn environment_cpu_table(o: &mut String, ours: &FullCapiRun, capd: &FullCapiRun) {
+    if ours.environment_cpu_s.is_empty() && capd.environment_cpu_s.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "\nCPU of every process of the environment over the same window (s; the simulator plays \
+         Kairon for ours, CAPD's in-memory backend runs inside its manager):\n\n| process | \
+         capkr-manager + simulator | CAPD in-memory |\n|---|---:|---:|"
+    );
+    let names: BTreeSet<&String> = ours
+        .environment_cpu_s
+        .keys()
+        .chain(capd.environment_cpu_s.keys())
+        .collect();
+    let cell = |r: &FullCapiRun, name: &String| {
+        r.environment_cpu_s
+            .get(name)
+            .map_or_else(|| "–".to_string(), |s| format!("{s:.1}"))
+    };
+    for name in names {
+        let _ = writeln!(o, "| {name} | {} | {} |", cell(ours, name), cell(capd, name));
+    }
+    let sum = |r: &FullCapiRun| r.environment_cpu_s.values().sum::<f64>();
+    let _ = writeln!(o, "| **all** | **{:.1}** | **{:.1}** |", sum(ours), sum(capd));
+}
+
 /// and p99 of every phase, from the end of the phase before (crate::phases).
 fn phases_table(o: &mut String, columns: &[(&str, &FullCapiRun)]) {
     if columns.iter().all(|(_, r)| r.phases.is_empty()) {
@@ -565,7 +595,25 @@ mod tests {
                     whole_seconds: *whole_seconds,
                 })
                 .collect(),
+            environment_cpu_s: Default::default(),
         }
+    }
+
+    #[test]
+    fn environment_cpu_is_told_per_process_with_a_dash_where_one_has_none_and_the_sum() {
+        let mut ours = run(&[]);
+        ours.environment_cpu_s = [("kube-apiserver".to_string(), 10.0), ("kairon-sim".to_string(), 2.5)].into();
+        let mut capd = run(&[]);
+        capd.environment_cpu_s = [("kube-apiserver".to_string(), 8.0), ("capd-manager".to_string(), 6.0)].into();
+        let mut o = String::new();
+        environment_cpu_table(&mut o, &ours, &capd);
+        assert!(o.contains("| kube-apiserver | 10.0 | 8.0 |"), "{o}");
+        assert!(o.contains("| kairon-sim | 2.5 | – |"), "{o}");
+        assert!(o.contains("| capd-manager | – | 6.0 |"), "{o}");
+        assert!(o.contains("| **all** | **12.5** | **14.0** |"), "{o}");
+        let mut none = String::new();
+        environment_cpu_table(&mut none, &run(&[]), &run(&[]));
+        assert!(none.is_empty(), "runs without the figure get no table: {none}");
     }
 
     #[test]

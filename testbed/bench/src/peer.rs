@@ -104,6 +104,7 @@ async fn run_in(env: &Env, capd: &Path, n: usize, quiet: Duration) -> Result<Ful
         wait_running(&machines, 1, Duration::from_secs(180)).await?;
         let control_plane = t_cp.elapsed();
         let under = Under {
+            name: "capd-manager",
             pid,
             is_provider: is_capd_request,
             infra: api_resource(
@@ -125,6 +126,7 @@ async fn run_in(env: &Env, capd: &Path, n: usize, quiet: Duration) -> Result<Ful
             peak_rss_mib: scaled.peak_rss_mib,
             cpu_s: scaled.cpu_s,
             phases: scaled.phases,
+            environment_cpu_s: scaled.environment_cpu_s,
         };
         eprintln!(
             "capkr-bench: CAPD in-memory, 0 -> {n} workers: {:.1}s ({:.2} CAPD writes per machine)",

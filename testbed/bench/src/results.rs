@@ -214,6 +214,11 @@ pub struct FullCapiRun {
     /// Where each worker's time went, phase by phase.
     #[serde(default)]
     pub phases: Vec<Phase>,
+    /// CPU time (user + system) of every process of the environment over the same window as
+    /// `cpu_s`, by process name (the API servers, etcd, CAPI's managers, the provider's
+    /// manager and, for ours, the simulator): what the whole path cost the machine.
+    #[serde(default)]
+    pub environment_cpu_s: std::collections::BTreeMap<String, f64>,
 }
 
 /// Part 4 for one N with both providers, from the same run: capkr-manager with the simulator
