@@ -70,6 +70,7 @@ async fn run_in(env: &Env, n: usize, quiet: Duration) -> Result<FullCapiRun> {
     let under = Under {
         pid,
         name: "capkr-manager",
+        others: sim.pid().map(|p| ("kairon-sim", p)).into_iter().collect(),
         is_provider: is_manager_request,
         infra: ApiResource::erase::<KaironMachine>(&()),
         vm_group: Some("kairon.zyvor.dev"),
@@ -111,6 +112,9 @@ pub struct Under {
     /// Its manager's process, and the name its CPU is shown under.
     pub pid: u32,
     pub name: &'static str,
+    /// Processes of the provider's path that the environment does not run (the simulator),
+    /// by name, counted in its CPU.
+    pub others: Vec<(&'static str, u32)>,
     /// Its manager's requests.
     pub is_provider: fn(&AuditEvent) -> bool,
     /// Its infrastructure machines.
@@ -170,6 +174,7 @@ fn environment_cpu(env: &Env, under: &Under) -> Vec<(String, u32, f64)> {
         .into_iter()
         .filter(|(_, pid)| *pid != under.pid)
         .chain([(under.name.to_string(), under.pid)])
+        .chain(under.others.iter().map(|(name, pid)| (name.to_string(), *pid)))
         .filter_map(|(name, pid)| cpu_seconds(pid).ok().map(|s| (name, pid, s)))
         .collect()
 }

@@ -105,6 +105,7 @@ async fn run_in(env: &Env, capd: &Path, n: usize, quiet: Duration) -> Result<Ful
         let control_plane = t_cp.elapsed();
         let under = Under {
             name: "capd-manager",
+            others: vec![],
             pid,
             is_provider: is_capd_request,
             infra: api_resource(
