@@ -525,18 +525,25 @@ fn every_spec_label_is_in_exactly_one_part() {
     }
 }
 
-/// The test flavors are derived from the shipped templates by text edits that assert what
-/// they expect to find: run them all on a copy of `templates/` (as the release assets hold
-/// them), so a template change that breaks one fails here in a second, not in the suite.
-#[test]
-fn every_test_flavor_derives_from_the_shipped_templates() {
-    let assets = std::env::temp_dir().join(format!("capkr-capi-e2e-flavors-{}", std::process::id()));
+/// A temp dir (named after `tag`) holding a copy of `templates/`, as the release assets hold
+/// them, and the test flavors written from it.
+fn flavors_from_shipped_templates(tag: &str) -> PathBuf {
+    let assets = std::env::temp_dir().join(format!("capkr-capi-e2e-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&assets).expect("a temp dir");
     let templates = workspace_root().join("templates");
     for entry in std::fs::read_dir(&templates).expect("reading templates/").flatten() {
         std::fs::copy(entry.path(), assets.join(entry.file_name())).expect("copying a template");
     }
     write_test_flavors(&assets);
+    assets
+}
+
+/// The test flavors are derived from the shipped templates by text edits that assert what
+/// they expect to find: run them all on a copy of `templates/` (as the release assets hold
+/// them), so a template change that breaks one fails here in a second, not in the suite.
+#[test]
+fn every_test_flavor_derives_from_the_shipped_templates() {
+    let assets = flavors_from_shipped_templates("flavors");
     let v1beta1 = std::fs::read_to_string(assets.join("clusterclass-kairon-runtimesdk-v1beta1.yaml")).expect("written");
     let (class, _) = v1beta1.split_once("\n---\n").expect("class and templates");
     // Every worker class of either kind sits at the same depth, its templates under `template`.
@@ -561,13 +568,7 @@ fn every_test_flavor_derives_from_the_shipped_templates() {
 /// updates the Cluster.
 #[test]
 fn kcp_adoption_flavor_creates_what_the_cluster_refers_to_before_the_cluster() {
-    let assets = std::env::temp_dir().join(format!("capkr-capi-e2e-adoption-{}", std::process::id()));
-    std::fs::create_dir_all(&assets).expect("a temp dir");
-    let templates = workspace_root().join("templates");
-    for entry in std::fs::read_dir(&templates).expect("reading templates/").flatten() {
-        std::fs::copy(entry.path(), assets.join(entry.file_name())).expect("copying a template");
-    }
-    write_test_flavors(&assets);
+    let assets = flavors_from_shipped_templates("adoption");
     let flavor = std::fs::read_to_string(assets.join("cluster-template-kcp-adoption.yaml")).expect("written");
     let _ = std::fs::remove_dir_all(&assets);
     for step in ["kcp-adoption.step1", "kcp-adoption.step2"] {

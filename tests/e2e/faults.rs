@@ -86,6 +86,14 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
     )
     .await
     .unwrap();
+    // Only once CAPI's controller says so has it seen the annotation: a fault injected before
+    // that was remediated at once under load (both Machines replaced within 4 s, and the
+    // vanished VM's KaironMachine gone before it could be looked at).
+    rig.wait("the MachineHealthCheck says it is paused", UP, || async {
+        let mhc = mhcs.get(&mhc_name).await?;
+        Ok::<_, kube::Error>(crate::common::condition(&mhc, "Paused").is_some_and(|c| c["status"] == "True"))
+    })
+    .await;
 
     rig.vms()
         .patch(

@@ -151,14 +151,21 @@ async fn deletion_keeps_a_vm_another_live_kaironmachine_holds_and_releases_the_f
     .unwrap();
 }
 
-#[tokio::test]
-async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_the_runtime_is_recorded_once() {
+/// A provisioned KaironMachine (finalizer, providerID, status) and its running VM, on which
+/// Kairon reports runtime `runtime` and nothing is recorded yet.
+fn provisioned_on_runtime(runtime: &str) -> (KaironMachine, kairon::Machine) {
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
     let mut running = vm("Running");
-    running.status.as_mut().unwrap().runtime_id = Some("rt-1".into());
+    running.status.as_mut().unwrap().runtime_id = Some(runtime.into());
     let km = with_status(km, Observed::InstanceWithoutNode(Box::new(running.clone())));
+    (km, running)
+}
+
+#[tokio::test]
+async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_the_runtime_is_recorded_once() {
+    let (km, running) = provisioned_on_runtime("rt-1");
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -202,15 +209,8 @@ async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_th
 
 #[tokio::test]
 async fn a_reconcile_before_the_cache_shows_the_recorded_runtime_does_not_record_it_again() {
-    let mut km = kaironmachine();
-    km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
-    km.spec.provider_id = Some("kairon://vm-uid".into());
-    let mut running = vm("Running");
-    running.status.as_mut().unwrap().runtime_id = Some("rt-1".into());
-    let km = Arc::new(with_status(
-        km,
-        Observed::InstanceWithoutNode(Box::new(running.clone())),
-    ));
+    let (km, running) = provisioned_on_runtime("rt-1");
+    let km = Arc::new(km);
     // The cache keeps showing the VM as it was before the record, as it does until the watch
     // brings the patched VM.
     let world = World {
