@@ -151,6 +151,16 @@ async fn deletion_keeps_a_vm_another_live_kaironmachine_holds_and_releases_the_f
     .unwrap();
 }
 
+/// The machine's Machine and Cluster, and `vm` in the Kairon Machines' cache.
+fn world_with(vm: kairon::Machine) -> World {
+    World {
+        machines: vec![machine()],
+        clusters: vec![cluster(false)],
+        instances: vec![vm],
+        ..World::default()
+    }
+}
+
 /// A provisioned KaironMachine (finalizer, providerID, status) and its running VM, on which
 /// Kairon reports runtime `runtime` and nothing is recorded yet.
 fn provisioned_on_runtime(runtime: &str) -> (KaironMachine, kairon::Machine) {
@@ -166,12 +176,7 @@ fn provisioned_on_runtime(runtime: &str) -> (KaironMachine, kairon::Machine) {
 #[tokio::test]
 async fn once_kairon_reports_the_runtime_the_bootstrap_data_leaves_the_vm_and_the_runtime_is_recorded_once() {
     let (km, running) = provisioned_on_runtime("rt-1");
-    let world = World {
-        machines: vec![machine()],
-        clusters: vec![cluster(false)],
-        instances: vec![running.clone()],
-        ..World::default()
-    };
+    let world = world_with(running.clone());
     let vm_json = serde_json::to_value(&running).unwrap();
     run(km.clone(), world, move |mut h| async move {
         let (_, body) = expect(&mut h, "PATCH", VM_PATH, 200, vm_json).await;
@@ -213,12 +218,7 @@ async fn a_reconcile_before_the_cache_shows_the_recorded_runtime_does_not_record
     let km = Arc::new(km);
     // The cache keeps showing the VM as it was before the record, as it does until the watch
     // brings the patched VM.
-    let world = World {
-        machines: vec![machine()],
-        clusters: vec![cluster(false)],
-        instances: vec![running.clone()],
-        ..World::default()
-    };
+    let world = world_with(running.clone());
     let vm_json = serde_json::to_value(&running).unwrap();
     mock_support::against(
         move |mut h| async move {
