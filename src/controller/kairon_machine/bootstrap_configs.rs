@@ -114,11 +114,7 @@ impl BootstrapConfigs {
 
     /// Starts the watch of `made_by`'s kind.
     fn watch(&self, client: &Client, made_by: &OwnerReference) -> Watched {
-        let (group, version) = made_by
-            .api_version
-            .split_once('/')
-            .unwrap_or(("", &made_by.api_version));
-        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &made_by.kind));
+        let resource = config_resource(made_by);
         let api: Api<ConfigMeta> = match &self.namespace {
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
@@ -139,6 +135,17 @@ impl BootstrapConfigs {
             task,
         }
     }
+}
+
+/// The resource of the config `made_by` names: at the version the bootstrap provider wrote in
+/// the ownerReference, under the kind's regular plural (CAPI's bootstrap configs all have one:
+/// kubeadmconfigs, talosconfigs, rke2configs, ...).
+pub(super) fn config_resource(made_by: &OwnerReference) -> ApiResource {
+    let (group, version) = made_by
+        .api_version
+        .split_once('/')
+        .unwrap_or(("", &made_by.api_version));
+    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &made_by.kind))
 }
 
 /// Drives the watch, saying when its first list is in; ends for good when the kind cannot be

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::ResourceExt;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tracing::info;
@@ -290,16 +290,10 @@ async fn check_bootstrap_config(
 
 /// The metadata of the bootstrap config that made the bootstrap data Secret (its controller
 /// ownerReference `made_by`), in the Machine's namespace; `None` if there is none. Metadata
-/// only: its owner references are what is checked, and its spec may hold secrets too. The
-/// version is the one the bootstrap provider wrote in the ownerReference; the resource name is
-/// the kind's regular plural (CAPI's bootstrap configs all have one: kubeadmconfigs,
-/// talosconfigs, rke2configs, ...).
+/// only: its owner references are what is checked, and its spec may hold secrets too
+/// ([`super::bootstrap_configs::config_resource`]: which resource).
 async fn read_bootstrap_config(ns: &str, made_by: &OwnerReference, ctx: &Context) -> Result<Option<ObjectMeta>, Error> {
-    let (group, version) = made_by
-        .api_version
-        .split_once('/')
-        .unwrap_or(("", &made_by.api_version));
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &made_by.kind));
+    let ar = super::bootstrap_configs::config_resource(made_by);
     Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &ar)
         .get_metadata_opt(&made_by.name)
         .await

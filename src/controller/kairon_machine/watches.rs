@@ -193,7 +193,7 @@ pub(crate) fn controller(
         machine_pools: caches.machine_pools.store(),
         checked_configs: Default::default(),
         bootstrap_configs: super::bootstrap_configs::BootstrapConfigs::watching(
-            ctx_client.clone(),
+            ctx_client,
             settings.namespace.clone(),
             crate::controller::settings::initial_lists(settings.streaming_lists),
         ),
