@@ -64,15 +64,9 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
         ..RigOptions::new("remediation")
     })
     .await;
-    let machines = rig.wait_running(3, UP).await;
-    let workers: Vec<String> = machines
-        .iter()
-        .map(|m| m.name_any())
-        .filter(|n| !n.contains("control-plane"))
-        .collect();
-    let (failing, vanishing) = (&workers[0], &workers[1]);
-
-    // The MHC would remediate within seconds; stop it from doing so until we have looked.
+    // The MHC would remediate within seconds; stop it from doing so until we have looked, and
+    // before the workers are chosen: under load a worker was remediated while the cluster came
+    // up, and the VM picked for the fault was already gone.
     let mhcs: kube::Api<DynamicObject> = kube::Api::namespaced_with(
         rig.env.client(),
         &rig.ns,
@@ -94,6 +88,13 @@ async fn failed_and_vanished_vms_are_reported_and_remediated() {
         Ok::<_, kube::Error>(crate::common::condition(&mhc, "Paused").is_some_and(|c| c["status"] == "True"))
     })
     .await;
+    let machines = rig.wait_running(3, UP).await;
+    let workers: Vec<String> = machines
+        .iter()
+        .map(|m| m.name_any())
+        .filter(|n| !n.contains("control-plane"))
+        .collect();
+    let (failing, vanishing) = (&workers[0], &workers[1]);
 
     rig.vms()
         .patch(

@@ -163,7 +163,7 @@ async fn start(env: &Env, capd: &Path) -> Result<Process> {
     let start = Instant::now();
     loop {
         if let Some(status) = p.try_exit_status() {
-            bail!("CAPD's manager exited ({status}):\n{}", p.log_tail(40));
+            bail!("CAPD's manager: {}", p.exit_report(status, 40));
         }
         if matches!(http_get(health, "/readyz").await.map(|r| r.status), Ok(200)) {
             return Ok(p);

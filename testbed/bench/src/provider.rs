@@ -191,7 +191,7 @@ pub async fn wait_ready(p: &Process, port: u16, timeout: Duration) -> Result<()>
     let start = Instant::now();
     loop {
         if let Some(status) = p.try_exit_status() {
-            bail!("{} exited ({status}); last log lines:\n{}", p.name(), p.log_tail(30));
+            bail!("{}", p.exit_report(status, 30));
         }
         if http_get(port, "/readyz").await.is_ok_and(|r| r.status == 200) {
             return Ok(());

@@ -406,7 +406,7 @@ async fn run_in(env: &Env, opts: &DemoOptions, env_startup: Duration) -> Result<
     let rows = loop {
         for (p, what) in [(&sim, "kairon-sim"), (&manager, "capkr-manager")] {
             if let Some(status) = p.try_exit_status() {
-                bail!("{what} exited ({status}); last log lines:\n{}", p.log_tail(30));
+                bail!("{what}: {}", p.exit_report(status, 30));
             }
         }
         let rows = match machine_rows(env, NAMESPACE, CLUSTER).await {

@@ -321,6 +321,20 @@ impl Process {
     pub fn log_tail(&self, n: usize) -> String {
         tail_file(&self.spec.log_path, n)
     }
+
+    /// What to say of a process that has exited: its status, the first error lines of its log
+    /// (the cause; the last lines are mostly a shutdown's), and its last `lines` lines.
+    pub fn exit_report(&self, status: ExitStatus, lines: usize) -> String {
+        let mut out = format!("{} exited ({status})", self.spec.name);
+        let errors = first_errors(&self.spec.log_path, 5);
+        if !errors.is_empty() {
+            out.push_str(&format!("; first error lines:\n{errors}"));
+        }
+        if lines > 0 {
+            out.push_str(&format!("\nlast log lines:\n{}", self.log_tail(lines)));
+        }
+        out
+    }
 }
 
 impl Drop for Process {
@@ -363,6 +377,26 @@ pub(crate) fn tail_file(path: &Path, n: usize) -> String {
     }
 }
 
+/// The first `n` lines of a log that report an error: klog's `E`/`F` lines, JSON logs at level
+/// error, a Go panic, cobra's `Error:`.
+fn first_errors(path: &Path, n: usize) -> String {
+    let Ok(bytes) = std::fs::read(path) else {
+        return String::new();
+    };
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .filter(|l| is_error_line(l))
+        .take(n)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn is_error_line(line: &str) -> bool {
+    let b = line.as_bytes();
+    let klog = b.len() > 5 && matches!(b[0], b'E' | b'F') && b[1..5].iter().all(u8::is_ascii_digit);
+    klog || line.contains(r#""level":"error""#) || line.starts_with("panic:") || line.starts_with("Error:")
+}
+
 pub(crate) fn timestamp() -> String {
     let now = time::OffsetDateTime::now_utc();
     format!(
@@ -402,6 +436,27 @@ mod tests {
             .to_vec();
         let e = ["--b".to_string(), "9".to_string(), "--flag".to_string()];
         assert_eq!(merged_args(d, &e), ["--a", "1", "--c", "3", "--b", "9", "--flag"]);
+    }
+
+    #[test]
+    fn error_lines_are_klog_errors_json_errors_and_panics() {
+        for l in [
+            r#"E1207 00:31:26.759250   12891 kind.go:82] "failed to get informer from cache""#,
+            r#"F1207 00:31:26.7 1 main.go:1] fatal"#,
+            r#"{"level":"error","msg":"bind: address already in use"}"#,
+            "panic: runtime error",
+            "Error: unknown flag: --x",
+        ] {
+            assert!(is_error_line(l), "{l}");
+        }
+        for l in [
+            r#"I1207 00:31:26.759279   12891 controller.go:302] "Starting Controller""#,
+            "Eventually it started",
+            r#"{"level":"info","msg":"error budget"}"#,
+            "",
+        ] {
+            assert!(!is_error_line(l), "{l}");
+        }
     }
 
     #[test]
