@@ -70,12 +70,12 @@ async fn on_an_older_kairon_serving_v1alpha1_alone_a_machine_needing_newer_field
     };
     // c1: an image by path and required anti-affinity, both in the older schema. c2: the
     // default flavor's imageRef, diskSize and preferred anti-affinity, none of them there.
-    let mut older = Infrastructure::kairon(&rig.workload.host, rig.workload.port);
+    let mut older = Infrastructure::kairon(&rig.workload().host, rig.workload().port);
     older.machine_spec = format!(
         "  image:\n    path: /var/lib/kairon/images/ubuntu.qcow2\n  resources:\n    cpu: 2\n    memory: 4Gi\n  \
          placement:\n    controlPlaneAntiAffinity: Required\n{NETWORK}"
     );
-    let newer = Infrastructure::kairon(&rig.workload.host, rig.workload.port);
+    let newer = Infrastructure::kairon(&rig.workload().host, rig.workload().port);
     for (cluster, infra) in [("c1", &older), ("c2", &newer)] {
         rig.env
             .apply(&cluster_yaml_of(&rig.ns, cluster, infra, &shape), Some(&rig.ns))

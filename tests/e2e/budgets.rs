@@ -303,7 +303,7 @@ async fn an_externally_managed_clusters_vms_are_under_budgets_and_they_go_with_i
     let budgets: Api<MachineDisruptionBudget> = Api::namespaced(rig.env.client(), &rig.ns);
     let infra = Infrastructure {
         cluster_annotations: "cluster.x-k8s.io/managed-by: e2e-external".into(),
-        ..Infrastructure::kairon(&rig.workload.host, rig.workload.port)
+        ..Infrastructure::kairon(&rig.workload().host, rig.workload().port)
     };
     let shape = ClusterOptions {
         workers: 1,

@@ -1,11 +1,15 @@
 //! The rig of the end-to-end tests (`e2e_*.rs`, and the operability tests that need CAPI): the
 //! real control plane (`capkr_testenv::Env`), one workload cluster, the Kairon simulator,
 //! capkr-manager, and a CAPI cluster made of one control-plane Machine (kubeadm init data) and
-//! a MachineDeployment (kubeadm join data). An end-to-end test starts with [`Rig::start`];
-//! everything else it needs (versions, API resources, ports, HTTP) comes from `capkr_testenv`.
+//! a MachineDeployment (kubeadm join data). With [`RigOptions::guests`] the simulator runs the
+//! control-plane VMs for real instead (their etcd, kube-apiserver, controller manager and
+//! scheduler), and the test applies a shipped flavor (`crate::templates_support`'s methods of
+//! the rig). An end-to-end test starts with [`Rig::start`]; everything else it needs
+//! (versions, API resources, ports, HTTP) comes from `capkr_testenv`.
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use capkr::api::conditions::{self, INSTANCE_PROVISIONED, READY};
@@ -14,12 +18,16 @@ use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
 use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
 use capkr_testenv::faults::FaultProxy;
+use capkr_testenv::flavors::{GuestNetwork, guest_simulator_args};
 use capkr_testenv::{
     CapiManagers, Env, EnvOptions, Process, SIMULATOR_HOSTS, WorkloadCluster, capi_resource, merged_args, wait_for,
 };
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
+
+use crate::distribution_support::LocalRepo;
+use crate::templates_support::Network;
 
 #[derive(Clone)]
 pub struct RigOptions {
@@ -45,6 +53,11 @@ pub struct RigOptions {
     /// The Kairon CRDs of the environment; other than the development ones, the rig has an
     /// environment of its own.
     pub kairon_crds: capkr_testenv::kairon_crds::KaironCrds,
+    /// The simulator runs the control-plane VMs' processes (`kairon-sim --guest-bin-dir`) on a
+    /// loopback network of the rig's own, in the environment with KubeadmControlPlane's
+    /// manager that such rigs of a binary share; no stand-in workload API server and no
+    /// cluster objects: the test applies a flavor from `clusterctl generate`.
+    pub guests: bool,
 }
 
 impl RigOptions {
@@ -62,15 +75,35 @@ impl RigOptions {
             api_faults: None,
             own_env: false,
             kairon_crds: Default::default(),
+            guests: false,
         }
     }
+
+    /// A rig whose simulator runs the control-plane VMs for real ([`RigOptions::guests`]).
+    pub fn guests(name: &'static str) -> Self {
+        RigOptions {
+            guests: true,
+            create: false,
+            ..RigOptions::new(name)
+        }
+    }
+}
+
+/// What a rig with [`RigOptions::guests`] has: the guests' loopback network, the release
+/// assets as a clusterctl repository, and the directory of the VMs' data and logs.
+pub struct Guests {
+    pub net: Network,
+    pub repo: LocalRepo,
+    pub dir: PathBuf,
 }
 
 pub struct Rig {
     pub env: RigEnv,
     pub ns: String,
     pub cluster: String,
-    pub workload: WorkloadCluster,
+    /// The stand-in workload API server; none where the guests run the workload cluster.
+    workload: Option<WorkloadCluster>,
+    guests: Option<Guests>,
     pub sim: Process,
     pub manager: Process,
     /// The proxy between the manager and the API server, with `api_faults`.
@@ -106,6 +139,12 @@ fn shared_env_options() -> EnvOptions {
         .audit_policy(capkr_testenv::AUDIT_POLICY_METADATA)
 }
 
+/// The options of the environment the guest rigs of a test binary share: CAPI's three
+/// managers, the flavors' control plane being KubeadmControlPlane.
+fn guests_env_options() -> EnvOptions {
+    EnvOptions::new("templates")
+}
+
 /// Fast simulator delays, hosts in two zones.
 pub fn default_sim_args() -> Vec<String> {
     let mut args = capkr_testenv::flavors::guest_delay_args();
@@ -117,7 +156,13 @@ impl Rig {
     pub async fn start(opts: RigOptions) -> Rig {
         let ns = opts.name.replace('_', "-");
         let own = opts.own_env || opts.api_faults.is_some() || opts.kairon_crds != Default::default();
-        let env = if own {
+        let env = if opts.guests {
+            RigEnv::Shared(
+                Env::shared(guests_env_options())
+                    .await
+                    .expect("shared test environment"),
+            )
+        } else if own {
             let mut env_opts = EnvOptions::new(opts.name).capi_managers(CapiManagers::WITHOUT_CONTROL_PLANE);
             env_opts.kairon_crds = opts.kairon_crds.clone();
             if opts.audit {
@@ -135,14 +180,33 @@ impl Rig {
         env.create_namespace(&ns)
             .await
             .expect("namespace (a name no other test of the binary uses)");
-        let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
+        let (workload, guests) = if opts.guests {
+            let guests = Guests {
+                net: Network::new(),
+                repo: LocalRepo::new(),
+                dir: env.dir().join(format!("guests-{ns}")),
+            };
+            (None, Some(guests))
+        } else {
+            let workload = env.workload_cluster(&ns, &cluster).await.expect("workload cluster");
+            (Some(workload), None)
+        };
         // In a shared environment the simulator and the manager keep to the rig's namespace.
         let scope = |defaults: Vec<String>| match own {
             true => defaults,
             false => [defaults, vec!["--namespace".to_string(), ns.clone()]].concat(),
         };
         let identity = (!own).then(|| format!("rig-{ns}"));
-        let sim_args = merged_args(scope(default_sim_args()), &opts.sim_args);
+        let sim_defaults = match &guests {
+            Some(g) => {
+                let mut args = capkr_testenv::flavors::guest_delay_args();
+                let net = GuestNetwork { octet: g.net.octet };
+                args.extend(guest_simulator_args(env.binaries(), &g.dir, &net).expect("simulator flags"));
+                args
+            }
+            None => default_sim_args(),
+        };
+        let sim_args = merged_args(scope(sim_defaults), &opts.sim_args);
         let sim = env.start_simulator(sim_args).expect("simulator");
         let mut manager_defaults = scope(vec!["-v".to_string(), "1".to_string()]);
         if let Some(id) = &identity {
@@ -165,6 +229,7 @@ impl Rig {
             ns,
             cluster,
             workload,
+            guests,
             sim,
             manager,
             faults,
@@ -194,7 +259,13 @@ impl Rig {
             md_failure_domain: opts.md_failure_domain.map(String::from),
             health_check: opts.health_check,
         };
-        cluster_yaml(&self.ns, &self.cluster, &self.workload.host, self.workload.port, &shape)
+        cluster_yaml(
+            &self.ns,
+            &self.cluster,
+            &self.workload().host,
+            self.workload().port,
+            &shape,
+        )
     }
 
     pub fn machines(&self) -> Api<DynamicObject> {
@@ -226,7 +297,19 @@ impl Rig {
     }
 
     pub fn nodes(&self) -> Api<Node> {
-        Api::all(self.workload.client())
+        Api::all(self.workload().client())
+    }
+
+    /// The stand-in workload cluster (a rig without [`RigOptions::guests`]).
+    pub fn workload(&self) -> &WorkloadCluster {
+        self.workload
+            .as_ref()
+            .expect("a rig whose guests run the workload cluster has no stand-in for it")
+    }
+
+    /// The guests' network, repository and directory (a rig with [`RigOptions::guests`]).
+    pub fn guests(&self) -> &Guests {
+        self.guests.as_ref().expect("a rig with RigOptions::guests")
     }
 
     /// Waits for `check`; on timeout prints the environment (logs, objects) and fails.
@@ -239,7 +322,7 @@ impl Rig {
         match wait_for(what, timeout, check).await {
             Ok(v) => v,
             Err(e) => {
-                self.env.dump();
+                self.dump();
                 panic!("{e:#}");
             }
         }
@@ -247,8 +330,24 @@ impl Rig {
 
     /// Fails the test with the environment printed.
     pub fn fail(&self, msg: impl std::fmt::Display) -> ! {
-        self.env.dump();
+        self.dump();
         panic!("{msg}");
+    }
+
+    /// Prints the environment (process logs, objects) and the tails of the guests' logs.
+    pub fn dump(&self) {
+        self.env.dump();
+        let Some(g) = &self.guests else {
+            return;
+        };
+        for log in std::fs::read_dir(g.dir.join("logs")).into_iter().flatten().flatten() {
+            let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            eprintln!("--- {} (tail)", log.path().display());
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
     }
 
     /// Current size of the API server's audit log: an offset for [`Rig::manager_writes`].
@@ -390,7 +489,9 @@ impl Drop for Rig {
             RigEnv::Own(_) => return,
         };
         env.leave_namespace(&self.ns);
-        env.stop_workload(&self.workload);
+        if let Some(workload) = &self.workload {
+            env.stop_workload(workload);
+        }
     }
 }
 

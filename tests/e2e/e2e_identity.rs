@@ -363,7 +363,7 @@ async fn two_clusters_on_two_kairon_apis_through_identities() {
 
     let yaml = format!(
         "{}\n---\n{}",
-        cluster_with_identity(&rig, "c1", &rig.workload, "identity-a"),
+        cluster_with_identity(&rig, "c1", rig.workload(), "identity-a"),
         cluster_with_identity(&rig, "c2", &c2, "identity-b")
     );
     rig.env.apply(&yaml, Some(&rig.ns)).await.expect("clusters apply");

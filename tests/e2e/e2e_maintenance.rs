@@ -29,7 +29,7 @@ use templates_support::pods::*;
 use templates_support::*;
 
 /// Up, with a workload under its budget and MachineHealthChecks on every Machine.
-async fn cluster_with_workload(rig: &GuestRig, vars: &[(&str, &str)]) -> (Client, String) {
+async fn cluster_with_workload(rig: &Rig, vars: &[(&str, &str)]) -> (Client, String) {
     rig.kubectl_apply(&rig.generate_with("", 3, 2, vars));
     let md = md_name(rig).await;
     // One worker may be unavailable while it is replaced (the MachineDeployment's default, 0,
@@ -65,11 +65,15 @@ fn unhealthy(machines: &[kube::api::DynamicObject]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_migrations_are_followed_without_replacement() {
     let (_, sim_args) = rig_hosts("templates-migrate");
-    let rig = GuestRig::start_with("templates_migrate", &sim_args).await;
+    let rig = Rig::start(RigOptions {
+        sim_args,
+        ..RigOptions::guests("templates_migrate")
+    })
+    .await;
     let (wc, _) = cluster_with_workload(&rig, &[]).await;
 
-    let machines_before: BTreeSet<String> = rig.machines().await.iter().map(name).collect();
-    let machines_ready = ready_since(&rig.machines().await);
+    let machines_before: BTreeSet<String> = rig.machine_list().await.iter().map(name).collect();
+    let machines_ready = ready_since(&rig.machine_list().await);
     let kms_ready = ready_since(&rig.list(&kaironmachines()).await);
     let seen = Arc::new(Mutex::new(Seen::default()));
     let watchers = watch(&rig, &wc, "web", seen.clone());
@@ -80,14 +84,14 @@ async fn live_migrations_are_followed_without_replacement() {
     for (vm, from) in &hosts_before {
         let to = migrate(&rig, vm, None).await;
         assert_ne!(&to, from, "{vm} moved");
-        rig.wait(
+        rig.wait_ok(
             &format!("KaironMachine {vm} reports host {to} and an InstanceMigrated event"),
             Duration::from_secs(60),
             || async {
                 let km = rig.api(&kaironmachines()).get(vm).await.map_err(|e| e.to_string())?;
                 let host = km.data["status"]["instance"]["host"].as_str().unwrap_or("");
                 let events = event_reasons(&rig, vm).await;
-                let sick = unhealthy(&rig.machines().await);
+                let sick = unhealthy(&rig.machine_list().await);
                 remediations.lock().unwrap_or_else(|e| e.into_inner()).extend(sick);
                 if host == to && events.iter().any(|(r, m)| r == "InstanceMigrated" && m.contains(&to)) {
                     Ok(())
@@ -126,7 +130,7 @@ async fn live_migrations_are_followed_without_replacement() {
         "{busiest} empty: {after_evacuation:?}"
     );
     cordon(&rig, &busiest, false).await;
-    rig.wait(
+    rig.wait_ok(
         "every KaironMachine reports the node its VM was evacuated to",
         Duration::from_secs(60),
         || async {
@@ -156,7 +160,7 @@ async fn live_migrations_are_followed_without_replacement() {
     // Long enough for a Node whose kubelet had gone quiet to be marked NotReady (40 s lease).
     tokio::time::sleep(Duration::from_secs(45)).await;
     let mut remediations = remediations.into_inner().unwrap_or_else(|e| e.into_inner());
-    remediations.extend(unhealthy(&rig.machines().await));
+    remediations.extend(unhealthy(&rig.machine_list().await));
     for w in &watchers {
         w.abort();
     }
@@ -169,10 +173,10 @@ async fn live_migrations_are_followed_without_replacement() {
     );
     assert_eq!(moves.len(), 5, "every VM moved once");
 
-    let machines_after: BTreeSet<String> = rig.machines().await.iter().map(name).collect();
+    let machines_after: BTreeSet<String> = rig.machine_list().await.iter().map(name).collect();
     assert_eq!(machines_after, machines_before, "no Machine replaced");
     assert_eq!(
-        ready_since(&rig.machines().await),
+        ready_since(&rig.machine_list().await),
         machines_ready,
         "no Machine's Ready moved"
     );
@@ -189,8 +193,8 @@ async fn live_migrations_are_followed_without_replacement() {
 }
 
 /// Machines of the cluster being deleted, and whether the Cluster is Available.
-async fn cluster_sample(rig: &GuestRig) -> Result<(), String> {
-    let machines = rig.machines().await;
+async fn cluster_sample(rig: &Rig) -> Result<(), String> {
+    let machines = rig.machine_list().await;
     let deleting: Vec<String> = machines
         .iter()
         .filter(|m| m.metadata.deletion_timestamp.is_some())
@@ -216,7 +220,11 @@ async fn cluster_sample(rig: &GuestRig) -> Result<(), String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_at_a_time() {
     let (hosts, sim_args) = rig_hosts("templates-maintenance");
-    let rig = GuestRig::start_with("templates_maintenance", &sim_args).await;
+    let rig = Rig::start(RigOptions {
+        sim_args,
+        ..RigOptions::guests("templates_maintenance")
+    })
+    .await;
     let (wc, _) = cluster_with_workload(&rig, &[]).await;
     let etcd = EtcdProbe::new(&rig);
 
@@ -224,7 +232,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
     let target = hosts[0].clone();
     let cps: Vec<String> = rig.control_plane_machines().await.iter().map(name).collect();
     let workers: Vec<String> = rig
-        .machines()
+        .machine_list()
         .await
         .iter()
         .filter(|m| !is_control_plane(m))
@@ -258,7 +266,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
         json!({"spec": {"paused": true}}),
     )
     .await;
-    rig.wait(
+    rig.wait_ok(
         "the KaironMachines report the pause",
         Duration::from_secs(60),
         || async {
@@ -316,7 +324,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
             }
         }
     };
-    rig.wait(
+    rig.wait_ok(
         "the evacuated KaironMachines wait for the unpause",
         Duration::from_secs(60),
         || waiting("WaitingForUnpause"),
@@ -324,7 +332,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
     .await;
     let paused_until = Instant::now() + Duration::from_secs(30);
     while Instant::now() < paused_until {
-        let machines = rig.machines().await;
+        let machines = rig.machine_list().await;
         let touched: Vec<String> = machines
             .iter()
             .filter(|m| m.metadata.deletion_timestamp.is_some() || !unhealthy(std::slice::from_ref(*m)).is_empty())
@@ -357,7 +365,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
     let quorum = |healthy: usize, members: usize| 2 * healthy > members;
     let node_empty = Mutex::new(None::<Duration>);
     let what = format!("{target} emptied and the cluster back to 3 + 2");
-    let replaced = rig.wait(&what, Duration::from_secs(900), || async {
+    let replaced = rig.wait_ok(&what, Duration::from_secs(900), || async {
         let sample = look(&rig, &etcd, 4, &quorum).await;
         watch_cp.lock().unwrap_or_else(|e| e.into_inner()).record(sample);
         if let Err(why) = cluster_sample(&rig).await {
@@ -376,7 +384,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get_or_insert_with(|| requested.elapsed());
-        let machines = rig.machines().await;
+        let machines = rig.machine_list().await;
         cluster_ready(&machines, rig.kcp().await.as_ref(), 3, 2)?;
         Ok(())
     });
@@ -417,7 +425,7 @@ async fn a_cordoned_node_waits_while_paused_then_its_machines_are_replaced_one_a
         drains.at_vm_deletion,
     );
 
-    let after: BTreeSet<String> = rig.machines().await.iter().map(name).collect();
+    let after: BTreeSet<String> = rig.machine_list().await.iter().map(name).collect();
     assert!(
         after.is_disjoint(&victims),
         "every evacuated Machine replaced: {after:?}"

@@ -85,7 +85,7 @@ fn describe_shows_ready(
 
 /// Waits for `clusterctl describe cluster` to show the cluster ready: the Cluster's replica
 /// counters follow the Machines' conditions a moment later.
-async fn wait_describe_ready(rig: &GuestRig, control_planes: usize, workers: usize) {
+async fn wait_describe_ready(rig: &Rig, control_planes: usize, workers: usize) {
     let mut describe = String::new();
     let mut verdict = Err(String::new());
     for _ in 0..60 {
@@ -104,7 +104,7 @@ async fn wait_describe_ready(rig: &GuestRig, control_planes: usize, workers: usi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
-    let rig = GuestRig::start("templates_default").await;
+    let rig = Rig::start(RigOptions::guests("templates_default")).await;
     let yaml = rig.generate("", 3, 2);
     let started = Instant::now();
     rig.kubectl_apply(&yaml);
@@ -113,7 +113,7 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
         "cluster 3+2 ready {:.1}s after kubectl apply",
         started.elapsed().as_secs_f64()
     );
-    for (pid, cmd) in processes_under(&rig.guest_dir) {
+    for (pid, cmd) in processes_under(&rig.guests().dir) {
         let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_default()
             .lines()
@@ -152,7 +152,7 @@ async fn default_flavor_from_clusterctl_comes_up_scales_and_deletes() {
 /// one at a time (maxSurge 1: never more than replicas + 1 Machines, never two deleting at
 /// once), etcd keeps `replicas` healthy members throughout, and in the end every Machine and
 /// its Node report the new version.
-async fn roll_out_a_new_version(rig: &GuestRig, etcd: &EtcdProbe, replicas: usize, workers: usize) {
+async fn roll_out_a_new_version(rig: &Rig, etcd: &EtcdProbe, replicas: usize, workers: usize) {
     let kcp = rig.kcp().await.expect("KCP");
     let kcp_name = name(&kcp);
     let from = kcp.data["spec"]["version"].as_str().expect("KCP version").to_string();
@@ -174,13 +174,13 @@ async fn roll_out_a_new_version(rig: &GuestRig, etcd: &EtcdProbe, replicas: usiz
 
     let watch = Mutex::new(Watch::new());
     let at_least_replicas = |healthy: usize, _members: usize| healthy >= replicas;
-    rig.wait(
+    rig.wait_ok(
         &format!("the control plane rolled out to {to}"),
         Duration::from_secs(600),
         || async {
             let seen = look(rig, etcd, replicas + 1, &at_least_replicas).await;
             watch.lock().unwrap_or_else(|e| e.into_inner()).record(seen);
-            let machines = rig.machines().await;
+            let machines = rig.machine_list().await;
             let kcp = rig.kcp().await;
             cluster_ready(&machines, kcp.as_ref(), replicas, workers)?;
             rolled_out(&machines, kcp.as_ref(), &old, &to)
@@ -231,7 +231,7 @@ fn rolled_out(
 /// ships none); one control-plane VM fails in Kairon, its Node goes away, the MHC marks the
 /// Machine unhealthy and KCP remediates it: removes its etcd member, deletes it and creates a
 /// replacement. etcd keeps quorum throughout, and ends with `replicas` healthy members.
-async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, replicas: usize, workers: usize) {
+async fn remediate_a_failed_control_plane(rig: &Rig, etcd: &EtcdProbe, replicas: usize, workers: usize) {
     let mhc_name = format!("{}-control-plane", rig.cluster);
     let mhcs = capi("MachineHealthCheck", "machinehealthchecks");
     let mut mhc = DynamicObject::new(&mhc_name, &mhcs).within(&rig.ns);
@@ -250,7 +250,7 @@ async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, repl
         .create(&Default::default(), &mhc)
         .await
         .expect("creating the control plane's MachineHealthCheck");
-    rig.wait(
+    rig.wait_ok(
         "the MachineHealthCheck sees the control plane healthy",
         Duration::from_secs(120),
         || async {
@@ -289,13 +289,13 @@ async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, repl
 
     let watch = Mutex::new(Watch::new());
     let quorum = |healthy: usize, members: usize| 2 * healthy > members;
-    rig.wait(
+    rig.wait_ok(
         &format!("KCP replaced the failed {victim_name}"),
         Duration::from_secs(600),
         || async {
             let seen = look(rig, etcd, replicas, &quorum).await;
             watch.lock().unwrap_or_else(|e| e.into_inner()).record(seen);
-            let machines = rig.machines().await;
+            let machines = rig.machine_list().await;
             if machines.iter().any(|m| name(m) == victim_name) {
                 return Err(format!("{victim_name} is still there"));
             }
@@ -323,7 +323,7 @@ async fn remediate_a_failed_control_plane(rig: &GuestRig, etcd: &EtcdProbe, repl
 
 /// `kubectl delete cluster`: no Machine, Kairon Machine, VM process, VM dir or endpoint port
 /// is left.
-async fn delete_and_wait_gone(rig: &GuestRig) {
+async fn delete_and_wait_gone(rig: &Rig) {
     let t = Instant::now();
     let out = rig
         .kubectl()
@@ -332,15 +332,15 @@ async fn delete_and_wait_gone(rig: &GuestRig) {
         .expect("kubectl delete");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let vms: kube::Api<capkr::kairon::Machine> = kube::Api::namespaced(rig.env.client(), &rig.ns);
-    let endpoint = format!("{}:6443", rig.net.endpoint_ip());
-    rig.wait("the cluster is gone", Duration::from_secs(300), || async {
-        let machines = rig.machines().await.len();
+    let endpoint = format!("{}:6443", rig.guests().net.endpoint_ip());
+    rig.wait_ok("the cluster is gone", Duration::from_secs(300), || async {
+        let machines = rig.machine_list().await.len();
         let kairon = vms
             .list(&Default::default())
             .await
             .map(|l| l.items.len())
             .unwrap_or(usize::MAX);
-        let procs = processes_under(&rig.guest_dir);
+        let procs = processes_under(&rig.guests().dir);
         let port_open = tokio::net::TcpStream::connect(&endpoint).await.is_ok();
         if machines == 0 && kairon == 0 && procs.is_empty() && !port_open && rig.vm_dirs().is_empty() {
             Ok(())
@@ -356,8 +356,8 @@ async fn delete_and_wait_gone(rig: &GuestRig) {
 
 /// A flavor generated with 3 control planes and 2 workers comes up, shows ready in
 /// `clusterctl describe`, runs kubeadm's addons, and goes away without leftovers.
-async fn flavor_comes_up_and_goes(name: &str, flavor: &str) {
-    let rig = GuestRig::start(name).await;
+async fn flavor_comes_up_and_goes(name: &'static str, flavor: &str) {
+    let rig = Rig::start(RigOptions::guests(name)).await;
     let yaml = rig.generate(flavor, 3, 2);
     rig.kubectl_apply(&yaml);
     rig.wait_shape(3, 2, Duration::from_secs(600)).await;
@@ -375,7 +375,7 @@ async fn md_remediation_flavor_from_clusterctl_comes_up_and_goes() {
 /// every machine gets the image of its new version from the ClusterClass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_flavor_from_clusterctl_comes_up_upgrades_and_goes() {
-    let rig = GuestRig::start("templates_topology").await;
+    let rig = Rig::start(RigOptions::guests("templates_topology")).await;
     rig.kubectl_apply(&rig.generate("topology", 3, 2));
     rig.wait_shape(3, 2, Duration::from_secs(600)).await;
     wait_describe_ready(&rig, 3, 2).await;
@@ -391,7 +391,7 @@ async fn topology_flavor_from_clusterctl_comes_up_upgrades_and_goes() {
 /// the Cluster leaves no pool or VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topology_machinepool_flavor_from_clusterctl_comes_up_upgrades_its_pool_and_goes() {
-    let rig = GuestRig::start("templates_topology_pool").await;
+    let rig = Rig::start(RigOptions::guests("templates_topology_pool")).await;
     let started = Instant::now();
     rig.kubectl_apply(&rig.generate("topology-machinepool", 1, 2));
     rig.wait_shape(1, 2, Duration::from_secs(600)).await;
@@ -415,7 +415,7 @@ async fn topology_machinepool_flavor_from_clusterctl_comes_up_upgrades_its_pool_
 
     delete_and_wait_gone(&rig).await;
     let vms: kube::Api<capkr::kairon::Machine> = kube::Api::namespaced(rig.env.client(), &rig.ns);
-    rig.wait("no KaironMachinePool or VM left", Duration::from_secs(60), || async {
+    rig.wait_ok("no KaironMachinePool or VM left", Duration::from_secs(60), || async {
         let left = (
             rig.list(&machine_pools::kaironmachinepools()).await.len(),
             vms.list(&Default::default())

@@ -125,7 +125,7 @@ async fn a_pool_0_20_5_removes_capis_choice_drained_first_replaces_a_failed_vm_r
         |vm: &capkr::kairon::Machine| vm.metadata.deletion_timestamp.is_some(),
     );
     let cordoned = record_first(
-        Api::<Node>::all(rig.workload.client()),
+        Api::<Node>::all(rig.workload().client()),
         watcher::Config::default(),
         false,
         |n: &Node| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),

@@ -41,7 +41,7 @@ async fn a_repointed_machine_pool_rolls_onto_the_new_pool_within_max_unavailable
         m.data["status"]["deletion"]["nodeDrainStartTime"].is_string()
     });
     let node_deleted = record_first(
-        kube::Api::<Node>::all(rig.workload.client()),
+        kube::Api::<Node>::all(rig.workload().client()),
         watcher::Config::default(),
         true,
         |n: &Node| n.metadata.deletion_timestamp.is_some(),

@@ -64,7 +64,7 @@ async fn repointing_an_identity_to_another_kairon_api_loses_no_vm() {
         md_failure_domain: None,
         health_check: true,
     };
-    let yaml = cluster_of_shape_with_identity(&rig, "c1", &rig.workload, "Secret", "identity-a", &shape);
+    let yaml = cluster_of_shape_with_identity(&rig, "c1", rig.workload(), "Secret", "identity-a", &shape);
     rig.env.apply(&yaml, Some(&rig.ns)).await.expect("cluster apply");
     wait_cluster_running(&rig, "c1", 2).await;
     let machine_uids = || async {

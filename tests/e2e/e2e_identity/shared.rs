@@ -74,7 +74,7 @@ async fn shared_identity_serves_the_namespaces_it_allows_and_ten_endpoints() {
 
     rig.env
         .apply(
-            &cluster_with_identity_of_kind(&rig, "c1", &rig.workload, "KaironClusterIdentity", "site-s"),
+            &cluster_with_identity_of_kind(&rig, "c1", rig.workload(), "KaironClusterIdentity", "site-s"),
             Some(&rig.ns),
         )
         .await

@@ -34,7 +34,7 @@ pub fn rig_hosts(ns: &str) -> (Vec<String>, Vec<String>) {
 }
 
 /// Host of each Kairon Machine (by name) as Kairon reports it.
-pub async fn vm_hosts(rig: &GuestRig) -> BTreeMap<String, String> {
+pub async fn vm_hosts(rig: &Rig) -> BTreeMap<String, String> {
     rig.list(&kairon("Machine", "machines"))
         .await
         .iter()
@@ -45,7 +45,7 @@ pub async fn vm_hosts(rig: &GuestRig) -> BTreeMap<String, String> {
 
 /// A live MachineMigration of `vm` (to `target`, or where Kairon chooses), waited for until it
 /// succeeded; returns the node the VM is on afterwards.
-pub async fn migrate(rig: &GuestRig, vm: &str, target: Option<&str>) -> String {
+pub async fn migrate(rig: &Rig, vm: &str, target: Option<&str>) -> String {
     let migrations = migrations_resource();
     let api = rig.api(&migrations);
     let mig_name = format!("move-{vm}-{}", rig_suffix());
@@ -58,7 +58,7 @@ pub async fn migrate(rig: &GuestRig, vm: &str, target: Option<&str>) -> String {
         .await
         .unwrap_or_else(|e| panic!("creating MachineMigration {mig_name}: {e}"));
     let done = Arc::new(Mutex::new(String::new()));
-    rig.wait(
+    rig.wait_ok(
         &format!("MachineMigration {mig_name} succeeded"),
         Duration::from_secs(120),
         || async {
@@ -89,7 +89,7 @@ fn rig_suffix() -> u64 {
 
 /// MachineHealthChecks over the control plane and over the MachineDeployment's Machines (a Node
 /// Ready Unknown or False for 60 s), waited for until they see all `total` Machines healthy.
-pub async fn create_health_checks(rig: &GuestRig, md: &str, total: u64) {
+pub async fn create_health_checks(rig: &Rig, md: &str, total: u64) {
     let mhcs = capi("MachineHealthCheck", "machinehealthchecks");
     let checks = json!({
         "nodeStartupTimeoutSeconds": 600,
@@ -115,7 +115,7 @@ pub async fn create_health_checks(rig: &GuestRig, md: &str, total: u64) {
             .await
             .unwrap_or_else(|e| panic!("creating MachineHealthCheck {mhc_name}: {e}"));
     }
-    rig.wait(
+    rig.wait_ok(
         "the MachineHealthChecks see every Machine healthy",
         Duration::from_secs(120),
         || async {
@@ -133,7 +133,7 @@ pub async fn create_health_checks(rig: &GuestRig, md: &str, total: u64) {
     .await;
 }
 
-pub async fn merge_patch(rig: &GuestRig, r: &ApiResource, name: &str, patch: Value) {
+pub async fn merge_patch(rig: &Rig, r: &ApiResource, name: &str, patch: Value) {
     rig.api(r)
         .patch(name, &PatchParams::default(), &Patch::Merge(patch.clone()))
         .await
@@ -141,7 +141,7 @@ pub async fn merge_patch(rig: &GuestRig, r: &ApiResource, name: &str, patch: Val
 }
 
 /// Cordons (or uncordons) Kairon's Node `node`, as `kubectl cordon` does.
-pub async fn cordon(rig: &GuestRig, node: &str, on: bool) {
+pub async fn cordon(rig: &Rig, node: &str, on: bool) {
     Api::<k8s_openapi::api::core::v1::Node>::all(rig.env.client())
         .patch(
             node,
@@ -165,7 +165,7 @@ pub fn ready_since(objs: &[DynamicObject]) -> BTreeMap<String, String> {
 }
 
 /// The reasons of Events on `object` in the rig's namespace.
-pub async fn event_reasons(rig: &GuestRig, object: &str) -> Vec<(String, String)> {
+pub async fn event_reasons(rig: &Rig, object: &str) -> Vec<(String, String)> {
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(rig.env.client(), &rig.ns);
     events
         .list(&kube::api::ListParams::default().fields(&format!("involvedObject.name={object}")))
@@ -205,7 +205,7 @@ enum Seen {
 /// Watches every Pod of the workload cluster and the rig's Kairon Machines; when a Kairon
 /// Machine's deletion is first seen, records the evictable Pods then bound to its Node (the
 /// Node is named after the VM).
-pub fn watch_drains(rig: &GuestRig, wc: &Client, drains: Arc<Mutex<Drains>>) -> tokio::task::JoinHandle<()> {
+pub fn watch_drains(rig: &Rig, wc: &Client, drains: Arc<Mutex<Drains>>) -> tokio::task::JoinHandle<()> {
     let pods: Api<Pod> = Api::all(wc.clone());
     let vms: Api<DynamicObject> = rig.api(&kairon("Machine", "machines"));
     tokio::spawn(async move {

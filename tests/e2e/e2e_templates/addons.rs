@@ -8,12 +8,12 @@ use std::time::Duration;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::Pod, core::v1::Service};
 use kube::api::ListParams;
 
-use crate::templates_support::GuestRig;
+use crate::common::Rig;
 
 /// kubeadm's addons run in the workload cluster as in a kubeadm cluster: a kube-proxy Pod
 /// Running on each of its `nodes` Nodes, every replica of the CoreDNS Deployment Running, and
 /// the kube-dns Service at the tenth address of the service subnet.
-pub async fn wait_addons_running(rig: &GuestRig, nodes: usize) {
+pub async fn wait_addons_running(rig: &Rig, nodes: usize) {
     let client = rig.workload_client().await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "kube-system");
     let deployments: kube::Api<Deployment> = kube::Api::namespaced(client.clone(), "kube-system");
@@ -25,7 +25,7 @@ pub async fn wait_addons_running(rig: &GuestRig, nodes: usize) {
             .collect()
     };
     let took = rig
-        .wait("kube-proxy and CoreDNS Running", Duration::from_secs(180), || async {
+        .wait_ok("kube-proxy and CoreDNS Running", Duration::from_secs(180), || async {
             let proxies = pods
                 .list(&ListParams::default().labels("k8s-app=kube-proxy"))
                 .await

@@ -73,10 +73,10 @@ const REVISION_LABEL: &str = "infrastructure.cluster.x-k8s.io/kaironmachinepool-
 /// - per VM a KaironMachine (the pool's template, its own providerID) controlled by the Machine
 ///   of its name and owned by the pool, and that Machine controlled by the MachinePool, with a
 ///   Node of the same providerID reporting `version`.
-pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version: &str) -> PoolSeen {
+pub async fn pool_is_as_the_class_says(rig: &Rig, replicas: usize, version: &str) -> PoolSeen {
     let image = machine_image_for(version);
     let n = replicas as i64;
-    rig.wait(
+    rig.wait_ok(
         &format!("the MachinePool's {replicas} workers of {version} ready"),
         Duration::from_secs(300),
         || async {
@@ -172,7 +172,7 @@ pub async fn pool_is_as_the_class_says(rig: &GuestRig, replicas: usize, version:
         .into_iter()
         .filter(|k| k.owner_references().iter().any(|o| o.kind == "KaironMachinePool"))
         .collect();
-    let machines = rig.machines().await;
+    let machines = rig.machine_list().await;
     let nodes = Api::<Node>::all(rig.workload_client().await)
         .list(&ListParams::default())
         .await

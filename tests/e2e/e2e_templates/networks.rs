@@ -76,13 +76,13 @@ fn has_node(m: &DynamicObject) -> bool {
 /// reachable by no one, so it gets no VM, and its KaironMachine says so with the fix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_in_kairons_user_mode_gets_no_control_plane_vm_and_says_why() {
-    let rig = GuestRig::start("templates_user_network").await;
+    let rig = Rig::start(RigOptions::guests("templates_user_network")).await;
     let yaml = rig.generate("", 1, 1);
     let cp_template = format!("{}-control-plane", rig.cluster);
     let md_template = format!("{}-md-0", rig.cluster);
     let yaml = with_network(&with_network(&yaml, &cp_template, None), &md_template, None);
     rig.kubectl_apply(&yaml);
-    rig.wait(
+    rig.wait_ok(
         "the control plane's KaironMachine refused its network",
         Duration::from_secs(120),
         || async {
@@ -107,7 +107,7 @@ async fn a_cluster_in_kairons_user_mode_gets_no_control_plane_vm_and_says_why() 
         vms.is_empty(),
         "Kairon Machines made for a user-mode control plane: {vms:?}"
     );
-    let machines = rig.machines().await;
+    let machines = rig.machine_list().await;
     assert!(machines.iter().all(|m| !has_node(m)), "a Node joined: {machines:?}");
 }
 
@@ -118,7 +118,7 @@ async fn a_cluster_in_kairons_user_mode_gets_no_control_plane_vm_and_says_why() 
 /// the guest agent), rolled out, bring addresses and Nodes to every Machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_brings_addresses() {
-    let rig = GuestRig::start("templates_networks").await;
+    let rig = Rig::start(RigOptions::guests("templates_networks")).await;
     let generated = rig.generate("", 1, 1);
     let cp_template = format!("{}-control-plane", rig.cluster);
     let md_template = format!("{}-md-0", rig.cluster);
@@ -126,11 +126,11 @@ async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_br
     rig.kubectl_apply(&yaml);
 
     // The control plane forms on the bridge; Kairon reports no address for it.
-    rig.wait(
+    rig.wait_ok(
         "the control plane's Node, no address reported",
         Duration::from_secs(300),
         || async {
-            let machines = rig.machines().await;
+            let machines = rig.machine_list().await;
             let cp = machines
                 .iter()
                 .find(|m| is_control_plane(m))
@@ -158,7 +158,7 @@ async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_br
     )
     .await;
     // The worker's VM runs, in user mode: no address, and the kube-vip address unreachable.
-    rig.wait(
+    rig.wait_ok(
         "the worker running without an address, saying why",
         Duration::from_secs(120),
         || async {
@@ -189,7 +189,7 @@ async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_br
     }
     // kubeadm join keeps failing in the worker: no Node, however long.
     tokio::time::sleep(Duration::from_secs(20)).await;
-    let machines = rig.machines().await;
+    let machines = rig.machine_list().await;
     let worker = machines
         .iter()
         .find(|m| !is_control_plane(m))
@@ -225,11 +225,11 @@ async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_br
     )
     .await
     .expect("pointing the MachineDeployment at the new template");
-    rig.wait(
+    rig.wait_ok(
         "every Machine rolled out, with an address and a Node",
         Duration::from_secs(400),
         || async {
-            let machines = rig.machines().await;
+            let machines = rig.machine_list().await;
             if machines.len() != 2 {
                 return Err(format!("{} Machines", machines.len()));
             }

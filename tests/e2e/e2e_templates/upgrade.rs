@@ -20,7 +20,7 @@ use serde_json::json;
 use crate::templates_support::*;
 
 /// `pool_surplus`: how many VMs beyond one per machine may be made (a MachinePool's, above).
-pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers: usize, pool_surplus: usize) {
+pub async fn upgrade_the_topology(rig: &Rig, control_planes: usize, workers: usize, pool_surplus: usize) {
     let clusters = capi("Cluster", "clusters");
     let cluster = rig.api(&clusters).get(&rig.cluster).await.expect("the Cluster");
     let from = cluster.data["spec"]["topology"]["version"]
@@ -58,7 +58,7 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
     // Every KaironMachine made after the change, with its image, as sampled throughout.
     let made = Mutex::new(BTreeMap::<String, String>::new());
     let label = format!("cluster.x-k8s.io/cluster-name={}", rig.cluster);
-    rig.wait(
+    rig.wait_ok(
         &format!("the Cluster upgraded to {to}"),
         Duration::from_secs(900),
         || async {
@@ -78,7 +78,7 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
                     "machines made after the change boot another image than {new_image}: {old:?}"
                 );
             }
-            let machines = rig.machines().await;
+            let machines = rig.machine_list().await;
             cluster_ready(&machines, rig.kcp().await.as_ref(), control_planes, workers)?;
             for m in &machines {
                 let spec = m.data["spec"]["version"].as_str().unwrap_or_default();
@@ -141,7 +141,7 @@ pub async fn upgrade_the_topology(rig: &GuestRig, control_planes: usize, workers
 }
 
 /// The workload cluster's Nodes, each with its kubelet's version.
-async fn workload_nodes(rig: &GuestRig) -> Result<Vec<(String, String)>, String> {
+async fn workload_nodes(rig: &Rig) -> Result<Vec<(String, String)>, String> {
     Ok(Api::<Node>::all(rig.workload_client().await)
         .list(&ListParams::default())
         .await

@@ -26,7 +26,7 @@ use crate::templates_support::*;
 /// no longer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_down_drains_within_the_disruption_budget_and_a_blocked_drain_times_out() {
-    let rig = GuestRig::start("templates_drain").await;
+    let rig = Rig::start(RigOptions::guests("templates_drain")).await;
     rig.kubectl_apply(&rig.generate("", 1, 3));
     rig.wait_shape(1, 3, UP).await;
     let wc = rig.workload_client().await;
@@ -113,7 +113,7 @@ async fn scale_down_drains_within_the_disruption_budget_and_a_blocked_drain_time
 
 /// A Pod that no eviction may touch holds up its Node's drain; the Machine goes once its
 /// `nodeDrainTimeoutSeconds` has passed, not before.
-async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Client) {
+async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &Rig, wc: &Client) {
     const DRAIN_TIMEOUT: u64 = 30;
     create_workload(wc, "pinned", 1, json!({"maxUnavailable": 0})).await;
     wait_running(rig, wc, "pinned", 1, &BTreeSet::new()).await;
@@ -132,7 +132,7 @@ async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Cli
         )
         .await
         .unwrap_or_else(|e| panic!("setting nodeDrainTimeoutSeconds on {md}: {e}"));
-    rig.wait(&format!("{worker} takes the drain timeout in place"), UP, || async {
+    rig.wait_ok(&format!("{worker} takes the drain timeout in place"), UP, || async {
         let m = machines.get(&worker).await.map_err(|e| e.to_string())?;
         let got = m.data["spec"]["deletion"]["nodeDrainTimeoutSeconds"].as_u64();
         match got == Some(DRAIN_TIMEOUT) {
@@ -150,7 +150,7 @@ async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Cli
 
     // While the drain is blocked the VM stays, and the Machine says why.
     let blocked_message = Arc::new(Mutex::new(String::new()));
-    rig.wait("the Machine reports its drain blocked by the PDB", UP, || async {
+    rig.wait_ok("the Machine reports its drain blocked by the PDB", UP, || async {
         let m = machines.get(&worker).await.map_err(|e| e.to_string())?;
         let message = condition(&m, "Deleting")
             .and_then(|c| c["message"].as_str())
@@ -164,7 +164,7 @@ async fn blocked_drain_waits_for_the_node_drain_timeout(rig: &GuestRig, wc: &Cli
         }
     })
     .await;
-    rig.wait("the worker's Kairon Machine is deleted", UP, || async {
+    rig.wait_ok("the worker's Kairon Machine is deleted", UP, || async {
         match vms.get_opt(&worker).await.map_err(|e| e.to_string())? {
             Some(vm) if vm.metadata.deletion_timestamp.is_none() => Err("still there".to_string()),
             _ => Ok(()),
@@ -198,7 +198,7 @@ fn node_ready(node: &Node) -> String {
 
 /// A worker's Kairon Machine halted and then Running again: its Node NotReady, then Ready, on
 /// the same Machine and the same Kairon Machine.
-async fn halt_and_run_again(rig: &GuestRig, wc: &Client) {
+async fn halt_and_run_again(rig: &Rig, wc: &Client) {
     let worker = worker_machines(rig).await.into_iter().next().expect("a worker");
     let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
     let uid = vms.get(&worker).await.expect("the worker's Kairon Machine").uid();
@@ -217,7 +217,7 @@ async fn halt_and_run_again(rig: &GuestRig, wc: &Client) {
     let nodes: Api<Node> = Api::all(wc.clone());
     let started = Instant::now();
     power("Halted").await;
-    rig.wait(&format!("halted {worker}: its Node no longer Ready"), UP, || async {
+    rig.wait_ok(&format!("halted {worker}: its Node no longer Ready"), UP, || async {
         let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
         match node_ready(&node).as_str() {
             "True" => Err("Ready=True".to_string()),
@@ -227,7 +227,7 @@ async fn halt_and_run_again(rig: &GuestRig, wc: &Client) {
     .await;
     let not_ready = started.elapsed();
     power("Running").await;
-    rig.wait(&format!("{worker} running again: its Node Ready"), UP, || async {
+    rig.wait_ok(&format!("{worker} running again: its Node Ready"), UP, || async {
         let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
         match node_ready(&node).as_str() {
             "True" => Ok(()),
@@ -252,7 +252,7 @@ async fn halt_and_run_again(rig: &GuestRig, wc: &Client) {
 /// MachineHealthCheck replaces the Machine.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
-    let rig = GuestRig::start("templates_failed_vm").await;
+    let rig = Rig::start(RigOptions::guests("templates_failed_vm")).await;
     rig.kubectl_apply(&rig.generate("", 1, 2));
     rig.wait_shape(1, 2, UP).await;
     let wc = rig.workload_client().await;
@@ -300,7 +300,7 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
 
     let nodes: Api<Node> = Api::all(wc.clone());
     let not_ready = rig
-        .wait(&format!("Node {victim} no longer Ready"), UP, || async {
+        .wait_ok(&format!("Node {victim} no longer Ready"), UP, || async {
             let node = nodes.get(&victim).await.map_err(|e| e.to_string())?;
             let ready = node
                 .status
@@ -319,7 +319,7 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
         .await;
     let avoid: BTreeSet<String> = [victim.clone()].into();
     // The Pods on the dead Node stay Terminating (no kubelet confirms); their replacements run.
-    rig.wait("web's replacements Running on the other worker", UP, || async {
+    rig.wait_ok("web's replacements Running on the other worker", UP, || async {
         let pods = pods(&wc, "web").await;
         let running_elsewhere = pods.iter().filter(|p| ready(p) && node_of(p) != victim).count();
         let victims_evicted = pods
@@ -345,7 +345,7 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
         )
         .await
         .expect("unpausing the MachineHealthCheck");
-    rig.wait(&format!("the MachineHealthCheck remediates {victim}"), UP, || async {
+    rig.wait_ok(&format!("the MachineHealthCheck remediates {victim}"), UP, || async {
         match worker_machines(&rig).await.contains(&victim) {
             true => Err("still there".to_string()),
             false => Ok(()),

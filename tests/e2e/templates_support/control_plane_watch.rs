@@ -70,7 +70,7 @@ impl Watch {
 /// `Err` when the control plane has more than `max_machines` Machines, more than one being
 /// deleted, or etcd fails `healthy_enough(healthy, members)`.
 async fn sample(
-    rig: &GuestRig,
+    rig: &Rig,
     etcd: &EtcdProbe,
     max_machines: usize,
     healthy_enough: &dyn Fn(usize, usize) -> bool,
@@ -97,7 +97,7 @@ async fn sample(
 /// A sample; a bad one is taken again once before it counts, so that a member asked in the
 /// instant of a leadership hand-over is not mistaken for an unhealthy one.
 pub async fn look(
-    rig: &GuestRig,
+    rig: &Rig,
     etcd: &EtcdProbe,
     max_machines: usize,
     healthy_enough: &dyn Fn(usize, usize) -> bool,

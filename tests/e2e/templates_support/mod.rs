@@ -11,12 +11,13 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use capkr_testenv::flavors::{GuestNetwork, guest_delay_args, guest_simulator_args};
-use capkr_testenv::{Env, EnvOptions, Process, wait_for};
+use capkr_testenv::flavors::GuestNetwork;
+use capkr_testenv::wait_for;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::Value;
 
-use crate::distribution_support::{LocalRepo, VERSION, run_ok, stdout};
+pub use crate::common::{Rig, RigOptions};
+use crate::distribution_support::{VERSION, run_ok, stdout};
 use capkr_testenv::KUBERNETES_VERSION;
 
 pub fn gvk(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -75,69 +76,17 @@ impl Network {
     }
 }
 
-pub struct GuestRig {
-    /// The environment the tests of the binary share; the rig keeps to its namespace.
-    pub env: &'static Env,
-    pub ns: String,
-    pub cluster: String,
-    pub net: Network,
-    pub repo: LocalRepo,
-    /// Held, not read: the simulator and the manager live as long as the rig.
-    #[expect(dead_code, reason = "held for as long as the rig lives")]
-    pub sim: Process,
-    #[expect(dead_code, reason = "held for as long as the rig lives")]
-    pub manager: Process,
-    pub guest_dir: PathBuf,
-}
-
-impl GuestRig {
-    /// The management control plane, the simulator running control-plane VMs for real, and
-    /// the manager; nothing of the workload cluster exists yet.
-    pub async fn start(name: &str) -> GuestRig {
-        GuestRig::start_with(name, &[]).await
-    }
-
-    /// [`GuestRig::start`] with more simulator flags (hosts, host objects).
-    pub async fn start_with(name: &str, more_sim_args: &[String]) -> GuestRig {
-        let env = Env::shared(EnvOptions::new("templates"))
-            .await
-            .expect("shared test environment");
-        let ns = name.replace('_', "-");
-        env.create_namespace(&ns).await.expect("namespace");
-        let net = Network::new();
-        let guest_dir = env.dir().join(format!("guests-{ns}"));
-        let mut sim_args = guest_delay_args();
-        let guests = GuestNetwork { octet: net.octet };
-        sim_args.extend(guest_simulator_args(env.binaries(), &guest_dir, &guests).expect("simulator flags"));
-        sim_args.extend(["--namespace".to_string(), ns.clone()]);
-        sim_args.extend(more_sim_args.iter().cloned());
-        let sim = env.start_simulator(sim_args).expect("simulator");
-        let manager = env.start_manager(["-v", "1", "--namespace", &ns]).expect("manager");
-        let repo = LocalRepo::new();
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        for p in [&sim, &manager] {
-            assert!(p.is_running(), "{} exited right after start", p.name());
-        }
-        GuestRig {
-            env,
-            ns,
-            cluster: "c1".into(),
-            net,
-            repo,
-            sim,
-            manager,
-            guest_dir,
-        }
-    }
-
+/// The guest rig's methods: a [`Rig`] with `RigOptions::guests`, whose simulator runs the
+/// control-plane VMs for real and whose cluster comes from a shipped flavor.
+impl Rig {
     /// `clusterctl generate cluster` from the release assets, as a user would run it.
     pub fn generate(&self, flavor: &str, control_planes: u32, workers: u32) -> String {
         self.generate_with(flavor, control_planes, workers, &[])
     }
 
-    /// [`GuestRig::generate`] with more template variables set in clusterctl's environment.
+    /// [`Rig::generate`] with more template variables set in clusterctl's environment.
     pub fn generate_with(&self, flavor: &str, control_planes: u32, workers: u32, vars: &[(&str, &str)]) -> String {
-        let mut cmd = self.repo.clusterctl();
+        let mut cmd = self.guests().repo.clusterctl();
         cmd.args(["generate", "cluster", &self.cluster, "--infrastructure"])
             .arg(format!("kairon:{VERSION}"))
             .args([
@@ -150,7 +99,7 @@ impl GuestRig {
             .arg(control_planes.to_string())
             .arg("--worker-machine-count")
             .arg(workers.to_string())
-            .env("CONTROL_PLANE_ENDPOINT_IP", self.net.endpoint_ip())
+            .env("CONTROL_PLANE_ENDPOINT_IP", self.guests().net.endpoint_ip())
             .env("KAIRON_MACHINE_IMAGE", format!("ubuntu-2404-kube-{KUBERNETES_VERSION}"));
         if !flavor.is_empty() {
             cmd.args(["--flavor", flavor]);
@@ -176,7 +125,7 @@ impl GuestRig {
     }
 
     pub fn clusterctl_describe(&self) -> String {
-        let mut cmd = self.repo.clusterctl();
+        let mut cmd = self.guests().repo.clusterctl();
         cmd.env("KUBECONFIG", self.env.kubeconfig_path())
             .args([
                 "describe",
@@ -225,7 +174,7 @@ impl GuestRig {
             .expect("a client from the workload kubeconfig")
     }
 
-    pub async fn machines(&self) -> Vec<DynamicObject> {
+    pub async fn machine_list(&self) -> Vec<DynamicObject> {
         self.list(&capi("Machine", "machines")).await
     }
 
@@ -234,7 +183,7 @@ impl GuestRig {
     }
 
     /// Waits; on timeout dumps the environment (process logs, objects) and fails.
-    pub async fn wait<F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> Duration
+    pub async fn wait_ok<F, Fut>(&self, what: &str, timeout: Duration, mut check: F) -> Duration
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<(), String>>,
@@ -257,30 +206,10 @@ impl GuestRig {
         .await;
         let last = last.lock().unwrap_or_else(|e| e.into_inner()).clone();
         if r.is_err() {
-            self.env.dump();
-            for log in std::fs::read_dir(self.guest_dir.join("logs"))
-                .into_iter()
-                .flatten()
-                .flatten()
-            {
-                let text = std::fs::read_to_string(log.path()).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                eprintln!("--- {} (tail)", log.path().display());
-                for l in tail.iter().rev() {
-                    eprintln!("{l}");
-                }
-            }
+            self.dump();
             panic!("timed out after {timeout:?} waiting for {what}; last: {last}");
         }
         started.elapsed()
-    }
-}
-
-/// The rig leaves the shared environment to the tests still running: its Clusters paused, its
-/// simulator (and the guests' processes with it) and manager stopped.
-impl Drop for GuestRig {
-    fn drop(&mut self) {
-        self.env.leave_namespace(&self.ns);
     }
 }
 
@@ -433,7 +362,7 @@ pub fn expected_census(control_planes: usize) -> BTreeMap<String, usize> {
     .collect()
 }
 
-impl GuestRig {
+impl Rig {
     pub async fn patch_replicas(&self, r: &ApiResource, name: &str, replicas: u32) {
         use kube::api::{Patch, PatchParams};
         self.api(r)
@@ -448,7 +377,7 @@ impl GuestRig {
 
     /// Control-plane VMs whose data dir exists (a stopped VM's dir is removed).
     pub fn vm_dirs(&self) -> Vec<String> {
-        std::fs::read_dir(&self.guest_dir)
+        std::fs::read_dir(&self.guests().dir)
             .into_iter()
             .flatten()
             .flatten()
@@ -463,12 +392,12 @@ impl GuestRig {
     pub async fn wait_shape(&self, control_planes: usize, workers: usize, timeout: Duration) -> Duration {
         let what = format!("{control_planes} control planes + {workers} workers ready");
         let took = self
-            .wait(&what, timeout, || async {
-                let machines = self.machines().await;
+            .wait_ok(&what, timeout, || async {
+                let machines = self.machine_list().await;
                 let kcp = self.kcp().await;
                 cluster_ready(&machines, kcp.as_ref(), control_planes, workers)?;
                 let dirs = self.vm_dirs();
-                let procs = processes_under(&self.guest_dir);
+                let procs = processes_under(&self.guests().dir);
                 let census = process_census(&procs);
                 let want = expected_census(control_planes);
                 if dirs.len() != control_planes || census != want {
@@ -549,11 +478,11 @@ pub struct EtcdProbe {
 impl EtcdProbe {
     /// Copies the etcd CA and the API server's etcd client certificate from a running VM,
     /// since VM dirs go away with their VMs.
-    pub fn new(rig: &GuestRig) -> EtcdProbe {
+    pub fn new(rig: &Rig) -> EtcdProbe {
         let kubeconfig_dir = rig.env.dir().join("etcd-probe");
         std::fs::create_dir_all(&kubeconfig_dir).expect("etcd probe dir");
         let vm = rig.vm_dirs().into_iter().next().expect("a running control-plane VM");
-        let pki = rig.guest_dir.join(vm).join("pki");
+        let pki = rig.guests().dir.join(vm).join("pki");
         for (from, to) in [
             ("etcd/ca.crt", "ca.crt"),
             ("apiserver-etcd-client.crt", "client.crt"),
@@ -564,7 +493,7 @@ impl EtcdProbe {
         }
         EtcdProbe {
             kubeconfig_dir,
-            guest_dir: rig.guest_dir.clone(),
+            guest_dir: rig.guests().dir.clone(),
             clients: Default::default(),
         }
     }
@@ -657,10 +586,10 @@ impl EtcdProbe {
     }
 }
 
-impl GuestRig {
+impl Rig {
     /// Control-plane Machines (also those being deleted).
     pub async fn control_plane_machines(&self) -> Vec<DynamicObject> {
-        self.machines().await.into_iter().filter(is_control_plane).collect()
+        self.machine_list().await.into_iter().filter(is_control_plane).collect()
     }
 
     /// A copy of the KaironMachineTemplate `from`, named `to`, booting `image`: templates are

@@ -95,8 +95,8 @@ pub async fn create_workload(wc: &Client, name: &str, replicas: i32, budget: ser
 /// that keeps new Pods off (KWOK may post a Node's first Ready status a moment after CAPI
 /// sets the Machine's nodeRef): a workload created before then lands on the Nodes ready so
 /// far, and a test of how it spreads or drains would start from the wrong place.
-pub async fn wait_workers_schedulable(rig: &GuestRig, wc: &Client, workers: usize) {
-    rig.wait(&format!("{workers} worker Nodes Ready and untainted"), UP, || async {
+pub async fn wait_workers_schedulable(rig: &Rig, wc: &Client, workers: usize) {
+    rig.wait_ok(&format!("{workers} worker Nodes Ready and untainted"), UP, || async {
         let nodes = Api::<Node>::all(wc.clone())
             .list(&ListParams::default())
             .await
@@ -127,8 +127,8 @@ pub async fn wait_workers_schedulable(rig: &GuestRig, wc: &Client, workers: usiz
     .await;
 }
 
-pub async fn wait_running(rig: &GuestRig, wc: &Client, app: &str, replicas: usize, avoid: &BTreeSet<String>) {
-    rig.wait(
+pub async fn wait_running(rig: &Rig, wc: &Client, app: &str, replicas: usize, avoid: &BTreeSet<String>) {
+    rig.wait_ok(
         &format!("{replicas} Pods of {app} Running and Ready, none on {avoid:?}"),
         UP,
         || async {
@@ -153,8 +153,8 @@ pub async fn wait_running(rig: &GuestRig, wc: &Client, app: &str, replicas: usiz
     .await;
 }
 
-pub async fn worker_machines(rig: &GuestRig) -> Vec<String> {
-    rig.machines()
+pub async fn worker_machines(rig: &Rig) -> Vec<String> {
+    rig.machine_list()
         .await
         .iter()
         .filter(|m| !is_control_plane(m))
@@ -179,7 +179,7 @@ pub struct Seen {
 
 /// Watches the Deployment's Pods and PDB in the workload cluster and the Kairon Machines on
 /// the management cluster, recording into `seen` until aborted.
-pub fn watch(rig: &GuestRig, wc: &Client, app: &str, seen: Arc<Mutex<Seen>>) -> Vec<tokio::task::JoinHandle<()>> {
+pub fn watch(rig: &Rig, wc: &Client, app: &str, seen: Arc<Mutex<Seen>>) -> Vec<tokio::task::JoinHandle<()>> {
     let pods_api: Api<Pod> = Api::namespaced(wc.clone(), NS);
     let pdb_api: Api<PodDisruptionBudget> = Api::namespaced(wc.clone(), NS);
     let vms: Api<capkr::kairon::Machine> = Api::namespaced(rig.env.client(), &rig.ns);
@@ -250,7 +250,7 @@ pub fn watch(rig: &GuestRig, wc: &Client, app: &str, seen: Arc<Mutex<Seen>>) -> 
     vec![pods_task, pdb_task, vm_task]
 }
 
-pub async fn md_name(rig: &GuestRig) -> String {
+pub async fn md_name(rig: &Rig) -> String {
     rig.list(&capi("MachineDeployment", "machinedeployments"))
         .await
         .first()
