@@ -425,9 +425,47 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// Runs `ready`; if it fails because the named process has exited, starts that process once
+/// more with its command line (its log goes on in the same file) and runs `ready` again.
+pub(crate) async fn ready_or_restarted_once<F, Fut>(
+    procs: &Mutex<Vec<Process>>,
+    name: &str,
+    env_name: &str,
+    ready: F,
+) -> Result<()>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let Err(first) = ready().await else {
+        return Ok(());
+    };
+    let spec = {
+        let procs = procs.lock().unwrap_or_else(|e| e.into_inner());
+        match procs.iter().find(|p| p.name() == name) {
+            Some(p) if p.try_exit_status().is_some() => p.spec().clone(),
+            _ => return Err(first),
+        }
+    };
+    eprintln!("capkr-testenv[{env_name}]: {first:#}\n(starting {name} once more)");
+    let fresh = Process::spawn(spec)?;
+    if let Some(slot) = procs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter_mut()
+        .find(|p| p.name() == name)
+    {
+        *slot = fresh;
+    }
+    ready()
+        .await
+        .with_context(|| format!("{name} started a second time, after: {first:#}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::{free_port, http_get};
 
     #[test]
     fn merged_args_let_extra_flags_win() {
@@ -470,5 +508,64 @@ mod tests {
         assert_eq!(spec.loopback_port("--metrics-bind-address"), Some(8443));
         assert_eq!(spec.loopback_port("--other"), None, "not on loopback");
         assert_eq!(spec.loopback_port("--missing"), None);
+    }
+
+    /// Like the environment's `wait_http`: fails as soon as the process has exited.
+    async fn served(procs: &Mutex<Vec<Process>>, port: u16) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some(report) = procs
+                .lock()
+                .unwrap()
+                .iter()
+                .find_map(|p| p.try_exit_status().map(|s| p.exit_report(s, 3)))
+            {
+                bail!("{report}");
+            }
+            if http_get(port, "/readyz").await.is_ok_and(|r| r.status == 200) {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                bail!("not served");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A manager that exits on its first start is started once more, and its log keeps both
+    /// runs; one that exits every time fails with what it said the first time.
+    #[tokio::test]
+    async fn a_manager_that_exits_while_starting_is_started_once_more() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("readyz"), "ok").unwrap();
+        let run = |crashes: &str| {
+            let port = free_port().unwrap();
+            let script = format!(
+                "if [ -e {d}/{crashes} ]; then exec python3 -m http.server {port} --bind 127.0.0.1 --directory {d}; \
+                 else touch {d}/started; echo 'E1207 00:31:26.7 1 kind.go:82] boom'; exit 1; fi",
+                d = dir.path().display()
+            );
+            let spec = ProcessSpec::new(format!("m-{crashes}"), "/bin/sh", dir.path()).args(["-c", &script]);
+            (port, Mutex::new(vec![Process::spawn(spec).unwrap()]))
+        };
+
+        let (port, procs) = run("started");
+        ready_or_restarted_once(&procs, "m-started", "t", || served(&procs, port))
+            .await
+            .unwrap();
+        let log = std::fs::read_to_string(dir.path().join("m-started.log")).unwrap();
+        assert_eq!(log.matches("starting: /bin/sh").count(), 2, "{log}");
+
+        let (port, procs) = run("never");
+        let err = ready_or_restarted_once(&procs, "m-never", "t", || served(&procs, port))
+            .await
+            .unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.starts_with(
+                "m-never started a second time, after: m-never exited (exit status: 1); first error lines:\nE1207"
+            ),
+            "{err}"
+        );
     }
 }
