@@ -145,7 +145,9 @@ async fn decide(scope: &Scope, ctx: &Arc<Context>) -> Result<Outcome, Error> {
                 .await;
         }
     } else if plan.whole {
-        ctx.broken_backoff.whole(&key);
+        ctx.broken_backoff.whole(&key, Instant::now());
+    } else {
+        ctx.broken_backoff.not_whole(&key);
     }
     let of = MemberOf {
         machine_pool: &mp_name,
