@@ -60,15 +60,17 @@ test-unit:
 # per move); TEST_SHARED ones (JOB=N) take N: groups whose tests share one environment and
 # run side by side in it, the CAPI e2e suite's three parts among them. Jobs start in
 # TEST_FIRST's order, then cargo's, each once enough slots are free; logs in
-# target/test-logs/. At five slots the wide groups run one after the other beside the CAPI
-# suite, which is the longest job; the suite's runs mostly wait on controllers, so more of
-# them at once cost little. The last line counts the environments and API servers the tests
+# target/test-logs/. At six slots the CAPI suite (the longest job), the templates and the
+# maintenance group start together, and the wide groups run one after the other beside the
+# suite; the jobs mostly wait on controllers (a cold CI run at five slots kept 1.1 of the 2
+# cores busy while its tests ran, and ended on the maintenance group, started only once the
+# suite was done), so one more at once costs little. The last line counts the environments and API servers the tests
 # started, and which jobs started full ones.
 TEST_OWN := $(addprefix e2e/,e2e_capi_suite e2e_templates e2e_move e2e_maintenance e2e_identity \
 	e2e_api_faults e2e_hostile_endpoint e2e_lanes admission_schema \
 	operability_flags operability_leader operability_metrics operability_qps operability_rbac operability_readyz) \
 	distribution/distribution_image
-TEST_FIRST := e2e_capi_suite e2e_templates e2e e2e_move e2e_maintenance e2e_identity distribution_image
+TEST_FIRST := e2e_capi_suite e2e_templates e2e_maintenance e2e e2e_identity e2e_move distribution_image
 TEST_WIDE := e2e_templates e2e_move
 TEST_SHARED := e2e=2 e2e_capi_suite=3
 # The test binaries are built before the upstream binaries are asked for: on a new machine
@@ -85,7 +87,7 @@ test: check-generate fmt-check build
 	$(CARGO) test --workspace --no-run -q
 	$(CARGO) test --workspace --doc
 	CAPKR_TEST_BIN=$$(GOGC=400 hack/test-tools.sh | tail -1) $(DEBUG_DIR)/capkr-test-runner \
-		--slots $${TEST_THREADS:-5} $(addprefix --own ,$(TEST_OWN)) $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
+		--slots $${TEST_THREADS:-6} $(addprefix --own ,$(TEST_OWN)) $(addprefix --wide ,$(TEST_WIDE)) $(addprefix --threads ,$(TEST_SHARED)) \
 		$(addprefix --first ,$(TEST_FIRST))
 
 # The demo binary as `make build` built it: `cargo run -p capkr-testenv` would build it again
