@@ -302,6 +302,12 @@ impl Process {
                 }
             }
         }
+        self.start_again()
+    }
+
+    /// Starts a process that has exited again with the same command line; its log continues
+    /// in the same file.
+    pub fn start_again(&self) -> Result<()> {
         self.note("restarting");
         self.start()
     }
@@ -440,22 +446,15 @@ where
     let Err(first) = ready().await else {
         return Ok(());
     };
-    let spec = {
+    {
         let procs = procs.lock().unwrap_or_else(|e| e.into_inner());
         match procs.iter().find(|p| p.name() == name) {
-            Some(p) if p.try_exit_status().is_some() => p.spec().clone(),
+            Some(p) if p.try_exit_status().is_some() => {
+                eprintln!("capkr-testenv[{env_name}]: {first:#}\n(starting {name} once more)");
+                p.start_again()?;
+            }
             _ => return Err(first),
         }
-    };
-    eprintln!("capkr-testenv[{env_name}]: {first:#}\n(starting {name} once more)");
-    let fresh = Process::spawn(spec)?;
-    if let Some(slot) = procs
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter_mut()
-        .find(|p| p.name() == name)
-    {
-        *slot = fresh;
     }
     ready()
         .await
