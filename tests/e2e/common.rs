@@ -27,7 +27,6 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 use crate::distribution_support::LocalRepo;
-use crate::templates_support::Network;
 
 #[derive(Clone)]
 pub struct RigOptions {
@@ -89,10 +88,12 @@ impl RigOptions {
     }
 }
 
-/// What a rig with [`RigOptions::guests`] has: the guests' loopback network, the release
-/// assets as a clusterctl repository, and the directory of the VMs' data and logs.
+/// What a rig with [`RigOptions::guests`] has: the guests' loopback network (VMs from
+/// `127.<octet>.0.0/20`, the control-plane endpoint `endpoint_ip(1)`; the octet claimed, so
+/// parallel tests never share an address), the release assets as a clusterctl repository, and
+/// the directory of the VMs' data and logs.
 pub struct Guests {
-    pub net: Network,
+    pub net: GuestNetwork,
     pub repo: LocalRepo,
     pub dir: PathBuf,
 }
@@ -182,7 +183,7 @@ impl Rig {
             .expect("namespace (a name no other test of the binary uses)");
         let (workload, guests) = if opts.guests {
             let guests = Guests {
-                net: Network::new(),
+                net: GuestNetwork::pick(),
                 repo: LocalRepo::new(),
                 dir: env.dir().join(format!("guests-{ns}")),
             };
@@ -200,8 +201,7 @@ impl Rig {
         let sim_defaults = match &guests {
             Some(g) => {
                 let mut args = capkr_testenv::flavors::guest_delay_args();
-                let net = GuestNetwork { octet: g.net.octet };
-                args.extend(guest_simulator_args(env.binaries(), &g.dir, &net).expect("simulator flags"));
+                args.extend(guest_simulator_args(env.binaries(), &g.dir, &g.net).expect("simulator flags"));
                 args
             }
             None => default_sim_args(),

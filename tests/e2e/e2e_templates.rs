@@ -332,7 +332,7 @@ async fn delete_and_wait_gone(rig: &Rig) {
         .expect("kubectl delete");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let vms: kube::Api<capkr::kairon::Machine> = kube::Api::namespaced(rig.env.client(), &rig.ns);
-    let endpoint = format!("{}:6443", rig.guests().net.endpoint_ip());
+    let endpoint = format!("{}:6443", rig.guests().net.endpoint_ip(1));
     rig.wait_ok("the cluster is gone", Duration::from_secs(300), || async {
         let machines = rig.machine_list().await.len();
         let kairon = vms

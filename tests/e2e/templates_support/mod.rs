@@ -11,7 +11,6 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use capkr_testenv::flavors::GuestNetwork;
 use capkr_testenv::wait_for;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::Value;
@@ -55,27 +54,6 @@ pub fn kcp_resource() -> ApiResource {
     )
 }
 
-/// The loopback network of one test: VMs get addresses from `127.<octet>.0.0/20`, the
-/// control-plane endpoint (kube-vip's address) is `127.<octet>.100.1`. Distinct per call and
-/// across the test processes running on the machine (claimed), so parallel tests never share
-/// an address.
-pub struct Network {
-    pub octet: u32,
-}
-
-impl Network {
-    /// An octet claimed for this process (`GuestNetwork::pick`): no other test binary running
-    /// beside it uses it.
-    pub fn new() -> Network {
-        Network {
-            octet: GuestNetwork::pick().octet,
-        }
-    }
-    pub fn endpoint_ip(&self) -> String {
-        format!("127.{}.100.1", self.octet)
-    }
-}
-
 /// The guest rig's methods: a [`Rig`] with `RigOptions::guests`, whose simulator runs the
 /// control-plane VMs for real and whose cluster comes from a shipped flavor.
 impl Rig {
@@ -99,7 +77,7 @@ impl Rig {
             .arg(control_planes.to_string())
             .arg("--worker-machine-count")
             .arg(workers.to_string())
-            .env("CONTROL_PLANE_ENDPOINT_IP", self.guests().net.endpoint_ip())
+            .env("CONTROL_PLANE_ENDPOINT_IP", self.guests().net.endpoint_ip(1))
             .env("KAIRON_MACHINE_IMAGE", format!("ubuntu-2404-kube-{KUBERNETES_VERSION}"));
         if !flavor.is_empty() {
             cmd.args(["--flavor", flavor]);
