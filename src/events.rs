@@ -43,7 +43,6 @@ fn event_name(regarding: &str, nanos: i128) -> String {
 
 /// Reasons of the events we publish.
 pub(crate) mod reason {
-    pub(crate) const INSTANCE_CREATED: &str = "InstanceCreated";
     pub(crate) const INSTANCE_PROVISIONED: &str = "InstanceProvisioned";
     pub(crate) const INSTANCE_FAILED: &str = "InstanceFailed";
     /// Warning: the instance ran and no longer does (paused, halted or stopped by Kairon, a

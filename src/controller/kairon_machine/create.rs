@@ -19,7 +19,6 @@ use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{self, KaironCluster};
 use crate::capi::{self, bootstrap, bootstrap::Source};
 use crate::controller::error::Error;
-use crate::events::reason as event;
 use crate::kairon::cloud_init::{GuestFacts, translate_off_runtime};
 use crate::kairon::{self, Created, desired_kairon_machine};
 
@@ -163,17 +162,11 @@ pub(super) async fn create_instance(
         ));
     }
     let vm = match target.instances.create(desired).await? {
+        // No event of its own: the one the VM running publishes (`InstanceProvisioned`) names
+        // it, and a VM that never runs says why in the KaironMachine's conditions. One write
+        // per machine less on the path every machine takes.
         Created::New(vm) => {
-            let (ns, name) = (&scope.ns, km.name_any());
-            info!(instance = %name, "created Kairon Machine");
-            ctx.events
-                .normal(
-                    km,
-                    event::INSTANCE_CREATED,
-                    "Create",
-                    format!("created Kairon Machine {ns}/{name}"),
-                )
-                .await;
+            info!(instance = %km.name_any(), "created Kairon Machine");
             vm
         }
         // Created by an earlier reconcile the cache has not seen yet, or by someone else: the

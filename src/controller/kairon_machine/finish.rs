@@ -170,14 +170,19 @@ async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx:
                 .as_secs_f64();
             ctx.metrics.provision_duration.observe(secs.max(0.0));
         }
-        let host = next.instance.as_ref().and_then(|i| i.host.clone()).unwrap_or_default();
+        // The one event of a happy path's bringing-up (the creation has none): it names the
+        // Kairon Machine made, wherever it is (a tenant's namespace), and its host.
+        let note = match next.instance.as_ref() {
+            Some(i) => format!(
+                "Kairon Machine {}/{} is running on host {}",
+                i.namespace,
+                i.name,
+                i.host.as_deref().unwrap_or_default()
+            ),
+            None => format!("Kairon Machine {} is running", km.name_any()),
+        };
         ctx.events
-            .normal(
-                km,
-                event::INSTANCE_PROVISIONED,
-                "Provision",
-                format!("Kairon Machine {} is running on host {host}", km.name_any()),
-            )
+            .normal(km, event::INSTANCE_PROVISIONED, "Provision", note)
             .await;
     }
     if let Some((reason, why)) = lost_node(before, next) {
