@@ -99,7 +99,7 @@ demo: test-tools build
 # benchmark against the real control plane, CAPD's manager (hack/capd-manager.sh) for the
 # side-by-side part; writes docs/bench/results.{md,json} and the plots.
 BENCH_SIZES ?= 100 1000
-BENCH_LIMITS ?= 20/30 0
+BENCH_LIMITS ?= 100/200 0
 BENCH_CAPI_SIZES ?= 100 1000
 BENCH_POOL_SIZES ?= 100 1000
 BENCH_IDLE ?= 120

@@ -197,12 +197,13 @@ pub struct Args {
     #[arg(long, default_value = "", help_heading = CLIENT)]
     pub kubeconfig: String,
 
-    /// Requests per second to the Kubernetes API, sustained (client-side token bucket).
-    #[arg(long, default_value_t = 20.0, help_heading = CLIENT)]
+    /// Requests per second to the Kubernetes API, sustained (client-side token bucket). The
+    /// default is CAPI's own managers' (v1.14: 100, bursts of 200).
+    #[arg(long, default_value_t = 100.0, help_heading = CLIENT)]
     pub kube_api_qps: f32,
 
     /// Requests to the Kubernetes API allowed at once above --kube-api-qps.
-    #[arg(long, default_value_t = 30, help_heading = CLIENT)]
+    #[arg(long, default_value_t = 200, help_heading = CLIENT)]
     pub kube_api_burst: u32,
 
     /// Kubeconfig of the API server serving Kairon Machines; the management cluster when empty.

@@ -57,8 +57,8 @@ fn operability_flags_have_capi_defaults() {
     assert_eq!(a.leader_elect_retry_period, Duration::from_secs(2));
     assert_eq!(a.health_addr, ":9440");
     assert_eq!(a.metrics_bind_address, ":8443");
-    assert_eq!(a.kube_api_qps, 20.0);
-    assert_eq!(a.kube_api_burst, 30);
+    assert_eq!(a.kube_api_qps, 100.0);
+    assert_eq!(a.kube_api_burst, 200);
     assert_eq!(a.endpoint_caps(), controller::EndpointCaps::default());
     let a = Args::parse_from([
         "capkr-manager",

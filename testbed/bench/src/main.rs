@@ -21,7 +21,7 @@ struct Args {
 
     /// Client-side limits `qps/burst` of the manager and the floor, `0` for none (space or comma
     /// separated). Steady state and restart are measured with the first.
-    #[arg(long, default_value = "20/30 0")]
+    #[arg(long, default_value = "100/200 0")]
     limits: String,
 
     /// Workers of the full CAPI path (space or comma separated; empty or 0 skips it).

@@ -347,7 +347,7 @@ fn peer_section(o: &mut String, res: &Results) {
         let _ = writeln!(
             o,
             "capkr-manager flags: `{}`; CAPD's: `{}` (its defaults otherwise: client limit 100/200, \
-             50 DevMachine workers; capkr-manager's: 20/30, 10 KaironMachine workers).\n",
+             50 DevMachine workers; capkr-manager's: 100/200, 10 KaironMachine workers).\n",
             p.ours.manager_args.join(" "),
             p.capd.manager_args.join(" ")
         );

@@ -16,7 +16,7 @@ pub struct ApiLimits {
 
 impl ApiLimits {
     /// The manager's defaults (CAPI's).
-    pub const DEFAULT: ApiLimits = ApiLimits { qps: 20.0, burst: 30 };
+    pub const DEFAULT: ApiLimits = ApiLimits { qps: 100.0, burst: 200 };
 
     pub fn is_unlimited(&self) -> bool {
         self.qps <= 0.0
@@ -39,7 +39,7 @@ impl FromStr for ApiLimits {
     type Err = String;
     /// `qps/burst`, or `0` for no limit.
     fn from_str(s: &str) -> Result<Self, String> {
-        let err = || format!("invalid API limit {s:?}: use qps/burst (e.g. 20/30) or 0 for none");
+        let err = || format!("invalid API limit {s:?}: use qps/burst (e.g. 100/200) or 0 for none");
         let (qps, burst) = match s.split_once('/') {
             Some((q, b)) => (
                 q.parse::<f32>().map_err(|_| err())?,
@@ -354,7 +354,7 @@ pub struct Results {
     pub targets: Vec<TargetCheck>,
 }
 
-/// `N=1000, 20/30 (defaults)`.
+/// `N=1000, 100/200 (defaults)`.
 pub fn run_label(r: &SizeRun) -> String {
     format!("N={}, {}", r.n, r.limits)
 }
@@ -438,12 +438,12 @@ mod tests {
 
     #[test]
     fn limits_parse_and_print() {
-        assert_eq!("20/30".parse::<ApiLimits>(), Ok(ApiLimits::DEFAULT));
+        assert_eq!("100/200".parse::<ApiLimits>(), Ok(ApiLimits::DEFAULT));
         assert_eq!("0".parse::<ApiLimits>(), Ok(ApiLimits { qps: 0.0, burst: 0 }));
         assert_eq!("0/0".parse::<ApiLimits>(), Ok(ApiLimits { qps: 0.0, burst: 0 }));
         assert!("50".parse::<ApiLimits>().is_err());
         assert!("x/1".parse::<ApiLimits>().is_err());
-        assert_eq!(ApiLimits::DEFAULT.to_string(), "20/30 (defaults)");
+        assert_eq!(ApiLimits::DEFAULT.to_string(), "100/200 (defaults)");
         assert_eq!("200/300".parse::<ApiLimits>().unwrap().to_string(), "200/300");
         assert_eq!("0".parse::<ApiLimits>().unwrap().to_string(), "no client limit");
     }
