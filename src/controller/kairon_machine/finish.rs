@@ -173,12 +173,10 @@ async fn report_transitions(km: &KaironMachine, next: &KaironMachineStatus, ctx:
         // The one event of a happy path's bringing-up (the creation has none): it names the
         // Kairon Machine made, wherever it is (a tenant's namespace), and its host.
         let note = match next.instance.as_ref() {
-            Some(i) => format!(
-                "Kairon Machine {}/{} is running on host {}",
-                i.namespace,
-                i.name,
-                i.host.as_deref().unwrap_or_default()
-            ),
+            Some(i) => {
+                let on = i.host.as_deref().map(|h| format!(" on host {h}")).unwrap_or_default();
+                format!("Kairon Machine {}/{} is running{on}", i.namespace, i.name)
+            }
             None => format!("Kairon Machine {} is running", km.name_any()),
         };
         ctx.events

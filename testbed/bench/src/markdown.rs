@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use crate::results::{FullCapiRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
+use crate::results::{ApiLimits, FullCapiRun, Percentiles, PoolPathRun, Results, SizeRun, run_label};
 
 fn secs(s: f64) -> String {
     if s < 10.0 { format!("{s:.2}") } else { format!("{s:.1}") }
@@ -347,9 +347,11 @@ fn peer_section(o: &mut String, res: &Results) {
         let _ = writeln!(
             o,
             "capkr-manager flags: `{}`; CAPD's: `{}` (its defaults otherwise: client limit 100/200, \
-             50 DevMachine workers; capkr-manager's: 100/200, 10 KaironMachine workers).\n",
+             50 DevMachine workers; capkr-manager's: {}/{}, 10 KaironMachine workers).\n",
             p.ours.manager_args.join(" "),
-            p.capd.manager_args.join(" ")
+            p.capd.manager_args.join(" "),
+            ApiLimits::DEFAULT.qps,
+            ApiLimits::DEFAULT.burst
         );
     }
 }
