@@ -200,7 +200,7 @@ impl Endpoints {
 
     /// The cache of the running endpoint of identity `r` of namespace `ns`, if it runs; reads
     /// nothing (for a paused reconcile, which makes no request).
-    pub(crate) fn cached_store(&self, ns: &str, r: &KaironIdentityReference) -> Option<Store<kairon::Machine>> {
+    pub(crate) fn cached_store(&self, ns: &str, r: &KaironIdentityReference) -> Option<Store<kairon::Vm>> {
         let key = IdentityKey {
             namespace: ns.to_string(),
             identity: r.clone(),
@@ -356,7 +356,7 @@ impl Endpoints {
 /// API, the tenant: a Kairon Machine naming a KaironMachine of another namespace reconciles
 /// nothing, or a tenant could spend the manager's reconciles (and the client's budget) on any
 /// namespace's machines.
-pub(crate) fn kaironmachine_in(vm: &kairon::Machine, namespace: &str) -> Option<ObjectRef<KaironMachine>> {
+pub(crate) fn kaironmachine_in(vm: &kairon::Vm, namespace: &str) -> Option<ObjectRef<KaironMachine>> {
     kairon::kaironmachine_for_instance(vm).filter(|km| km.namespace.as_deref() == Some(namespace))
 }
 

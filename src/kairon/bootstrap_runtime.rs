@@ -14,10 +14,9 @@
 //!
 //! Paused and Halted keep the runtime (and its id), so they are the same machine.
 
-use kube::ResourceExt;
 use serde_json::{Value, json};
 
-use super::Machine;
+use super::Vm;
 use super::maintenance::{ADOPT_ONLY_ANNOTATION, MIGRATION_ANNOTATION};
 
 /// On a Kairon Machine: the runtime (`status.runtimeID`) its bootstrap data was given to, or
@@ -57,7 +56,7 @@ impl BootstrapRuntime {
 }
 
 /// Decides what `vm`'s current runtime is (see the module docs).
-pub fn bootstrap_runtime(vm: &Machine) -> BootstrapRuntime {
+pub fn bootstrap_runtime(vm: &Vm) -> BootstrapRuntime {
     let Some(runtime_id) = vm
         .status
         .as_ref()
@@ -66,8 +65,8 @@ pub fn bootstrap_runtime(vm: &Machine) -> BootstrapRuntime {
     else {
         return BootstrapRuntime::NoRuntime;
     };
-    let a = vm.annotations();
-    let Some(recorded) = a.get(BOOTSTRAP_RUNTIME_ANNOTATION) else {
+    let a = |key| vm.annotation(key);
+    let Some(recorded) = a(BOOTSTRAP_RUNTIME_ANNOTATION) else {
         return BootstrapRuntime::Created {
             runtime_id: runtime_id.to_string(),
         };
@@ -75,10 +74,9 @@ pub fn bootstrap_runtime(vm: &Machine) -> BootstrapRuntime {
     if recorded == runtime_id {
         return BootstrapRuntime::Same;
     }
-    let migration = a.get(MIGRATION_ANNOTATION).map(String::as_str).unwrap_or_default();
-    let adopting = a.get(ADOPT_ONLY_ANNOTATION).is_some_and(|v| v == "true");
-    let new_move =
-        !migration.is_empty() && a.get(BOOTSTRAP_MIGRATION_ANNOTATION).map(String::as_str) != Some(migration);
+    let migration = a(MIGRATION_ANNOTATION).unwrap_or_default();
+    let adopting = a(ADOPT_ONLY_ANNOTATION) == Some("true");
+    let new_move = !migration.is_empty() && a(BOOTSTRAP_MIGRATION_ANNOTATION) != Some(migration);
     if adopting || new_move {
         return BootstrapRuntime::MovedLive {
             runtime_id: runtime_id.to_string(),
@@ -89,7 +87,7 @@ pub fn bootstrap_runtime(vm: &Machine) -> BootstrapRuntime {
 }
 
 /// Whether `vm` runs on a runtime made anew on a fresh disk (see [`BootstrapRuntime::Recreated`]).
-pub fn is_recreated(vm: &Machine) -> bool {
+pub fn is_recreated(vm: &Vm) -> bool {
     bootstrap_runtime(vm) == BootstrapRuntime::Recreated
 }
 
@@ -97,7 +95,7 @@ pub fn is_recreated(vm: &Machine) -> bool {
 /// the bootstrap data (the files and commands of `spec.cloudInit`; the hostname, user and SSH
 /// keys stay) and the runtime recorded; after a live move, the new runtime recorded. With the
 /// uid `vm` must still have. It carries no bootstrap data.
-pub fn runtime_patch(vm: &Machine, runtime: &BootstrapRuntime) -> Option<Value> {
+pub fn runtime_patch(vm: &Vm, runtime: &BootstrapRuntime) -> Option<Value> {
     let uid = vm.metadata.uid.as_deref()?;
     match runtime {
         BootstrapRuntime::Created { runtime_id } => Some(json!({
@@ -117,6 +115,7 @@ pub fn runtime_patch(vm: &Machine, runtime: &BootstrapRuntime) -> Option<Value> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kairon::Machine;
     use crate::kairon::fixtures::vm;
 
     fn with(runtime: Option<&str>, annotations: &[(&str, &str)]) -> Machine {
@@ -212,15 +211,16 @@ mod tests {
             ),
         ];
         for (case, vm, want) in rows {
-            assert_eq!(bootstrap_runtime(&vm), want, "{case}");
-            assert_eq!(is_recreated(&vm), want == Recreated, "{case}");
+            assert_eq!(bootstrap_runtime(&Vm::from(vm.clone())), want, "{case}");
+            assert_eq!(is_recreated(&Vm::from(vm.clone())), want == Recreated, "{case}");
         }
     }
 
     #[test]
     fn the_patch_removes_the_bootstrap_data_once_and_records_runtimes_on_the_uid() {
         let first = with(Some("r1"), &[]);
-        let p = runtime_patch(&first, &bootstrap_runtime(&first)).expect("a patch on the first runtime");
+        let p = runtime_patch(&Vm::from(first.clone()), &bootstrap_runtime(&Vm::from(first.clone())))
+            .expect("a patch on the first runtime");
         assert_eq!(p["metadata"]["uid"], "vm-uid");
         assert_eq!(p["metadata"]["annotations"][REC], "r1");
         assert_eq!(p["spec"]["cloudInit"], json!({"writeFiles": null, "runCmd": null}));
@@ -233,7 +233,11 @@ mod tests {
                 (MIGRATION_ANNOTATION, "m1"),
             ],
         );
-        let p = runtime_patch(&adopting, &bootstrap_runtime(&adopting)).expect("a patch after a live move");
+        let p = runtime_patch(
+            &Vm::from(adopting.clone()),
+            &bootstrap_runtime(&Vm::from(adopting.clone())),
+        )
+        .expect("a patch after a live move");
         assert_eq!(p["metadata"]["annotations"][REC], "r2");
         assert_eq!(p["metadata"]["annotations"][REC_MIG], "m1");
         assert!(p.get("spec").is_none(), "a live move changes no spec");
@@ -246,12 +250,16 @@ mod tests {
                 with(Some("r2"), &[(REC, "r1")]),
             ),
         ] {
-            assert_eq!(runtime_patch(&vm, &bootstrap_runtime(&vm)), None, "{case}");
+            assert_eq!(
+                runtime_patch(&Vm::from(vm.clone()), &bootstrap_runtime(&Vm::from(vm.clone()))),
+                None,
+                "{case}"
+            );
         }
         let mut no_uid = with(Some("r1"), &[]);
         no_uid.metadata.uid = None;
         assert_eq!(
-            runtime_patch(&no_uid, &bootstrap_runtime(&no_uid)),
+            runtime_patch(&Vm::from(no_uid.clone()), &bootstrap_runtime(&Vm::from(no_uid.clone()))),
             None,
             "no uid, no write"
         );
@@ -271,8 +279,7 @@ mod read_tests {
             "status": {"phase": "Running", "runtimeID": "r1"},
         }))
         .unwrap();
-        let mut vm = crate::kairon::read(obj);
-        crate::kairon::keep_what_is_read(&mut vm);
+        let vm = crate::kairon::Vm::cached(crate::kairon::read(obj));
         assert_eq!(
             bootstrap_runtime(&vm),
             BootstrapRuntime::Created {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::gate::{Permit, WriteGate};
 use super::served::{KaironKind, Served};
-use super::{Machine, labels, machine_from_value};
+use super::{Machine, Vm, labels, machine_from_value};
 use crate::api::{FIELD_MANAGER, KaironMachine};
 use crate::text::bounded;
 
@@ -194,11 +194,11 @@ impl Instances {
     }
 
     /// Reads one Kairon Machine from the API server (not from a cache).
-    pub(crate) async fn get(&self, ns: &str, name: &str) -> Result<Option<Machine>, KaironError> {
+    pub(crate) async fn get(&self, ns: &str, name: &str) -> Result<Option<Vm>, KaironError> {
         self.namespaced(ns)
             .get_opt(name)
             .await
-            .map(|o| o.map(read))
+            .map(|o| o.map(|o| Vm::read(read(o))))
             .map_err(|source| KaironError::Read {
                 ns: ns.into(),
                 name: name.into(),
@@ -232,7 +232,7 @@ impl Instances {
         let answer = self.namespaced(&ns).create(&pp, &body).await;
         settle(permit, &answer);
         match answer {
-            Ok(vm) => Ok(Created::New(read(vm))),
+            Ok(vm) => Ok(Created::New(Vm::read(read(vm)))),
             Err(kube::Error::Api(s)) if s.is_already_exists() => match self.get(&ns, &name).await? {
                 Some(vm) => Ok(Created::Existing(vm)),
                 None => Err(KaironError::Create {
@@ -255,7 +255,7 @@ impl Instances {
 
     /// Moves `vm`'s link-back labels (and its management-cluster label) over to `km`
     /// (adoption after `clusterctl move`, which re-creates the KaironMachine with a new UID).
-    pub(crate) async fn adopt(&self, vm: &Machine, km: &KaironMachine) -> Result<(), KaironError> {
+    pub(crate) async fn adopt(&self, vm: &Vm, km: &KaironMachine) -> Result<(), KaironError> {
         let mut body = json!({"metadata": {"labels": {
             labels::KAIRONMACHINE_UID: km.metadata.uid,
             labels::KAIRONMACHINE_NAMESPACE: km.namespace(),
@@ -272,7 +272,7 @@ impl Instances {
     /// to the next reconcile.
     pub(crate) async fn record_runtime(
         &self,
-        vm: &Machine,
+        vm: &Vm,
         runtime: &super::bootstrap_runtime::BootstrapRuntime,
     ) -> Result<(), KaironError> {
         let Some(body) = super::bootstrap_runtime::runtime_patch(vm, runtime) else {
@@ -312,14 +312,14 @@ impl Instances {
 
     /// Says that the cache shows `vm` with its runtime recorded: the record kept against a
     /// lagging cache ([`RecordedRuntimes`]) is no longer needed.
-    pub(crate) fn saw_runtime_recorded(&self, vm: &Machine) {
+    pub(crate) fn saw_runtime_recorded(&self, vm: &Vm) {
         if let Some(uid) = vm.metadata.uid.as_deref() {
             self.recorded.forget(uid);
         }
     }
 
     /// Merges `body` (labels, and the uid it must have) into `vm`'s metadata.
-    async fn relabel(&self, vm: &Machine, body: &serde_json::Value) -> Result<(), KaironError> {
+    async fn relabel(&self, vm: &Vm, body: &serde_json::Value) -> Result<(), KaironError> {
         let ns = vm.namespace().unwrap_or_default();
         let name = vm.name_any();
         let pp = PatchParams {
@@ -336,7 +336,7 @@ impl Instances {
 
     /// Deletes exactly `vm`: the UID precondition makes the delete fail rather than hit a VM
     /// that replaced it under the same name.
-    pub(crate) async fn delete(&self, vm: &Machine) -> Result<Deletion, KaironError> {
+    pub(crate) async fn delete(&self, vm: &Vm) -> Result<Deletion, KaironError> {
         let name = vm.name_any();
         let dp = crate::client::delete_exactly(vm.metadata.uid.clone());
         let permit = self.permit("deleting", &name)?;
@@ -366,16 +366,16 @@ pub fn read(obj: DynamicObject) -> Machine {
     machine_from_value(serde_json::to_value(obj).unwrap_or_default())
 }
 
-/// A watch event of untyped Kairon Machines, read as [`read`] does.
-pub(crate) fn read_event(
-    event: kube::runtime::watcher::Event<DynamicObject>,
-) -> kube::runtime::watcher::Event<Machine> {
+/// A watch event of untyped Kairon Machines, read as [`read`] does, as a cache keeps them
+/// ([`Vm::cached`]): never bootstrap payloads, nor what is never read back.
+pub(crate) fn read_event(event: kube::runtime::watcher::Event<DynamicObject>) -> kube::runtime::watcher::Event<Vm> {
     use kube::runtime::watcher::Event;
+    let cached = |o| Vm::cached(read(o));
     match event {
-        Event::Apply(o) => Event::Apply(read(o)),
-        Event::Delete(o) => Event::Delete(read(o)),
+        Event::Apply(o) => Event::Apply(cached(o)),
+        Event::Delete(o) => Event::Delete(cached(o)),
         Event::Init => Event::Init,
-        Event::InitApply(o) => Event::InitApply(read(o)),
+        Event::InitApply(o) => Event::InitApply(cached(o)),
         Event::InitDone => Event::InitDone,
     }
 }

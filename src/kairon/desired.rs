@@ -7,7 +7,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::types::{GuestAgent, Image, ImageSource, Network, Placement, Resources, Term, WeightedTerm};
-use super::{CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX, labels};
+use super::{CloudInit, FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, PROVIDER_ID_PREFIX, Vm, labels};
 use crate::api::{FailureDomainSpec, KaironMachine, KaironMachineSpec, anti_affinity};
 
 /// Longest value a label can hold.
@@ -15,16 +15,14 @@ const MAX_LABEL_VALUE: usize = 63;
 
 /// The KaironMachine a Kairon Machine links back to: the inverse of the labels
 /// [`desired_kairon_machine`] writes, or the Kairon Machine's own name and namespace.
-pub(crate) fn kaironmachine_for_instance(vm: &Machine) -> Option<ObjectRef<KaironMachine>> {
-    let l = vm.labels();
-    let ns = l
-        .get(labels::KAIRONMACHINE_NAMESPACE)
-        .cloned()
+pub(crate) fn kaironmachine_for_instance(vm: &Vm) -> Option<ObjectRef<KaironMachine>> {
+    let ns = vm
+        .label(labels::KAIRONMACHINE_NAMESPACE)
+        .map(str::to_string)
         .or_else(|| vm.namespace())?;
-    let name = l
-        .get(labels::KAIRONMACHINE_NAME)
-        .cloned()
-        .unwrap_or_else(|| vm.name_any());
+    let name = vm
+        .label(labels::KAIRONMACHINE_NAME)
+        .map_or_else(|| vm.name_any(), str::to_string);
     Some(ObjectRef::new(&name).within(&ns))
 }
 
@@ -42,7 +40,7 @@ pub fn uid_provider_id(kairon_uid: &str) -> String {
 }
 
 /// Whether `pid` names `vm`: by its name, or by its uid as the old model did.
-pub(crate) fn names_instance(pid: &str, vm: &Machine) -> bool {
+pub(crate) fn names_instance(pid: &str, vm: &Vm) -> bool {
     let by_name = vm.metadata.name.as_deref().is_some_and(|n| pid == provider_id(n));
     let by_uid = vm.metadata.uid.as_deref().is_some_and(|u| pid == uid_provider_id(u));
     by_name || by_uid
@@ -51,7 +49,7 @@ pub(crate) fn names_instance(pid: &str, vm: &Machine) -> bool {
 /// Whether `vm` is the instance a KaironMachine with provider ID `pid` provisioned: named by
 /// its name (and, when the KaironMachine recorded the instance's uid, with that uid) or by its
 /// uid in the old model's form. A Machine re-created under the same name is another instance.
-pub(crate) fn is_the_instance(pid: &str, recorded_uid: Option<&str>, vm: &Machine) -> bool {
+pub(crate) fn is_the_instance(pid: &str, recorded_uid: Option<&str>, vm: &Vm) -> bool {
     let uid = vm.metadata.uid.as_deref();
     if uid.is_some_and(|u| pid == uid_provider_id(u)) {
         return true;

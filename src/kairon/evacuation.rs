@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use super::Machine;
+use super::Vm;
 use crate::text::bounded;
 
 /// A host name as we repeat it (a DNS name is at most 253 characters).
@@ -26,7 +26,7 @@ pub struct Request {
 
 /// The VM's evacuation request: its node is cordoned and the VM is not being deleted. `node`
 /// is the Kairon Node the VM runs on, if known.
-pub fn request(vm: &Machine, node: Option<&Node>) -> Option<Request> {
+pub fn request(vm: &Vm, node: Option<&Node>) -> Option<Request> {
     if vm.metadata.deletion_timestamp.is_some() {
         return None;
     }
@@ -36,7 +36,7 @@ pub fn request(vm: &Machine, node: Option<&Node>) -> Option<Request> {
 }
 
 /// The node the VM runs on, cleaned (`None`: not placed, or not reported).
-pub fn host(vm: &Machine) -> Option<String> {
+pub fn host(vm: &Vm) -> Option<String> {
     vm.status
         .as_ref()?
         .node_name
@@ -54,7 +54,7 @@ pub fn host_satisfies(selector: &BTreeMap<String, String>, node: Option<&Node>) 
 
 /// The move a migration made, if the VM now runs on another node than `before` (the node last
 /// recorded): `(from, to)`.
-pub fn moved(before: Option<&str>, vm: &Machine) -> Option<(String, String)> {
+pub fn moved(before: Option<&str>, vm: &Vm) -> Option<(String, String)> {
     let before = before.filter(|h| !h.is_empty())?;
     let now = host(vm)?;
     (now != before).then(|| (before.to_string(), now))
@@ -85,24 +85,35 @@ mod tests {
     #[test]
     fn a_vm_on_a_cordoned_node_is_asked_off_it() {
         let vm = fixtures::vm(Some(phase::RUNNING));
-        let host = host(&vm).unwrap();
+        let host = host(&Vm::from(vm.clone())).unwrap();
         assert_eq!(
-            request(&vm, Some(&node(&host, true, "a"))),
+            request(&Vm::from(vm.clone()), Some(&node(&host, true, "a"))),
             Some(Request { host: host.clone() })
         );
-        assert_eq!(request(&vm, Some(&node(&host, false, "a"))), None, "not cordoned");
-        assert_eq!(request(&vm, Some(&node("another", true, "a"))), None, "another node");
-        assert_eq!(request(&vm, None), None, "node unknown");
+        assert_eq!(
+            request(&Vm::from(vm.clone()), Some(&node(&host, false, "a"))),
+            None,
+            "not cordoned"
+        );
+        assert_eq!(
+            request(&Vm::from(vm.clone()), Some(&node("another", true, "a"))),
+            None,
+            "another node"
+        );
+        assert_eq!(request(&Vm::from(vm.clone()), None), None, "node unknown");
         let mut deleting = vm.clone();
         deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        assert_eq!(request(&deleting, Some(&node(&host, true, "a"))), None);
+        assert_eq!(
+            request(&Vm::from(deleting.clone()), Some(&node(&host, true, "a"))),
+            None
+        );
     }
 
     #[test]
     fn an_odd_node_name_is_cleaned_and_bounded() {
         let mut vm = fixtures::vm(Some(phase::RUNNING));
         vm.status.as_mut().unwrap().node_name = Some(format!("h\n{}", "x".repeat(400)));
-        let h = host(&vm).unwrap();
+        let h = host(&Vm::from(vm.clone())).unwrap();
         assert!(h.len() <= MAX_HOST && !h.contains('\n'));
     }
 
@@ -119,14 +130,14 @@ mod tests {
     #[test]
     fn a_move_is_a_new_host_after_a_known_one() {
         let vm = fixtures::vm(Some(phase::RUNNING));
-        assert_eq!(moved(None, &vm), None, "first placement is no move");
-        assert_eq!(moved(Some("kairon-node-7"), &vm), None);
+        assert_eq!(moved(None, &Vm::from(vm.clone())), None, "first placement is no move");
+        assert_eq!(moved(Some("kairon-node-7"), &Vm::from(vm.clone())), None);
         assert_eq!(
-            moved(Some("kairon-node-1"), &vm),
+            moved(Some("kairon-node-1"), &Vm::from(vm.clone())),
             Some(("kairon-node-1".into(), "kairon-node-7".into()))
         );
         let mut unplaced = vm.clone();
         unplaced.status.as_mut().unwrap().node_name = None;
-        assert_eq!(moved(Some("kairon-node-1"), &unplaced), None);
+        assert_eq!(moved(Some("kairon-node-1"), &Vm::from(unplaced.clone())), None);
     }
 }

@@ -33,6 +33,7 @@ pub mod observe;
 pub mod ownership;
 pub mod served;
 pub(crate) mod types;
+pub mod vm;
 
 pub use budget_client::{BudgetError, Budgets};
 pub(crate) use client::read_event;
@@ -46,6 +47,7 @@ pub use types::{
     CloudInit, CloudInitFile, GuestAgent, Image, ImageSource, Machine, MachineSpec, MachineStatus, Network, Placement,
     Resources, Term, UserData, WeightedTerm, phase, power_state,
 };
+pub use vm::{Attachment, Vm};
 
 /// Reads a Kairon Machine as the API server sent it, leniently: whatever Kairon's schema has
 /// beyond our model is ignored, its conditions but those shown (see
@@ -140,45 +142,6 @@ pub(crate) const KAIRON_NODE_UNREACHABLE: &str = "NodeUnreachable";
 /// `kaironctl fence`'s condition: an operator attested the node gone; Kairon places it anew.
 pub(crate) const KAIRON_FENCED: &str = "Fenced";
 
-/// What the caches keep of a Kairon Machine: the link-back, management-cluster and member labels, the
-/// failure-domain annotation, deletion and status — all the provider reads of a cached one.
-/// Its spec (we never read it back: a VM is not updated), user-data, managedFields, other
-/// labels and annotations, owner references and finalizers go before the object is stored; at
-/// thousands of machines the labels and spec alone are a third of what a cached VM weighs.
-pub(crate) fn keep_what_is_read(vm: &mut Machine) {
-    // Of the spec, the power state only: whether a pool's member still awaits its start.
-    vm.spec = MachineSpec {
-        power_state: vm.spec.power_state.take(),
-        ..MachineSpec::default()
-    };
-    let meta = &mut vm.metadata;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    crate::capi::retain_keys(
-        &mut meta.labels,
-        &[
-            labels::KAIRONMACHINE_NAME,
-            labels::KAIRONMACHINE_NAMESPACE,
-            labels::KAIRONMACHINE_UID,
-            labels::MANAGEMENT_CLUSTER,
-            // A Kairon MachineSet's member is that set's (the rule of `ownership`).
-            labels::KAIRON_MACHINESET,
-        ],
-    );
-    crate::capi::retain_keys(
-        &mut meta.annotations,
-        &[
-            FAILURE_DOMAIN_ANNOTATION,
-            // Which runtime the bootstrap data ran in, and Kairon's marks of a live move.
-            bootstrap_runtime::BOOTSTRAP_RUNTIME_ANNOTATION,
-            bootstrap_runtime::BOOTSTRAP_MIGRATION_ANNOTATION,
-            maintenance::ADOPT_ONLY_ANNOTATION,
-            maintenance::MIGRATION_ANNOTATION,
-        ],
-    );
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,18 +185,19 @@ mod tests {
             .insert("kairon.zyvor.dev/scheduled-at".into(), "t".into());
         vm.metadata.finalizers = Some(vec!["kairon.zyvor.dev/machine".into()]);
         // Host maintenance is read from the VM as it is before its deletion: its node.
-        let mut cached = vm.clone();
-        keep_what_is_read(&mut cached);
-        assert_eq!(evacuation::host(&cached), evacuation::host(&vm));
+        let cached = Vm::cached(vm.clone());
+        assert_eq!(evacuation::host(&cached), evacuation::host(&Vm::from(vm.clone())));
         assert!(evacuation::host(&cached).is_some());
         // Also as the watch reads it (which drops status.conditions).
         let read = machine_from_value(serde_json::to_value(&vm).expect("json"));
-        assert_eq!(evacuation::host(&read), evacuation::host(&vm));
+        assert_eq!(
+            evacuation::host(&Vm::from(read.clone())),
+            evacuation::host(&Vm::from(vm.clone()))
+        );
         vm.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
             k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
         ));
-        let mut cached = vm.clone();
-        keep_what_is_read(&mut cached);
+        let cached = Vm::cached(vm.clone());
 
         let mut km = crate::api::KaironMachine::new("km1", Default::default());
         km.metadata.uid = Some("km-uid".into());
@@ -241,33 +205,57 @@ mod tests {
             id: "mgmt".into(),
             adopt_from: vec![],
         };
-        assert_eq!(ownership(&cached, &km, &owner), ownership(&vm, &km, &owner));
+        assert_eq!(
+            ownership(&cached, &km, &owner),
+            ownership(&Vm::from(vm.clone()), &km, &owner)
+        );
         assert_eq!(ownership(&cached, &km, &owner), Ownership::Ours);
         km.metadata.uid = Some("a-new-incarnation".into());
         km.spec.provider_id = Some("kairon://vm-uid".into());
-        assert_eq!(ownership(&cached, &km, &owner), ownership(&vm, &km, &owner));
+        assert_eq!(
+            ownership(&cached, &km, &owner),
+            ownership(&Vm::from(vm.clone()), &km, &owner)
+        );
         assert!(matches!(
             ownership(&cached, &km, &owner),
             Ownership::OursBeforeMove { holder: Some(_) }
         ));
-        assert_eq!(observe::holder(&cached), observe::holder(&vm));
-        assert_eq!(observe::effective_phase(&cached), observe::effective_phase(&vm));
-        assert_eq!(observe::addresses(&cached), observe::addresses(&vm));
+        assert_eq!(observe::holder(&cached), observe::holder(&Vm::from(vm.clone())));
+        assert_eq!(
+            observe::effective_phase(&cached),
+            observe::effective_phase(&Vm::from(vm.clone()))
+        );
+        assert_eq!(observe::addresses(&cached), observe::addresses(&Vm::from(vm.clone())));
         assert_eq!(observe::failure_domain(&cached).as_deref(), Some("zone-a"));
-        assert_eq!(observe::instance_ref(&cached), observe::instance_ref(&vm));
-        assert_eq!(observe::status_phase(&cached), observe::status_phase(&vm));
+        assert_eq!(
+            observe::instance_ref(&cached),
+            observe::instance_ref(&Vm::from(vm.clone()))
+        );
+        assert_eq!(
+            observe::status_phase(&cached),
+            observe::status_phase(&Vm::from(vm.clone()))
+        );
         for label in [
             labels::KAIRONMACHINE_NAME,
             labels::KAIRONMACHINE_NAMESPACE,
             labels::KAIRONMACHINE_UID,
             labels::MANAGEMENT_CLUSTER,
         ] {
-            assert_eq!(cached.labels().get(label), vm.labels().get(label), "{label}");
+            assert_eq!(
+                cached.label(label),
+                vm.labels().get(label).map(String::as_str),
+                "{label}"
+            );
         }
-        assert_eq!(cached.labels().len(), 4, "no other label");
-        assert_eq!(cached.annotations().len(), 1, "the failure domain only");
-        assert_eq!(cached.spec, MachineSpec::default());
+        assert!(cached.metadata.labels.is_none() && cached.metadata.annotations.is_none());
+        assert_eq!(
+            cached.attachment,
+            Attachment::default(),
+            "what the spec says of the address"
+        );
         assert!(cached.metadata.finalizers.is_none());
+        // Nothing of the bootstrap data is held.
+        assert!(!format!("{cached:?}").contains("SECRET"));
     }
 
     #[test]

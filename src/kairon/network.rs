@@ -10,7 +10,7 @@
 //!   assigns and always reports; no shared network, so no kube-vip address reaches other VMs.
 //! - `macvtap` on a parent NIC: on that NIC's network; an address only with the guest agent.
 
-use super::MachineSpec;
+use super::vm::Attachment;
 use crate::api::{MachineNetwork, network_mode};
 
 /// Why a control-plane machine on this network cannot serve a cluster, if it cannot: a VM in
@@ -29,18 +29,16 @@ pub fn control_plane_unreachable(network: Option<&MachineNetwork>) -> Option<Str
 
 /// What a running VM without an address needs, by its network, as Kairon's spec says it:
 /// which modes report none at all, and what makes Kairon report one.
-pub fn why_no_address(spec: &MachineSpec) -> String {
-    let network = spec.network.as_ref();
-    let mode = network.and_then(|n| n.mode.as_deref()).unwrap_or(network_mode::USER);
-    let on = |flag: Option<bool>| flag == Some(true);
-    let agent = spec.guest_agent.as_ref().is_some_and(|g| on(g.enabled));
+pub fn why_no_address(attached: &Attachment) -> String {
+    let mode = attached.mode.as_deref().unwrap_or(network_mode::USER);
+    let agent = attached.guest_agent;
     let agent_wait =
         "Kairon asks the guest agent for it (spec.guestAgent.enabled): does the image run qemu-guest-agent?";
     match mode {
-        network_mode::TAP if network.is_some_and(|n| on(n.netns)) => {
+        network_mode::TAP if attached.netns => {
             "Kairon has not reported the address of its network namespace yet".to_string()
         }
-        network_mode::TAP if network.is_some_and(|n| on(n.learn_ip)) => format!(
+        network_mode::TAP if attached.learn_ip => format!(
             "Kairon has not learnt its address from the guest's ARP, neighbour advertisements or DHCP lease yet (network.learnIP; Kairon's eBPF dataplane learns it){}",
             if agent {
                 format!("; {agent_wait}")
@@ -66,7 +64,7 @@ pub fn why_no_address(spec: &MachineSpec) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kairon::{GuestAgent, Network};
+    use crate::kairon::{GuestAgent, MachineSpec, Network};
 
     fn api(mode: Option<&str>) -> MachineNetwork {
         MachineNetwork {
@@ -118,7 +116,7 @@ mod tests {
             ("macvtap with the agent", spec(net("macvtap", false, false), true), "does the image run qemu-guest-agent"),
         ];
         for (name, spec, want) in cases {
-            let got = why_no_address(&spec);
+            let got = why_no_address(&Attachment::of(&spec));
             assert!(got.contains(want), "{name}: {got}");
         }
     }

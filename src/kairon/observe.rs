@@ -3,7 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
-use super::{FAILURE_DOMAIN_ANNOTATION, Machine, Owner, labels, phase};
+use super::{FAILURE_DOMAIN_ANNOTATION, Owner, Vm, labels, phase};
 use crate::api::conditions::{Decided, INSTANCE_PROVISIONED, Status, reason};
 use crate::api::{InstanceRef, KaironMachine, MachineAddress};
 use crate::text::bounded;
@@ -37,15 +37,15 @@ const MAX_PHASE: usize = 64;
 /// A member of a Kairon MachineSet is that set's: Kairon replaces it, or deletes it undrained
 /// when the set's template changes (or its hash does, on a Kairon upgrade), so no KaironMachine
 /// claims it.
-pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Ownership {
-    if let Some(set) = vm.labels().get(labels::KAIRON_MACHINESET) {
+pub(crate) fn ownership(vm: &Vm, km: &KaironMachine, owner: &Owner) -> Ownership {
+    if let Some(set) = vm.label(labels::KAIRON_MACHINESET) {
         return Ownership::Foreign(format!(
             "it is a member of Kairon MachineSet {}, which Kairon replaces and deletes by itself",
             crate::text::bounded(set, 63)
         ));
     }
-    let uid_label = vm.labels().get(labels::KAIRONMACHINE_UID);
-    if uid_label.is_some() && uid_label == km.metadata.uid.as_ref() {
+    let uid_label = vm.label(labels::KAIRONMACHINE_UID);
+    if uid_label.is_some() && uid_label == km.metadata.uid.as_deref() {
         return Ownership::Ours;
     }
     let named = match (km.spec.provider_id.as_deref(), vm.metadata.uid.as_deref()) {
@@ -58,7 +58,7 @@ pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Owne
             None => "no label names this KaironMachine and spec.providerID does not name it".into(),
         });
     }
-    if let Err(why) = owner.may_adopt(vm.labels().get(labels::MANAGEMENT_CLUSTER).map(String::as_str)) {
+    if let Err(why) = owner.may_adopt(vm.label(labels::MANAGEMENT_CLUSTER)) {
         return Ownership::Foreign(why);
     }
     Ownership::OursBeforeMove { holder: holder(vm) }
@@ -66,25 +66,23 @@ pub(crate) fn ownership(vm: &Machine, km: &KaironMachine, owner: &Owner) -> Owne
 
 /// The KaironMachine `vm`'s labels name, if they name one by UID: the inverse of the labels
 /// [`super::desired_kairon_machine`] writes.
-pub(crate) fn holder(vm: &Machine) -> Option<Holder> {
-    let l = vm.labels();
-    let uid = l.get(labels::KAIRONMACHINE_UID)?;
+pub(crate) fn holder(vm: &Vm) -> Option<Holder> {
+    let uid = vm.label(labels::KAIRONMACHINE_UID)?;
     Some(Holder {
-        namespace: l
-            .get(labels::KAIRONMACHINE_NAMESPACE)
-            .cloned()
+        namespace: vm
+            .label(labels::KAIRONMACHINE_NAMESPACE)
+            .map(str::to_string)
             .or_else(|| vm.namespace())
             .unwrap_or_default(),
-        name: l
-            .get(labels::KAIRONMACHINE_NAME)
-            .cloned()
-            .unwrap_or_else(|| vm.name_any()),
-        uid: uid.clone(),
+        name: vm
+            .label(labels::KAIRONMACHINE_NAME)
+            .map_or_else(|| vm.name_any(), str::to_string),
+        uid: uid.to_string(),
     })
 }
 
 /// The phase, with a missing one read as Pending and a deleted Machine as Terminating.
-pub(crate) fn effective_phase(vm: &Machine) -> &str {
+pub(crate) fn effective_phase(vm: &Vm) -> &str {
     if vm.metadata.deletion_timestamp.is_some() {
         return phase::TERMINATING;
     }
@@ -95,12 +93,12 @@ pub(crate) fn effective_phase(vm: &Machine) -> &str {
 }
 
 /// Whether the VM runs.
-pub(crate) fn is_running(vm: &Machine) -> bool {
+pub(crate) fn is_running(vm: &Vm) -> bool {
     effective_phase(vm) == phase::RUNNING
 }
 
 /// The `InstanceProvisioned` condition for the VM's current phase.
-pub(crate) fn instance_condition(vm: &Machine) -> Decided {
+pub(crate) fn instance_condition(vm: &Vm) -> Decided {
     let name = bounded(&vm.name_any(), MAX_NAME);
     if effective_phase(vm) == phase::UNREADABLE {
         let why = vm
@@ -227,9 +225,9 @@ pub(crate) fn instance_condition(vm: &Machine) -> Decided {
 /// why, by its network, and the fix. False while its Machine has no Node (the cluster may
 /// be unable to form on that network); True once a Node `joined` (the cluster formed, but
 /// the Machine's addresses lack the VM's).
-pub(crate) fn unaddressed_condition(vm: &Machine, joined: bool) -> Decided {
+pub(crate) fn unaddressed_condition(vm: &Vm, joined: bool) -> Decided {
     let name = bounded(&vm.name_any(), MAX_NAME);
-    let why = super::network::why_no_address(&vm.spec);
+    let why = super::network::why_no_address(&vm.attachment);
     let (status, message) = match joined {
         false => (
             Status::False,
@@ -248,7 +246,7 @@ pub(crate) fn unaddressed_condition(vm: &Machine, joined: bool) -> Decided {
 }
 
 /// Kairon's `Scheduled=False` as `reason: message` (bounded and cleaned as read), if any.
-fn not_scheduled(vm: &Machine) -> Option<String> {
+fn not_scheduled(vm: &Vm) -> Option<String> {
     let c = vm
         .status
         .as_ref()?
@@ -268,7 +266,7 @@ fn not_scheduled(vm: &Machine) -> Option<String> {
 
 /// Kairon's `condition` on `vm` as read (only its shown status is kept, see
 /// [`super::machine_from_value`]).
-fn kairon_condition<'a>(vm: &'a Machine, type_: &str) -> Option<&'a Condition> {
+fn kairon_condition<'a>(vm: &'a Vm, type_: &str) -> Option<&'a Condition> {
     vm.status
         .as_ref()?
         .conditions
@@ -292,7 +290,7 @@ fn kairon_words(c: &Condition) -> String {
 /// leaves the phase as it was and moves nothing, `internal/controller/fencing.go`), unless an
 /// operator fenced the Machine since (`Fenced=True` as recent or newer: Kairon places it anew,
 /// and the new VM is the instance once placed). A deleted Machine is left to the deletion.
-pub(crate) fn node_lost(vm: &Machine) -> Option<Decided> {
+pub(crate) fn node_lost(vm: &Vm) -> Option<Decided> {
     let phase = effective_phase(vm);
     if phase == phase::TERMINATING {
         return None;
@@ -338,7 +336,7 @@ pub(crate) fn node_lost(vm: &Machine) -> Option<Decided> {
 /// The instance when its deletion has waited on finalizers longer than `grace`: Kairon's
 /// `runtime-cleanup` is removed by kairon-node on the VM's node once the VM and its disk are
 /// gone (`internal/agent/agent.go`), so a node that is gone never removes it.
-pub(crate) fn deletion_stuck(vm: &Machine, now: &Time, grace: std::time::Duration) -> Option<Decided> {
+pub(crate) fn deletion_stuck(vm: &Vm, now: &Time, grace: std::time::Duration) -> Option<Decided> {
     let since = vm.metadata.deletion_timestamp.as_ref()?;
     let finalizers = vm.metadata.finalizers.as_deref().filter(|f| !f.is_empty())?;
     let waited = now.0.duration_since(since.0);
@@ -380,7 +378,7 @@ fn go_duration(d: std::time::Duration) -> String {
 }
 
 /// Kairon's `status.message`, bounded and cleaned, when it says anything.
-fn kairon_message(vm: &Machine) -> Option<String> {
+fn kairon_message(vm: &Vm) -> Option<String> {
     vm.status
         .as_ref()
         .and_then(|s| s.message.as_deref())
@@ -392,7 +390,7 @@ fn kairon_message(vm: &Machine) -> Option<String> {
 /// (`status.guestIPs`, then `guestIP` if not among them) as an InternalIP, and, once the VM
 /// runs, its hostname (the Machine's name, which the provider gives the guest). A value that
 /// is not clean is left out.
-pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
+pub(crate) fn addresses(vm: &Vm) -> Vec<MachineAddress> {
     let status = vm.status.as_ref();
     let listed = status.and_then(|s| s.guest_ips.as_deref()).unwrap_or_default();
     let single = status
@@ -419,11 +417,10 @@ pub(crate) fn addresses(vm: &Machine) -> Vec<MachineAddress> {
 }
 
 /// The failure domain the VM was placed in.
-pub(crate) fn failure_domain(vm: &Machine) -> Option<String> {
-    vm.annotations()
-        .get(FAILURE_DOMAIN_ANNOTATION)
+pub(crate) fn failure_domain(vm: &Vm) -> Option<String> {
+    vm.annotation(FAILURE_DOMAIN_ANNOTATION)
         .filter(|f| is_clean(f, MAX_FAILURE_DOMAIN))
-        .cloned()
+        .map(str::to_string)
 }
 
 /// Whether `value` (an address, a failure domain: a value others act on, which a cut or a
@@ -443,7 +440,7 @@ fn is_clean(value: &str, max: usize) -> bool {
 ///
 /// Everything in it comes from the Kairon API, which a tenant's identity can name: each string
 /// is cleaned of control characters and bounded, as Kairon's free text is.
-pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
+pub(crate) fn instance_ref(vm: &Vm) -> InstanceRef {
     let phase = status_phase(vm);
     InstanceRef {
         name: bounded(&vm.name_any(), MAX_NAME),
@@ -463,7 +460,7 @@ pub(crate) fn instance_ref(vm: &Machine) -> InstanceRef {
 
 /// The phase as the KaironMachine records it: [`effective_phase`], with Pending recorded as
 /// Provisioning.
-pub(crate) fn status_phase(vm: &Machine) -> &str {
+pub(crate) fn status_phase(vm: &Vm) -> &str {
     match effective_phase(vm) {
         phase::PENDING | phase::STARTING | phase::BLOCKED => phase::PROVISIONING,
         other => other,

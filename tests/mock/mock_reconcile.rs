@@ -189,7 +189,10 @@ async fn steady_state_makes_no_request() {
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
     // The Machine has no Node yet: what the last reconcile saw of the VM, as this one sees it.
-    let km = with_status(km, Observed::InstanceWithoutNode(Box::new(vm("Running"))));
+    let km = with_status(
+        km,
+        Observed::InstanceWithoutNode(Box::new(capkr::kairon::Vm::read(vm("Running")))),
+    );
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -367,7 +370,10 @@ async fn provisioned_machine_whose_vm_vanished_is_instance_not_found_not_recreat
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
     // The Machine has no Node yet: what the last reconcile saw of the VM, as this one sees it.
-    let km = with_status(km, Observed::InstanceWithoutNode(Box::new(vm("Running"))));
+    let km = with_status(
+        km,
+        Observed::InstanceWithoutNode(Box::new(capkr::kairon::Vm::read(vm("Running")))),
+    );
     let world = World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -401,7 +407,10 @@ fn deleting(km: KaironMachine) -> KaironMachine {
 
 #[tokio::test]
 async fn deletion_deletes_the_vm_and_keeps_the_finalizer_until_it_is_gone() {
-    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))));
+    let km = with_status(
+        deleting(kaironmachine()),
+        Observed::Instance(Box::new(capkr::kairon::Vm::read(vm("Running")))),
+    );
     let world = || World {
         machines: vec![machine()],
         clusters: vec![cluster(false)],
@@ -458,7 +467,10 @@ async fn deletion_without_machine_but_with_its_cluster_still_cleans_up() {
 
 #[tokio::test]
 async fn deletion_after_the_cluster_is_gone_keeps_the_vm_and_releases_the_finalizer() {
-    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))));
+    let km = with_status(
+        deleting(kaironmachine()),
+        Observed::Instance(Box::new(capkr::kairon::Vm::read(vm("Running")))),
+    );
     let world = World {
         machines: vec![],
         clusters: vec![],
@@ -487,7 +499,10 @@ async fn deletion_after_the_cluster_is_gone_keeps_the_vm_and_releases_the_finali
 
 #[tokio::test]
 async fn paused_deletion_issues_no_delete_and_only_reports_paused() {
-    let km = with_status(deleting(kaironmachine()), Observed::Instance(Box::new(vm("Running"))));
+    let km = with_status(
+        deleting(kaironmachine()),
+        Observed::Instance(Box::new(capkr::kairon::Vm::read(vm("Running")))),
+    );
     let world = || World {
         machines: vec![machine()],
         clusters: vec![cluster(true)],
@@ -665,7 +680,7 @@ async fn a_vm_replaced_under_our_name_is_gone_not_ours() {
     let mut km = kaironmachine();
     km.metadata.finalizers = Some(vec![MACHINE_FINALIZER.into()]);
     km.spec.provider_id = Some("kairon://vm-uid".into());
-    let km = with_status(km, Observed::Instance(Box::new(vm("Running"))));
+    let km = with_status(km, Observed::Instance(Box::new(capkr::kairon::Vm::read(vm("Running")))));
     let mut replaced = vm("Running");
     replaced.metadata.uid = Some("restored-uid".into());
     replaced.status.as_mut().unwrap().guest_ips = Some(vec!["10.99.0.1".into()]);

@@ -95,7 +95,7 @@ fn provisioned_on(vm: kairon::Machine) -> KaironMachine {
     let at = Time(k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap());
     km.status = Some(next_status(
         None,
-        StatusInput::Live(&Observed::Instance(Box::new(vm))),
+        StatusInput::Live(&Observed::Instance(Box::new(capkr::kairon::Vm::read(vm)))),
         km.metadata.generation,
         &at,
     ));

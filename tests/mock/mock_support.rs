@@ -40,7 +40,7 @@ impl World {
         kairon_machine::Context {
             machines: filled(self.machines).0,
             clusters: filled(self.clusters).0,
-            instances: filled(self.instances).0,
+            instances: filled(self.instances.into_iter().map(kairon::Vm::cached).collect()).0,
             health_checks: filled(self.health_checks).0,
             machine_pools: filled(self.machine_pools).0,
             nodes: self.nodes.map(|n| filled(n).0),

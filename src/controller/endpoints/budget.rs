@@ -16,7 +16,7 @@ use kube::runtime::watcher::{self, Event};
 use tracing::warn;
 
 use crate::controller::endpoints::ledger::Claim;
-use crate::kairon::Machine;
+use crate::kairon::Vm;
 
 /// At most this many Kairon Machines of one namespace from one identity's Kairon API.
 pub(crate) const MAX_MACHINES: usize = 2_000;
@@ -43,8 +43,8 @@ pub(crate) struct Budget {
 
 /// The bytes `vm` takes as kept, roughly: the object itself and its serialized size for what
 /// it holds on the heap.
-pub(crate) fn kept_bytes(vm: &Machine) -> usize {
-    std::mem::size_of::<Machine>() + serde_json::to_vec(vm).map_or(0, |b| b.len())
+pub(crate) fn kept_bytes(vm: &Vm) -> usize {
+    std::mem::size_of::<Vm>() + serde_json::to_vec(vm).map_or(0, |b| b.len())
 }
 
 fn over(objects: usize, bytes: usize) -> Option<String> {
@@ -72,11 +72,7 @@ impl Budget {
     /// Takes in `event` (already applied to the cache); `Err` with why once the endpoint is
     /// over its budget, or would take all endpoints over theirs (then it holds nothing there
     /// any more). `cached` measures the cache: its objects and their bytes.
-    pub(crate) fn admit(
-        &mut self,
-        event: &Event<Machine>,
-        cached: impl FnOnce() -> (usize, usize),
-    ) -> Result<(), String> {
+    pub(crate) fn admit(&mut self, event: &Event<Vm>, cached: impl FnOnce() -> (usize, usize)) -> Result<(), String> {
         let admitted = self.admit_here(event, cached);
         if admitted.is_err() {
             self.claim.release();
@@ -84,7 +80,7 @@ impl Budget {
         admitted
     }
 
-    fn admit_here(&mut self, event: &Event<Machine>, cached: impl FnOnce() -> (usize, usize)) -> Result<(), String> {
+    fn admit_here(&mut self, event: &Event<Vm>, cached: impl FnOnce() -> (usize, usize)) -> Result<(), String> {
         let measured = |budget: &mut Budget| {
             let (objects, bytes) = cached();
             budget.cached = bytes;
@@ -124,15 +120,15 @@ impl Budget {
 /// gets the Kairon Machines the cache held, so that their KaironMachines say so at once.
 pub(crate) fn within_budget<S>(
     events: S,
-    writer: Writer<Machine>,
-    store: Store<Machine>,
+    writer: Writer<Vm>,
+    store: Store<Vm>,
     cut_off: Arc<Mutex<Option<String>>>,
     identity: String,
     claim: Claim,
-    on_cut: impl Fn(Vec<Arc<Machine>>) + Send + 'static,
-) -> impl Stream<Item = watcher::Result<Event<Machine>>> + Send
+    on_cut: impl Fn(Vec<Arc<Vm>>) + Send + 'static,
+) -> impl Stream<Item = watcher::Result<Event<Vm>>> + Send
 where
-    S: Stream<Item = watcher::Result<Event<Machine>>> + Send,
+    S: Stream<Item = watcher::Result<Event<Vm>>> + Send,
 {
     events.scan((writer, Budget::new(claim)), move |(writer, budget), event| {
         let Ok(ev) = &event else {
@@ -160,20 +156,21 @@ where
 mod tests {
     use super::*;
     use crate::controller::endpoints::ledger::{EndpointCaps, Ledger};
+    use crate::kairon::Machine;
 
     /// The budget of an endpoint of namespace `t`, with the default budgets over all endpoints.
     fn budget() -> Budget {
         Budget::new(Ledger::new(EndpointCaps::default()).claim("t"))
     }
 
-    fn vm(i: usize, message_bytes: usize) -> Machine {
+    fn vm(i: usize, message_bytes: usize) -> Vm {
         let mut m = Machine::new(&format!("vm-{i}"), Default::default());
         m.metadata.namespace = Some("t".into());
         m.status = Some(crate::kairon::MachineStatus {
             message: Some("x".repeat(message_bytes)),
             ..Default::default()
         });
-        m
+        Vm::cached(m)
     }
 
     #[test]
@@ -262,7 +259,7 @@ mod tests {
         first.admit(&Event::Init, || (0, 0)).unwrap();
         let mut refused = None;
         for i in 0..MAX_MACHINES {
-            if let Err(why) = first.admit(&Event::InitApply(vm(i, 1024)), || unreachable!()) {
+            if let Err(why) = first.admit(&Event::InitApply(vm(i, 4096)), || unreachable!()) {
                 refused = Some(why);
                 break;
             }
@@ -275,7 +272,7 @@ mod tests {
 
     #[tokio::test]
     async fn over_budget_the_watch_ends_and_the_cache_is_emptied() {
-        let (store, writer) = kube::runtime::reflector::store::<Machine>();
+        let (store, writer) = kube::runtime::reflector::store::<Vm>();
         let cut_off: Arc<Mutex<Option<String>>> = Arc::default();
         let held = Arc::new(Mutex::new(0usize));
         let first_list = std::iter::once(Event::Init)

@@ -25,7 +25,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 #[derive(Clone)]
 pub(crate) struct Endpoint {
     pub instances: Instances,
-    pub store: Store<kairon::Machine>,
+    pub store: Store<kairon::Vm>,
     pub synced: Synced,
     namespace: String,
     /// Which Kairon API this is ([`kairon::endpoint_fingerprint`]).
@@ -44,7 +44,7 @@ impl Endpoint {
     /// An endpoint just started: `problem` is what its watch reports.
     pub(super) fn new(
         instances: Instances,
-        store: Store<kairon::Machine>,
+        store: Store<kairon::Vm>,
         synced: Synced,
         namespace: String,
         fingerprint: String,

@@ -35,6 +35,10 @@ fn a_kairon_machine_reconciles_only_a_kaironmachine_of_the_namespace_served() {
             );
         }
         let expected = expected.map(|name| ObjectRef::<KaironMachine>::new(name).within(SERVED));
-        assert_eq!(kaironmachine_in(&vm, SERVED), expected, "{case}");
+        assert_eq!(
+            kaironmachine_in(&kairon::Vm::from(vm.clone()), SERVED),
+            expected,
+            "{case}"
+        );
     }
 }

@@ -84,9 +84,7 @@ impl Endpoints {
                 }
             })
             .default_backoff()
-            .map_ok(kairon::read_event)
-            // Never hold bootstrap payloads in memory, nor what is never read back.
-            .modify(kairon::keep_what_is_read);
+            .map_ok(kairon::read_event);
         let served_cut = key.namespace.clone();
         let on_cut = self.trigger.clone();
         let (cut_key, clusters_cut) = (key.clone(), self.cut_offs.clone());

@@ -48,7 +48,7 @@ pub struct Context {
     /// MachineHealthChecks: which of them selects a Machine now (host maintenance).
     pub health_checks: Store<capi::MachineHealthCheck>,
     pub clusters: Store<capi::Cluster>,
-    pub instances: Store<kairon::Machine>,
+    pub instances: Store<kairon::Vm>,
     /// First lists of `machines`, `clusters`, `instances` and `kaironclusters`.
     pub synced: Vec<Synced>,
     /// Events on KaironMachines (disabled in mock tests).
@@ -134,7 +134,7 @@ impl Scope {
 /// the manager's own).
 pub(super) struct Target {
     pub(super) instances: Instances,
-    pub(super) store: Store<kairon::Machine>,
+    pub(super) store: Store<kairon::Vm>,
     pub(super) identity: Option<KaironIdentityReference>,
     /// Which Kairon API this is (`None`: the manager's own), recorded with the VM found there.
     pub(super) endpoint: Option<String>,

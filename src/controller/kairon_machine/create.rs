@@ -33,7 +33,7 @@ pub(super) async fn create_instance(
     machine: &capi::Machine,
     ctx: &Context,
     target: &Target,
-) -> Result<Step<kairon::Machine>, Error> {
+) -> Result<Step<kairon::Vm>, Error> {
     let cluster = scope.cluster.as_deref();
     let waiting = |r: &'static str, msg: String| {
         Ok(Step::Stop(

@@ -74,7 +74,7 @@ pub(super) async fn reconcile_delete(scope: &Scope, ctx: &Context) -> Result<Out
     // names another Kairon API than the one the VM was recorded on, and the VM (the one our
     // providerID names) is not there, it lives on where it was: the deletion waits.
     let vm = target.instances.get(ns, &name).await?;
-    let recorded = |vm: &kairon::Machine| {
+    let recorded = |vm: &kairon::Vm| {
         km.spec.provider_id.is_none() || vm.metadata.uid.as_deref().map(provider_id) == km.spec.provider_id
     };
     if !vm.as_ref().is_some_and(recorded)

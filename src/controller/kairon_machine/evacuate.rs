@@ -80,7 +80,7 @@ pub(super) struct Maintenance {
 pub(super) async fn follow(
     scope: &Scope,
     machine: &capi::Machine,
-    vm: &kairon::Machine,
+    vm: &kairon::Vm,
     target: &Target,
     ctx: &Context,
 ) -> Result<Maintenance, Error> {
@@ -274,7 +274,7 @@ fn health_checks(
 
 /// Whether the VM of Machine `m` is on a cordoned node (its KaironMachine, and so its VM, has
 /// the name the Machine's `infrastructureRef` gives).
-fn evacuating(m: &capi::Machine, ns: &str, store: &Store<kairon::Machine>, nodes: Option<&Store<Node>>) -> bool {
+fn evacuating(m: &capi::Machine, ns: &str, store: &Store<kairon::Vm>, nodes: Option<&Store<Node>>) -> bool {
     let Some(vm) = m
         .spec
         .infrastructure_ref
@@ -288,7 +288,7 @@ fn evacuating(m: &capi::Machine, ns: &str, store: &Store<kairon::Machine>, nodes
 
 /// The Kairon node `vm` runs on, from the cache of Kairon's nodes (if there is one for its
 /// Kairon API).
-fn node_of(vm: &kairon::Machine, nodes: Option<&Store<Node>>) -> Option<Arc<Node>> {
+fn node_of(vm: &kairon::Vm, nodes: Option<&Store<Node>>) -> Option<Arc<Node>> {
     nodes?.get(&ObjectRef::new(&vm_evacuation::host(vm)?))
 }
 
@@ -298,7 +298,7 @@ fn node_of(vm: &kairon::Machine, nodes: Option<&Store<Node>>) -> Option<Arc<Node
 fn in_failure_domain(
     scope: &Scope,
     machine: &capi::Machine,
-    vm: &kairon::Machine,
+    vm: &kairon::Vm,
     node: Option<&Node>,
     ctx: &Context,
 ) -> Option<Decided> {

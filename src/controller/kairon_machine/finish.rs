@@ -249,7 +249,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn inst(phase: &str) -> Observed {
-        Observed::Instance(Box::new(vm(Some(phase))))
+        Observed::Instance(Box::new(crate::kairon::Vm::from(vm(Some(phase)))))
     }
 
     fn status_of(before: Option<&KaironMachineStatus>, observed: Observed) -> KaironMachineStatus {
@@ -302,7 +302,10 @@ mod tests {
         let running = status_of(None, inst("Running"));
         let mut lost = vm(Some("Running"));
         lost.status.as_mut().unwrap().conditions = Some(vec![cond("NodeUnreachable", 10)]);
-        let unreachable = status_of(Some(&running), Observed::Instance(Box::new(lost.clone())));
+        let unreachable = status_of(
+            Some(&running),
+            Observed::Instance(Box::new(crate::kairon::Vm::from(lost.clone()))),
+        );
         let (r, note) = lost_node(Some(&running), &unreachable).expect("a warning");
         assert_eq!(r, event::INSTANCE_HOST_UNREACHABLE);
         assert!(note.contains("kairon-node-7"), "{note}");
@@ -310,7 +313,10 @@ mod tests {
 
         let mut fenced = vm(Some("Pending"));
         fenced.status.as_mut().unwrap().conditions = Some(vec![cond("NodeUnreachable", 10), cond("Fenced", 20)]);
-        let next = status_of(Some(&unreachable), Observed::Instance(Box::new(fenced)));
+        let next = status_of(
+            Some(&unreachable),
+            Observed::Instance(Box::new(crate::kairon::Vm::from(fenced))),
+        );
         assert_eq!(
             lost_node(Some(&unreachable), &next).map(|(r, _)| r),
             Some(event::INSTANCE_FENCED)

@@ -25,7 +25,7 @@ pub(super) enum Verdict {
 /// API. A VM its providerID names is adopted only when the KaironMachine the VM's labels name
 /// is gone (as after `clusterctl move`): a live one is still its holder.
 pub(super) async fn whose(
-    vm: &kairon::Machine,
+    vm: &kairon::Vm,
     km: &KaironMachine,
     client: &Client,
     owner: &Owner,

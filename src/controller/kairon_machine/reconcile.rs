@@ -139,7 +139,7 @@ async fn reconcile_instance(
     machine: &capi::Machine,
     ctx: &Context,
     target: &Target,
-) -> Result<Step<kairon::Machine>, Error> {
+) -> Result<Step<kairon::Vm>, Error> {
     let km = scope.km.as_ref();
     let ns = scope.ns.as_str();
     let name = km.name_any();

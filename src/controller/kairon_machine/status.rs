@@ -18,10 +18,10 @@ pub enum Observed {
         failure_reason: &'static str,
     },
     /// The instance, as Kairon reports it.
-    Instance(Box<kairon::Machine>),
+    Instance(Box<kairon::Vm>),
     /// The instance, as Kairon reports it, of a Machine that has no Node yet: a VM running
     /// without an address then says what its network needs.
-    InstanceWithoutNode(Box<kairon::Machine>),
+    InstanceWithoutNode(Box<kairon::Vm>),
     /// The instance existed (our providerID names it) and is gone.
     Gone,
     /// A Kairon Machine with our name belongs to someone else.

@@ -111,8 +111,6 @@ pub(crate) fn controller(
         .inspect_err(watch_error("machines.kairon.zyvor.dev", &telemetry))
         .default_backoff()
         .map_ok(kairon::read_event)
-        // Never hold bootstrap payloads in memory, nor what is never read back.
-        .modify(kairon::keep_what_is_read)
         .reflect(w)
         .touched_objects();
     // Kairon's nodes (cluster-scoped), if the manager may list them: their cordons and labels.
@@ -225,7 +223,7 @@ pub(crate) fn controller(
     };
     // A Kairon Machine's KaironMachine, in the Kairon Machine's own namespace only: its
     // link-back labels are written by whoever may write it.
-    let of_own_namespace = |vm: kairon::Machine| kaironmachine_in(&vm, vm.metadata.namespace.as_deref()?);
+    let of_own_namespace = |vm: kairon::Vm| kaironmachine_in(&vm, vm.metadata.namespace.as_deref()?);
     // Watch errors are reported and retried by the watches themselves.
     let mapped = |r: Option<ObjectRef<KaironMachine>>| futures::future::ready(r);
     // Reconciles turned away because the other lane was reconciling the same object.
@@ -444,7 +442,7 @@ mod tests {
 
         let mut v = kairon::fixtures::vm(Some("Running"));
         assert_eq!(
-            kairon::kaironmachine_for_instance(&v),
+            kairon::kaironmachine_for_instance(&kairon::Vm::from(v.clone())),
             Some(ObjectRef::new("m1").within("ns")),
             "falls back to its own name"
         );
@@ -456,11 +454,11 @@ mod tests {
             .into(),
         );
         assert_eq!(
-            kairon::kaironmachine_for_instance(&v),
+            kairon::kaironmachine_for_instance(&kairon::Vm::from(v.clone())),
             Some(ObjectRef::new("km9").within("other"))
         );
         assert_eq!(
-            kaironmachine_in(&v, "ns"),
+            kaironmachine_in(&kairon::Vm::from(v.clone()), "ns"),
             None,
             "a Kairon Machine of ns triggers no KaironMachine of another namespace"
         );

@@ -1,16 +1,16 @@
 //! What a request to Kairon found, or why it failed.
 
-use super::super::Machine;
+use super::super::Vm;
 use super::super::gate::Refusal;
 
 /// What a create found.
 #[derive(Debug)]
 pub enum Created {
     /// A new Kairon Machine.
-    New(Machine),
+    New(Vm),
     /// One with that name already existed (an earlier create the cache has not shown yet, or
     /// someone else's): whose it is is for the caller to decide.
-    Existing(Machine),
+    Existing(Vm),
 }
 
 /// What a delete found.

@@ -340,15 +340,26 @@ fn provider_ids_use_the_kairon_scheme() {
     assert_eq!(provider_id("demo-md-0-x7k2p"), "kairon://demo-md-0-x7k2p");
     let mut vm = Machine::new("demo-md-0-x7k2p", MachineSpec::default());
     vm.metadata.uid = Some("3f6c".into());
-    assert!(names_instance("kairon://demo-md-0-x7k2p", &vm));
-    assert!(names_instance("kairon://3f6c", &vm), "the old model's uid form");
-    assert!(!names_instance("kairon://other", &vm));
-    assert!(is_the_instance("kairon://demo-md-0-x7k2p", None, &vm));
-    assert!(is_the_instance("kairon://demo-md-0-x7k2p", Some("3f6c"), &vm));
+    assert!(names_instance("kairon://demo-md-0-x7k2p", &Vm::from(vm.clone())));
     assert!(
-        !is_the_instance("kairon://demo-md-0-x7k2p", Some("an-earlier-uid"), &vm),
+        names_instance("kairon://3f6c", &Vm::from(vm.clone())),
+        "the old model's uid form"
+    );
+    assert!(!names_instance("kairon://other", &Vm::from(vm.clone())));
+    assert!(is_the_instance("kairon://demo-md-0-x7k2p", None, &Vm::from(vm.clone())));
+    assert!(is_the_instance(
+        "kairon://demo-md-0-x7k2p",
+        Some("3f6c"),
+        &Vm::from(vm.clone())
+    ));
+    assert!(
+        !is_the_instance(
+            "kairon://demo-md-0-x7k2p",
+            Some("an-earlier-uid"),
+            &Vm::from(vm.clone())
+        ),
         "a Machine re-created under the name is another instance"
     );
-    assert!(is_the_instance("kairon://3f6c", Some("3f6c"), &vm));
-    assert!(!is_the_instance("kairon://an-earlier-uid", None, &vm));
+    assert!(is_the_instance("kairon://3f6c", Some("3f6c"), &Vm::from(vm.clone())));
+    assert!(!is_the_instance("kairon://an-earlier-uid", None, &Vm::from(vm.clone())));
 }

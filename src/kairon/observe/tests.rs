@@ -1,4 +1,5 @@
 use super::*;
+use crate::kairon::Machine;
 use crate::kairon::fixtures::vm;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
@@ -23,7 +24,7 @@ fn instance_condition_for_every_phase() {
         (Some("Unknown"), Status::False, reason::INSTANCE_STATE_UNKNOWN),
     ];
     for (phase, status, r) in cases {
-        let d = instance_condition(&vm(phase));
+        let d = instance_condition(&Vm::from(vm(phase).clone()));
         assert_eq!((d.status, d.reason), (status, r), "phase {phase:?}");
         assert_eq!(d.type_, INSTANCE_PROVISIONED);
         assert!(d.message.contains("m1"), "{phase:?}: {}", d.message);
@@ -44,7 +45,7 @@ fn a_pending_machine_shows_what_kairon_waits_for() {
     for (message, want) in cases {
         let mut m = vm(Some("Pending"));
         m.status.as_mut().unwrap().message = Some(message.into());
-        let d = instance_condition(&m);
+        let d = instance_condition(&Vm::from(m.clone()));
         assert_eq!((d.status, d.reason), (Status::False, want), "{message:?}");
         if want == reason::INSTANCE_WAITING_ON_KAIRON {
             assert!(d.message.ends_with(message), "{}", d.message);
@@ -61,7 +62,10 @@ fn a_pending_machine_shows_what_kairon_waits_for() {
         last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
         observed_generation: None,
     }]);
-    assert_eq!(instance_condition(&unplaced).reason, reason::INSTANCE_NOT_SCHEDULED);
+    assert_eq!(
+        instance_condition(&Vm::from(unplaced.clone())).reason,
+        reason::INSTANCE_NOT_SCHEDULED
+    );
 }
 
 /// None of Kairon's phases is terminal: Error is reported with Kairon's message and waited
@@ -70,50 +74,58 @@ fn a_pending_machine_shows_what_kairon_waits_for() {
 fn kairons_phases_are_never_a_failure() {
     let mut err = vm(Some("Error"));
     err.status.as_mut().unwrap().message = Some("image \"ubuntu\": download failed:\n 404".into());
-    let d = instance_condition(&err);
+    let d = instance_condition(&Vm::from(err.clone()));
     assert_eq!(d.reason, reason::INSTANCE_ERROR);
     assert!(d.message.contains("which Kairon retries: image"), "{}", d.message);
     assert!(!d.message.contains('\n'), "{}", d.message);
     err.status.as_mut().unwrap().message = Some("  ".into());
     assert!(
-        instance_condition(&err)
+        instance_condition(&Vm::from(err.clone()))
             .message
             .ends_with("reports an error, which Kairon retries"),
         "{}",
-        instance_condition(&err).message
+        instance_condition(&Vm::from(err.clone())).message
     );
     assert!(
-        instance_condition(&vm(Some("Hibernating")))
+        instance_condition(&Vm::from(vm(Some("Hibernating")).clone()))
             .message
             .contains("unknown phase Hibernating")
     );
     let mut unknown = vm(Some("Unknown"));
     assert!(
-        instance_condition(&unknown)
+        instance_condition(&Vm::from(unknown.clone()))
             .message
             .ends_with("is in phase Unknown (its runtime is in a state Kairon does not know, a failed one among them)"),
         "{}",
-        instance_condition(&unknown).message
+        instance_condition(&Vm::from(unknown.clone())).message
     );
     unknown.status.as_mut().unwrap().message = Some("fluxvm: status \"failed\"".into());
     assert!(
-        instance_condition(&unknown)
+        instance_condition(&Vm::from(unknown.clone()))
             .message
             .ends_with("among them): fluxvm: status \"failed\""),
         "{}",
-        instance_condition(&unknown).message
+        instance_condition(&Vm::from(unknown.clone())).message
     );
-    assert!(instance_condition(&vm(Some("Halted"))).message.ends_with("is halted"));
-    assert!(instance_condition(&vm(Some("Paused"))).message.ends_with("is paused"));
+    assert!(
+        instance_condition(&Vm::from(vm(Some("Halted")).clone()))
+            .message
+            .ends_with("is halted")
+    );
+    assert!(
+        instance_condition(&Vm::from(vm(Some("Paused")).clone()))
+            .message
+            .ends_with("is paused")
+    );
     for p in ["Pending", "Starting", "Blocked"] {
-        assert_eq!(status_phase(&vm(Some(p))), phase::PROVISIONING, "{p}");
+        assert_eq!(status_phase(&Vm::from(vm(Some(p)).clone())), phase::PROVISIONING, "{p}");
     }
-    assert_eq!(status_phase(&vm(Some("Error"))), "Error");
+    assert_eq!(status_phase(&Vm::from(vm(Some("Error")).clone())), "Error");
 }
 
 #[test]
 fn an_error_carries_kairons_message() {
-    let d = instance_condition(&vm(Some("Error")));
+    let d = instance_condition(&Vm::from(vm(Some("Error")).clone()));
     assert!(d.message.contains("image \"ubuntu\": download failed"), "{}", d.message);
 }
 
@@ -121,13 +133,13 @@ fn an_error_carries_kairons_message() {
 fn deletion_timestamp_means_terminating_whatever_the_phase() {
     let mut m = vm(Some("Running"));
     m.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-    assert_eq!(effective_phase(&m), "Terminating");
-    assert!(!is_running(&m));
+    assert_eq!(effective_phase(&Vm::from(m.clone())), "Terminating");
+    assert!(!is_running(&Vm::from(m.clone())));
 }
 
 #[test]
 fn addresses_keep_only_capi_types() {
-    let a = addresses(&vm(Some("Running")));
+    let a = addresses(&Vm::from(vm(Some("Running")).clone()));
     assert_eq!(a.len(), 2);
     assert_eq!(a[0].type_, "InternalIP");
     assert_eq!(a[1].type_, "Hostname");
@@ -139,9 +151,9 @@ fn kairons_free_text_is_bounded_and_cleaned_before_it_reaches_status_or_events()
         let mut m = vm(Some(p));
         let st = m.status.as_mut().unwrap();
         st.message = Some(format!("cloud-init: \u{1b}[31m{}", "user-data line\n".repeat(1000)));
-        let msg = kairon_message(&m).unwrap();
+        let msg = kairon_message(&Vm::from(m.clone())).unwrap();
         assert!(msg.len() <= MAX_KAIRON_MESSAGE && !msg.contains('\n') && !msg.contains('\u{1b}'));
-        let d = instance_condition(&m);
+        let d = instance_condition(&Vm::from(m.clone()));
         assert!(d.message.len() < 1024, "{p}: fits an event note: {}", d.message.len());
         assert!(!d.message.contains('\n') && !d.message.contains('\u{1b}'), "{p}");
     }
@@ -149,7 +161,7 @@ fn kairons_free_text_is_bounded_and_cleaned_before_it_reaches_status_or_events()
     let many: Vec<String> = (0..300).map(|i| format!("10.0.{}.{}", i / 256, i % 256)).collect();
     let mut m = vm(Some("Running"));
     m.status.as_mut().unwrap().guest_ips = Some(many);
-    let a = addresses(&m);
+    let a = addresses(&Vm::from(m.clone()));
     assert_eq!(a.len(), MAX_ADDRESSES, "the CRD's maxItems");
     assert_eq!(
         a.last().map(|a| a.type_.as_str()),
@@ -158,9 +170,17 @@ fn kairons_free_text_is_bounded_and_cleaned_before_it_reaches_status_or_events()
     );
 
     m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "z".repeat(300))].into());
-    assert_eq!(failure_domain(&m), None, "longer than the CRD allows: not reported");
+    assert_eq!(
+        failure_domain(&Vm::from(m.clone())),
+        None,
+        "longer than the CRD allows: not reported"
+    );
     m.metadata.annotations = Some([(FAILURE_DOMAIN_ANNOTATION.to_string(), "zone-a\nzone-b".into())].into());
-    assert_eq!(failure_domain(&m), None, "a control character: not reported");
+    assert_eq!(
+        failure_domain(&Vm::from(m.clone())),
+        None,
+        "a control character: not reported"
+    );
 }
 
 /// What a tenant's Kairon API says of a VM (its phase, host, name, addresses) reaches
@@ -176,28 +196,28 @@ fn everything_a_kairon_api_sends_is_cleaned_and_bounded() {
     st.node_name = Some(long("h"));
     st.guest_ips = Some(vec!["10.0.0.1\n10.0.0.2".into(), "10.0.0.3".into()]);
     st.guest_ip = Some("10.0.0.1\n10.0.0.2".into());
-    let r = instance_ref(&m);
+    let r = instance_ref(&Vm::from(m.clone()));
     let fields = [Some(r.name), Some(r.namespace), r.uid, r.host];
     for f in fields {
         let f = f.expect("reported");
         assert!(f.len() <= MAX_NAME, "{}", f.len());
         assert!(!f.chars().any(char::is_control), "{f:?}");
     }
-    let a = addresses(&m);
+    let a = addresses(&Vm::from(m.clone()));
     assert_eq!(a.len(), 1, "an address with a newline is left out: {a:?}");
     assert_eq!(a[0].address, "10.0.0.3");
-    let d = instance_condition(&m);
+    let d = instance_condition(&Vm::from(m.clone()));
     assert!(d.message.len() < 1024, "{}", d.message.len());
 
     let mut odd = vm(Some("Running"));
     odd.status.as_mut().unwrap().phase = Some(long("p"));
-    let r = instance_ref(&odd);
+    let r = instance_ref(&Vm::from(odd.clone()));
     let phase = r.phase.expect("a phase");
     assert!(
         phase.len() <= MAX_PHASE && !phase.chars().any(char::is_control),
         "{phase:?}"
     );
-    assert!(instance_condition(&odd).message.len() < 1024);
+    assert!(instance_condition(&Vm::from(odd.clone())).message.len() < 1024);
 }
 
 /// A case: its name, the VM's labels, the KaironMachine's providerID, the manager's
@@ -243,7 +263,7 @@ fn which_vms_are_this_kaironmachines() {
         km.spec.provider_id = pid.map(Into::into);
         let mut m = vm(Some("Running"));
         m.metadata.labels = Some(vm_labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-        let got = ownership(&m, &km, owner);
+        let got = ownership(&Vm::from(m.clone()), &km, owner);
         match (&got, &want) {
             (Ownership::Foreign(why), Ownership::Foreign(part)) => {
                 assert!(why.contains(part.as_str()), "{name}: {why}")
@@ -256,13 +276,13 @@ fn which_vms_are_this_kaironmachines() {
 #[test]
 fn instance_ref_and_failure_domain() {
     let m = vm(Some("Running"));
-    let r = instance_ref(&m);
+    let r = instance_ref(&Vm::from(m.clone()));
     assert_eq!(r.name, "m1");
     assert_eq!(r.namespace, "ns");
     assert_eq!(r.uid.as_deref(), Some("vm-uid"));
     assert_eq!(r.phase.as_deref(), Some("Running"));
     assert_eq!(r.host.as_deref(), Some("kairon-node-7"));
-    assert_eq!(failure_domain(&m).as_deref(), Some("zone-a"));
+    assert_eq!(failure_domain(&Vm::from(m.clone())).as_deref(), Some("zone-a"));
 }
 
 /// Kairon's `Scheduled=False` on a Pending Machine says why it waits; it is read through the
@@ -284,7 +304,7 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
     ]);
     let pending = read("Pending", quota.clone());
     assert_ne!(
-        effective_phase(&pending),
+        effective_phase(&Vm::from(pending.clone())),
         phase::UNREADABLE,
         "conditions never make a Machine unreadable"
     );
@@ -294,7 +314,7 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
         .and_then(|s| s.conditions.as_ref())
         .expect("kept");
     assert_eq!(kept.len(), 1, "only Scheduled=False is kept: {kept:?}");
-    let d = instance_condition(&pending);
+    let d = instance_condition(&Vm::from(pending.clone()));
     assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_NOT_SCHEDULED));
     assert!(
         d.message
@@ -303,13 +323,13 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
         d.message
     );
     assert_eq!(
-        status_phase(&pending),
+        status_phase(&Vm::from(pending.clone())),
         phase::PROVISIONING,
         "recorded as any step of coming up"
     );
 
     // A False left behind once Kairon placed and started the Machine says nothing any more.
-    let d = instance_condition(&read("Starting", quota));
+    let d = instance_condition(&Vm::from(read("Starting", quota).clone()));
     assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
 
     // Without reason or message, without a readable time, hostile: read all the same, bounded.
@@ -318,7 +338,7 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
         serde_json::json!([{"type": "Scheduled", "status": "False", "lastTransitionTime": "soon"}]),
     );
     assert!(
-        instance_condition(&bare)
+        instance_condition(&Vm::from(bare.clone()))
             .message
             .ends_with("Kairon reports Scheduled=False")
     );
@@ -327,14 +347,13 @@ fn kairons_scheduled_false_explains_a_pending_machine() {
         "Pending",
         serde_json::json!([{"type": "Scheduled", "status": "False", "reason": flood, "message": flood}]),
     );
-    let d = instance_condition(&hostile);
+    let d = instance_condition(&Vm::from(hostile.clone()));
     assert!(d.message.len() < 1024, "{} bytes", d.message.len());
     assert!(!d.message.contains('\u{1b}'));
 
     // Scheduled=True (not Kairon's, but a tenant's API may say it) or none: as before.
-    let d = instance_condition(&read(
-        "Pending",
-        serde_json::json!([{"type": "Scheduled", "status": "True"}]),
+    let d = instance_condition(&Vm::from(
+        read("Pending", serde_json::json!([{"type": "Scheduled", "status": "True"}])).clone(),
     ));
     assert_eq!(d.reason, reason::INSTANCE_PROVISIONING);
 }
@@ -363,7 +382,7 @@ fn an_unreachable_or_fenced_kairon_node_is_said() {
         "reason": "NodeNotReadyOrMissing", "lastTransitionTime": "2026-12-05T10:00:00Z",
         "message": "node \"kairon-node-7\" is not Ready or no longer exists in the cluster"}]);
     let m = read_with_conditions("Running", Some("kairon-node-7"), unreachable);
-    let d = instance_condition(&m);
+    let d = instance_condition(&Vm::from(m.clone()));
     assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_HOST_UNREACHABLE));
     for said in ["kairon-node-7", "NodeNotReadyOrMissing", "kaironctl fence", "m1"] {
         assert!(d.message.contains(said), "{said}: {}", d.message);
@@ -371,7 +390,9 @@ fn an_unreachable_or_fenced_kairon_node_is_said() {
 
     let back = serde_json::json!([{"type": "NodeUnreachable", "status": "False", "reason": "NodeReady",
         "message": "node \"kairon-node-7\" is Ready", "lastTransitionTime": "2026-12-05T10:05:00Z"}]);
-    let d = instance_condition(&read_with_conditions("Running", Some("kairon-node-7"), back));
+    let d = instance_condition(&Vm::from(
+        read_with_conditions("Running", Some("kairon-node-7"), back).clone(),
+    ));
     assert_eq!((d.status, d.reason), (Status::True, reason::PROVISIONED));
 
     let fenced = serde_json::json!([
@@ -379,13 +400,17 @@ fn an_unreachable_or_fenced_kairon_node_is_said() {
          "lastTransitionTime": "2026-12-05T10:00:00Z"},
         {"type": "Fenced", "status": "True", "reason": "OperatorAttested", "lastTransitionTime": "2026-12-05T10:09:00Z",
          "message": "fenced off node \"kairon-node-7\" by an operator: powered off"}]);
-    let d = instance_condition(&read_with_conditions("Pending", None, fenced.clone()));
+    let d = instance_condition(&Vm::from(read_with_conditions("Pending", None, fenced.clone()).clone()));
     assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_FENCED));
     assert!(d.message.contains("powered off"), "{}", d.message);
     // Placed anew: the new VM's phase is the instance's, also when it is stopped later.
-    let d = instance_condition(&read_with_conditions("Stopped", Some("kairon-node-2"), fenced.clone()));
+    let d = instance_condition(&Vm::from(
+        read_with_conditions("Stopped", Some("kairon-node-2"), fenced.clone()).clone(),
+    ));
     assert_eq!(d.reason, reason::INSTANCE_STOPPED);
-    let d = instance_condition(&read_with_conditions("Running", Some("kairon-node-2"), fenced));
+    let d = instance_condition(&Vm::from(
+        read_with_conditions("Running", Some("kairon-node-2"), fenced).clone(),
+    ));
     assert_eq!((d.status, d.reason), (Status::True, reason::PROVISIONED));
 }
 
@@ -400,14 +425,18 @@ fn a_deletion_stuck_on_kairons_finalizer_says_so_after_the_grace_period() {
     m.metadata.finalizers = Some(vec!["kairon.zyvor.dev/runtime-cleanup".into()]);
     let grace = std::time::Duration::from_secs(300);
     let at = |secs: i64| Time(deleted_at + k8s_openapi::jiff::SignedDuration::from_secs(secs));
-    assert_eq!(deletion_stuck(&m, &at(299), grace), None);
-    let d = deletion_stuck(&m, &at(301), grace).expect("stuck");
+    assert_eq!(deletion_stuck(&Vm::from(m.clone()), &at(299), grace), None);
+    let d = deletion_stuck(&Vm::from(m.clone()), &at(301), grace).expect("stuck");
     assert_eq!((d.status, d.reason), (Status::False, reason::INSTANCE_DELETION_STUCK));
     for said in ["kairon.zyvor.dev/runtime-cleanup", "kairon-node-7", "m1", "5m"] {
         assert!(d.message.contains(said), "{said}: {}", d.message);
     }
     m.metadata.finalizers = None;
-    assert_eq!(deletion_stuck(&m, &at(3600), grace), None, "nothing holds it");
+    assert_eq!(
+        deletion_stuck(&Vm::from(m.clone()), &at(3600), grace),
+        None,
+        "nothing holds it"
+    );
 }
 
 #[test]
@@ -425,7 +454,7 @@ fn a_runtime_made_anew_after_the_bootstrapped_one_is_a_new_machine_in_every_phas
         m
     };
     for phase in ["Starting", "Running", "Paused", "Halted", "Error", "Unknown"] {
-        let d = instance_condition(&with(phase, Some("r2"), Some("r1")));
+        let d = instance_condition(&Vm::from(with(phase, Some("r2"), Some("r1")).clone()));
         assert_eq!(
             (d.status, d.reason),
             (Status::False, reason::INSTANCE_RECREATED),
@@ -454,9 +483,12 @@ fn a_runtime_made_anew_after_the_bootstrapped_one_is_a_new_machine_in_every_phas
             reason::INSTANCE_STOPPED,
         ),
     ] {
-        assert_eq!(instance_condition(&m).reason, want, "{case}");
+        assert_eq!(instance_condition(&Vm::from(m.clone())).reason, want, "{case}");
     }
     let mut deleting = with("Running", Some("r2"), Some("r1"));
     deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-    assert_eq!(instance_condition(&deleting).reason, reason::INSTANCE_TERMINATING);
+    assert_eq!(
+        instance_condition(&Vm::from(deleting.clone())).reason,
+        reason::INSTANCE_TERMINATING
+    );
 }

@@ -343,7 +343,7 @@ impl Shared {
         let _permit = self.permits.acquire().await?;
         let status = next_status(
             None,
-            StatusInput::Live(&Observed::Instance(Box::new(vm))),
+            StatusInput::Live(&Observed::Instance(Box::new(kairon::Vm::read(vm)))),
             km.metadata.generation,
             &capkr::api::conditions::now(),
         );

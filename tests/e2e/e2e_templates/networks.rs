@@ -144,7 +144,12 @@ async fn workers_in_user_mode_never_join_and_a_rollout_to_the_flavors_network_br
                 .find(|km| is_control_plane(km))
                 .ok_or("no control-plane KaironMachine")?;
             let (reason, message) = reason_of(km, "InstanceProvisioned");
-            if reason != "InstanceAddressUnknown" || !message.contains("learnIP") {
+            // Said of its own network, a bridged tap (read from the Kairon Machine as the
+            // cache keeps it, not only from the answer to its create), never of user mode.
+            if reason != "InstanceAddressUnknown"
+                || !message.contains("bridged tap device")
+                || message.contains("network mode user")
+            {
                 return Err(format!("control plane InstanceProvisioned: {reason}: {message}"));
             }
             if !is_true(km, "Ready") || !internal_ips(km).is_empty() {

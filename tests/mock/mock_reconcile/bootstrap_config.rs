@@ -169,7 +169,10 @@ fn provisioned_on_runtime(runtime: &str) -> (KaironMachine, kairon::Machine) {
     km.spec.provider_id = Some("kairon://vm-uid".into());
     let mut running = vm("Running");
     running.status.as_mut().unwrap().runtime_id = Some(runtime.into());
-    let km = with_status(km, Observed::InstanceWithoutNode(Box::new(running.clone())));
+    let km = with_status(
+        km,
+        Observed::InstanceWithoutNode(Box::new(capkr::kairon::Vm::read(running.clone()))),
+    );
     (km, running)
 }
 

@@ -14,6 +14,11 @@ fn vm(phase: &str) -> Box<kairon::Machine> {
     Box::new(kairon::fixtures::vm(Some(phase)))
 }
 
+/// `m` as the provider reads it.
+fn seen(m: Box<kairon::Machine>) -> Box<kairon::Vm> {
+    Box::new(kairon::Vm::read(*m))
+}
+
 /// A running VM in user mode, as Kairon reports it: no address.
 fn unaddressed() -> Box<kairon::Machine> {
     let mut m = vm("Running");
@@ -28,7 +33,7 @@ fn unaddressed() -> Box<kairon::Machine> {
 fn a_running_vm_without_an_address_names_its_mode_and_the_fix() {
     let s = next_status(
         None,
-        StatusInput::Live(&Observed::InstanceWithoutNode(unaddressed())),
+        StatusInput::Live(&Observed::InstanceWithoutNode(seen(unaddressed()))),
         None,
         &at(10),
     );
@@ -66,7 +71,7 @@ struct Case {
 fn running_instance_fills_contract_fields() {
     let s = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(1),
     );
@@ -91,7 +96,7 @@ fn running_instance_fills_contract_fields() {
 fn a_gone_instance_stays_recorded_by_uid_without_phase_or_host() {
     let running = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(1),
     );
@@ -112,7 +117,7 @@ fn a_gone_instance_stays_recorded_by_uid_without_phase_or_host() {
 fn same_observation_twice_gives_the_same_status() {
     // Steady state writes nothing: recomputing from an unchanged world must be equal.
     for observed in [
-        Observed::Instance(vm("Running")),
+        Observed::Instance(seen(vm("Running"))),
         waiting(reason::WAITING_FOR_BOOTSTRAP_DATA),
         Observed::Gone,
     ] {
@@ -136,14 +141,14 @@ fn pending_and_provisioning_are_one_status() {
     provisioning.status.as_mut().unwrap().node_name = Some("kairon-node-7".into());
     let first = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(just_created)),
+        StatusInput::Live(&Observed::Instance(seen(just_created))),
         Some(1),
         &at(10),
     );
     for later in [vm("Pending"), provisioning] {
         let next = next_status(
             Some(&first),
-            StatusInput::Live(&Observed::Instance(later)),
+            StatusInput::Live(&Observed::Instance(seen(later))),
             Some(1),
             &at(20),
         );
@@ -158,13 +163,13 @@ fn pending_and_provisioning_are_one_status() {
 fn transition_time_moves_only_with_status() {
     let pending = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(vm("Pending"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Pending")))),
         None,
         &at(10),
     );
     let provisioning = next_status(
         Some(&pending),
-        StatusInput::Live(&Observed::Instance(vm("Starting"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Starting")))),
         None,
         &at(20),
     );
@@ -176,7 +181,7 @@ fn transition_time_moves_only_with_status() {
     assert_eq!(cond(&provisioning, READY).reason, reason::INSTANCE_PROVISIONING);
     let running = next_status(
         Some(&provisioning),
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(30),
     );
@@ -191,13 +196,13 @@ fn transition_time_moves_only_with_status() {
 fn provisioned_never_flips_back() {
     let running = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(10),
     );
     for later in [
-        Observed::Instance(vm("Stopped")),
-        Observed::Instance(vm("Unknown")),
+        Observed::Instance(seen(vm("Stopped"))),
+        Observed::Instance(seen(vm("Unknown"))),
         Observed::Gone,
     ] {
         let s = next_status(Some(&running), StatusInput::Live(&later), None, &at(20));
@@ -210,7 +215,7 @@ fn provisioned_never_flips_back() {
 fn paused_only_touches_the_paused_condition() {
     let running = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(10),
     );
@@ -226,7 +231,7 @@ fn paused_only_touches_the_paused_condition() {
     assert_eq!(paused.instance, running.instance);
     let resumed = next_status(
         Some(&paused),
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(30),
     );
@@ -238,7 +243,7 @@ fn paused_only_touches_the_paused_condition() {
 fn deleting_sets_ready_false_deleting() {
     let s = next_status(
         None,
-        StatusInput::Deleting(&Observed::Instance(vm("Terminating"))),
+        StatusInput::Deleting(&Observed::Instance(seen(vm("Terminating")))),
         None,
         &at(10),
     );
@@ -285,7 +290,7 @@ fn a_recreated_vm_is_not_ready_with_or_without_an_address_and_stays_provisioned(
     };
     let before = next_status(
         None,
-        StatusInput::Live(&Observed::Instance(vm("Running"))),
+        StatusInput::Live(&Observed::Instance(seen(vm("Running")))),
         None,
         &at(10),
     );
@@ -293,7 +298,7 @@ fn a_recreated_vm_is_not_ready_with_or_without_an_address_and_stays_provisioned(
     for (case, m) in [("with an address", vm("Running")), ("without one", unaddressed())] {
         let s = next_status(
             Some(&before),
-            StatusInput::Live(&Observed::Instance(recreated(m))),
+            StatusInput::Live(&Observed::Instance(seen(recreated(m)))),
             None,
             &at(20),
         );

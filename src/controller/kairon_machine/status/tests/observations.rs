@@ -21,7 +21,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "pending",
-            observed: Observed::Instance(vm("Pending")),
+            observed: Observed::Instance(seen(vm("Pending"))),
             ready: ("False", reason::INSTANCE_PROVISIONING),
             instance: ("False", reason::INSTANCE_PROVISIONING),
             provisioned: false,
@@ -29,7 +29,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "provisioning",
-            observed: Observed::Instance(vm("Starting")),
+            observed: Observed::Instance(seen(vm("Starting"))),
             ready: ("False", reason::INSTANCE_PROVISIONING),
             instance: ("False", reason::INSTANCE_PROVISIONING),
             provisioned: false,
@@ -37,7 +37,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "running",
-            observed: Observed::Instance(vm("Running")),
+            observed: Observed::Instance(seen(vm("Running"))),
             ready: ("True", reason::READY),
             instance: ("True", reason::PROVISIONED),
             provisioned: true,
@@ -45,7 +45,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "running with an address, no Node yet",
-            observed: Observed::InstanceWithoutNode(vm("Running")),
+            observed: Observed::InstanceWithoutNode(seen(vm("Running"))),
             ready: ("True", reason::READY),
             instance: ("True", reason::PROVISIONED),
             provisioned: true,
@@ -53,7 +53,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "running without an address, no Node yet: provisioned, not ready, says why",
-            observed: Observed::InstanceWithoutNode(unaddressed()),
+            observed: Observed::InstanceWithoutNode(seen(unaddressed())),
             ready: ("False", reason::INSTANCE_ADDRESS_UNKNOWN),
             instance: ("False", reason::INSTANCE_ADDRESS_UNKNOWN),
             provisioned: true,
@@ -61,7 +61,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "running without an address, with a Node: the cluster formed, the address still missing",
-            observed: Observed::Instance(unaddressed()),
+            observed: Observed::Instance(seen(unaddressed())),
             ready: ("True", reason::READY),
             instance: ("True", reason::INSTANCE_ADDRESS_UNKNOWN),
             provisioned: true,
@@ -69,7 +69,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "starting without an address, no Node yet: still provisioning",
-            observed: Observed::InstanceWithoutNode(vm("Starting")),
+            observed: Observed::InstanceWithoutNode(seen(vm("Starting"))),
             ready: ("False", reason::INSTANCE_PROVISIONING),
             instance: ("False", reason::INSTANCE_PROVISIONING),
             provisioned: false,
@@ -77,7 +77,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "stopped",
-            observed: Observed::Instance(vm("Stopped")),
+            observed: Observed::Instance(seen(vm("Stopped"))),
             ready: ("False", reason::INSTANCE_STOPPED),
             instance: ("False", reason::INSTANCE_STOPPED),
             provisioned: false,
@@ -87,7 +87,7 @@ fn status_from_every_observation() {
         // all; a MachineHealthCheck decides.
         Case {
             name: "kairon unknown",
-            observed: Observed::Instance(vm("Unknown")),
+            observed: Observed::Instance(seen(vm("Unknown"))),
             ready: ("False", reason::INSTANCE_STATE_UNKNOWN),
             instance: ("False", reason::INSTANCE_STATE_UNKNOWN),
             provisioned: false,
@@ -96,7 +96,7 @@ fn status_from_every_observation() {
         // Not a phase of Kairon's (earlier simulators wrote it): named, never a failure.
         Case {
             name: "failed is no phase of Kairon's",
-            observed: Observed::Instance(vm("Failed")),
+            observed: Observed::Instance(seen(vm("Failed"))),
             ready: ("Unknown", reason::INSTANCE_PENDING),
             instance: ("Unknown", reason::INSTANCE_PENDING),
             provisioned: false,
@@ -105,7 +105,7 @@ fn status_from_every_observation() {
         // Kairon's Error is retried by Kairon: no failure reason, the Machine is not failed.
         Case {
             name: "kairon error",
-            observed: Observed::Instance(vm("Error")),
+            observed: Observed::Instance(seen(vm("Error"))),
             ready: ("False", reason::INSTANCE_ERROR),
             instance: ("False", reason::INSTANCE_ERROR),
             provisioned: false,
@@ -113,7 +113,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "kairon halted",
-            observed: Observed::Instance(vm("Halted")),
+            observed: Observed::Instance(seen(vm("Halted"))),
             ready: ("False", reason::INSTANCE_STOPPED),
             instance: ("False", reason::INSTANCE_STOPPED),
             provisioned: false,
@@ -121,7 +121,7 @@ fn status_from_every_observation() {
         },
         Case {
             name: "terminating",
-            observed: Observed::Instance(vm("Terminating")),
+            observed: Observed::Instance(seen(vm("Terminating"))),
             ready: ("False", reason::INSTANCE_TERMINATING),
             instance: ("False", reason::INSTANCE_TERMINATING),
             provisioned: false,
