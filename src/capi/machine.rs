@@ -87,6 +87,9 @@ pub(crate) fn keep_what_is_read(m: &mut Machine) {
     let meta = &mut m.metadata;
     meta.managed_fields = None;
     meta.finalizers = None;
+    // Never written from the cache, so never conditional on it; the cache's key would hold it
+    // once more.
+    meta.resource_version = None;
     super::retain_keys(&mut meta.annotations, &READ_MACHINE_ANNOTATIONS);
     if let Some(refs) = meta.owner_references.as_mut() {
         refs.retain(|r| r.controller == Some(true));
@@ -286,6 +289,7 @@ mod tests {
             ]),
             phase: Some("Running".into()),
         });
+        m.metadata.resource_version = Some("7".into());
         let mut cached = m.clone();
         keep_what_is_read(&mut cached);
         assert_eq!(cached.is_control_plane(), m.is_control_plane());
@@ -310,7 +314,7 @@ mod tests {
             "stale once its check is gone"
         );
         assert_eq!(cached.status.as_ref().unwrap().phase, None, "only Failed is kept");
-        assert!(cached.metadata.finalizers.is_none());
+        assert!(cached.metadata.finalizers.is_none() && cached.metadata.resource_version.is_none());
 
         let mut bare = Machine::new("m2", MachineSpec::default());
         bare.status = Some(MachineStatus::default());

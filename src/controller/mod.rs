@@ -28,6 +28,7 @@ pub mod kairon_cluster;
 pub mod kairon_machine;
 pub mod kairon_machine_pool;
 pub(crate) mod kairon_machine_template;
+mod resync;
 pub(crate) mod run;
 pub(crate) mod runtime;
 pub(crate) mod settings;

@@ -192,6 +192,15 @@ pub(crate) fn watch_error(
     }
 }
 
+/// `obj`'s key in a queue or a map: its name and namespace only. kube's `ObjectRef::from_obj`
+/// also copies the resourceVersion and uid, which neither equality nor hashing reads, and which
+/// every queued reconcile would hold twice (in the scheduler's queue and in its map).
+pub(crate) fn key_of<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectRef<K> {
+    let mut key = ObjectRef::from_obj(obj);
+    key.extra = Default::default();
+    key
+}
+
 /// Drops what the caches never need: managedFields are most of an object's size.
 pub(crate) fn strip_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;

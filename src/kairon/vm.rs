@@ -118,10 +118,13 @@ impl Vm {
     }
 
     /// `vm` as a cache keeps it: [`Vm::read`] without finalizers (a deletion's wait on them
-    /// is judged from a read).
+    /// is judged from a read) and without its resourceVersion (no write of a Kairon Machine is
+    /// conditional on it: deletes and patches name the uid), which the cache's key would
+    /// otherwise hold once more.
     pub fn cached(vm: Machine) -> Vm {
         let mut vm = Vm::read(vm);
         vm.metadata.finalizers = None;
+        vm.metadata.resource_version = None;
         vm
     }
 
@@ -199,6 +202,7 @@ mod tests {
             .get_or_insert_default()
             .insert("kairon.zyvor.dev/scheduled-at".into(), "t".into());
         m.metadata.finalizers = Some(vec!["kairon.zyvor.dev/runtime-cleanup".into()]);
+        m.metadata.resource_version = Some("42".into());
         let vm = Vm::read(m.clone());
         assert_eq!(vm.label(labels::KAIRONMACHINE_NAME), Some("km1"));
         assert_eq!(vm.label(labels::KAIRONMACHINE_UID), Some("km-uid"));
@@ -208,7 +212,10 @@ mod tests {
         assert!(vm.metadata.labels.is_none() && vm.metadata.annotations.is_none());
         assert_eq!(vm.metadata.finalizers, m.metadata.finalizers, "a read keeps finalizers");
         assert_eq!(vm.status, m.status);
-        assert_eq!(Vm::cached(m).metadata.finalizers, None, "a cache does not");
+        let cached = Vm::cached(m);
+        assert_eq!(cached.metadata.finalizers, None, "a cache does not");
+        assert_eq!(cached.metadata.resource_version, None);
+        assert_eq!(cached.metadata.uid, vm.metadata.uid);
     }
 
     #[test]

@@ -210,8 +210,10 @@ impl Context {
         Writer::new(Api::namespaced(self.client.clone(), ns), Some(&self.fresh))
     }
 
+    /// Nothing to wait for: the next reconcile comes from a change, or from the resync every
+    /// `--sync-period` ([`crate::controller::resync`]), which holds no timer per object.
     pub(super) fn resync(&self) -> Action {
-        Action::requeue(self.settings.sync_period)
+        Action::await_change()
     }
 
     fn default_target(&self) -> Target {

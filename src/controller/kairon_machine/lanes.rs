@@ -18,8 +18,9 @@
 //! thousands of them cost little. An object can be queued in both lanes (routed to the create
 //! lane, then changed); kube-runtime never runs two reconciles of one object at once within a
 //! lane, and [`ObjectLocks`] keeps the two lanes from doing so between them (the second is
-//! triggered again when the first ends). A reconcile of the create lane whose create moved
-//! the object on leaves its resync to the urgent lane, so that one resync per object waits.
+//! triggered again when the first ends). No reconcile waits in a queue for its periodic
+//! resync: that comes from the resync wheel ([`crate::controller::resync`]), routed as any
+//! trigger is.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;

@@ -13,7 +13,7 @@ use kube::{Client, ResourceExt};
 
 use super::context::Context;
 use super::deadline::reconcile_within_deadline;
-use super::lanes::{Lane, ObjectLocks, on_create_path};
+use super::lanes::{Lane, ObjectLocks};
 use super::triggers::{cluster_trigger, cluster_whole_trigger, kaironmachine_for_machine, machine_trigger};
 use crate::api::KaironMachine;
 use crate::capi;
@@ -21,7 +21,7 @@ use crate::controller::caches::Caches;
 use crate::controller::endpoints::protection::sweep_every;
 use crate::controller::endpoints::{Endpoints, kaironmachine_in};
 use crate::controller::runtime::Synced;
-use crate::controller::runtime::{Backoff, Telemetry, error_policy, instrumented, log_outcome, watch_error};
+use crate::controller::runtime::{Backoff, Telemetry, error_policy, instrumented, key_of, log_outcome, watch_error};
 use crate::controller::settings::{Settings, initial_lists};
 use crate::kairon::{self, Instances, labels, observe};
 
@@ -207,7 +207,7 @@ pub(crate) fn controller(
             .filter(|km| {
                 km.namespace() == ns && capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(name.as_str())
             })
-            .map(|km| ObjectRef::from_obj(km.as_ref()))
+            .map(|km| key_of(km.as_ref()))
             .collect::<Vec<_>>()
     };
     // A Machine's own KaironMachine, and the evacuating ones of its cluster: whether the
@@ -232,7 +232,7 @@ pub(crate) fn controller(
         caches
             .kaironmachines
             .applied()
-            .map(|km| ObjectRef::from_obj(km.as_ref()))
+            .map(|km| key_of(km.as_ref()))
             .boxed(),
         machine_events
             .flat_map(move |m| futures::stream::iter(on_machine(m.ok())))
@@ -265,6 +265,8 @@ pub(crate) fn controller(
             .boxed(),
         triggers.map_or_else(|| futures::stream::empty().boxed(), |t| t.boxed()),
         requeue_rx.boxed(),
+        // Every KaironMachine once a `--sync-period`, without a timer of its own.
+        crate::controller::resync::wheel(kms.clone(), settings.sync_period).boxed(),
     ])
     // At shutdown no new reconciles start; the lanes finish the ones running.
     .take_until(shutdown.clone());
@@ -285,7 +287,7 @@ pub(crate) fn controller(
                 Synced::all(&ctx.synced).await?;
                 // Not while the other lane reconciles the same object: it is triggered again
                 // when that reconcile ends.
-                let key = ObjectRef::from_obj(km.as_ref());
+                let key = key_of(km.as_ref());
                 let Some(_held) = locks.try_lock(key.clone()) else {
                     return Ok(Action::await_change());
                 };
@@ -300,19 +302,7 @@ pub(crate) fn controller(
                 if urgent {
                     return crate::client::urgent(start(km, ctx)).await;
                 }
-                let resync = Action::requeue(ctx.settings.sync_period);
-                let action = start(km, ctx.clone()).await?;
-                // A create that gave the object its providerID has moved it to the urgent lane
-                // (the write triggers it there), which schedules its resync: one resync waits
-                // per object, not one in each lane's queue (about 0.5 KiB per machine).
-                let moved_on = kms
-                    .get(&key)
-                    .is_none_or(|cached| !on_create_path(&ctx.fresh.freshest(cached)));
-                Ok(if moved_on && action == resync {
-                    Action::await_change()
-                } else {
-                    action
-                })
+                start(km, ctx).await
             }) as crate::controller::runtime::ReconcileFuture
         }
     };
