@@ -229,11 +229,7 @@ pub(crate) fn controller(
     // Reconciles turned away because the other lane was reconciling the same object.
     let (requeue_tx, requeue_rx) = futures::channel::mpsc::unbounded::<ObjectRef<KaironMachine>>();
     let triggers = futures::stream::select_all([
-        caches
-            .kaironmachines
-            .applied()
-            .map(|km| key_of(km.as_ref()))
-            .boxed(),
+        caches.kaironmachines.applied().map(|km| key_of(km.as_ref())).boxed(),
         machine_events
             .flat_map(move |m| futures::stream::iter(on_machine(m.ok())))
             .boxed(),
