@@ -16,6 +16,8 @@
 //!   and how many a namespace opens);
 //! - `write` and `fresh`: every write a reconciler makes, and the record of it for the next
 //!   reconcile;
+//! - `resync`: every KaironMachine reconciled again once a `--sync-period`, without a timer
+//!   per object;
 //! - [`Error`]: what can fail, by stage; [`Settings`]: how the manager was asked to run.
 
 mod backoff;

@@ -5,6 +5,7 @@
 //! - [`served`]: which version of each Kairon kind a Kairon API serves (`v1`, `v1beta1`,
 //!   `v1alpha1`), the one spoken, and the fields its Machine schema has;
 //! - [`Machine`]: our model of a Kairon Machine (also the source of the development CRD);
+//! - [`Vm`]: what the provider reads of one, from a cache, a read or a create's answer;
 //! - [`desired`]: which Kairon Machine should exist for a KaironMachine (pure);
 //! - [`observe`]: what a Kairon Machine's status means for the KaironMachine (pure);
 //! - [`client`]: how Kairon is spoken to — the only place that reads, creates, relabels and
