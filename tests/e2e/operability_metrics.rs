@@ -600,3 +600,45 @@ async fn reconciles_are_exposed_under_controller_runtimes_standard_names() {
     }
     assert!(manager.is_running());
 }
+
+/// `--sync-period` reconciles every KaironMachine again once a period, whatever its last
+/// reconcile asked for: here one that waits for its owner Machine (which asks for nothing), as
+/// controller-runtime's informer resync would. Counted from `/metrics` over three periods, with
+/// nothing else changing.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_kaironmachine_is_reconciled_again_once_a_sync_period() {
+    let Setup { env, prometheus, .. } = setup(EnvOptions::new("operability-metrics-resync")).await;
+    let ns = "metrics-resync";
+    env.create_namespace(ns).await.unwrap();
+    env.apply(&objects(ns, false), None).await.unwrap();
+    let period = Duration::from_secs(3);
+    let (manager, port) = start_secure_manager(&env, &[format!("--sync-period={}s", period.as_secs())]);
+    first_scrape(&manager, port, &prometheus).await;
+    let reconciles = || {
+        let (code, body) = scrape(port, Some(&prometheus), "https");
+        assert_eq!(code, 200, "{body}");
+        sum(
+            &body,
+            "controller_runtime_reconcile_total",
+            "controller=\"kaironmachine\"",
+        )
+    };
+    let first = capkr_testenv::wait_for(
+        "the KaironMachine's first reconcile",
+        Duration::from_secs(30),
+        || async {
+            let n = reconciles();
+            Ok::<_, std::io::Error>((n >= 1.0).then_some(n))
+        },
+    )
+    .await;
+    let first = first.unwrap_or_else(|e| panic!("{e:#}\n{}", manager.log_tail(40)));
+    tokio::time::sleep(period * 3 + Duration::from_millis(500)).await;
+    let resyncs = reconciles() - first;
+    // Three periods: three resyncs (two or four by where the turn falls), and not one a tick.
+    assert!(
+        (2.0..=5.0).contains(&resyncs),
+        "{resyncs} reconciles of one unchanged KaironMachine in three periods of {period:?}\n{}",
+        manager.log_tail(40)
+    );
+}
