@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	kerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -33,8 +35,14 @@ import (
 // (kubernetes-sigs/cluster-api#12314).
 //
 // Only the objects whose write got a Conflict are written again, each read anew for its
-// current resourceVersion (client-go's RetryOnConflict, a few times); every other error, and a
-// conflict that outlasts the retries, fails as before.
+// current resourceVersion (client-go's RetryOnConflict with conflictBackoff); every other
+// error, and a conflict that outlasts the retries, fails as before.
+// conflictBackoff is how the proxy writes a conflicted object again: up to 30 times over about
+// 15 s, each wait drawn anew (jitter 1: between one and two times the step) so that the proxy's
+// read and write do not fall in step with the other writer's. client-go's DefaultRetry (5 tries
+// 10 ms apart) lost to a writer as busy as the test's on a loaded machine.
+var conflictBackoff = wait.Backoff{Steps: 30, Duration: 10 * time.Millisecond, Factor: 1.5, Jitter: 1, Cap: time.Second}
+
 type conflictRetryingProxy struct {
 	framework.ClusterProxy
 }
@@ -63,7 +71,7 @@ func (p conflictRetryingProxy) CreateOrUpdate(ctx context.Context, resources []b
 		}
 		fmt.Fprintf(GinkgoWriter, "%s %s: written meanwhile by another client (409 Conflict); reading it again and retrying\n",
 			obj.GetKind(), client.ObjectKeyFromObject(obj))
-		if rerr := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		if rerr := retry.RetryOnConflict(conflictBackoff, func() error {
 			existing := &unstructured.Unstructured{}
 			existing.SetGroupVersionKind(obj.GroupVersionKind())
 			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil {
@@ -112,8 +120,8 @@ var _ = Describe("When an object is updated while another client writes it", Lab
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "busy", Namespace: ns.Name}}
 		Expect(c.Create(ctx, cm)).To(Succeed())
 
-		// The other client: an annotation patched as fast as the API server takes it, as a
-		// controller's status writes bump the resourceVersion.
+		// The other client: an annotation patched every millisecond or so, as a controller's
+		// status writes bump the resourceVersion (hundreds of times faster than one does).
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
 		var writes atomic.Int64
@@ -130,6 +138,7 @@ var _ = Describe("When an object is updated while another client writes it", Lab
 				if c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)) == nil {
 					writes.Add(1)
 				}
+				time.Sleep(time.Millisecond)
 			}
 		}()
 		defer func() { close(stop); wg.Wait() }()

@@ -411,6 +411,38 @@ fn failure_excerpt(log: &Path) -> String {
     out.join("\n")
 }
 
+/// What each failed test of a job's log said first: its name and the opening lines of its
+/// panic message (at most `lines` of them), so that the closing lines of a run name every
+/// failure and why, where the excerpts above may have been cut.
+fn failure_digest(job: &str, log: &str, lines: usize) -> Vec<String> {
+    let all: Vec<&str> = log.lines().collect();
+    let mut out = vec![];
+    for (i, l) in all.iter().enumerate() {
+        let Some(rest) = l.strip_prefix("thread '") else {
+            continue;
+        };
+        let Some((test, at)) = rest.split_once("' ") else {
+            continue;
+        };
+        let Some(at) = at.split_once("panicked at ").map(|(_, at)| at.trim_end_matches(':')) else {
+            continue;
+        };
+        out.push(format!("{job}: {test} (at {at})"));
+        out.extend(
+            all[i + 1..]
+                .iter()
+                .take_while(|l| !l.starts_with("stack backtrace:") && !l.starts_with("note: "))
+                .filter(|l| !l.trim().is_empty())
+                .take(lines)
+                .map(|l| format!("    {}", l.chars().take(240).collect::<String>())),
+        );
+    }
+    if out.is_empty() {
+        out.push(format!("{job}: no test panicked (its log's end says why)"));
+    }
+    out
+}
+
 fn main() -> Result<()> {
     let opts = parse_args()?;
     std::fs::create_dir_all(&opts.log_dir)?;
@@ -561,10 +593,19 @@ fn main() -> Result<()> {
     }
     println!("{}", all.line());
     println!("{}", Tally::full_by_binary(&by_binary));
+    let digest_file = opts.log_dir.join("failures.txt");
+    let _ = std::fs::remove_file(&digest_file);
     if !failed.is_empty() {
-        for f in failed {
+        for f in &failed {
             println!("failed: {} ({})", f.name, f.log.display());
         }
+        // Every failure and its message, last: what a reader of the run's end sees first.
+        let digest: Vec<String> = failed
+            .iter()
+            .flat_map(|f| failure_digest(&f.name, &std::fs::read_to_string(&f.log).unwrap_or_default(), 6))
+            .collect();
+        println!("why they failed:\n{}", digest.join("\n"));
+        std::fs::write(&digest_file, digest.join("\n") + "\n")?;
         std::process::exit(1);
     }
     Ok(())

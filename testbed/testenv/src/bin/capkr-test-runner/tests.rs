@@ -72,6 +72,37 @@ fn libtest_lines_and_counts_are_read_from_a_log() {
 }
 
 #[test]
+fn the_digest_names_each_failed_test_with_the_start_of_its_message() {
+    let log = "running 2 tests\n\
+        thread 'a::first' (101) panicked at tests/e2e/a.rs:10:5:\n\
+        the first went wrong\n\
+        \n\
+        with a second line\n\
+        stack backtrace:\n   0: frame\n\
+        thread 'b::second' (102) panicked at tests/e2e/b.rs:20:9:\n\
+        assertion `left == right` failed\n  left: 1\n right: 2\n  more\n  and more\n\
+        note: run with `RUST_BACKTRACE=1`\n\
+        test result: FAILED. 0 passed; 2 failed\n";
+    assert_eq!(
+        failure_digest("main::test::e2e::x", log, 3),
+        [
+            "main::test::e2e::x: a::first (at tests/e2e/a.rs:10:5)",
+            "    the first went wrong",
+            "    with a second line",
+            "main::test::e2e::x: b::second (at tests/e2e/b.rs:20:9)",
+            "    assertion `left == right` failed",
+            "      left: 1",
+            "     right: 2",
+        ]
+    );
+    // A job that failed without a panic (killed, or no harness) is still named.
+    assert_eq!(
+        failure_digest("j", "error: could not compile\n", 3),
+        ["j: no test panicked (its log's end says why)"]
+    );
+}
+
+#[test]
 fn full_environments_are_told_by_binary_most_first() {
     let dir = std::env::temp_dir().join(format!("capkr-tally-test-{}", std::process::id()));
     for (binary, pid, text) in [
