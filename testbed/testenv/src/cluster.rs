@@ -286,17 +286,27 @@ spec:
     )
 }
 
-/// Whether `machines` are exactly `n`, every one `Running` with a nodeRef and none being
-/// deleted: "the cluster is up" of every test and of the benchmark.
+/// Whether `machines` are exactly `n`, every one `Running` with a nodeRef, none being deleted
+/// and none marked unhealthy by a MachineHealthCheck: "the cluster is up" of every test and of
+/// the benchmark. A Machine marked while it started (its InfrastructureReady False longer than
+/// a check allows, as it waits for bootstrap data on a loaded machine) still turns Running
+/// before its owner deletes it: counting it would let a test go on with a Machine about to be
+/// replaced.
 pub fn all_running_with_a_node(machines: &[DynamicObject], n: usize) -> bool {
     machines.len() == n && machines.iter().filter(|m| running_with_a_node(m)).count() == n
 }
 
-/// Whether a Machine is `Running` with a nodeRef and not being deleted.
+/// Whether a Machine is `Running` with a nodeRef, not being deleted and not marked unhealthy
+/// (`HealthCheckSucceeded` False).
 pub fn running_with_a_node(m: &DynamicObject) -> bool {
+    let marked = m.data["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "HealthCheckSucceeded" && c["status"] == "False")
+    });
     m.metadata.deletion_timestamp.is_none()
         && m.data["status"]["phase"] == "Running"
         && m.data["status"]["nodeRef"]["name"].is_string()
+        && !marked
 }
 
 /// Sets `spec.replicas` of MachineDeployment `namespace/name`.
@@ -383,4 +393,34 @@ spec:
         name: {cluster}-mp-0
 "#
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(phase: &str, health: Option<&str>) -> DynamicObject {
+        let mut conditions = vec![serde_json::json!({"type": "Ready", "status": "True"})];
+        if let Some(s) = health {
+            conditions.push(serde_json::json!({"type": "HealthCheckSucceeded", "status": s}));
+        }
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Machine",
+            "metadata": {"name": "m"},
+            "status": {"phase": phase, "nodeRef": {"name": "m"}, "conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_machine_marked_unhealthy_is_not_up_though_running() {
+        assert!(running_with_a_node(&machine("Running", None)));
+        assert!(running_with_a_node(&machine("Running", Some("True"))));
+        assert!(!running_with_a_node(&machine("Running", Some("False"))));
+        assert!(!running_with_a_node(&machine("Provisioned", None)));
+        let up = [machine("Running", Some("True")), machine("Running", None)];
+        assert!(all_running_with_a_node(&up, 2));
+        let one_marked = [machine("Running", Some("True")), machine("Running", Some("False"))];
+        assert!(!all_running_with_a_node(&one_marked, 2));
+    }
 }
