@@ -37,11 +37,16 @@ import (
 // Only the objects whose write got a Conflict are written again, each read anew for its
 // current resourceVersion (client-go's RetryOnConflict with conflictBackoff); every other
 // error, and a conflict that outlasts the retries, fails as before.
-// conflictBackoff is how the proxy writes a conflicted object again: up to 30 times over about
-// 15 s, each wait drawn anew (jitter 1: between one and two times the step) so that the proxy's
-// read and write do not fall in step with the other writer's. client-go's DefaultRetry (5 tries
-// 10 ms apart) lost to a writer as busy as the test's on a loaded machine.
+// conflictBackoff is how the proxy writes a conflicted object again: up to 30 times over 20 to
+// 40 s, each wait drawn anew (jitter 1: between one and two times the step). A controller
+// writes an object in bursts (a status write or a few), and the retries outlast one; client-go's
+// DefaultRetry (5 tries within about 0.1 s) did not on a loaded machine. Against a writer that
+// never pauses no retry helps: the read and the write of every try are apart by more than its
+// writes are, and the test's writer therefore stops.
 var conflictBackoff = wait.Backoff{Steps: 30, Duration: 10 * time.Millisecond, Factor: 1.5, Jitter: 1, Cap: time.Second}
+
+// conflictsRetried counts the objects the proxy wrote again after a Conflict.
+var conflictsRetried atomic.Int64
 
 type conflictRetryingProxy struct {
 	framework.ClusterProxy
@@ -71,6 +76,7 @@ func (p conflictRetryingProxy) CreateOrUpdate(ctx context.Context, resources []b
 		}
 		fmt.Fprintf(GinkgoWriter, "%s %s: written meanwhile by another client (409 Conflict); reading it again and retrying\n",
 			obj.GetKind(), client.ObjectKeyFromObject(obj))
+		conflictsRetried.Add(1)
 		if rerr := retry.RetryOnConflict(conflictBackoff, func() error {
 			existing := &unstructured.Unstructured{}
 			existing.SetGroupVersionKind(obj.GroupVersionKind())
@@ -109,8 +115,9 @@ func conflicted(c client.Client, objs []unstructured.Unstructured, err error) *u
 	return nil
 }
 
-// The proxy against an object another client writes without pause: every CreateOrUpdate
-// through it succeeds, while the framework's own fails on the same object.
+// The proxy against an object another client writes in a burst, as a controller's status
+// writes come: every CreateOrUpdate through it succeeds, having met Conflicts, while the
+// framework's own fails on the same object.
 var _ = Describe("When an object is updated while another client writes it", Label("kairon-conflict-retry"), func() {
 	It("the conflict-retrying proxy's CreateOrUpdate succeeds where the framework's gets 409 Conflict", func() {
 		c := bootstrapClusterProxy.GetClient()
@@ -120,33 +127,41 @@ var _ = Describe("When an object is updated while another client writes it", Lab
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "busy", Namespace: ns.Name}}
 		Expect(c.Create(ctx, cm)).To(Succeed())
 
-		// The other client: an annotation patched every millisecond or so, as a controller's
-		// status writes bump the resourceVersion (hundreds of times faster than one does).
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
+		// The other client: an annotation patched as fast as the API server takes it, until
+		// stopped or for `burst` (0: until stopped).
 		var writes atomic.Int64
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
+		writer := func(burst time.Duration) (stop func()) {
+			done := make(chan struct{})
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				started := time.Now()
+				for i := 0; burst == 0 || time.Since(started) < burst; i++ {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"writer":"%d"}}}`, i))
+					if c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)) == nil {
+						writes.Add(1)
+					}
 				}
-				patch := []byte(fmt.Sprintf(`{"metadata":{"annotations":{"writer":"%d"}}}`, i))
-				if c.Patch(ctx, cm, client.RawPatch(types.MergePatchType, patch)) == nil {
-					writes.Add(1)
-				}
-				time.Sleep(time.Millisecond)
-			}
-		}()
-		defer func() { close(stop); wg.Wait() }()
-
+			}()
+			return func() { close(done); wg.Wait() }
+		}
+		underway := func(from int64) {
+			Eventually(func() int64 { return writes.Load() - from }, 30*time.Second, 10*time.Millisecond).
+				Should(BeNumerically(">=", 3), "the other client's writes")
+		}
 		manifest := func(i int) []byte {
 			return []byte(fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: busy\n  namespace: %s\ndata:\n  round: \"%d\"\n", ns.Name, i))
 		}
-		By("the framework's CreateOrUpdate against the busy object")
+
+		By("the framework's CreateOrUpdate against the object written without pause")
+		stop := writer(0)
+		underway(0)
 		rawConflict := false
 		for i := 0; i < 200 && !rawConflict; i++ {
 			err := bootstrapClusterProxy.CreateOrUpdate(ctx, manifest(i))
@@ -155,16 +170,22 @@ var _ = Describe("When an object is updated while another client writes it", Lab
 				rawConflict = true
 			}
 		}
+		stop()
 		Expect(rawConflict).To(BeTrue(), "the framework's CreateOrUpdate never met the other client's writes: this test shows nothing")
 
-		By("the conflict-retrying proxy's CreateOrUpdate against the same object")
+		By("the conflict-retrying proxy's CreateOrUpdate against the same object written in a 2 s burst")
+		retriedBefore := conflictsRetried.Load()
+		stop = writer(2 * time.Second)
+		defer stop()
+		underway(writes.Load())
 		proxy := conflictRetryingProxy{bootstrapClusterProxy}
 		for i := 0; i < 20; i++ {
 			Expect(proxy.CreateOrUpdate(ctx, manifest(1000+i))).To(Succeed())
 		}
+		Expect(conflictsRetried.Load()-retriedBefore).To(BeNumerically(">", 0),
+			"the proxy met no Conflict during the burst: this test shows nothing")
 		got := &corev1.ConfigMap{}
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(cm), got)).To(Succeed())
 		Expect(got.Data).To(HaveKeyWithValue("round", "1019"))
-		Expect(writes.Load()).To(BeNumerically(">", 0))
 	})
 })
