@@ -53,27 +53,11 @@ impl GuestNetwork {
 /// octet is held, the seed's own (as before claims existed).
 pub fn claim_octet(dir: &Path, seed: u32) -> u32 {
     let _ = std::fs::create_dir_all(dir);
-    let me = std::process::id();
     for i in 0..OCTETS {
         let octet = FIRST_OCTET + (seed.wrapping_add(i)) % OCTETS;
         let path = dir.join(octet.to_string());
-        let claimed = std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
-        match claimed {
-            Ok(mut f) => {
-                use std::io::Write;
-                let _ = write!(f, "{me}");
-                return octet;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let holder: Option<u32> = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
-                let alive = holder.is_some_and(|pid| pid != me && Path::new(&format!("/proc/{pid}")).exists());
-                // Ours from an earlier call, or left by a process that is gone: not this one
-                // (another call of this process holds it), and a dead one's is taken over.
-                if !alive && holder != Some(me) && std::fs::write(&path, me.to_string()).is_ok() {
-                    return octet;
-                }
-            }
-            Err(_) => {}
+        if crate::net::claim(&path) {
+            return octet;
         }
     }
     FIRST_OCTET + seed % OCTETS

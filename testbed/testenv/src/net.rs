@@ -17,11 +17,58 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// 10250–10259).
 const PICK_FROM: std::ops::Range<u16> = 20000..32768;
 
-/// A free loopback port; never hands out the same one twice in a test process.
+/// Where test processes reserve the ports [`free_port`] hands out: a file per port naming the
+/// process. A port is picked long before its process binds it (a CAPI manager's, after the
+/// CRDs are installed, seconds later on a loaded machine); in between, another test process
+/// found it free and bound it first, and the manager failed with "address already in use"
+/// (a CI-like run, e2e_move's target environment). A reservation holds for as long as the
+/// process that made it lives.
+fn reservations() -> std::path::PathBuf {
+    std::env::temp_dir().join("capkr-test-ports")
+}
+
+/// Reserves `port` for this process unless a live process holds it.
+fn reserve(dir: &std::path::Path, port: u16) -> bool {
+    claim(&dir.join(port.to_string()))
+}
+
+/// Claims the file `path` for this process: made anew naming it, or taken over from a process
+/// that has exited. False when it names this process already (a claim of an earlier call) or
+/// a live one, or is empty (its maker has not written it yet). What test processes share
+/// through claims: ports ([`free_port`]), guest subnets (`flavors::claim_octet`).
+pub(crate) fn claim(path: &std::path::Path) -> bool {
+    let me = std::process::id();
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, me.to_string().as_bytes()))
+    };
+    if create().is_ok() {
+        return true;
+    }
+    let holder = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    match holder {
+        Some(pid) if pid != me && !std::path::Path::new(&format!("/proc/{pid}")).exists() => {
+            // Of two processes taking it over at once, the one whose create wins.
+            let _ = std::fs::remove_file(path);
+            create().is_ok()
+        }
+        _ => false,
+    }
+}
+
+/// A free loopback port; never hands out the same one twice in a test process, nor one another
+/// live test process reserved ([`reservations`]).
 pub fn free_port() -> Result<u16> {
     static USED: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
     let used = USED.get_or_init(|| Mutex::new(HashSet::new()));
     let span = u64::from(PICK_FROM.end - PICK_FROM.start);
+    let dir = reservations();
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     // Random enough that test processes started together pick apart: the clock's nanoseconds,
     // the process, and a counter, mixed.
     let mut x = std::time::SystemTime::now()
@@ -38,7 +85,8 @@ pub fn free_port() -> Result<u16> {
         // Webhook servers bind all interfaces: the port must be free there too.
         let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
             && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
-        if free && used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+        // A port once picked stays in `used`, reserved or not: tried once per process.
+        if free && used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) && reserve(&dir, port) {
             return Ok(port);
         }
     }
@@ -100,6 +148,34 @@ mod tests {
         );
         let distinct: HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+    }
+
+    #[test]
+    fn a_port_another_live_process_reserved_is_not_handed_out_and_a_dead_ones_is() {
+        let dir = std::env::temp_dir().join(format!("capkr-test-ports-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // Free: reserved, naming this process.
+        assert!(reserve(&dir, 20001));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("20001")).unwrap(),
+            std::process::id().to_string()
+        );
+        // Held by a live process (init): refused, left as it was.
+        std::fs::write(dir.join("20002"), "1").unwrap();
+        assert!(!reserve(&dir, 20002));
+        assert_eq!(std::fs::read_to_string(dir.join("20002")).unwrap(), "1");
+        // Held by a process that no longer exists: taken over.
+        std::fs::write(dir.join("20003"), "999999999").unwrap();
+        assert!(reserve(&dir, 20003));
+        assert_eq!(
+            std::fs::read_to_string(dir.join("20003")).unwrap(),
+            std::process::id().to_string()
+        );
+        // Being written by its maker (empty yet): refused.
+        std::fs::write(dir.join("20004"), "").unwrap();
+        assert!(!reserve(&dir, 20004));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
