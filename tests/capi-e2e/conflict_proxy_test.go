@@ -37,6 +37,10 @@ import (
 // Only the objects whose write got a Conflict are written again, each read anew for its
 // current resourceVersion (client-go's RetryOnConflict with conflictBackoff); every other
 // error, and a conflict that outlasts the retries, fails as before.
+type conflictRetryingProxy struct {
+	framework.ClusterProxy
+}
+
 // conflictBackoff is how the proxy writes a conflicted object again: up to 30 times over 20 to
 // 40 s, each wait drawn anew (jitter 1: between one and two times the step). A controller
 // writes an object in bursts (a status write or a few), and the retries outlast one; client-go's
@@ -47,10 +51,6 @@ var conflictBackoff = wait.Backoff{Steps: 30, Duration: 10 * time.Millisecond, F
 
 // conflictsRetried counts the objects the proxy wrote again after a Conflict.
 var conflictsRetried atomic.Int64
-
-type conflictRetryingProxy struct {
-	framework.ClusterProxy
-}
 
 func (p conflictRetryingProxy) CreateOrUpdate(ctx context.Context, resources []byte, opts ...framework.CreateOrUpdateOption) error {
 	err := p.ClusterProxy.CreateOrUpdate(ctx, resources, opts...)

@@ -27,11 +27,6 @@ fn reservations() -> std::path::PathBuf {
     std::env::temp_dir().join("capkr-test-ports")
 }
 
-/// Reserves `port` for this process unless a live process holds it.
-fn reserve(dir: &std::path::Path, port: u16) -> bool {
-    claim(&dir.join(port.to_string()))
-}
-
 /// Claims the file `path` for this process: made anew naming it, or taken over from a process
 /// that has exited. False when it names this process already (a claim of an earlier call) or
 /// a live one, or is empty (its maker has not written it yet). What test processes share
@@ -86,7 +81,7 @@ pub fn free_port() -> Result<u16> {
         let free = std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
             && std::net::TcpListener::bind(("0.0.0.0", port)).is_ok();
         // A port once picked stays in `used`, reserved or not: tried once per process.
-        if free && used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) && reserve(&dir, port) {
+        if free && used.lock().unwrap_or_else(|e| e.into_inner()).insert(port) && claim(&dir.join(port.to_string())) {
             return Ok(port);
         }
     }
@@ -151,30 +146,26 @@ mod tests {
     }
 
     #[test]
-    fn a_port_another_live_process_reserved_is_not_handed_out_and_a_dead_ones_is() {
+    fn a_claim_of_a_live_process_is_refused_and_a_dead_ones_is_taken_over() {
         let dir = std::env::temp_dir().join(format!("capkr-test-ports-unit-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        // Free: reserved, naming this process.
-        assert!(reserve(&dir, 20001));
-        assert_eq!(
-            std::fs::read_to_string(dir.join("20001")).unwrap(),
-            std::process::id().to_string()
-        );
+        let me = std::process::id().to_string();
+        let held_by = |port: &str| std::fs::read_to_string(dir.join(port)).unwrap();
+        // Free: claimed, naming this process.
+        assert!(claim(&dir.join("20001")));
+        assert_eq!(held_by("20001"), me);
         // Held by a live process (init): refused, left as it was.
         std::fs::write(dir.join("20002"), "1").unwrap();
-        assert!(!reserve(&dir, 20002));
-        assert_eq!(std::fs::read_to_string(dir.join("20002")).unwrap(), "1");
+        assert!(!claim(&dir.join("20002")));
+        assert_eq!(held_by("20002"), "1");
         // Held by a process that no longer exists: taken over.
         std::fs::write(dir.join("20003"), "999999999").unwrap();
-        assert!(reserve(&dir, 20003));
-        assert_eq!(
-            std::fs::read_to_string(dir.join("20003")).unwrap(),
-            std::process::id().to_string()
-        );
+        assert!(claim(&dir.join("20003")));
+        assert_eq!(held_by("20003"), me);
         // Being written by its maker (empty yet): refused.
         std::fs::write(dir.join("20004"), "").unwrap();
-        assert!(!reserve(&dir, 20004));
+        assert!(!claim(&dir.join("20004")));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
