@@ -250,9 +250,32 @@ async fn running_machines_are_marked_provisioned_ahead_of_a_queued_burst_of_crea
     let workers: BTreeSet<&String> = seen_marked.keys().filter(|k| !control_plane.contains(*k)).collect();
     // One create each (a second one would have been refused), and a time for every step.
     if !writes.vm_creates.keys().eq(workers.iter().copied()) || !workers.iter().all(|w| seen_running.contains_key(*w)) {
+        let created: BTreeSet<&String> = writes.vm_creates.keys().collect();
+        let uncreated: Vec<&String> = workers.difference(&created).copied().collect();
+        // Every request the audit log has of those Kairon Machines, by whom and how it ended.
+        let requests: Vec<String> = events
+            .iter()
+            .filter(|e| e.counts_request())
+            .filter(|e| {
+                e.object_ref.as_ref().is_some_and(|r| {
+                    r.resource.as_deref() == Some("machines") && r.name.as_ref().is_some_and(|n| uncreated.contains(&n))
+                })
+            })
+            .map(|e| format!("{} by {} → {:?}", e.describe(), e.user_agent, e.code()))
+            .collect();
         rig.fail(format!(
-            "the manager's creates of Kairon Machines ({:?}) do not match the new machines ({workers:?})",
-            writes.vm_creates.keys().collect::<Vec<_>>()
+            "the manager's creates of Kairon Machines do not match the new machines ({} creates, {} marked)\n\
+             created, never marked: {:?}\n\
+             marked, no create in the audit log: {uncreated:?}\n\
+             marked, never seen Running: {:?}\n\
+             the audit log's requests of those not created: {requests:#?}",
+            created.len(),
+            workers.len(),
+            created.difference(&workers).collect::<Vec<_>>(),
+            workers
+                .iter()
+                .filter(|w| !seen_running.contains_key(**w))
+                .collect::<Vec<_>>(),
         ));
     }
     let burst_creates: Vec<Timestamp> = writes
