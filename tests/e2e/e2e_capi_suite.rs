@@ -415,11 +415,12 @@ async fn run_specs(part: usize) {
         );
         if !out.status.success() {
             env.dump();
+            let capi_core = std::fs::read_to_string(env.log_dir().join("capi-core.log")).unwrap_or_default();
             panic!(
                 "the CAPI e2e suite failed ({}, round {round} of {rounds}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)\n{}",
                 out.status,
                 artifacts.display(),
-                failure_summary(&text)
+                with_controller_lines(&failure_summary(&text), &last_topology_lines(&capi_core, 4))
             );
         }
     }
@@ -470,6 +471,70 @@ fn failure_summary(text: &str) -> String {
         None => {}
     }
     parts.join("\n…\n")
+}
+
+/// The last `n` lines CAPI core's ClusterTopology controller logged: what it did last, or
+/// the error it last met (a failed spec's own artifacts are gone after a CI run, and most
+/// specs wait on that controller).
+fn last_topology_lines(capi_core_log: &str, n: usize) -> Vec<&str> {
+    let mut lines: Vec<&str> = capi_core_log
+        .lines()
+        .rev()
+        .filter(|l| l.contains("controller=\"topology/cluster\""))
+        .take(n)
+        .collect();
+    lines.reverse();
+    lines
+}
+
+/// `summary` with `lines` (CAPI core's) right after its first failure's opening lines, so
+/// that the first lines of the message, which the test runner's closing digest shows, carry
+/// both.
+fn with_controller_lines(summary: &str, lines: &[&str]) -> String {
+    if lines.is_empty() {
+        return summary.to_string();
+    }
+    let head: Vec<&str> = summary.lines().take(FIRST_FAILURE_LINES).collect();
+    let rest: Vec<&str> = summary.lines().skip(FIRST_FAILURE_LINES).collect();
+    let mut out = head.join("\n");
+    out.push_str("\nCAPI core's ClusterTopology controller, its last lines:\n");
+    for l in lines {
+        out.push_str("  ");
+        out.push_str(l);
+        out.push('\n');
+    }
+    out.push_str(&rest.join("\n"));
+    out
+}
+
+/// How many lines of a Ginkgo failure say what failed: `[FAILED]`, the message, and
+/// Gomega's expected and actual values.
+const FIRST_FAILURE_LINES: usize = 5;
+
+#[test]
+fn the_topology_controllers_last_lines_follow_the_first_failure() {
+    let log = "I1 a controller=\"machine\"\nI2 b controller=\"topology/cluster\"\nE3 c controller=\"topology/cluster\"\n\
+               I4 d controller=\"topology/cluster\"\nI5 e controller=\"machine\"\n";
+    let last = last_topology_lines(log, 2);
+    assert_eq!(
+        last,
+        [
+            "E3 c controller=\"topology/cluster\"",
+            "I4 d controller=\"topology/cluster\""
+        ]
+    );
+    let summary = "[FAILED] Timed out after 20s.\n  did not block\n  Expected\n  <bool>: false\n  to be true\nSummarizing 1 Failure:";
+    let out = with_controller_lines(summary, &last);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[4], "  to be true", "{out}");
+    assert_eq!(
+        lines[5], "CAPI core's ClusterTopology controller, its last lines:",
+        "{out}"
+    );
+    assert!(lines[6].starts_with("  E3 c"), "{out}");
+    assert!(lines[7].starts_with("  I4 d"), "{out}");
+    assert_eq!(lines[8], "Summarizing 1 Failure:", "{out}");
+    assert_eq!(with_controller_lines(summary, &[]), summary);
 }
 
 #[test]

@@ -602,7 +602,7 @@ fn main() -> Result<()> {
         // Every failure and its message, last: what a reader of the run's end sees first.
         let digest: Vec<String> = failed
             .iter()
-            .flat_map(|f| failure_digest(&f.name, &std::fs::read_to_string(&f.log).unwrap_or_default(), 6))
+            .flat_map(|f| failure_digest(&f.name, &std::fs::read_to_string(&f.log).unwrap_or_default(), 10))
             .collect();
         println!("why they failed:\n{}", digest.join("\n"));
         std::fs::write(&digest_file, digest.join("\n") + "\n")?;
