@@ -174,9 +174,9 @@ var _ = Describe("When an object is updated while another client writes it", Lab
 		Expect(rawConflict).To(BeTrue(), "the framework's CreateOrUpdate never met the other client's writes: this test shows nothing")
 
 		// A controller writes in bursts; this writer's burst lasts until the proxy has met a
-		// Conflict, so the test does not hang on the race being lost or won by the machine's
-		// pace (a fixed 2 s burst went by without one on a loaded machine), and then pauses,
-		// as a controller's burst ends, for the proxy's retries to find the object still.
+		// Conflict, so whether it meets one does not depend on the machine's pace (a fixed 2 s
+		// burst went by without one on a loaded machine), and then pauses, as a controller's
+		// burst ends, for the proxy's retries to find the object still.
 		By("the conflict-retrying proxy's CreateOrUpdate against the same object written until it meets a Conflict")
 		retriedBefore := conflictsRetried.Load()
 		met := func() bool { return conflictsRetried.Load() > retriedBefore }

@@ -494,8 +494,8 @@ fn with_controller_lines(summary: &str, lines: &[&str]) -> String {
     if lines.is_empty() {
         return summary.to_string();
     }
-    let head: Vec<&str> = summary.lines().take(FIRST_FAILURE_LINES).collect();
-    let rest: Vec<&str> = summary.lines().skip(FIRST_FAILURE_LINES).collect();
+    let all: Vec<&str> = summary.lines().collect();
+    let (head, rest) = all.split_at(FIRST_FAILURE_LINES.min(all.len()));
     let mut out = head.join("\n");
     out.push_str("\nCAPI core's ClusterTopology controller, its last lines:\n");
     for l in lines {

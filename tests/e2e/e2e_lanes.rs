@@ -252,7 +252,8 @@ async fn running_machines_are_marked_provisioned_ahead_of_a_queued_burst_of_crea
     if !writes.vm_creates.keys().eq(workers.iter().copied()) || !workers.iter().all(|w| seen_running.contains_key(*w)) {
         let created: BTreeSet<&String> = writes.vm_creates.keys().collect();
         let uncreated: Vec<&String> = workers.difference(&created).copied().collect();
-        // Every request the audit log has of those Kairon Machines, by whom and how it ended.
+        // Every request the audit log has of those machines (Kairon's and CAPI's, named alike;
+        // the URI tells which), by whom and how it ended.
         let requests: Vec<String> = events
             .iter()
             .filter(|e| e.counts_request())
