@@ -16,7 +16,7 @@ use capkr::api::conditions::{self, INSTANCE_PROVISIONED, READY};
 use capkr::api::{KaironCluster, KaironMachine};
 use capkr::kairon;
 use capkr_testenv::audit::AuditEvent;
-use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment};
+use capkr_testenv::cluster::{ClusterOptions, all_running_with_a_node, cluster_yaml, scale_machine_deployment, states};
 use capkr_testenv::faults::FaultProxy;
 use capkr_testenv::flavors::{GuestNetwork, guest_simulator_args};
 use capkr_testenv::{
@@ -388,11 +388,49 @@ impl Rig {
     /// Waits until exactly `n` Machines exist and all are Running with a nodeRef.
     pub async fn wait_running(&self, n: usize, timeout: Duration) -> Vec<DynamicObject> {
         let machines = self.machines();
-        self.wait(&format!("{n} Machines Running with a nodeRef"), timeout, || async {
+        let waited = wait_for(format!("{n} Machines Running with a nodeRef"), timeout, || async {
             let list = machines.list(&ListParams::default()).await?;
             Ok::<_, kube::Error>(all_running_with_a_node(&list.items, n).then_some(list.items))
         })
-        .await
+        .await;
+        match waited {
+            Ok(v) => v,
+            Err(e) => {
+                let states = self.states().await;
+                self.fail(format!("{e:#}\n{states}"))
+            }
+        }
+    }
+
+    /// Each Machine's, KaironMachine's and Kairon Machine's phase, node and conditions not
+    /// True, a line each (see [`capkr_testenv::cluster::states`]): what a failed wait reports
+    /// in its message, which the test runner's digest shows.
+    pub async fn states(&self) -> String {
+        async fn listed<K>(api: Api<K>) -> Vec<DynamicObject>
+        where
+            K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+        {
+            let items = api
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            items
+                .into_iter()
+                .filter_map(|o| serde_json::from_value(serde_json::to_value(o).ok()?).ok())
+                .collect()
+        }
+        let (machines, kms, vms) = (
+            listed(self.machines()).await,
+            listed(self.kms()).await,
+            listed(self.vms()).await,
+        );
+        format!(
+            "Machines:\n{}\nKaironMachines:\n{}\nKairon Machines:\n{}",
+            states(&machines),
+            states(&kms),
+            states(&vms)
+        )
     }
 
     pub async fn scale(&self, replicas: usize) {

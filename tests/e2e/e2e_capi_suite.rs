@@ -420,7 +420,7 @@ async fn run_specs(part: usize) {
                 "the CAPI e2e suite failed ({}, round {round} of {rounds}); artifacts in {} (CAPKR_TEST_KEEP=1 keeps them)\n{}",
                 out.status,
                 artifacts.display(),
-                with_controller_lines(&failure_summary(&text), &last_topology_lines(&capi_core, 4))
+                with_controller_lines(&failure_summary(&text), topology_lines(&capi_core, 4))
             );
         }
     }
@@ -473,34 +473,72 @@ fn failure_summary(text: &str) -> String {
     parts.join("\n…\n")
 }
 
-/// The last `n` lines CAPI core's ClusterTopology controller logged: what it did last, or
-/// the error it last met (a failed spec's own artifacts are gone after a CI run, and most
-/// specs wait on that controller).
-fn last_topology_lines(capi_core_log: &str, n: usize) -> Vec<&str> {
-    let mut lines: Vec<&str> = capi_core_log
+/// What CAPI core's ClusterTopology controller logged last: its last `n` errors (klog `E`
+/// lines: a failed reconcile, whose error replaces a hook's blocking message in the Cluster's
+/// TopologyReconciled condition), or its last `n` lines if it logged no error; each shortened
+/// to time, message, Cluster and error, so that the digest's cut at 240 characters keeps the
+/// error. A failed spec's own artifacts are gone after a CI run.
+fn topology_lines(capi_core_log: &str, n: usize) -> (&'static str, Vec<String>) {
+    let topology: Vec<&str> = capi_core_log
         .lines()
-        .rev()
         .filter(|l| l.contains("controller=\"topology/cluster\""))
-        .take(n)
         .collect();
-    lines.reverse();
-    lines
+    let errors: Vec<&str> = topology.iter().copied().filter(|l| l.starts_with('E')).collect();
+    let (what, chosen) = if errors.is_empty() {
+        ("lines", topology)
+    } else {
+        ("errors", errors)
+    };
+    let from = chosen.len().saturating_sub(n);
+    (what, chosen[from..].iter().map(|l| short_klog_line(l)).collect())
+}
+
+/// A klog line (`E1207 17:03:44.349535 21769 file.go:1] "message" key="value" …`) as its
+/// time, message, and its `Cluster` and `err` values.
+fn short_klog_line(line: &str) -> String {
+    let time = line.split_whitespace().nth(1).unwrap_or_default();
+    let message = line.split_once("] ").map(|(_, rest)| quoted(rest)).unwrap_or_default();
+    let mut out = format!("{time} {message}");
+    for key in ["Cluster", "err"] {
+        if let Some((_, rest)) = line.split_once(&format!(" {key}=")) {
+            out.push_str(&format!(" {key}={}", quoted(rest)));
+        }
+    }
+    out
+}
+
+/// The Go-quoted string `text` starts with, unquoted (`\"` and `\\` only), or `text`'s first
+/// word if it starts with no quote.
+fn quoted(text: &str) -> String {
+    let Some(body) = text.strip_prefix('"') else {
+        return text.split_whitespace().next().unwrap_or_default().to_string();
+    };
+    let mut out = String::new();
+    let mut chars = body.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => break,
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// `summary` with `lines` (CAPI core's) right after its first failure's opening lines, so
 /// that the first lines of the message, which the test runner's closing digest shows, carry
 /// both.
-fn with_controller_lines(summary: &str, lines: &[&str]) -> String {
+fn with_controller_lines(summary: &str, (what, lines): (&str, Vec<String>)) -> String {
     if lines.is_empty() {
         return summary.to_string();
     }
     let all: Vec<&str> = summary.lines().collect();
     let (head, rest) = all.split_at(FIRST_FAILURE_LINES.min(all.len()));
     let mut out = head.join("\n");
-    out.push_str("\nCAPI core's ClusterTopology controller, its last lines:\n");
+    out.push_str(&format!("\nCAPI core's ClusterTopology controller, its last {what}:\n"));
     for l in lines {
         out.push_str("  ");
-        out.push_str(l);
+        out.push_str(&l);
         out.push('\n');
     }
     out.push_str(&rest.join("\n"));
@@ -512,29 +550,37 @@ fn with_controller_lines(summary: &str, lines: &[&str]) -> String {
 const FIRST_FAILURE_LINES: usize = 5;
 
 #[test]
-fn the_topology_controllers_last_lines_follow_the_first_failure() {
-    let log = "I1 a controller=\"machine\"\nI2 b controller=\"topology/cluster\"\nE3 c controller=\"topology/cluster\"\n\
-               I4 d controller=\"topology/cluster\"\nI5 e controller=\"machine\"\n";
-    let last = last_topology_lines(log, 2);
+fn the_topology_controllers_last_errors_follow_the_first_failure() {
+    let log = "I1207 17:00:01.1 9 a.go:1] \"A\" controller=\"machine\"\n\
+               I1207 17:00:02.1 9 a.go:1] \"Patching Cluster\" controller=\"topology/cluster\" controllerKind=\"Cluster\" Cluster=\"ns/c1\" patch=\"{}\"\n\
+               E1207 17:00:03.1 9 c.go:1] \"Reconciler error\" err=\"failed to call \\\"x\\\": timeout\" controller=\"topology/cluster\" controllerKind=\"Cluster\" Cluster=\"ns/c1\"\n\
+               I1207 17:00:04.1 9 a.go:1] \"Creating MachineDeployment\" controller=\"topology/cluster\" Cluster=\"ns/c2\"\n";
+    let (what, errors) = topology_lines(log, 4);
+    assert_eq!(what, "errors");
     assert_eq!(
-        last,
-        [
-            "E3 c controller=\"topology/cluster\"",
-            "I4 d controller=\"topology/cluster\""
-        ]
+        errors,
+        ["17:00:03.1 Reconciler error Cluster=ns/c1 err=failed to call \"x\": timeout"]
     );
+    let no_errors: String = log
+        .lines()
+        .filter(|l| !l.starts_with('E'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let (what, last) = topology_lines(&no_errors, 1);
+    assert_eq!(what, "lines");
+    assert_eq!(last, ["17:00:04.1 Creating MachineDeployment Cluster=ns/c2"]);
+
     let summary = "[FAILED] Timed out after 20s.\n  did not block\n  Expected\n  <bool>: false\n  to be true\nSummarizing 1 Failure:";
-    let out = with_controller_lines(summary, &last);
+    let out = with_controller_lines(summary, ("errors", errors));
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[4], "  to be true", "{out}");
     assert_eq!(
-        lines[5], "CAPI core's ClusterTopology controller, its last lines:",
+        lines[5], "CAPI core's ClusterTopology controller, its last errors:",
         "{out}"
     );
-    assert!(lines[6].starts_with("  E3 c"), "{out}");
-    assert!(lines[7].starts_with("  I4 d"), "{out}");
-    assert_eq!(lines[8], "Summarizing 1 Failure:", "{out}");
-    assert_eq!(with_controller_lines(summary, &[]), summary);
+    assert!(lines[6].starts_with("  17:00:03.1 Reconciler error"), "{out}");
+    assert_eq!(lines[7], "Summarizing 1 Failure:", "{out}");
+    assert_eq!(with_controller_lines(summary, ("lines", vec![])), summary);
 }
 
 #[test]

@@ -296,6 +296,45 @@ pub fn all_running_with_a_node(machines: &[DynamicObject], n: usize) -> bool {
     machines.len() == n && machines.iter().filter(|m| running_with_a_node(m)).count() == n
 }
 
+/// One line per object of `objects` (CAPI Machines or KaironMachines): its name, phase,
+/// nodeRef and every condition not True with its reason, the state a failed wait reports.
+/// Condition messages are left out: a KaironMachine's may quote what its guest reported.
+pub fn states(objects: &[DynamicObject]) -> String {
+    let mut out = Vec::new();
+    for o in objects {
+        let status = &o.data["status"];
+        let mut line = format!(
+            "{} phase={} node={}",
+            o.metadata.name.as_deref().unwrap_or("?"),
+            status["phase"].as_str().unwrap_or("-"),
+            status["nodeRef"]["name"].as_str().unwrap_or("-")
+        );
+        if o.metadata.deletion_timestamp.is_some() {
+            line.push_str(" deleting");
+        }
+        let not_true: Vec<String> = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["status"] != "True")
+            .map(|c| {
+                format!(
+                    "{}={}({})",
+                    c["type"].as_str().unwrap_or("?"),
+                    c["status"].as_str().unwrap_or("?"),
+                    c["reason"].as_str().unwrap_or("")
+                )
+            })
+            .collect();
+        if !not_true.is_empty() {
+            line.push_str(" not True: ");
+            line.push_str(&not_true.join(" "));
+        }
+        out.push(line);
+    }
+    out.join("\n")
+}
+
 /// Whether a Machine is `Running` with a nodeRef, not being deleted and not marked unhealthy
 /// (`HealthCheckSucceeded` False).
 pub fn running_with_a_node(m: &DynamicObject) -> bool {
@@ -422,5 +461,17 @@ mod tests {
         assert!(all_running_with_a_node(&up, 2));
         let one_marked = [machine("Running", Some("True")), machine("Running", Some("False"))];
         assert!(!all_running_with_a_node(&one_marked, 2));
+    }
+
+    #[test]
+    fn states_name_each_objects_phase_node_and_conditions_not_true() {
+        let mut m = machine("Provisioned", Some("False"));
+        m.data["status"]["nodeRef"] = serde_json::Value::Null;
+        m.data["status"]["conditions"][1]["reason"] = "NodeStartupTimeout".into();
+        let up = machine("Running", None);
+        assert_eq!(
+            states(&[m, up]),
+            "m phase=Provisioned node=- not True: HealthCheckSucceeded=False(NodeStartupTimeout)\nm phase=Running node=m"
+        );
     }
 }
