@@ -186,6 +186,19 @@ async fn a_pool_scales_0_3_1_removing_the_machines_capi_chose_drained_first_then
     let vms = pool_members(&rig, &pool).await;
     let members: BTreeSet<String> = vms.keys().cloned().collect();
     assert_eq!(members.len(), 3, "three members: {members:?}");
+    // The pool creates each member's KaironMachine with its finalizer on: the one patch of it
+    // is the providerID (its status is applied).
+    for m in &members {
+        let at = format!("/kaironmachines/{m}");
+        let patches = up_writes
+            .iter()
+            .filter(|w| w.starts_with("patch ") && w.contains(&at) && !w.contains(&format!("{at}/")))
+            .count();
+        assert_eq!(
+            patches, 1,
+            "{m}: its KaironMachine patched {patches} times: {up_writes:#?}"
+        );
+    }
     for (name, vm) in &vms {
         assert!(
             !vm.labels().contains_key(KAIRON_MACHINESET_LABEL),

@@ -8,13 +8,19 @@
 //! KaironMachine from being an orphan (CAPD does the same). From then on it is a KaironMachine
 //! like any other: it makes its VM from its own spec with its MachinePool's bootstrap data, and
 //! deletes it (behind its finalizer) when CAPI deletes the Machine after draining its Node.
+//!
+//! The pool creates it with that finalizer already on: the manager that will delete its VM is
+//! the one creating it, so the patch a KaironMachine of a MachineSet needs to add it (once
+//! CAPI's Machine owns it, as the contract asks of objects CAPI creates) is one write per
+//! member saved. Deleted before its Machine exists, it goes through the same deletion as any
+//! other: no VM is recorded, none is found under its name, the finalizer goes.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use ring::rand::{SecureRandom, SystemRandom};
 
 use super::revision::{REVISION_LABEL, label_value};
-use crate::api::{KaironMachine, KaironMachinePool};
+use crate::api::{KaironMachine, KaironMachinePool, MACHINE_FINALIZER};
 use crate::capi::{CLUSTER_NAME_LABEL, POOL_NAME_LABEL, WATCH_FILTER_LABEL, format_label_value};
 use crate::kairon::labels::KAIRONMACHINEPOOL_NAME;
 
@@ -81,6 +87,7 @@ pub fn kaironmachine_for_member(pool: &KaironMachinePool, name: &str, of: Member
             namespace: pool.namespace(),
             labels: Some(labels),
             owner_references: Some(vec![owner]),
+            finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
             ..Default::default()
         },
         spec,
@@ -142,6 +149,11 @@ mod tests {
             ("KaironMachinePool", "pool-uid")
         );
         assert_eq!(owners[0].controller, None, "the Machine becomes its controller");
+        assert_eq!(
+            km.metadata.finalizers,
+            Some(vec![MACHINE_FINALIZER.to_string()]),
+            "created with the finalizer its VM needs: no patch to add it"
+        );
     }
 
     #[test]
