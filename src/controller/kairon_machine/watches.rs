@@ -17,7 +17,7 @@ use super::lanes::{Lane, ObjectLocks};
 use super::triggers::{cluster_trigger, cluster_whole_trigger, kaironmachine_for_machine, machine_trigger};
 use crate::api::KaironMachine;
 use crate::capi;
-use crate::controller::caches::Caches;
+use crate::controller::caches::{Caches, changed_objects};
 use crate::controller::endpoints::protection::sweep_every;
 use crate::controller::endpoints::{Endpoints, kaironmachine_in};
 use crate::controller::runtime::Synced;
@@ -69,7 +69,7 @@ pub(crate) fn controller(
     // A Machine gone (not only deleting) may end another Machine's wait for its turn to be
     // replaced; the predicate below never lets a deletion through (its hash is unchanged).
     let (gone_tx, gone_rx) = futures::channel::mpsc::unbounded::<(String, String)>();
-    let machine_events = watcher(settings.api::<capi::Machine>(&client), wc.clone())
+    let machine_watch = watcher(settings.api::<capi::Machine>(&client), wc.clone())
         .inspect_err(watch_error("machines.cluster.x-k8s.io", &telemetry))
         .default_backoff()
         // Read: the spec view, the control-plane label, deletion, and what an evacuation
@@ -80,9 +80,8 @@ pub(crate) fn controller(
             if let watcher::Event::Delete(m) = event {
                 let _ = gone_tx.unbounded_send((m.namespace().unwrap_or_default(), m.spec.cluster_name.clone()));
             }
-        })
-        .touched_objects()
-        .predicate_filter(machine_trigger, PredicateConfig::default());
+        });
+    let machine_events = changed_objects(machine_watch, machine_trigger);
     // MachineHealthChecks: whether one selects a Machine now. Any change (a new one, one gone,
     // a new selector) may change an evacuating machine's decision: those of its cluster.
     let (health_checks, w) = reflector::store();

@@ -34,6 +34,8 @@ pub struct Context {
     pub broken_backoff: super::broken_backoff::BrokenBackoff,
     /// The KaironMachines each pool created that the cache does not show yet.
     pub pending: super::pending::Pending,
+    /// When each pool last published its list and status.
+    pub published: super::publish::Published,
 }
 
 impl Context {
@@ -53,6 +55,7 @@ impl Context {
             metrics: Metrics::new(),
             broken_backoff: Default::default(),
             pending: Default::default(),
+            published: Default::default(),
         }
     }
 }

@@ -143,6 +143,7 @@ pub(crate) fn controller(
         metrics: telemetry.metrics.clone(),
         broken_backoff: Default::default(),
         pending: Default::default(),
+        published: Default::default(),
     });
     telemetry.caches.register(&ctx.synced[3]);
     let pools_by_cluster = pools.clone();
