@@ -129,12 +129,13 @@ impl Context {
             .kaironmachines
             .state()
             .into_iter()
-            .filter(|km| km.namespace().as_deref() == Some(s.ns.as_str()))
+            .filter(|km| km.metadata.namespace.as_deref() == Some(s.ns.as_str()))
             .filter(|km| km.labels().get(POOL_NAME_LABEL) == Some(&value))
             .filter(|km| capi::label(&km.metadata, capi::CLUSTER_NAME_LABEL) == Some(s.cluster_name.as_str()))
             .collect();
         // By name: the store's order changes between calls, what the pool does should not.
-        kms.sort_by_key(|km| km.name_any());
+        // (Compared in place: a pool of thousands is sorted on every reconcile.)
+        kms.sort_unstable_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         kms
     }
 
@@ -170,11 +171,11 @@ impl Context {
             .machines
             .state()
             .into_iter()
-            .filter(|m| m.namespace().as_deref() == Some(s.ns.as_str()))
+            .filter(|m| m.metadata.namespace.as_deref() == Some(s.ns.as_str()))
             .filter(|m| m.labels().get(POOL_NAME_LABEL) == Some(&value))
             .filter(|m| capi::label(&m.metadata, capi::CLUSTER_NAME_LABEL) == Some(s.cluster_name.as_str()))
             .collect();
-        machines.sort_by_key(|m| m.name_any());
+        machines.sort_unstable_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
         machines
     }
 }
