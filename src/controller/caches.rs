@@ -17,7 +17,6 @@
 //! on the store: kube's `Store::wait_until_ready` wakes only one waiter, and that one is the
 //! controller runtime of the controller whose main store it is.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc;
@@ -27,6 +26,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, Resource};
 
+use super::changed::Triggers;
 use super::fresh::Fresher;
 use super::runtime::Synced;
 use super::runtime::{Telemetry, keep_read_annotations, strip_managed_fields, watch_error};
@@ -249,39 +249,10 @@ where
     {
         let mut last = Triggers::default();
         self.subscribe().filter_map(move |t| {
-            let pass = last.changed(&t, &trigger);
+            let pass = passes(&mut last, &t, &trigger);
             future::ready(t.object().filter(|_| pass))
         })
     }
-}
-
-/// The objects of a watch's events whose `trigger` differs from the last one seen of the same
-/// object, as [`Shared::touched_when`] passes them on, for a watch that is not shared: kube's
-/// `predicate_filter` keeps the whole `ObjectRef` (name, namespace, UID and resourceVersion
-/// strings) and a time per object, about 0.3 KiB a Machine; this keeps 16 bytes, and drops an
-/// object's entry when it is deleted or a full list no longer has it.
-pub(crate) fn changed_objects<K, S, F>(events: S, trigger: F) -> impl Stream<Item = Result<K, watcher::Error>>
-where
-    K: Resource,
-    S: Stream<Item = Result<Event<K>, watcher::Error>>,
-    F: Fn(&K) -> Option<u64>,
-{
-    let mut last = Triggers::default();
-    events.filter_map(move |e| {
-        future::ready(match e {
-            Err(err) => Some(Err(err)),
-            Ok(Event::Init) => {
-                last.listing();
-                None
-            }
-            Ok(Event::InitDone) => {
-                last.listed();
-                None
-            }
-            Ok(Event::InitApply(o) | Event::Apply(o)) => last.seen(&o, false, &trigger).then_some(Ok(o)),
-            Ok(Event::Delete(o)) => last.seen(&o, true, &trigger).then_some(Ok(o)),
-        })
-    })
 }
 
 fn dispatch<K>(subscribers: &Subscribers<K>, touched: &Touched<K>) {
@@ -292,67 +263,19 @@ fn dispatch<K>(subscribers: &Subscribers<K>, touched: &Touched<K>) {
         .retain(|s| s.unbounded_send(touched.clone()).is_ok());
 }
 
-/// A trigger value, and the full list it was last seen in.
-type Seen = (u64, u64);
-
-/// The last trigger value seen per object, and the full list it was last seen in (an object
-/// not passed on by the latest full list is gone).
-#[derive(Default)]
-struct Triggers {
-    /// By a hash of namespace, name and UID (an entry is 16 bytes: at thousands of Machines the
-    /// strings of the key were most of the filter's weight): the trigger value and the full
-    /// list it was last seen in.
-    last: HashMap<u64, Seen>,
-    /// Full lists begun.
-    lists: u64,
-}
-
-impl Triggers {
-    fn changed<K: Resource>(&mut self, t: &Touched<K>, trigger: impl Fn(&K) -> Option<u64>) -> bool {
-        match t {
-            Touched::Applied(obj) => self.seen(obj.as_ref(), false, trigger),
-            Touched::Deleted(obj) => self.seen(obj.as_ref(), true, trigger),
-            Touched::Listing => {
-                self.listing();
-                false
-            }
-            Touched::Listed => {
-                self.listed();
-                false
-            }
+/// Whether `t` passes `last`'s filter by `trigger` (a marker of a full list never does).
+fn passes<K: Resource>(last: &mut Triggers, t: &Touched<K>, trigger: impl Fn(&K) -> Option<u64>) -> bool {
+    match t {
+        Touched::Applied(obj) => last.seen(obj.as_ref(), false, trigger),
+        Touched::Deleted(obj) => last.seen(obj.as_ref(), true, trigger),
+        Touched::Listing => {
+            last.listing();
+            false
         }
-    }
-
-    /// A full list begins.
-    fn listing(&mut self) {
-        self.lists += 1;
-    }
-
-    /// A full list ended: what it did not pass on is gone.
-    fn listed(&mut self) {
-        let list = self.lists;
-        self.last.retain(|_, (_, seen)| *seen == list);
-    }
-
-    /// Whether `obj`'s trigger differs from the last one seen of it (or it has none, or is new).
-    fn seen<K: Resource>(&mut self, obj: &K, deleted: bool, trigger: impl Fn(&K) -> Option<u64>) -> bool {
-        let Some(value) = trigger(obj) else {
-            return true;
-        };
-        let meta = obj.meta();
-        let key = crate::hashing::hash_of(&(&meta.namespace, &meta.name, &meta.uid));
-        let before = if deleted {
-            self.last.remove(&key)
-        } else {
-            self.last.insert(key, (value, self.lists))
-        };
-        before.map(|(v, _)| v) != Some(value)
-    }
-
-    /// Objects remembered.
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.last.len()
+        Touched::Listed => {
+            last.listed();
+            false
+        }
     }
 }
 
@@ -468,7 +391,7 @@ mod tests {
     #[tokio::test]
     async fn a_relist_forgets_the_triggers_of_objects_gone_during_a_watch_gap() {
         let mut triggers = Triggers::default();
-        let mut pass = |t: Touched<ConfigMap>| triggers.changed(&t, data);
+        let mut pass = |t: Touched<ConfigMap>| passes(&mut triggers, &t, data);
         assert!(!pass(Touched::Listing), "a marker is no object");
         for i in 0..100 {
             assert!(
@@ -485,42 +408,5 @@ mod tests {
         );
         assert!(!pass(Touched::Listed));
         assert_eq!(triggers.len(), 1, "only the object still there is remembered");
-    }
-
-    #[tokio::test]
-    async fn a_watchs_objects_pass_when_their_trigger_changed_or_they_are_new() {
-        let events = vec![
-            Ok(Event::Init),
-            Ok(Event::InitApply(cm("a", "1", "x"))),
-            Ok(Event::InitApply(cm("gap", "1", "x"))),
-            Ok(Event::InitDone),
-            Ok(Event::Apply(cm("a", "2", "x"))),
-            Ok(Event::Apply(cm("a", "3", "y"))),
-            Ok(Event::Delete(cm("a", "4", "y"))),
-            Ok(Event::Apply(cm("a", "5", "y"))),
-            // Relisted: "gap" went during the gap, "a" is unchanged.
-            Ok(Event::Init),
-            Ok(Event::InitApply(cm("a", "5", "y"))),
-            Ok(Event::InitDone),
-            Ok(Event::Apply(cm("gap", "9", "x"))),
-        ];
-        let passed: Vec<String> = changed_objects(futures::stream::iter(events), data)
-            .map(|r| {
-                let c = r.unwrap();
-                format!("{}@{}", c.metadata.name.unwrap(), c.metadata.resource_version.unwrap())
-            })
-            .collect()
-            .await;
-        assert_eq!(
-            passed,
-            [
-                "a@1",   // new
-                "gap@1", // new
-                "a@3",   // data changed; a@2 did not
-                // a@4 is the deletion of what was seen: unchanged, and forgotten
-                "a@5",   // after its deletion, new again
-                "gap@9", // the relist no longer had it: new again
-            ]
-        );
     }
 }

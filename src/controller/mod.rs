@@ -18,11 +18,14 @@
 //!   reconcile;
 //! - `resync`: every KaironMachine reconciled again once a `--sync-period`, without a timer
 //!   per object;
+//! - `caches`: one watch and cache per kind that several controllers read; `changed`: which
+//!   objects of a watch changed for a subscriber (a 16-byte entry per object);
 //! - [`Error`]: what can fail, by stage; [`Settings`]: how the manager was asked to run.
 
 mod backoff;
 mod budgets;
 pub(crate) mod caches;
+pub(crate) mod changed;
 pub mod endpoints;
 pub(crate) mod error;
 pub(crate) mod fresh;
