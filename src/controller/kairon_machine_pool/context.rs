@@ -35,7 +35,7 @@ pub struct Context {
     /// The KaironMachines each pool created that the cache does not show yet.
     pub pending: super::pending::Pending,
     /// When each pool last published its list and status.
-    pub published: super::publish::Published,
+    pub published: super::published::Published,
 }
 
 impl Context {

@@ -10,6 +10,7 @@ pub mod instances;
 mod pending;
 pub mod plan;
 mod publish;
+mod published;
 mod reconcile;
 pub mod revision;
 pub mod status;

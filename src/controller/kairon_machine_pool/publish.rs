@@ -2,14 +2,12 @@
 //! MachinePool's members, each written only when it differs. Every reconcile path returns an
 //! [`Outcome`], and [`finish`] is the one place that writes them.
 //!
-//! A pool publishes at most once every [`PUBLISH_EVERY`]: while its members come up, each one
-//! provisioned changes the list and the counts, and publishing each change made about one
-//! status write and half a list write per member (1.4 writes per machine at N=1000). A change
-//! after a quiet spell is published at once; those that follow within the window wait for its
-//! end and go out together.
+//! A pool publishes at most once every [`PUBLISH_EVERY`](super::published::PUBLISH_EVERY):
+//! while its members come up, each one provisioned changes the list and the counts, and
+//! publishing each change made about one status write and half a list write per member (1.4
+//! writes per machine at N=1000). A change after a quiet spell is published at once; those
+//! that follow within the window wait for its end and go out together.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
@@ -24,34 +22,6 @@ use crate::controller::error::Error;
 const BUSY_REQUEUE: Duration = Duration::from_secs(5);
 /// The shortest wait before a broken VM's turn.
 const MIN_REQUEUE: Duration = Duration::from_secs(1);
-/// The shortest time between two publishes of one pool.
-pub const PUBLISH_EVERY: Duration = Duration::from_secs(2);
-
-/// When each pool (by [`Scope::key`]) last published, while that is within [`PUBLISH_EVERY`].
-#[derive(Debug, Default)]
-pub struct Published(Mutex<HashMap<String, Instant>>);
-
-impl Published {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// How long `pool` must wait before it publishes again; `None`: it may now.
-    pub fn wait(&self, pool: &str, now: Instant) -> Option<Duration> {
-        let last = *self.lock().get(pool)?;
-        (last + PUBLISH_EVERY)
-            .checked_duration_since(now)
-            .filter(|d| !d.is_zero())
-    }
-
-    /// Records that `pool` published at `now`; forgets the pools whose window is over.
-    pub fn published(&self, pool: &str, now: Instant) {
-        let mut all = self.lock();
-        all.retain(|_, last| now.saturating_duration_since(*last) < PUBLISH_EVERY);
-        all.insert(pool.to_string(), now);
-    }
-}
-
 /// How a pool reconcile ends.
 pub(crate) enum Outcome {
     /// Nothing to publish.
@@ -102,8 +72,9 @@ pub(crate) async fn finish(ctx: &Context, s: &Scope, outcome: Outcome) -> Result
 enum Publish {
     Wrote,
     Unchanged,
-    /// Something differs, but the pool published less than [`PUBLISH_EVERY`] ago: nothing was
-    /// written; look again after this.
+    /// Something differs, but the pool published less than
+    /// [`PUBLISH_EVERY`](super::published::PUBLISH_EVERY) ago: nothing was written; look again
+    /// after this.
     Deferred(Duration),
 }
 
@@ -158,25 +129,4 @@ async fn write_status(
     writer.apply_status(pool, pool.status.as_ref(), &next).await?;
     ctx.published.published(&key, now);
     Ok(Publish::Wrote)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_pool_publishes_at_once_after_a_quiet_spell_then_once_a_window() {
-        let p = Published::default();
-        let t0 = Instant::now();
-        assert_eq!(p.wait("ns/a/1", t0), None, "never published: at once");
-        p.published("ns/a/1", t0);
-        assert_eq!(
-            p.wait("ns/a/1", t0 + Duration::from_millis(500)),
-            Some(Duration::from_millis(1500))
-        );
-        assert_eq!(p.wait("ns/b/2", t0), None, "another pool's window is its own");
-        assert_eq!(p.wait("ns/a/1", t0 + PUBLISH_EVERY), None, "the window is over");
-        p.published("ns/b/2", t0 + PUBLISH_EVERY);
-        assert_eq!(p.lock().len(), 1, "a pool whose window is over is forgotten");
-    }
 }
