@@ -22,6 +22,7 @@ use crate::controller::error::Error;
 const BUSY_REQUEUE: Duration = Duration::from_secs(5);
 /// The shortest wait before a broken VM's turn.
 const MIN_REQUEUE: Duration = Duration::from_secs(1);
+
 /// How a pool reconcile ends.
 pub(crate) enum Outcome {
     /// Nothing to publish.
