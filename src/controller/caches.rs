@@ -285,19 +285,7 @@ mod tests {
     use futures::FutureExt;
     use k8s_openapi::api::core::v1::ConfigMap;
 
-    fn cm(name: &str, rv: &str, data: &str) -> ConfigMap {
-        let mut c = ConfigMap::default();
-        c.metadata.name = Some(name.into());
-        c.metadata.namespace = Some("ns".into());
-        c.metadata.uid = Some(format!("{name}-uid"));
-        c.metadata.resource_version = Some(rv.into());
-        c.data = Some([("k".to_string(), data.to_string())].into());
-        c
-    }
-
-    fn data(c: &ConfigMap) -> Option<u64> {
-        Some(crate::hashing::hash_of(&c.data))
-    }
+    use crate::controller::changed::tests::{cm, data};
 
     /// Everything a stream has ready now, by name.
     fn drain(s: &mut (impl Stream<Item = Arc<ConfigMap>> + Unpin)) -> Vec<String> {

@@ -87,12 +87,14 @@ impl Triggers {
     }
 }
 
+/// Objects and a trigger for the tests of the filter and of the shared caches.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
 
-    fn cm(name: &str, rv: &str, data: &str) -> ConfigMap {
+    /// A ConfigMap `name` at resourceVersion `rv` whose one value is `data`.
+    pub(crate) fn cm(name: &str, rv: &str, data: &str) -> ConfigMap {
         let mut c = ConfigMap::default();
         c.metadata.name = Some(name.into());
         c.metadata.namespace = Some("ns".into());
@@ -102,7 +104,8 @@ mod tests {
         c
     }
 
-    fn data(c: &ConfigMap) -> Option<u64> {
+    /// The trigger: a hash of the data.
+    pub(crate) fn data(c: &ConfigMap) -> Option<u64> {
         Some(crate::hashing::hash_of(&c.data))
     }
 
