@@ -93,9 +93,17 @@ pub fn stages_path(bin_dir: &Path) -> PathBuf {
 const POD_DELETE_STAGES: &str = include_str!("kwok_pod_delete.yaml");
 /// The simulator's Stage for the Pods of a kubelet that runs again: Ready again.
 const POD_READY_AGAIN_STAGE: &str = include_str!("kwok_pod_ready_again.yaml");
+/// The simulator's Stage for a Node whose kubelet missed its beats: Ready again, as kubelet
+/// posts on its next sync.
+const NODE_READY_AGAIN_STAGE: &str = include_str!("kwok_node_ready_again.yaml");
+/// On a Node whose kubelet the simulator told to report NotReady (value `NotReady`):
+/// [`NODE_READY_AGAIN_STAGE`] leaves such a Node alone.
+pub const REPORTS_ANNOTATION: &str = "sim.kairon.zyvor.dev/kubelet-reports";
+pub const REPORTS_NOT_READY: &str = "NotReady";
 
 /// KWOK's Stages (YAML documents separated by `---` lines) with its fast `pod-delete`
-/// replaced by [`POD_DELETE_STAGES`], and [`POD_READY_AGAIN_STAGE`] added; an error if it has
+/// replaced by [`POD_DELETE_STAGES`], and [`POD_READY_AGAIN_STAGE`] and
+/// [`NODE_READY_AGAIN_STAGE`] added; an error if it has
 /// no such Stage or a document does not parse.
 pub fn with_pod_termination(kwok_stages: &str) -> Result<String, String> {
     let mut docs = Vec::new();
@@ -121,6 +129,7 @@ pub fn with_pod_termination(kwok_stages: &str) -> Result<String, String> {
     }
     docs.push(POD_DELETE_STAGES.trim_end());
     docs.push(POD_READY_AGAIN_STAGE.trim_end());
+    docs.push(NODE_READY_AGAIN_STAGE.trim_end());
     Ok(docs.join("\n---\n") + "\n")
 }
 
@@ -210,7 +219,13 @@ mod tests {
         let stages = with_pod_termination(KWOK_FAST).unwrap();
         assert_eq!(
             stage_names(&stages),
-            ["pod-ready", "pod-terminate", "pod-delete", "pod-ready-again"]
+            [
+                "pod-ready",
+                "pod-terminate",
+                "pod-delete",
+                "pod-ready-again",
+                "node-ready-again"
+            ]
         );
         let docs: Vec<serde_json::Value> = stages
             .split("\n---\n")
@@ -238,6 +253,23 @@ mod tests {
         assert_eq!(again[0]["operator"], "DoesNotExist");
         assert_eq!(again[1]["values"], json!(["Running"]));
         assert_eq!(again[2]["values"], json!(["False"]));
+        // A Node the node lifecycle controller marked Unknown is Ready again, as kubelet posts
+        // on its next sync, unless the simulator told its kubelet to report NotReady.
+        let node = &docs[4]["spec"];
+        assert_eq!(node["resourceRef"]["kind"], "Node");
+        let node_selector = &node["selector"]["matchExpressions"];
+        assert_eq!(
+            node_selector[0]["key"],
+            format!(".metadata.annotations[\"{REPORTS_ANNOTATION}\"]")
+        );
+        assert_eq!(node_selector[0]["operator"], "DoesNotExist");
+        assert_eq!(node_selector[1]["values"], json!(["Unknown"]));
+        assert!(
+            node["next"]["statusTemplate"]
+                .as_str()
+                .unwrap()
+                .contains("range NodeConditions")
+        );
     }
 
     #[test]

@@ -195,10 +195,21 @@ impl Workloads {
         let patch = json!({"status": status});
         // A strategic merge patch, as kubelet's: conditions merge by type, so those others set
         // on the Node (e.g. a remediation test's own condition) stay.
-        match nodes
+        let node = match nodes
             .patch_status(name, &patch_params(), &Patch::Strategic(&patch))
             .await
         {
+            Ok(node) => node,
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Err(WorkloadError::NodeMissing(name.to_string())),
+            Err(e) => return Err(e.into()),
+        };
+        // Tells KWOK's `node-ready-again` Stage whether this kubelet reports NotReady; written
+        // only when it changes.
+        let Some(reports) = reports_annotation_change(&node, status) else {
+            return Ok(node);
+        };
+        let patch = json!({"metadata": {"annotations": {crate::kwok::REPORTS_ANNOTATION: reports}}});
+        match nodes.patch(name, &patch_params(), &Patch::Merge(&patch)).await {
             Ok(node) => Ok(node),
             Err(kube::Error::Api(s)) if s.is_not_found() => Err(WorkloadError::NodeMissing(name.to_string())),
             Err(e) => Err(e.into()),
@@ -288,6 +299,27 @@ pub struct NodeFacts {
 }
 
 pub type SharedFacts = Arc<NodeFacts>;
+
+/// The value [`crate::kwok::REPORTS_ANNOTATION`] must get on `node` (`Some(Null)`: removed) for
+/// the status posted, or `None` if it already has it.
+pub fn reports_annotation_change(node: &Node, status: &NodeStatus) -> Option<serde_json::Value> {
+    let not_ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status != "True");
+    let has = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(crate::kwok::REPORTS_ANNOTATION))
+        .is_some();
+    match (not_ready, has) {
+        (true, false) => Some(json!(crate::kwok::REPORTS_NOT_READY)),
+        (false, true) => Some(serde_json::Value::Null),
+        _ => None,
+    }
+}
 
 /// The Node kubelet would create on registration (without status).
 pub fn desired_node(facts: &NodeFacts) -> Node {
@@ -460,6 +492,33 @@ mod tests {
             ("sim.kairon.zyvor.dev/kubelet", "running"),
         ] {
             assert_eq!(labels.get(k).map(String::as_str), Some(v), "{k}");
+        }
+    }
+
+    #[test]
+    fn the_not_ready_mark_is_written_only_when_it_changes() {
+        let t0 = Timestamp::UNIX_EPOCH;
+        let marked = |value: Option<&str>| Node {
+            metadata: ObjectMeta {
+                annotations: value.map(|v| [(crate::kwok::REPORTS_ANNOTATION.to_string(), v.to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let cases = [
+            ("ready, unmarked", true, None, None),
+            ("not ready, unmarked", false, None, Some(json!("NotReady"))),
+            ("not ready, marked", false, Some("NotReady"), None),
+            (
+                "ready again, marked",
+                true,
+                Some("NotReady"),
+                Some(serde_json::Value::Null),
+            ),
+        ];
+        for (name, ready, mark, want) in cases {
+            let status = node_status(&facts(), ready, t0, t0);
+            assert_eq!(reports_annotation_change(&marked(mark), &status), want, "{name}");
         }
     }
 

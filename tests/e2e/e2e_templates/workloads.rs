@@ -244,9 +244,47 @@ async fn halt_and_run_again(rig: &Rig, wc: &Client) {
     assert_eq!(vms.get(&worker).await.unwrap().uid(), uid, "the same Kairon Machine");
 }
 
+/// A worker's kubelet whose beats lapsed (a slow API server, say): the node lifecycle
+/// controller marks its Node's Ready Unknown, as written here; the kubelet, still running,
+/// posts its status on its next sync and the Node is Ready again.
+async fn beats_lapse_and_resume(rig: &Rig, wc: &Client) {
+    let worker = worker_machines(rig).await.into_iter().next().expect("a worker");
+    let nodes: Api<Node> = Api::all(wc.clone());
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let unknown = json!({"status": {"conditions": [{
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastTransitionTime": now,
+    }]}});
+    nodes
+        .patch_status(&worker, &PatchParams::default(), &Patch::Strategic(&unknown))
+        .await
+        .unwrap_or_else(|e| panic!("marking Node {worker} Ready Unknown: {e}"));
+    let started = Instant::now();
+    rig.wait_ok(
+        &format!("{worker}'s kubelet posting again: its Node Ready"),
+        UP,
+        || async {
+            let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
+            match node_ready(&node).as_str() {
+                "True" => Ok(()),
+                other => Err(format!("Ready={other}")),
+            }
+        },
+    )
+    .await;
+    eprintln!(
+        "{worker} marked Ready Unknown: Ready again {:.1}s after",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 /// 1 control plane + 2 workers. First Kairon halts a worker's VM (`spec.powerState: Halted`, as
 /// its preemption does) and runs it again: the Node goes NotReady and comes back Ready, the
-/// same Machine. Then a worker's runtime fails (the simulator's `fail` annotation; Kairon's
+/// same Machine. A worker's Node marked Ready Unknown while its kubelet runs is Ready again.
+/// Then a worker's runtime fails (the simulator's `fail` annotation; Kairon's
 /// phase Unknown): its kubelet stops, the workload cluster's node lifecycle controller marks
 /// its Node Ready Unknown and evicts its Pods, which run again on the other worker; then the
 /// MachineHealthCheck replaces the Machine.
@@ -260,6 +298,7 @@ async fn a_failed_worker_vm_has_its_pods_evicted_and_is_replaced() {
     create_workload(&wc, "web", 4, json!({"maxUnavailable": 1})).await;
     wait_running(&rig, &wc, "web", 4, &BTreeSet::new()).await;
     halt_and_run_again(&rig, &wc).await;
+    beats_lapse_and_resume(&rig, &wc).await;
     wait_running(&rig, &wc, "web", 4, &BTreeSet::new()).await;
 
     // The MHC stays paused until the workload cluster has acted on its own.
