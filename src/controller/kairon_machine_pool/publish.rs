@@ -102,7 +102,8 @@ async fn write_status(
         None => vec![],
     };
     let list = provider_id_list(&counted);
-    let list_differs = paused.is_none() && s.named && pool.spec.provider_id_list.clone().unwrap_or_default() != list;
+    let list_differs =
+        paused.is_none() && s.named && pool.spec.provider_id_list.as_deref().unwrap_or_default() != list.as_slice();
     let next = pool_status(
         &Observed {
             previous: pool.status.as_ref(),

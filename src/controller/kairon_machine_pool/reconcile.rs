@@ -177,9 +177,13 @@ fn plan_for(
 ) -> PoolPlan {
     let pool = s.pool.as_ref();
     let kms = ctx.kaironmachines_of(s, &mp.name_any());
+    // `kms` is sorted by name.
     let pending = ctx.pending.still(
         &s.key(),
-        |name| kms.iter().any(|km| km.name_any() == name),
+        |name| {
+            kms.binary_search_by(|km| km.metadata.name.as_deref().unwrap_or_default().cmp(name))
+                .is_ok()
+        },
         Instant::now(),
     );
     let instances = gather::instances(
@@ -260,7 +264,10 @@ async fn carry_out_plan(
         busy = true;
     }
     // A member whose VM is gone before CAPI made its Machine: nothing to drain.
-    let cached = ctx.kaironmachines_of(s, of.machine_pool);
+    let cached = match plan.delete_kaironmachines.is_empty() {
+        true => vec![],
+        false => ctx.kaironmachines_of(s, of.machine_pool),
+    };
     for name in &plan.delete_kaironmachines {
         let Some(uid) = cached
             .iter()
