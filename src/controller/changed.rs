@@ -1,6 +1,6 @@
 //! Which objects of a watch changed: the last trigger value seen of each object (a hash of
 //! what its subscriber reacts to), so that an object passes on only when that changed, when it
-//! is new, or when it has no trigger. Used by the shared caches' subscribers
+//! is new, when it is deleted (the set of objects changed), or when it has no trigger. Used by the shared caches' subscribers
 //! (`caches::Shared::touched_when`) and by a watch of its own ([`changed_objects`]).
 
 use std::collections::HashMap;
@@ -65,18 +65,20 @@ impl Triggers {
         self.last.retain(|_, (_, seen)| *seen == list);
     }
 
-    /// Whether `obj`'s trigger differs from the last one seen of it (or it has none, or is new).
+    /// Whether `obj`'s trigger differs from the last one seen of it (or it has none, is new, or
+    /// is `deleted`: a subscriber that counts or lists the objects must see one go, even if
+    /// what it reacts to of it had not changed since).
     pub(crate) fn seen<K: Resource>(&mut self, obj: &K, deleted: bool, trigger: impl Fn(&K) -> Option<u64>) -> bool {
+        let meta = obj.meta();
+        let key = || crate::hashing::hash_of(&(&meta.namespace, &meta.name, &meta.uid));
+        if deleted {
+            self.last.remove(&key());
+            return true;
+        }
         let Some(value) = trigger(obj) else {
             return true;
         };
-        let meta = obj.meta();
-        let key = crate::hashing::hash_of(&(&meta.namespace, &meta.name, &meta.uid));
-        let before = if deleted {
-            self.last.remove(&key)
-        } else {
-            self.last.insert(key, (value, self.lists))
-        };
+        let before = self.last.insert(key(), (value, self.lists));
         before.map(|(v, _)| v) != Some(value)
     }
 
@@ -139,7 +141,7 @@ pub(crate) mod tests {
                 "a@1",   // new
                 "gap@1", // new
                 "a@3",   // data changed; a@2 did not
-                // a@4 is the deletion of what was seen: unchanged, and forgotten
+                "a@4",   // deleted, with the data seen last: passes, and is forgotten
                 "a@5",   // after its deletion, new again
                 "gap@9", // the relist no longer had it: new again
             ]
