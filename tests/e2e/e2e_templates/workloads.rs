@@ -196,6 +196,18 @@ fn node_ready(node: &Node) -> String {
         .unwrap_or_default()
 }
 
+/// Waits for Node `name` to be Ready (`what`: why it should be, for the failure).
+async fn wait_node_ready(rig: &Rig, nodes: &Api<Node>, name: &str, what: &str) {
+    rig.wait_ok(&format!("{name} {what}: its Node Ready"), UP, || async {
+        let node = nodes.get(name).await.map_err(|e| e.to_string())?;
+        match node_ready(&node).as_str() {
+            "True" => Ok(()),
+            other => Err(format!("Ready={other}")),
+        }
+    })
+    .await;
+}
+
 /// A worker's Kairon Machine halted and then Running again: its Node NotReady, then Ready, on
 /// the same Machine and the same Kairon Machine.
 async fn halt_and_run_again(rig: &Rig, wc: &Client) {
@@ -227,14 +239,7 @@ async fn halt_and_run_again(rig: &Rig, wc: &Client) {
     .await;
     let not_ready = started.elapsed();
     power("Running").await;
-    rig.wait_ok(&format!("{worker} running again: its Node Ready"), UP, || async {
-        let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
-        match node_ready(&node).as_str() {
-            "True" => Ok(()),
-            other => Err(format!("Ready={other}")),
-        }
-    })
-    .await;
+    wait_node_ready(rig, &nodes, &worker, "running again").await;
     eprintln!(
         "halted {worker}: Node not Ready after {:.1}s, Ready again {:.1}s after",
         not_ready.as_secs_f64(),
@@ -263,18 +268,7 @@ async fn beats_lapse_and_resume(rig: &Rig, wc: &Client) {
         .await
         .unwrap_or_else(|e| panic!("marking Node {worker} Ready Unknown: {e}"));
     let started = Instant::now();
-    rig.wait_ok(
-        &format!("{worker}'s kubelet posting again: its Node Ready"),
-        UP,
-        || async {
-            let node = nodes.get(&worker).await.map_err(|e| e.to_string())?;
-            match node_ready(&node).as_str() {
-                "True" => Ok(()),
-                other => Err(format!("Ready={other}")),
-            }
-        },
-    )
-    .await;
+    wait_node_ready(rig, &nodes, &worker, "its kubelet posting again").await;
     eprintln!(
         "{worker} marked Ready Unknown: Ready again {:.1}s after",
         started.elapsed().as_secs_f64()
