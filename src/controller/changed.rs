@@ -1,7 +1,8 @@
 //! Which objects of a watch changed: the last trigger value seen of each object (a hash of
 //! what its subscriber reacts to), so that an object passes on only when that changed, when it
-//! is new, when it is deleted (the set of objects changed), or when it has no trigger. Used by the shared caches' subscribers
-//! (`caches::Shared::touched_when`) and by a watch of its own ([`changed_objects`]).
+//! is new, when it is deleted (the set of objects changed), or when it has no trigger. Used by
+//! the shared caches' subscribers (`caches::Shared::touched_when`) and by a watch of its own
+//! ([`changed_objects`]).
 
 use std::collections::HashMap;
 

@@ -264,9 +264,10 @@ async fn carry_out_plan(
         busy = true;
     }
     // A member whose VM is gone before CAPI made its Machine: nothing to drain.
-    let cached = match plan.delete_kaironmachines.is_empty() {
-        true => vec![],
-        false => ctx.kaironmachines_of(s, of.machine_pool),
+    let cached = if plan.delete_kaironmachines.is_empty() {
+        vec![]
+    } else {
+        ctx.kaironmachines_of(s, of.machine_pool)
     };
     for name in &plan.delete_kaironmachines {
         let Some(uid) = cached
