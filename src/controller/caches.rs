@@ -240,7 +240,7 @@ where
 
     /// Objects applied or deleted, but only those whose `trigger` differs from the last one
     /// seen of the same object (name and UID): what the subscriber reacts to changed. An object
-    /// seen for the first time always passes. Like kube's `predicate_filter`, with the entry of
+    /// seen for the first time always passes, and so does a deletion. Like kube's `predicate_filter`, with the entry of
     /// an object dropped when it is deleted, or when a full list no longer has it (it went
     /// during a watch gap).
     pub(crate) fn touched_when<F>(&self, trigger: F) -> impl Stream<Item = Arc<K>> + Send + 'static
