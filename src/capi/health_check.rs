@@ -9,7 +9,7 @@ use kube::core::{Selector, SelectorExt};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{Machine, PAUSED_ANNOTATION, has_annotation};
+use super::{MachineView, PAUSED_ANNOTATION, has_annotation};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -45,7 +45,7 @@ impl MachineHealthCheck {
     /// paused, names the Machine's cluster, and its selector matches the Machine's labels. An
     /// empty selector selects nothing (CAPI refuses one at admission), and neither does a
     /// selector Kubernetes could not parse.
-    pub fn selects(&self, machine: &Machine) -> bool {
+    pub fn selects(&self, machine: &MachineView) -> bool {
         if self.metadata.deletion_timestamp.is_some()
             || has_annotation(&self.metadata, PAUSED_ANNOTATION)
             || self.metadata.namespace != machine.metadata.namespace
@@ -63,13 +63,12 @@ impl MachineHealthCheck {
         let Ok(selector) = Selector::try_from(s.clone()) else {
             return false;
         };
-        let empty = Default::default();
-        selector.matches(machine.metadata.labels.as_ref().unwrap_or(&empty))
+        selector.matches(&machine.labels())
     }
 }
 
 /// Whether any of `checks` remediates `machine` now.
-pub fn selected<'a>(checks: impl IntoIterator<Item = &'a MachineHealthCheck>, machine: &Machine) -> bool {
+pub fn selected<'a>(checks: impl IntoIterator<Item = &'a MachineHealthCheck>, machine: &MachineView) -> bool {
     checks.into_iter().any(|c| c.selects(machine))
 }
 
@@ -79,8 +78,8 @@ mod tests {
     use crate::capi::MachineSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelectorRequirement, Time};
 
-    fn machine(cluster: &str, labels: &[(&str, &str)]) -> Machine {
-        let mut m = Machine::new(
+    fn machine(cluster: &str, labels: &[(&str, &str)]) -> MachineView {
+        let mut m = crate::capi::Machine::new(
             "m1",
             MachineSpec {
                 cluster_name: cluster.into(),
@@ -89,7 +88,7 @@ mod tests {
         );
         m.metadata.namespace = Some("ns".into());
         m.metadata.labels = Some(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
-        m
+        MachineView::cached(m)
     }
 
     fn check(cluster: &str, labels: &[(&str, &str)]) -> MachineHealthCheck {

@@ -1,10 +1,11 @@
 //! Partial view of `cluster.x-k8s.io/v1beta2` Machine.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{CONTROL_PLANE_LABEL, ContractVersionedObjectReference, has_annotation};
+use super::{CONTROL_PLANE_LABEL, ContractVersionedObjectReference};
 
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
@@ -72,57 +73,9 @@ pub(crate) const READ_MACHINE_ANNOTATIONS: [&str; 3] = [
     SKIP_REMEDIATION_ANNOTATION,
     EVACUATION_ANNOTATION,
 ];
-/// The Machine conditions the cache keeps.
-const READ_MACHINE_CONDITIONS: [&str; 1] = [OWNER_REMEDIATED];
 /// How long a Machine may be without its Node before it counts as never getting one: the
 /// node startup timeout a MachineHealthCheck has by default in CAPI (10 minutes).
 pub const NODE_STARTUP: std::time::Duration = std::time::Duration::from_secs(600);
-
-/// What the Machine cache keeps: the spec view, the labels (which MachineHealthCheck selects
-/// it), deletion, the remediation annotations, the controller owner, whether the Node is known,
-/// the `Failed` phase and the owner's remediation condition (type and status). Everything else
-/// goes before the object is stored: at thousands of Machines their status and managedFields
-/// are most of their weight.
-pub(crate) fn keep_what_is_read(m: &mut Machine) {
-    let meta = &mut m.metadata;
-    meta.managed_fields = None;
-    meta.finalizers = None;
-    // Never written from the cache, so never conditional on it; the cache's key would hold it
-    // once more.
-    meta.resource_version = None;
-    super::retain_keys(&mut meta.annotations, &READ_MACHINE_ANNOTATIONS);
-    if let Some(refs) = meta.owner_references.as_mut() {
-        refs.retain(|r| r.controller == Some(true));
-        for r in refs.iter_mut().filter(|r| r.kind != "MachinePool") {
-            // The kind is what is read; the rest of the reference is not (but a MachinePool's:
-            // a pool member's bootstrap data is named by it).
-            r.uid = String::new();
-            r.name = String::new();
-            r.block_owner_deletion = None;
-        }
-    }
-    if meta.owner_references.as_ref().is_some_and(Vec::is_empty) {
-        meta.owner_references = None;
-    }
-    if let Some(status) = m.status.as_mut() {
-        if let Some(conds) = status.conditions.as_mut() {
-            conds.retain(|c| READ_MACHINE_CONDITIONS.contains(&c.type_.as_str()));
-        }
-        if status.conditions.as_ref().is_some_and(Vec::is_empty) {
-            status.conditions = None;
-        }
-        if let Some(n) = status.node_ref.as_mut() {
-            n.name = String::new();
-        }
-        status.phase = status.phase.take().filter(|p| p == "Failed");
-    }
-    if m.status
-        .as_ref()
-        .is_some_and(|s| s.node_ref.is_none() && s.conditions.is_none() && s.phase.is_none())
-    {
-        m.status = None;
-    }
-}
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -134,6 +87,125 @@ pub struct Bootstrap {
 }
 
 impl Machine {
+    /// Whether the Machine is being deleted.
+    pub fn is_deleting(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+    }
+
+    /// The status of condition `type_`, if the Machine has it.
+    pub fn condition(&self, type_: &str) -> Option<&str> {
+        self.status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| c.status.as_str())
+    }
+}
+
+/// A Machine as the KaironMachine controller's cache keeps it: what the provider reads of a
+/// Machine and nothing else (see [`MachineView::cached`]). At thousands of Machines a cached
+/// [`Machine`] weighs its label and annotation maps (a map node is about half a KiB however
+/// few its entries), its owner references and conditions; this keeps the labels as one
+/// boxed slice and the rest as plain values.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MachineView {
+    /// Name, namespace, uid, creation and deletion; no labels, annotations, finalizers,
+    /// owner references, managedFields or resourceVersion (never written from the cache).
+    pub metadata: ObjectMeta,
+    pub spec: MachineSpec,
+    /// Every label, sorted by key: MachineHealthChecks select by any of them.
+    labels: Box<[(Box<str>, Box<str>)]>,
+    /// The values of [`READ_MACHINE_ANNOTATIONS`] it has.
+    annotations: Box<[(&'static str, Box<str>)]>,
+    /// The kind of its controller owner.
+    controller_kind: Option<Box<str>>,
+    /// The name and uid of its controller owner when that is a MachinePool (a pool member's
+    /// bootstrap data is named by its pool).
+    pool: Option<(Box<str>, Box<str>)>,
+    /// `status.nodeRef` is set.
+    has_node: bool,
+    /// `status.phase` is `Failed`.
+    failed: bool,
+}
+
+impl MachineView {
+    /// `m` as the cache keeps it.
+    pub fn cached(m: Machine) -> MachineView {
+        let Machine { metadata, spec, status } = m;
+        let ObjectMeta {
+            name,
+            namespace,
+            uid,
+            creation_timestamp,
+            deletion_timestamp,
+            labels,
+            annotations,
+            owner_references,
+            ..
+        } = metadata;
+        let mut labels: Box<[(Box<str>, Box<str>)]> = labels
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+            .collect();
+        labels.sort_unstable();
+        let mut annotations = annotations.unwrap_or_default();
+        let annotations = READ_MACHINE_ANNOTATIONS
+            .iter()
+            .filter_map(|k| annotations.remove(*k).map(|v| (*k, v.into_boxed_str())))
+            .collect();
+        let controller = owner_references
+            .unwrap_or_default()
+            .into_iter()
+            .find(|r| r.controller == Some(true));
+        let pool = controller
+            .as_ref()
+            .filter(|r| r.kind == "MachinePool" && super::group_of(&r.api_version) == super::GROUP)
+            .map(|r| (r.name.clone().into_boxed_str(), r.uid.clone().into_boxed_str()));
+        let status = status.unwrap_or_default();
+        MachineView {
+            metadata: ObjectMeta {
+                name,
+                namespace,
+                uid,
+                creation_timestamp,
+                deletion_timestamp,
+                ..Default::default()
+            },
+            spec,
+            labels,
+            annotations,
+            controller_kind: controller.map(|r| r.kind.into_boxed_str()),
+            pool,
+            has_node: status.node_ref.is_some(),
+            failed: status.phase.as_deref() == Some("Failed"),
+        }
+    }
+
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .binary_search_by(|(k, _)| (**k).cmp(key))
+            .ok()
+            .map(|i| &*self.labels[i].1)
+    }
+
+    /// Every label, as a map (for label selectors).
+    pub fn labels(&self) -> std::collections::BTreeMap<String, String> {
+        self.labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Whether it has annotation `key`, one of [`READ_MACHINE_ANNOTATIONS`].
+    pub fn has_annotation(&self, key: &str) -> bool {
+        debug_assert!(READ_MACHINE_ANNOTATIONS.contains(&key), "annotation {key} is not kept");
+        self.annotations.iter().any(|(k, _)| *k == key)
+    }
+
     /// `spec.bootstrap.dataSecretName`, when set and non-empty.
     pub fn data_secret_name(&self) -> Option<&str> {
         self.spec
@@ -175,10 +247,7 @@ impl Machine {
 
     /// Whether the Machine belongs to the control plane.
     pub fn is_control_plane(&self) -> bool {
-        self.metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL))
+        self.label(CONTROL_PLANE_LABEL).is_some()
     }
 
     /// `spec.failureDomain`, when set and non-empty.
@@ -193,52 +262,82 @@ impl Machine {
 
     /// Whether its Node is known (`status.nodeRef`): a Machine without one is still coming up.
     pub fn has_node(&self) -> bool {
-        self.status.as_ref().is_some_and(|s| s.node_ref.is_some())
-    }
-
-    /// The status of condition `type_`, if the Machine has it.
-    pub fn condition(&self, type_: &str) -> Option<&str> {
-        self.status
-            .as_ref()?
-            .conditions
-            .as_ref()?
-            .iter()
-            .find(|c| c.type_ == type_)
-            .map(|c| c.status.as_str())
+        self.has_node
     }
 
     /// Whether the Machine will never get a Node: it has none and is being deleted, has failed,
     /// or has been without one for longer than [`NODE_STARTUP`] (a MachineHealthCheck would
     /// have replaced it by then; without one, nothing will). `now`: the time to judge by.
     pub fn never_gets_a_node(&self, now: k8s_openapi::jiff::Timestamp) -> bool {
-        if self.has_node() {
+        if self.has_node {
             return false;
         }
-        let failed = self.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed");
         let old = self.metadata.creation_timestamp.as_ref().is_some_and(|t| {
             std::time::Duration::try_from(now.duration_since(t.0)).is_ok_and(|age| age > NODE_STARTUP)
         });
-        self.is_deleting() || failed || old
+        self.is_deleting() || self.failed || old
     }
 
     /// Whether the Machine is marked for remediation (`cluster.x-k8s.io/remediate-machine`).
     pub fn is_marked_for_remediation(&self) -> bool {
-        has_annotation(&self.metadata, REMEDIATE_MACHINE_ANNOTATION)
+        self.has_annotation(REMEDIATE_MACHINE_ANNOTATION)
     }
 
     /// Whether MachineHealthChecks are told to leave the Machine alone.
     pub fn skips_remediation(&self) -> bool {
-        has_annotation(&self.metadata, SKIP_REMEDIATION_ANNOTATION)
+        self.has_annotation(SKIP_REMEDIATION_ANNOTATION)
     }
 
     /// The kind of the Machine's controller owner (MachineSet, KubeadmControlPlane, ...).
     pub fn controller_kind(&self) -> Option<&str> {
-        self.metadata
-            .owner_references
-            .as_deref()?
-            .iter()
-            .find(|r| r.controller == Some(true))
-            .map(|r| r.kind.as_str())
+        self.controller_kind.as_deref()
+    }
+
+    /// The name and uid of the MachinePool that controls the Machine, if one does.
+    pub fn pool(&self) -> Option<(&str, &str)> {
+        self.pool.as_ref().map(|(name, uid)| (&**name, &**uid))
+    }
+}
+
+/// A `MachineView` is kept in kube's reflector stores under the Machine's own kind.
+impl kube::Resource for MachineView {
+    type DynamicType = ();
+    type Scope = kube::core::NamespaceResourceScope;
+
+    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+        Machine::kind(dt)
+    }
+
+    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+        Machine::group(dt)
+    }
+
+    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+        Machine::version(dt)
+    }
+
+    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+        Machine::plural(dt)
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// A watch event of Machines as the cache keeps them.
+pub fn cached_event(event: kube::runtime::watcher::Event<Machine>) -> kube::runtime::watcher::Event<MachineView> {
+    use kube::runtime::watcher::Event;
+    match event {
+        Event::Apply(m) => Event::Apply(MachineView::cached(m)),
+        Event::Delete(m) => Event::Delete(MachineView::cached(m)),
+        Event::Init => Event::Init,
+        Event::InitApply(m) => Event::InitApply(MachineView::cached(m)),
+        Event::InitDone => Event::InitDone,
     }
 }
 
@@ -247,8 +346,8 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-    /// A cached Machine answers every question the provider asks of a Machine as the Machine
-    /// itself does, and keeps nothing else.
+    /// A cached Machine answers every question the provider asks of a Machine, and keeps
+    /// nothing else.
     #[test]
     fn a_cached_machine_keeps_what_is_read() {
         let mut m = Machine::new("m1", MachineSpec::default());
@@ -290,36 +389,58 @@ mod tests {
             phase: Some("Running".into()),
         });
         m.metadata.resource_version = Some("7".into());
-        let mut cached = m.clone();
-        keep_what_is_read(&mut cached);
-        assert_eq!(cached.is_control_plane(), m.is_control_plane());
+        m.metadata.namespace = Some("ns".into());
+        m.metadata.uid = Some("uid-1".into());
+        m.spec.bootstrap = Some(Bootstrap {
+            config_ref: None,
+            data_secret_name: Some("m1-data".into()),
+        });
+        let cached = MachineView::cached(m.clone());
+        assert!(cached.is_control_plane());
         assert_eq!(cached.controller_kind(), Some("KubeadmControlPlane"));
+        assert_eq!(cached.pool(), None, "its controller is no MachinePool");
         assert!(cached.has_node() && cached.is_marked_for_remediation());
-        assert_eq!(cached.condition(OWNER_REMEDIATED), Some("True"));
         assert!(!cached.skips_remediation());
-        assert_eq!(cached.metadata.annotations.as_ref().map(|a| a.len()), Some(2));
+        assert!(cached.has_annotation(EVACUATION_ANNOTATION));
+        assert_eq!(cached.annotations.len(), 2, "the read annotations only");
         assert_eq!(
-            cached.metadata.labels, m.metadata.labels,
+            cached.labels(),
+            m.metadata.labels.clone().unwrap(),
             "every label: MachineHealthChecks select by them"
         );
-        assert_eq!(cached.metadata.owner_references.as_ref().map(|o| o.len()), Some(1));
+        assert_eq!(cached.label("cluster.x-k8s.io/deployment-name"), Some("md"));
+        assert_eq!(cached.label("cluster.x-k8s.io/cluster-name"), None);
+        assert_eq!(cached.data_secret_name(), Some("m1-data"));
         assert_eq!(
-            cached.condition("Ready"),
-            None,
-            "only the owner's remediation condition"
+            (
+                cached.metadata.name.as_deref(),
+                cached.metadata.namespace.as_deref(),
+                cached.metadata.uid.as_deref()
+            ),
+            (Some("m1"), Some("ns"), Some("uid-1"))
         );
-        assert_eq!(
-            cached.condition(HEALTH_CHECK_SUCCEEDED),
-            None,
-            "stale once its check is gone"
-        );
-        assert_eq!(cached.status.as_ref().unwrap().phase, None, "only Failed is kept");
-        assert!(cached.metadata.finalizers.is_none() && cached.metadata.resource_version.is_none());
+        let meta = &cached.metadata;
+        assert!(meta.labels.is_none() && meta.annotations.is_none() && meta.owner_references.is_none());
+        assert!(meta.finalizers.is_none() && meta.resource_version.is_none());
+        let now = k8s_openapi::jiff::Timestamp::now();
+        assert!(!cached.never_gets_a_node(now), "it has its Node");
 
-        let mut bare = Machine::new("m2", MachineSpec::default());
-        bare.status = Some(MachineStatus::default());
-        keep_what_is_read(&mut bare);
-        assert_eq!(bare.status, None, "no empty status is kept");
-        assert!(!bare.has_node());
+        let mut failed = Machine::new("m2", MachineSpec::default());
+        failed.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "MachinePool".into(),
+            name: "mp".into(),
+            uid: "mp-uid".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        failed.status = Some(MachineStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        });
+        let failed = MachineView::cached(failed);
+        assert_eq!(failed.pool(), Some(("mp", "mp-uid")));
+        assert!(!failed.has_node() && failed.never_gets_a_node(now));
+        assert!(!failed.is_control_plane() && !failed.is_marked_for_remediation());
     }
 }

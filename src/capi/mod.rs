@@ -15,10 +15,10 @@ pub use crate::api::APIEndpoint;
 pub use cluster::{Cluster, ClusterCondition, ClusterInitialization, ClusterSpec, ClusterStatus};
 pub(crate) use health_check::keep_what_is_read as keep_what_is_read_of_health_check;
 pub use health_check::{MachineHealthCheck, MachineHealthCheckSpec, selected as selected_by_health_check};
-pub(crate) use machine::keep_what_is_read as keep_what_is_read_of_machine;
+pub use machine::cached_event as cached_machine_event;
 pub use machine::{
     Bootstrap, EVACUATION_ANNOTATION, HEALTH_CHECK_SUCCEEDED, Machine, MachineNodeReference, MachineSpec,
-    MachineStatus, OWNER_REMEDIATED, REMEDIATE_MACHINE_ANNOTATION, SKIP_REMEDIATION_ANNOTATION,
+    MachineStatus, MachineView, OWNER_REMEDIATED, REMEDIATE_MACHINE_ANNOTATION, SKIP_REMEDIATION_ANNOTATION,
 };
 pub use machine_pool::{
     DELETE_MACHINE_ANNOTATION, MachinePool, MachinePoolMachineSpec, MachinePoolSpec, MachinePoolTemplate,

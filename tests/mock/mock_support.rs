@@ -38,7 +38,7 @@ impl World {
     /// The KaironMachine reconciler's context: every request to `client`.
     pub fn machine_context(self, client: Client) -> kairon_machine::Context {
         kairon_machine::Context {
-            machines: filled(self.machines).0,
+            machines: filled(self.machines.into_iter().map(capi::MachineView::cached).collect()).0,
             clusters: filled(self.clusters).0,
             instances: filled(self.instances.into_iter().map(kairon::Vm::cached).collect()).0,
             health_checks: filled(self.health_checks).0,

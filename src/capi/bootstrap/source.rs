@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::BootstrapDataError;
-use crate::capi::{CLUSTER_NAME_LABEL, ContractVersionedObjectReference, GROUP, Machine, MachinePool, group_of};
+use crate::capi::{CLUSTER_NAME_LABEL, ContractVersionedObjectReference, GROUP, MachinePool, MachineView, group_of};
 
 /// What bootstrap data is made for: a Machine, or a MachinePool (CABPK makes the pool its
 /// config's controller and one Secret serves every VM of the pool).
@@ -20,8 +20,8 @@ pub(crate) struct ConfigOwner<'a> {
     pub config: Option<&'a ContractVersionedObjectReference>,
 }
 
-impl<'a> From<&'a Machine> for ConfigOwner<'a> {
-    fn from(m: &'a Machine) -> Self {
+impl<'a> From<&'a MachineView> for ConfigOwner<'a> {
+    fn from(m: &'a MachineView) -> Self {
         ConfigOwner {
             kind: "Machine",
             uid: m.metadata.uid.as_deref(),
@@ -191,8 +191,8 @@ mod tests {
     }
 
     /// Machine `m1` (uid `m1-uid`) of Cluster `demo`, with bootstrap config `config` if given.
-    fn machine(config: Option<&str>) -> Machine {
-        let mut m = Machine::new(
+    fn machine(config: Option<&str>) -> MachineView {
+        let mut m = crate::capi::Machine::new(
             "m1",
             crate::capi::MachineSpec {
                 cluster_name: "demo".into(),
@@ -208,7 +208,7 @@ mod tests {
             },
         );
         m.metadata.uid = Some("m1-uid".into());
-        m
+        MachineView::cached(m)
     }
 
     fn labelled(s: &Secret, cluster: &str) -> Secret {
@@ -256,7 +256,7 @@ mod tests {
         let app = owned_by(&plain, "apps/v1", "Deployment", "x", true);
 
         #[rustfmt::skip]
-        let cases: Vec<(&str, Secret, &Machine, Want)> = vec![
+        let cases: Vec<(&str, Secret, &MachineView, Want)> = vec![
             ("made by the Machine's config", from_config.clone(), &with_config, Made("m1-config")),
             ("made by the Machine's config, labelled for its Cluster", labelled(&from_config, "demo"), &with_config, Made("m1-config")),
             ("made by the Machine's config, labelled for another Cluster", labelled(&from_config, "other"), &with_config, Refused("Cluster other")),

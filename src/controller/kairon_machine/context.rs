@@ -44,7 +44,7 @@ pub struct Context {
     /// KaironClusters, for the identity of a machine whose VM is not created yet.
     pub kaironclusters: Store<KaironCluster>,
     pub settings: Settings,
-    pub machines: Store<capi::Machine>,
+    pub machines: Store<capi::MachineView>,
     /// MachineHealthChecks: which of them selects a Machine now (host maintenance).
     pub health_checks: Store<capi::MachineHealthCheck>,
     pub clusters: Store<capi::Cluster>,
@@ -115,7 +115,7 @@ impl Context {
 pub(super) struct Scope {
     pub(super) km: Arc<KaironMachine>,
     pub(super) ns: String,
-    pub(super) machine: Option<Arc<capi::Machine>>,
+    pub(super) machine: Option<Arc<capi::MachineView>>,
     pub(super) cluster: Option<Arc<capi::Cluster>>,
     /// From the cluster-name label, else the Machine's `spec.clusterName`; empty if neither.
     pub(super) cluster_name: String,

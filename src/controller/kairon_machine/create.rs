@@ -30,7 +30,7 @@ const SECRET_RETRY: Duration = Duration::from_secs(20);
 /// bootstrap data, the failure domain. Stops with what is still missing otherwise.
 pub(super) async fn create_instance(
     scope: &Scope,
-    machine: &capi::Machine,
+    machine: &capi::MachineView,
     ctx: &Context,
     target: &Target,
 ) -> Result<Step<kairon::Vm>, Error> {
@@ -249,17 +249,17 @@ enum PoolOf {
     Missing(String),
 }
 
-fn pool_of(machine: &capi::Machine, ns: &str, ctx: &Context) -> PoolOf {
-    let Some(owner) = capi::owner(&machine.metadata, "MachinePool").filter(|o| o.controller == Some(true)) else {
+fn pool_of(machine: &capi::MachineView, ns: &str, ctx: &Context) -> PoolOf {
+    let Some((name, uid)) = machine.pool() else {
         return PoolOf::None;
     };
     match ctx
         .machine_pools
-        .get(&ObjectRef::new(&owner.name).within(ns))
-        .filter(|mp| mp.metadata.uid.as_deref() == Some(owner.uid.as_str()))
+        .get(&ObjectRef::new(name).within(ns))
+        .filter(|mp| mp.metadata.uid.as_deref() == Some(uid))
     {
         Some(mp) => PoolOf::Found(mp),
-        None => PoolOf::Missing(owner.name.clone()),
+        None => PoolOf::Missing(name.to_string()),
     }
 }
 

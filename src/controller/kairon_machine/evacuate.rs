@@ -79,7 +79,7 @@ pub(super) struct Maintenance {
 /// the cluster at a time).
 pub(super) async fn follow(
     scope: &Scope,
-    machine: &capi::Machine,
+    machine: &capi::MachineView,
     vm: &kairon::Vm,
     target: &Target,
     ctx: &Context,
@@ -248,7 +248,7 @@ fn evacuation_condition(km: &KaironMachine) -> Option<&Condition> {
 }
 
 /// The Machines of `cluster` in `ns`, from the cache.
-fn cluster_machines(machines: &Store<capi::Machine>, ns: &str, cluster: &str) -> Vec<Arc<capi::Machine>> {
+fn cluster_machines(machines: &Store<capi::MachineView>, ns: &str, cluster: &str) -> Vec<Arc<capi::MachineView>> {
     if cluster.is_empty() {
         return vec![];
     }
@@ -274,7 +274,7 @@ fn health_checks(
 
 /// Whether the VM of Machine `m` is on a cordoned node (its KaironMachine, and so its VM, has
 /// the name the Machine's `infrastructureRef` gives).
-fn evacuating(m: &capi::Machine, ns: &str, store: &Store<kairon::Vm>, nodes: Option<&Store<Node>>) -> bool {
+fn evacuating(m: &capi::MachineView, ns: &str, store: &Store<kairon::Vm>, nodes: Option<&Store<Node>>) -> bool {
     let Some(vm) = m
         .spec
         .infrastructure_ref
@@ -297,7 +297,7 @@ fn node_of(vm: &kairon::Vm, nodes: Option<&Store<Node>>) -> Option<Arc<Node>> {
 /// without a failure domain, a selector, or the node's labels (Kairon's nodes not readable).
 fn in_failure_domain(
     scope: &Scope,
-    machine: &capi::Machine,
+    machine: &capi::MachineView,
     vm: &kairon::Vm,
     node: Option<&Node>,
     ctx: &Context,

@@ -40,7 +40,7 @@ use crate::kairon::evacuation::Request;
 /// What the machine's own side looks like.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Own<'a> {
-    pub machine: &'a capi::Machine,
+    pub machine: &'a capi::MachineView,
     /// The VM's node is cordoned.
     pub request: Option<&'a Request>,
     /// The node the VM runs on now.
@@ -64,7 +64,7 @@ pub(super) struct Own<'a> {
 /// cordoned.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Peer<'a> {
-    pub machine: &'a capi::Machine,
+    pub machine: &'a capi::MachineView,
     pub evacuating: bool,
     /// A MachineHealthCheck selects it now.
     pub health_checked: bool,
@@ -101,18 +101,18 @@ impl Decision {
 
 /// Whether the provider can get the Machine replaced: a MachineHealthCheck selects it now, or
 /// it is a worker of a MachineSet (deleted by us when none does).
-fn can_be_replaced(m: &capi::Machine, health_checked: bool) -> bool {
+fn can_be_replaced(m: &capi::MachineView, health_checked: bool) -> bool {
     !m.skips_remediation() && (health_checked || deleted_without_health_check(m))
 }
 
 /// Without a MachineHealthCheck, the provider deletes only a worker whose owner makes another
 /// in its place: a MachineSet's, or a MachinePool's (its KaironMachinePool releases the VM from
 /// its Kairon MachineSet and raises the set again).
-fn deleted_without_health_check(m: &capi::Machine) -> bool {
+fn deleted_without_health_check(m: &capi::MachineView) -> bool {
     !m.is_control_plane() && matches!(m.controller_kind(), Some("MachineSet" | "MachinePool"))
 }
 
-fn name(m: &capi::Machine) -> &str {
+fn name(m: &capi::MachineView) -> &str {
     m.metadata.name.as_deref().unwrap_or_default()
 }
 
@@ -319,7 +319,7 @@ fn after_request(own: &Own<'_>) -> Decision {
         condition: Some(Decided::new(EVACUATION, Status::False, r, message)),
         requeue: None,
     };
-    if m.is_deleting() || capi::has_annotation(&m.metadata, capi::EVACUATION_ANNOTATION) {
+    if m.is_deleting() || m.has_annotation(capi::EVACUATION_ANNOTATION) {
         // Marked by us, or deleted: the replacement goes on whatever Kairon says now.
         let (r, what) = if m.is_deleting() {
             (reason::REPLACING, "is being deleted")

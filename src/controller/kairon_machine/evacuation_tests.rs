@@ -23,7 +23,7 @@ pub(super) struct M {
     pub(super) skip: bool,
 }
 
-pub(super) fn machine(name: &str, m: M) -> capi::Machine {
+pub(super) fn machine(name: &str, m: M) -> capi::MachineView {
     let mut machine = capi::Machine::new(name, MachineSpec::default());
     let owner = match (m.cp, m.pool) {
         (true, _) => "KubeadmControlPlane",
@@ -64,7 +64,7 @@ pub(super) fn machine(name: &str, m: M) -> capi::Machine {
     });
     let age = if m.old { 3600 } else { 60 };
     machine.metadata.creation_timestamp = Some(Time(now() - k8s_openapi::jiff::SignedDuration::from_secs(age)));
-    machine
+    capi::MachineView::cached(machine)
 }
 
 fn now() -> Timestamp {
@@ -344,7 +344,7 @@ fn what_an_evacuation_does_in_every_situation() {
 pub(super) fn check(cases: impl IntoIterator<Item = Case>) {
     for c in cases {
         let me = machine("m-me", c.me);
-        let others: Vec<(capi::Machine, bool)> = c.others.iter().map(|(n, m, e)| (machine(n, *m), *e)).collect();
+        let others: Vec<(capi::MachineView, bool)> = c.others.iter().map(|(n, m, e)| (machine(n, *m), *e)).collect();
         let req = c.request.then(request);
         let own = Own {
             machine: &me,
@@ -396,7 +396,7 @@ fn of_several_evacuating_machines_exactly_one_goes() {
         mhc: true,
         ..M::default()
     };
-    let machines: Vec<capi::Machine> = ["w1", "w2", "cp1"].iter().map(|n| machine(n, mhc)).collect();
+    let machines: Vec<capi::MachineView> = ["w1", "w2", "cp1"].iter().map(|n| machine(n, mhc)).collect();
     let quiet = machine("a-not-cordoned", mhc);
     let r = request();
     let peers: Vec<Peer<'_>> = machines

@@ -136,7 +136,7 @@ async fn decide(km: Arc<KaironMachine>, ctx: &Arc<Context>) -> Result<Outcome, E
 /// Ensures the Kairon Machine exists (when it may), is ours, and is named by our providerID.
 async fn reconcile_instance(
     scope: &Scope,
-    machine: &capi::Machine,
+    machine: &capi::MachineView,
     ctx: &Context,
     target: &Target,
 ) -> Result<Step<kairon::Vm>, Error> {

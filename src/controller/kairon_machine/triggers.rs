@@ -10,7 +10,7 @@ use crate::capi;
 use crate::hashing::hash_of;
 
 /// The KaironMachine for a CAPI Machine: its `spec.infrastructureRef`.
-pub(crate) fn kaironmachine_for_machine(m: &capi::Machine) -> Option<ObjectRef<KaironMachine>> {
+pub(crate) fn kaironmachine_for_machine(m: &capi::MachineView) -> Option<ObjectRef<KaironMachine>> {
     let r = m
         .spec
         .infrastructure_ref
@@ -39,7 +39,7 @@ pub(crate) fn cluster_whole_trigger(c: &capi::Cluster) -> Option<u64> {
 }
 
 /// What of a Machine a KaironMachine reacts to: bootstrap data, references, placement, role.
-pub(crate) fn machine_trigger(m: &capi::Machine) -> Option<u64> {
+pub(crate) fn machine_trigger(m: &capi::MachineView) -> Option<u64> {
     Some(hash_of(&(
         m.data_secret_name(),
         &m.spec.infrastructure_ref,

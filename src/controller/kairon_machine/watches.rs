@@ -73,9 +73,9 @@ pub(crate) fn controller(
     let machine_watch = watcher(settings.api::<capi::Machine>(&client), wc.clone())
         .inspect_err(watch_error("machines.cluster.x-k8s.io", &telemetry))
         .default_backoff()
-        // Read: the spec view, the control-plane label, deletion, and what an evacuation
-        // decides from (remediation annotations and conditions, owner kind, nodeRef).
-        .modify(capi::keep_what_is_read_of_machine)
+        // Read: the spec view, the labels, deletion, and what an evacuation decides from
+        // (remediation annotations and conditions, owner kind, nodeRef).
+        .map_ok(capi::cached_machine_event)
         .reflect(w)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(m) = event {
@@ -215,7 +215,7 @@ pub(crate) fn controller(
     let turns = evacuating.clone();
     let whole = evacuating.clone();
     let checked = evacuating.clone();
-    let on_machine = move |m: Option<capi::Machine>| {
+    let on_machine = move |m: Option<capi::MachineView>| {
         let Some(m) = m else { return vec![] };
         let mut refs: Vec<_> = kaironmachine_for_machine(&m).into_iter().collect();
         refs.extend(turns.of_cluster(&m.namespace().unwrap_or_default(), &m.spec.cluster_name));
@@ -406,25 +406,27 @@ mod tests {
             data_secret_name: Some("s".into()),
             ..Default::default()
         });
-        assert_ne!(machine_trigger(&base), machine_trigger(&with_data));
+        let t = |m: &capi::Machine| machine_trigger(&capi::MachineView::cached(m.clone()));
+        assert_ne!(t(&base), t(&with_data));
         let mut noise = with_data.clone();
         noise.metadata.resource_version = Some("7".into());
-        assert_eq!(machine_trigger(&with_data), machine_trigger(&noise));
+        assert_eq!(t(&with_data), t(&noise));
     }
 
     #[test]
     fn watch_mappers() {
         let mut m = capi::Machine::new("m1", Default::default());
         m.metadata.namespace = Some("ns".into());
-        assert_eq!(kaironmachine_for_machine(&m), None, "no infrastructureRef");
+        let km_for = |m: &capi::Machine| kaironmachine_for_machine(&capi::MachineView::cached(m.clone()));
+        assert_eq!(km_for(&m), None, "no infrastructureRef");
         m.spec.infrastructure_ref = Some(capi::ContractVersionedObjectReference {
             api_group: "infrastructure.cluster.x-k8s.io".into(),
             kind: "KaironMachine".into(),
             name: "km1".into(),
         });
-        assert_eq!(kaironmachine_for_machine(&m), Some(ObjectRef::new("km1").within("ns")));
+        assert_eq!(km_for(&m), Some(ObjectRef::new("km1").within("ns")));
         m.spec.infrastructure_ref.as_mut().unwrap().kind = "DockerMachine".into();
-        assert_eq!(kaironmachine_for_machine(&m), None, "someone else's infrastructure");
+        assert_eq!(km_for(&m), None, "someone else's infrastructure");
 
         let mut v = kairon::fixtures::vm(Some("Running"));
         assert_eq!(

@@ -25,7 +25,7 @@ use capkr::controller::kairon_machine::{Observed, StatusInput, next_status};
 use capkr::kairon::cloud_init::{DEFAULT_MAX_DECODED_BYTES, GuestFacts, translate_cloud_config};
 use capkr::kairon::{self, desired_kairon_machine, provider_id};
 use capkr_testenv::Env;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -125,7 +125,7 @@ struct MachineState {
 struct Shared {
     client: Client,
     permits: Arc<Semaphore>,
-    machines: Store<capi::Machine>,
+    machines: Store<capi::MachineView>,
     state: Arc<Mutex<HashMap<String, MachineState>>>,
     errors: Arc<Mutex<Vec<String>>>,
 }
@@ -150,6 +150,7 @@ impl Floor {
         let machine_task = tokio::spawn(async move {
             let mut events = watcher(machine_api, watcher::Config::default())
                 .default_backoff()
+                .map_ok(capi::cached_machine_event)
                 .reflect(writer)
                 .boxed();
             while events.next().await.is_some() {}
@@ -322,7 +323,7 @@ impl Shared {
 
     /// The owning Machine from the watch cache; it is created before its KaironMachine, so
     /// this waits only when the Machine's event is late.
-    async fn owner_machine(&self, km: &KaironMachine) -> Result<Arc<capi::Machine>> {
+    async fn owner_machine(&self, km: &KaironMachine) -> Result<Arc<capi::MachineView>> {
         let owner = capi::owner(&km.metadata, "Machine")
             .ok_or_else(|| anyhow!("KaironMachine {} has no owner Machine", km.name_any()))?;
         let key = ObjectRef::new(&owner.name).within(NAMESPACE);
