@@ -105,6 +105,7 @@ pub(crate) async fn reconcile_delete(s: &Scope, ctx: &Context) -> Result<Outcome
         waiting: Some(d),
         paused: None,
         next: Next::Now(Action::requeue(DELETE_RETRY)),
+        members: None,
     })
 }
 

@@ -8,6 +8,7 @@
 //! writes per machine at N=1000). A change after a quiet spell is published at once; those
 //! that follow within the window wait for its end and go out together.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
@@ -15,6 +16,7 @@ use serde_json::json;
 
 use super::context::{Context, Scope};
 use super::status::{Counted, Observed, pool_status, provider_id_list};
+use crate::api::KaironMachine;
 use crate::api::conditions::Decided;
 use crate::controller::error::Error;
 
@@ -32,6 +34,9 @@ pub(crate) enum Outcome {
         waiting: Option<Decided>,
         paused: Option<&'static str>,
         next: Next,
+        /// The members' KaironMachines as this reconcile read them from the cache, if it did:
+        /// published as read, not gathered a second time.
+        members: Option<Vec<Arc<KaironMachine>>>,
     },
 }
 
@@ -48,11 +53,16 @@ pub(crate) enum Next {
 
 /// Publishes what the outcome says and returns when to look again.
 pub(crate) async fn finish(ctx: &Context, s: &Scope, outcome: Outcome) -> Result<Action, Error> {
-    let (waiting, paused, next) = match outcome {
+    let (waiting, paused, next, members) = match outcome {
         Outcome::Done(action) => return Ok(action),
-        Outcome::Publish { waiting, paused, next } => (waiting, paused, next),
+        Outcome::Publish {
+            waiting,
+            paused,
+            next,
+            members,
+        } => (waiting, paused, next, members),
     };
-    let changed = match write_status(ctx, s, waiting, paused).await? {
+    let changed = match write_status(ctx, s, waiting, paused, members).await? {
         Publish::Deferred(wait) => return Ok(Action::requeue(wait)),
         Publish::Wrote => true,
         Publish::Unchanged => false,
@@ -86,13 +96,14 @@ async fn write_status(
     s: &Scope,
     waiting: Option<Decided>,
     paused: Option<&str>,
+    members: Option<Vec<Arc<KaironMachine>>>,
 ) -> Result<Publish, Error> {
     let pool = s.pool.as_ref();
     // Every member of the MachinePool, whichever pool made it: after a repoint, the Nodes of
     // the old pool's members stay in the list until their Machines are drained and gone.
     let counted: Vec<Counted> = match s.machine_pool.as_ref().filter(|_| s.named) {
-        Some(mp) => ctx
-            .kaironmachines_of(s, &kube::ResourceExt::name_any(mp.as_ref()))
+        Some(mp) => members
+            .unwrap_or_else(|| ctx.kaironmachines_of(s, &kube::ResourceExt::name_any(mp.as_ref())))
             .iter()
             .map(|km| Counted {
                 provider_id: km.spec.provider_id.clone(),

@@ -51,6 +51,7 @@ fn wait_with(d: Decided) -> Outcome {
         waiting: Some(d),
         paused: None,
         next: Next::Now(Action::await_change()),
+        members: None,
     }
 }
 
@@ -66,6 +67,7 @@ async fn decide(scope: &Scope, ctx: &Arc<Context>) -> Result<Outcome, Error> {
             waiting: None,
             paused: Some(why),
             next: Next::Now(Action::await_change()),
+            members: None,
         });
     }
     if pool.metadata.deletion_timestamp.is_some() {
@@ -115,13 +117,14 @@ async fn decide(scope: &Scope, ctx: &Arc<Context>) -> Result<Outcome, Error> {
     let mut machines = ctx.machines_of(scope, &mp_name);
     let key = scope.key();
     let backing_off = ctx.broken_backoff.wait(&key, Instant::now());
-    let mut plan = plan_for(scope, &mp, &revision, &machines, ctx, backing_off.is_some());
+    let kms = ctx.kaironmachines_of(scope, &mp_name);
+    let mut plan = plan_for(scope, &mp, &revision, &kms, &machines, ctx, backing_off.is_some());
     if plan.delete_machines.iter().any(|(_, why)| *why == Why::ScaleIn) {
         // Whoever scales a pool in marks its choice (`delete-machine`) just before lowering the
         // MachinePool; the cache of Machines may not show the mark yet when the MachinePool's
         // change arrives. The victims are chosen from the Machines as the API server has them.
         machines = ctx.list_machines_of(scope, &mp_name).await?;
-        plan = plan_for(scope, &mp, &revision, &machines, ctx, backing_off.is_some());
+        plan = plan_for(scope, &mp, &revision, &kms, &machines, ctx, backing_off.is_some());
     }
     let broken_now = plan
         .delete_machines
@@ -163,20 +166,22 @@ async fn decide(scope: &Scope, ctx: &Arc<Context>) -> Result<Outcome, Error> {
             busy,
             broken_wait: backing_off.filter(|_| plan.broken_held > 0),
         },
+        members: Some(kms),
     })
 }
 
-/// The plan for the pool, from the caches.
+/// The plan for the pool, from the caches: `kms` are the members' KaironMachines, sorted by
+/// name ([`Context::kaironmachines_of`]).
 fn plan_for(
     s: &Scope,
     mp: &MachinePool,
     revision: &str,
+    kms: &[Arc<KaironMachine>],
     machines: &[Arc<capi::Machine>],
     ctx: &Context,
     hold_broken: bool,
 ) -> PoolPlan {
     let pool = s.pool.as_ref();
-    let kms = ctx.kaironmachines_of(s, &mp.name_any());
     // `kms` is sorted by name.
     let pending = ctx.pending.still(
         &s.key(),
