@@ -28,3 +28,4 @@ pub mod leader;
 pub mod manager;
 pub mod metrics;
 mod text;
+pub mod view;

@@ -299,46 +299,12 @@ impl MachineView {
     }
 }
 
-/// A `MachineView` is kept in kube's reflector stores under the Machine's own kind.
-impl kube::Resource for MachineView {
-    type DynamicType = ();
-    type Scope = kube::core::NamespaceResourceScope;
-
-    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
-        Machine::kind(dt)
-    }
-
-    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
-        Machine::group(dt)
-    }
-
-    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
-        Machine::version(dt)
-    }
-
-    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
-        Machine::plural(dt)
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+// A `MachineView` is kept in kube's reflector stores under the Machine's own kind.
+crate::view_of!(MachineView, Machine);
 
 /// A watch event of Machines as the cache keeps them.
 pub fn cached_event(event: kube::runtime::watcher::Event<Machine>) -> kube::runtime::watcher::Event<MachineView> {
-    use kube::runtime::watcher::Event;
-    match event {
-        Event::Apply(m) => Event::Apply(MachineView::cached(m)),
-        Event::Delete(m) => Event::Delete(MachineView::cached(m)),
-        Event::Init => Event::Init,
-        Event::InitApply(m) => Event::InitApply(MachineView::cached(m)),
-        Event::InitDone => Event::InitDone,
-    }
+    crate::view::map_event(event, MachineView::cached)
 }
 
 #[cfg(test)]

@@ -369,15 +369,7 @@ pub fn read(obj: DynamicObject) -> Machine {
 /// A watch event of untyped Kairon Machines, read as [`read`] does, as a cache keeps them
 /// ([`Vm::cached`]): never bootstrap payloads, nor what is never read back.
 pub(crate) fn read_event(event: kube::runtime::watcher::Event<DynamicObject>) -> kube::runtime::watcher::Event<Vm> {
-    use kube::runtime::watcher::Event;
-    let cached = |o| Vm::cached(read(o));
-    match event {
-        Event::Apply(o) => Event::Apply(cached(o)),
-        Event::Delete(o) => Event::Delete(cached(o)),
-        Event::Init => Event::Init,
-        Event::InitApply(o) => Event::InitApply(cached(o)),
-        Event::InitDone => Event::InitDone,
-    }
+    crate::view::map_event(event, |o| Vm::cached(read(o)))
 }
 
 /// A description of a client error that cannot contain request content.

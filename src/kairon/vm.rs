@@ -15,11 +15,7 @@
 //! keys in [`READ_LABELS`] and [`READ_ANNOTATIONS`] are kept, and asking for another one is a
 //! mistake a debug build stops at. `ResourceExt::labels` of a `Vm` is always empty.
 
-use std::borrow::Cow;
-
-use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Resource;
 use serde::Serialize;
 
 use super::{FAILURE_DOMAIN_ANNOTATION, Machine, MachineSpec, MachineStatus, bootstrap_runtime, labels, maintenance};
@@ -151,35 +147,8 @@ impl From<Machine> for Vm {
     }
 }
 
-/// A `Vm` is kept in kube's reflector stores under the Kairon Machine's own kind.
-impl Resource for Vm {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(dt: &()) -> Cow<'_, str> {
-        Machine::kind(dt)
-    }
-
-    fn group(dt: &()) -> Cow<'_, str> {
-        Machine::group(dt)
-    }
-
-    fn version(dt: &()) -> Cow<'_, str> {
-        Machine::version(dt)
-    }
-
-    fn plural(dt: &()) -> Cow<'_, str> {
-        Machine::plural(dt)
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
+// A `Vm` is kept in kube's reflector stores under the Kairon Machine's own kind.
+crate::view_of!(Vm, Machine);
 
 #[cfg(test)]
 mod tests {
